@@ -1,0 +1,227 @@
+"""Deterministic 64-bit hashes that may leave the process.
+
+Python's ``hash()`` of ``str`` and ``bytes`` changes with ``PYTHONHASHSEED``; anything that
+outlives one map (spill order, partitioning across workers, state files) uses these instead.
+
+The definition (shared bit for bit with the numba kernels in ``extagg._hash_kernels``):
+
+* integers in ``[-2**63, 2**64)``: ``fmix64((x mod 2**64) ^ SEED64)`` (murmur3's 64-bit finaliser);
+  ``bool`` hashes as ``int``; larger integers hash their two's-complement bytes with mmh3;
+* floats: NaN is one value; an integral float hashes as the equal ``int`` (so ``1.0`` and ``1``
+  and ``True`` agree, as Python equality says, and ``-0.0`` equals ``0.0``); any other float is
+  ``fmix64(bits ^ SEED64 ^ FLOAT_TAG)``;
+* ``str`` (UTF-8) and ``bytes``: the low 64 bits of MurmurHash3 x64-128 with seed ``SEED``, i.e.
+  ``mmh3.hash64(data, SEED, signed=False)[0]``;
+* ``None``: the constant ``NONE_HASH``;
+* tuples: ``h = fmix64(len ^ TUPLE_TAG ^ SEED64)``, then for each element
+  ``h = fmix64(((h * GOLDEN) mod 2**64) ^ hash(element))``. A multi-column key is the tuple of
+  its column values, so a row ``(user, day)`` hashes the same in every engine.
+
+Everything else raises ``TypeError`` naming the type.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import mmh3
+import numpy as np
+
+__all__ = [
+    "SEED",
+    "stable_hash",
+    "hash_array",
+    "hash_objects",
+    "order_hash",
+    "order_hashes",
+    "partition_of",
+]
+
+SEED = 0x2545F491
+M64 = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15
+SEED64 = GOLDEN ^ SEED
+FLOAT_TAG = 0x0F10A7F10A7F10A7
+TUPLE_TAG = 0x7E7E7E7E7E7E7E7E
+BIGINT_TAG = 0x00B16B16
+OBJECT_TAG = 0x0B1EC7000B1EC700
+
+_C1 = 0xFF51AFD7ED558CCD
+_C2 = 0xC4CEB9FE1A85EC53
+_INT64_MIN = -(1 << 63)
+_UINT64_END = 1 << 64
+
+
+def fmix64(k: int) -> int:
+    """murmur3's 64-bit finaliser on a Python int in ``[0, 2**64)``."""
+    k ^= k >> 33
+    k = (k * _C1) & M64
+    k ^= k >> 33
+    k = (k * _C2) & M64
+    k ^= k >> 33
+    return k
+
+
+NONE_HASH = fmix64(SEED64 ^ 0x4E4F4E45)
+NAN_HASH = fmix64(SEED64 ^ FLOAT_TAG ^ 0x7FF8000000000000)
+
+_pack_d = struct.Struct("<d").pack
+_unpack_q = struct.Struct("<Q").unpack
+
+
+def _hash_int(x: int) -> int:
+    if _INT64_MIN <= x < _UINT64_END:
+        return fmix64((x & M64) ^ SEED64)
+    data = x.to_bytes((x.bit_length() + 8) // 8, "little", signed=True)
+    return mmh3.hash64(data, SEED ^ BIGINT_TAG, signed=False)[0]
+
+
+def _hash_float(f: float) -> int:
+    if f != f:
+        return NAN_HASH
+    if f.is_integer():  # equal to an int (also -0.0 and huge floats): hash as that int
+        return _hash_int(int(f))
+    return fmix64(_unpack_q(_pack_d(f))[0] ^ SEED64 ^ FLOAT_TAG)
+
+
+def _hash_bytes(b: bytes) -> int:
+    return mmh3.hash64(b, SEED, signed=False)[0]
+
+
+def _hash_tuple(t: tuple[Any, ...]) -> int:
+    h = fmix64((len(t) ^ TUPLE_TAG ^ SEED64) & M64)
+    for element in t:
+        h = fmix64(((h * GOLDEN) & M64) ^ stable_hash(element))
+    return h
+
+
+def stable_hash(key: Any) -> int:
+    """The deterministic unsigned 64-bit hash of ``key`` (see the module docstring).
+
+    Raises ``TypeError`` for types other than None, bool, int, float, str, bytes and tuples of
+    these.
+    """
+    kind = type(key)
+    if kind is int or kind is bool:
+        return _hash_int(key)
+    if kind is str:
+        return _hash_bytes(key.encode("utf-8", "surrogatepass"))
+    if key is None:
+        return NONE_HASH
+    if kind is float:
+        return _hash_float(key)
+    if kind is bytes:
+        return _hash_bytes(key)
+    if kind is tuple:
+        return _hash_tuple(key)
+    # subclasses (IntEnum, numpy scalars registered as numbers, str subclasses) go by value
+    if isinstance(key, (bool, int)):
+        return _hash_int(int(key))
+    if isinstance(key, float):
+        return _hash_float(float(key))
+    if isinstance(key, str):
+        return _hash_bytes(str(key).encode("utf-8", "surrogatepass"))
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        return _hash_bytes(bytes(key))
+    if isinstance(key, tuple):
+        return _hash_tuple(tuple(key))
+    if isinstance(key, np.generic):
+        return stable_hash(key.item())
+    raise TypeError(
+        f"extagg.hashing cannot hash a key of type {kind.__module__}.{kind.__qualname__}: "
+        "deterministic hashes are defined for None, bool, int, float, str, bytes and tuples of these"
+    )
+
+
+def _fmix64_array(k: np.ndarray) -> np.ndarray:
+    k = k ^ (k >> np.uint64(33))
+    k = k * np.uint64(_C1)
+    k ^= k >> np.uint64(33)
+    k *= np.uint64(_C2)
+    k ^= k >> np.uint64(33)
+    return k
+
+
+def hash_array(values: np.ndarray) -> np.ndarray:
+    """Vectorised :func:`stable_hash` of a NumPy array of ints, unsigned ints, bools or floats.
+
+    Returns a ``uint64`` array; element ``i`` equals ``stable_hash(values[i].item())``.
+    """
+    arr = np.asarray(values)
+    kind = arr.dtype.kind
+    if kind in "iub":
+        if kind == "u":
+            bits = arr.astype(np.uint64, copy=False)
+        else:
+            bits = arr.astype(np.int64, copy=False).view(np.uint64)
+        with np.errstate(over="ignore"):
+            return _fmix64_array(bits ^ np.uint64(SEED64))
+    if kind == "f":
+        f = arr.astype(np.float64, copy=False)
+        out = np.empty(f.shape, dtype=np.uint64)
+        with np.errstate(over="ignore", invalid="ignore"):
+            integral = np.isfinite(f) & (f == np.floor(f))
+            small = integral & (f >= -(2.0**63)) & (f < 2.0**63)
+            big = integral & (f >= 2.0**63) & (f < 2.0**64)
+            bits = f.view(np.uint64)
+            out[:] = _fmix64_array(bits ^ np.uint64(SEED64 ^ FLOAT_TAG))
+            out[small] = _fmix64_array(f[small].astype(np.int64).view(np.uint64) ^ np.uint64(SEED64))
+            out[big] = _fmix64_array(f[big].astype(np.uint64) ^ np.uint64(SEED64))
+            out[np.isnan(f)] = np.uint64(NAN_HASH)
+        rest = integral & ~(small | big)
+        if rest.any():  # integral floats beyond 2**64 hash as big ints, like stable_hash
+            for i in np.flatnonzero(rest):
+                out[i] = _hash_float(float(f[i]))
+        return out
+    raise TypeError(f"hash_array supports integer, bool and float arrays, not {arr.dtype}")
+
+
+def hash_objects(keys: Sequence[Any]) -> np.ndarray:
+    """:func:`stable_hash` of every key in ``keys`` as a ``uint64`` array, fast for common types."""
+    n = len(keys)
+    if n == 0:
+        return np.empty(0, dtype=np.uint64)
+    first = type(keys[0])
+    if first is int and all(type(k) is int for k in keys):
+        try:
+            return hash_array(np.fromiter(keys, dtype=np.int64, count=n))
+        except OverflowError:
+            pass
+    elif first is str and all(type(k) is str for k in keys):
+        h64 = mmh3.hash64
+        return np.fromiter(
+            (h64(k.encode("utf-8", "surrogatepass"), SEED, signed=False)[0] for k in keys),
+            dtype=np.uint64,
+            count=n,
+        )
+    elif first is float and all(type(k) is float for k in keys):
+        return hash_array(np.fromiter(keys, dtype=np.float64, count=n))
+    return np.fromiter((stable_hash(k) for k in keys), dtype=np.uint64, count=n)
+
+
+def order_hash(key: Hashable) -> int:
+    """The hash that orders a generic map's spills: :func:`stable_hash` where it is defined.
+
+    Other hashable objects (user classes) fall back to their own ``__hash__``, mixed to 64 bits:
+    consistent within a process, which is all a spill needs, and deterministic whenever the
+    object's ``__hash__`` is.
+    """
+    try:
+        return stable_hash(key)
+    except TypeError:
+        return fmix64((hash(key) & M64) ^ OBJECT_TAG)
+
+
+def order_hashes(keys: Sequence[Hashable]) -> np.ndarray:
+    """:func:`order_hash` of every key, as a ``uint64`` array."""
+    try:
+        return hash_objects(keys)
+    except TypeError:
+        return np.fromiter((order_hash(k) for k in keys), dtype=np.uint64, count=len(keys))
+
+
+def partition_of(key: Any, num_partitions: int) -> int:
+    """The partition of ``key`` among ``num_partitions``: ``stable_hash(key) % num_partitions``."""
+    return stable_hash(key) % num_partitions

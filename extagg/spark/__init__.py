@@ -1,0 +1,1 @@
+"""extagg.spark"""
