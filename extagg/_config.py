@@ -80,9 +80,7 @@ def parse_size(value: int | str, *, name: str = "size", allow_zero: bool = False
             raise ValueError(f"invalid {name} {value!r}: unknown unit {unit!r}")
         size = int(float(number) * factor) if "." in number else int(number) * factor
     else:
-        raise TypeError(
-            f"{name} must be a byte count or a size string, not {type(value).__name__}"
-        )
+        raise TypeError(f"{name} must be a byte count or a size string, not {type(value).__name__}")
     if size < 0:
         raise ValueError(f"invalid {name} {value!r}: must not be negative")
     if size == 0 and not allow_zero:

@@ -131,7 +131,8 @@ def stable_hash(key: Any) -> int:
         return stable_hash(key.item())
     raise TypeError(
         f"extagg.hashing cannot hash a key of type {kind.__module__}.{kind.__qualname__}: "
-        "deterministic hashes are defined for None, bool, int, float, str, bytes and tuples of these"
+        "deterministic hashes are defined for None, bool, int, float, str, bytes and tuples "
+        "of these"
     )
 
 
@@ -167,7 +168,8 @@ def hash_array(values: np.ndarray) -> np.ndarray:
             big = integral & (f >= 2.0**63) & (f < 2.0**64)
             bits = f.view(np.uint64)
             out[:] = _fmix64_array(bits ^ np.uint64(SEED64 ^ FLOAT_TAG))
-            out[small] = _fmix64_array(f[small].astype(np.int64).view(np.uint64) ^ np.uint64(SEED64))
+            as_int = f[small].astype(np.int64).view(np.uint64)
+            out[small] = _fmix64_array(as_int ^ np.uint64(SEED64))
             out[big] = _fmix64_array(f[big].astype(np.uint64) ^ np.uint64(SEED64))
             out[np.isnan(f)] = np.uint64(NAN_HASH)
         rest = integral & ~(small | big)

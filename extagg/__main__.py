@@ -1,0 +1,7 @@
+"""``python -m extagg``."""
+
+import sys
+
+from extagg.cli import main
+
+sys.exit(main())

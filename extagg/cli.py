@@ -1,0 +1,52 @@
+"""The ``extagg`` command line: ``python -m extagg <command>``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main", "build_parser"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="extagg", description="Aggregate more data than fits in memory."
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="log spills (-v) or more (-vv)"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="aggregate built-in sample data under a small budget")
+    demo.add_argument("--records", type=int, default=3_000_000, help="records to generate")
+    demo.add_argument("--keys", type=int, default=1_000_000, help="distinct keys at most")
+    demo.add_argument("--memory", default="32m", help="memory budget, e.g. 32m, 1g (default 32m)")
+    demo.add_argument("--seed", type=int, default=42)
+    demo.add_argument("--spill-dir", action="append", dest="spill_dirs", help="spill directory")
+    try:
+        from extagg.state.cli import add_state_subcommands
+    except ImportError:  # pragma: no cover - state store not installed
+        pass
+    else:
+        add_state_subcommands(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "demo":
+        from extagg.demo import run_demo
+
+        return run_demo(args.records, args.keys, args.memory, args.seed, args.spill_dirs)
+    if args.command == "state":
+        from extagg.state.cli import run_state_command
+
+        return run_state_command(args)
+    raise AssertionError(f"unhandled command {args.command}")  # pragma: no cover
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,491 @@
+"""ExternalAppendOnlyMap: fold (key, value) records into combiners in bounded memory.
+
+The map is a :class:`~extagg.memory.MemoryConsumer`. It folds records into an in-memory
+:class:`~extagg.collection.SizeTrackingAppendOnlyMap`; before each chunk of records (a multiple
+of 32, as Spark checks every 32 records) it compares the map's estimated size with the memory it
+holds, asks the memory manager for ``2 × size − held`` when it has outgrown it, and spills when
+the grant falls short: the map is sorted by key hash and written as a run file of independently
+decodable LZ4 batches, then started again empty. Iteration merges the in-memory map and every
+run through :mod:`extagg.merge`, combining equal keys with ``merge_combiners``.
+
+Deviation from Spark, on purpose: Spark's first 5 MiB (``initialMemoryThreshold``) are a free
+allowance never asked of the memory manager. Here every byte is accounted, so that allowance is
+acquired like any other memory; it is also capped at 1/16 of the manager so tiny budgets spill.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Hashable, Iterable, Iterator
+from itertools import islice
+from typing import Any
+
+from extagg._config import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_FAN_IN,
+    INITIAL_MEMORY_THRESHOLD,
+    env_int,
+    format_size,
+    parse_size,
+)
+from extagg.aggregator import Aggregator
+from extagg.collection import SizeTrackingAppendOnlyMap
+from extagg.memory import (
+    MemoryConsumer,
+    TaskMemoryManager,
+    UnifiedMemoryManager,
+    default_memory_manager,
+    task_memory_manager,
+)
+from extagg.merge import (
+    BlockSource,
+    RunSource,
+    SortedBlockSource,
+    combine_object_pieces,
+    merge_in_passes,
+    write_run_from,
+)
+from extagg.metrics import SpillMetrics
+from extagg.spill.blocks import ObjectBlock
+from extagg.spill.codecs import OBJECT_CODEC
+from extagg.spill.runfile import RunWriter
+from extagg.spill.tempdir import SpillDirs
+
+__all__ = ["ExternalAppendOnlyMap"]
+
+log = logging.getLogger(__name__)
+
+#: records folded per call into the map; spilling is checked between chunks (Spark: every 32)
+CHUNK = 1024
+#: decoded Python rows take about this many times their pickled bytes
+OBJECT_EXPANSION = 4
+MIN_SPILL_FLOOR = 64 * 1024
+
+
+def resolve_task_memory_manager(
+    memory: int | str | None,
+    memory_manager: UnifiedMemoryManager | TaskMemoryManager | None,
+) -> TaskMemoryManager:
+    """The task memory manager a consumer should use.
+
+    ``memory`` gives the consumer a private manager of that size; ``memory_manager`` shares one
+    (a ``UnifiedMemoryManager`` → this thread's task, or an explicit ``TaskMemoryManager``);
+    neither → the process-wide default manager.
+    """
+    if memory is not None and memory_manager is not None:
+        raise ValueError("give either memory= or memory_manager=, not both")
+    if isinstance(memory_manager, TaskMemoryManager):
+        return memory_manager
+    if memory is not None:
+        return task_memory_manager(
+            UnifiedMemoryManager(max_memory=parse_size(memory, name="memory"))
+        )
+    return task_memory_manager(memory_manager or default_memory_manager())
+
+
+class ExternalAppendOnlyMap(MemoryConsumer):
+    """A spillable map of key → combiner with Spark's ``combineByKey`` semantics.
+
+    ``memory`` (bytes or a size string like ``"64m"``) gives the map a budget of its own;
+    ``memory_manager`` shares a :class:`~extagg.memory.UnifiedMemoryManager` (or a task's
+    :class:`~extagg.memory.TaskMemoryManager`) with other consumers; with neither, the process
+    default manager is used. Iteration (``iterator()`` or ``iter(map)``) is destructive and
+    possible once; it yields ``(key, combiner)`` in ascending :func:`extagg.hashing.order_hash`
+    order whether or not anything spilled. ``close()`` (or leaving a ``with`` block) releases
+    the memory and deletes every run file.
+
+    ``force_spill_every`` (or ``EXTAGG_FORCE_SPILL_EVERY``) is a test knob like Spark's
+    ``numElementsForceSpillThreshold``: spill after every N records.
+    """
+
+    def __init__(
+        self,
+        aggregator: Aggregator[Any, Any],
+        memory: int | str | None = None,
+        *,
+        memory_manager: UnifiedMemoryManager | TaskMemoryManager | None = None,
+        spill_dirs: Iterable[str] | str | None = None,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        fan_in: int = DEFAULT_FAN_IN,
+        compression: str = "lz4",
+        max_spill_bytes: int | str | None = None,
+        force_spill_every: int | None = None,
+        name: str | None = None,
+    ) -> None:
+        if not isinstance(aggregator, Aggregator):
+            raise TypeError(
+                f"aggregator must be an extagg.Aggregator, got {type(aggregator).__name__}"
+            )
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if fan_in < 2:
+            raise ValueError(f"fan_in must be at least 2, got {fan_in}")
+        tmm = resolve_task_memory_manager(memory, memory_manager)
+        super().__init__(tmm, name)
+        self.aggregator = aggregator
+        self.batch_size = batch_size
+        self.fan_in = fan_in
+        self.compression = compression
+        self.force_spill_every = force_spill_every or env_int("EXTAGG_FORCE_SPILL_EVERY", None)
+        if self.force_spill_every is not None and self.force_spill_every < 1:
+            raise ValueError(f"force_spill_every must be positive, got {force_spill_every}")
+        cap = (
+            None if max_spill_bytes is None else parse_size(max_spill_bytes, name="max_spill_bytes")
+        )
+        self._spill_dirs = SpillDirs(
+            list(spill_dirs)
+            if spill_dirs is not None and not isinstance(spill_dirs, str)
+            else spill_dirs,
+            max_spill_bytes=cap,
+        )
+        max_memory = tmm.memory_manager.max_memory
+        self._initial_threshold = max(
+            min(INITIAL_MEMORY_THRESHOLD, max_memory // 16), min(MIN_SPILL_FLOOR, max_memory // 4)
+        )
+        self._threshold = 0  # bytes held for the in-memory map (Spark's myMemoryThreshold)
+        self._map: SizeTrackingAppendOnlyMap | None = SizeTrackingAppendOnlyMap()
+        self._runs: list[str] = []
+        self._elements_read = 0
+        self._reading: _SpillableMemorySource | None = None
+        self._lock = threading.RLock()
+        self._closed = False
+        self.metrics = SpillMetrics()
+        self._chunk = (
+            CHUNK if self.force_spill_every is None else min(CHUNK, self.force_spill_every)
+        )
+
+    # ------------------------------------------------------------------ inserting
+    def insert(self, key: Hashable, value: Any) -> None:
+        """Fold one record (see :meth:`insert_all`)."""
+        self.insert_all(((key, value),))
+
+    def insert_all(self, pairs: Iterable[tuple[Hashable, Any]]) -> None:
+        """Fold every ``(key, value)`` pair of ``pairs`` (any iterable, consumed lazily)."""
+        if self._map is None:
+            raise RuntimeError("Cannot insert new elements into a map after calling iterator")
+        aggregator = self.aggregator
+        create, merge = aggregator.create_combiner, aggregator.merge_value
+        it = iter(pairs)
+        chunk_size = self._chunk
+        while True:
+            chunk = list(islice(it, chunk_size))
+            if not chunk:
+                return
+            try:
+                keys, values = zip(*chunk)
+            except (TypeError, ValueError):
+                raise TypeError(_bad_pairs_message(chunk)) from None
+            with self._lock:
+                current = self._map
+                if current is None:
+                    raise RuntimeError(
+                        "Cannot insert new elements into a map after calling iterator"
+                    )
+                estimate = current.estimate_size()
+                if estimate > self.metrics.peak_memory_bytes:
+                    self.metrics.peak_memory_bytes = estimate
+                if self._maybe_spill(estimate):
+                    current = self._map
+                current.fold(keys, values, create, merge)
+                self._elements_read += len(keys)
+                self.metrics.records_read += len(keys)
+
+    def _maybe_spill(self, current: int) -> bool:
+        """Spark's ``Spillable.maybeSpill``: ask for more memory, spill if refused."""
+        if self._threshold == 0:
+            self._threshold = self.acquire_memory(self._initial_threshold)
+            self._note_granted()
+        should_spill = False
+        if current >= self._threshold and current > 0:
+            granted = self.acquire_memory(2 * current - self._threshold)
+            self._threshold += granted
+            self._note_granted()
+            should_spill = current >= self._threshold
+        if (
+            not should_spill
+            and self.force_spill_every is not None
+            and self._elements_read >= self.force_spill_every
+        ):
+            should_spill = True
+        if not should_spill or not self._map:
+            return False
+        self.metrics.spill_count += 1
+        log.info(
+            "Thread %d spilling in-memory map of %s to disk (%d time%s so far)",
+            threading.get_ident(),
+            format_size(current),
+            self.metrics.spill_count,
+            "s" if self.metrics.spill_count > 1 else "",
+        )
+        self._spill_current_map(current)
+        self._elements_read = 0
+        self.metrics.memory_bytes_spilled += current
+        self._release_down_to(self._initial_threshold)
+        return True
+
+    def _note_granted(self) -> None:
+        if self.used > self.metrics.peak_granted_bytes:
+            self.metrics.peak_granted_bytes = self.used
+
+    def _release_down_to(self, keep: int) -> None:
+        excess = self._threshold - keep
+        if excess > 0:
+            self.free_memory(excess)
+            self._threshold = keep
+
+    def _spill_current_map(self, estimate: int) -> None:
+        """Sort the current map by key hash and write it as a run; on failure keep it."""
+        assert self._map is not None
+        started = time.perf_counter()
+        hashes, keys, values = self._map.destructive_sorted_arrays()
+        self._map = SizeTrackingAppendOnlyMap()
+        try:
+            self._write_run(ObjectBlock(hashes, keys, values))
+        except BaseException:
+            self._map = _rebuild_map(keys, values)
+            raise
+        finally:
+            self.metrics.spill_time_s += time.perf_counter() - started
+        log.debug("spilled %d keys (%s estimated)", len(keys), format_size(estimate))
+
+    def _write_run(self, block: ObjectBlock) -> str:
+        path = self._spill_dirs.new_path("map")
+        writer = RunWriter(
+            path, OBJECT_CODEC, compression=self.compression, spill_dirs=self._spill_dirs
+        )
+        try:
+            writer.write_sorted(block, self.batch_size)
+            info = writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
+        self._runs.append(path)
+        self.metrics.num_spill_files += 1
+        self.metrics.disk_bytes_spilled += info.disk_bytes
+        self.metrics.raw_bytes_spilled += info.raw_bytes
+        return path
+
+    # ------------------------------------------------------------------ forced spill
+    def spill(self, size: int, trigger: MemoryConsumer) -> int:
+        """Free memory because another consumer asked (Spark's ``Spillable.spill``).
+
+        Spills the current map, or — when iteration has started — the part of it not yet read,
+        and drops the reference to it. Returns the bytes released.
+        """
+        if trigger is self or self._closed:
+            return 0
+        with self._lock:
+            if self._reading is not None:
+                if not self._reading.spill_rest():
+                    return 0
+            elif self._map:
+                estimate = self._map.estimate_size()
+                log.info(
+                    "%s force spilling in-memory map of %s to disk, triggered by %s",
+                    self.name,
+                    format_size(estimate),
+                    getattr(trigger, "name", trigger),
+                )
+                self._spill_current_map(estimate)
+                self._elements_read = 0
+            else:
+                return 0
+            freed = self._threshold
+            self.metrics.memory_bytes_spilled += freed
+            self._release_down_to(0)
+            return freed
+
+    # ------------------------------------------------------------------ iterating
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        return self.iterator()
+
+    def iterator(self) -> Iterator[tuple[Any, Any]]:
+        """Yield every ``(key, combiner)`` once, in key-hash order. Destructive; call once."""
+        with self._lock:
+            if self._map is None:
+                raise RuntimeError(
+                    "ExternalAppendOnlyMap.iterator is destructive and should only be called once."
+                )
+            if self._map:
+                estimate = self._map.estimate_size()
+                if estimate > self.metrics.peak_memory_bytes:
+                    self.metrics.peak_memory_bytes = estimate
+            hashes, keys, values = self._map.destructive_sorted_arrays()
+            self._map = None
+            memory_source = _SpillableMemorySource(self, ObjectBlock(hashes, keys, values))
+            self._reading = memory_source
+        return self._iterate(memory_source)
+
+    def _iterate(self, memory_source: _SpillableMemorySource) -> Iterator[tuple[Any, Any]]:
+        sources: list[BlockSource] = [memory_source]
+        sources += [RunSource(path, owner=self._spill_dirs) for path in self._runs]
+        merge_memory = 0
+        try:
+            fan_in = self.fan_in
+            if len(sources) > 1:
+                fan_in, merge_memory = self._reserve_merge_memory(sources[1:])
+            merge = self.aggregator.merge_combiners
+            started = time.perf_counter()
+            blocks = merge_in_passes(
+                sources,
+                lambda pieces: combine_object_pieces(pieces, merge),
+                fan_in=fan_in,
+                write_run=self._write_merged_run,
+                on_pass=self._note_pass,
+            )
+            for block in blocks:
+                self.metrics.merge_time_s += time.perf_counter() - started
+                self.metrics.groups += len(block)
+                yield from zip(block.keys, block.values)
+                started = time.perf_counter()
+            self.metrics.merge_time_s += time.perf_counter() - started
+        finally:
+            for source in sources:
+                source.close()
+            if merge_memory:
+                self.free_memory(min(merge_memory, self.used))
+            self.close()
+
+    def _reserve_merge_memory(self, runs: list[BlockSource]) -> tuple[int, int]:
+        """Account the merge's read buffers and choose a fan-in they fit in."""
+        per_source = max((s.max_batch_bytes() for s in runs if isinstance(s, RunSource)), default=0)
+        per_source = max(1, per_source * OBJECT_EXPANSION)
+        wanted = min(self.fan_in, len(runs) + 1) * per_source
+        granted = self.acquire_memory(wanted)
+        self._note_granted()
+        fan_in = max(2, min(self.fan_in, granted // per_source))
+        return fan_in, granted
+
+    def _write_merged_run(self, blocks: Iterator[ObjectBlock]) -> BlockSource:
+        path = self._spill_dirs.new_path("merge")
+        source, info = write_run_from(
+            blocks,
+            path=path,
+            codec=OBJECT_CODEC,
+            batch_size=self.batch_size,
+            compression=self.compression,
+            spill_dirs=self._spill_dirs,
+        )
+        self.metrics.merge_files += 1
+        self.metrics.disk_bytes_spilled += info.disk_bytes
+        self.metrics.raw_bytes_spilled += info.raw_bytes
+        return source
+
+    def _note_pass(self, number: int, runs: int) -> None:
+        self.metrics.merge_passes = number
+
+    # ------------------------------------------------------------------ cleanup
+    @property
+    def spill_files(self) -> list[str]:
+        """The run files currently on disk."""
+        return self._spill_dirs.files
+
+    def close(self) -> None:
+        """Release all memory and delete every run file. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._map = None
+            if self._reading is not None:
+                self._reading.close()
+            self._spill_dirs.cleanup()
+            self._runs.clear()
+            self.close_memory()
+            self._threshold = 0
+
+    def __enter__(self) -> ExternalAppendOnlyMap:
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("iterating" if self._map is None else "open")
+        return (
+            f"<ExternalAppendOnlyMap {self.name} {state}: {self.metrics.records_read} records, "
+            f"{self.metrics.spill_count} spills, {format_size(self.used)} held>"
+        )
+
+
+class _SpillableMemorySource(SortedBlockSource):
+    """The sorted in-memory map during iteration; can move its unread rows to disk."""
+
+    def __init__(self, owner: ExternalAppendOnlyMap, block: ObjectBlock) -> None:
+        super().__init__(block, owner.batch_size)
+        self.owner = owner
+        self.run: RunSource | None = None
+
+    def next_min_hash(self) -> int | None:
+        if self.run is not None:
+            return self.run.next_min_hash()
+        h = super().next_min_hash()
+        if h is None and self.block is not None:
+            self.block = None  # fully read: let the memory go
+            self.owner._release_down_to(0)
+        return h
+
+    def read_next(self) -> Any:
+        if self.run is not None:
+            return self.run.read_next()
+        return super().read_next()
+
+    def spill_rest(self) -> bool:
+        """Write the unread rows to a run and read from there; drop the in-memory block."""
+        if self.run is not None:
+            return False
+        rest = self.remaining()
+        if rest is None:
+            return False
+        owner = self.owner
+        owner.metrics.spill_count += 1
+        log.info(
+            "%s force spilling the unread %d rows of its in-memory map to disk",
+            owner.name,
+            len(rest),
+        )
+        started = time.perf_counter()
+        try:
+            path = owner._write_run(rest)
+        finally:
+            owner.metrics.spill_time_s += time.perf_counter() - started
+        owner._runs.remove(path)
+        self.run = RunSource(path, owner=owner._spill_dirs)
+        self.block = None
+        return True
+
+    def close(self) -> None:
+        super().close()
+        if self.run is not None:
+            self.run.close()
+
+
+def _rebuild_map(keys: list[Any], values: list[Any]) -> SizeTrackingAppendOnlyMap:
+    """Put the rows of a failed spill back into a fresh map, so the map stays usable."""
+    rebuilt = SizeTrackingAppendOnlyMap()
+    for key, value in zip(keys, values):
+        rebuilt.update(key, value)
+    return rebuilt
+
+
+def _bad_pairs_message(chunk: list[Any]) -> str:
+    for item in chunk:
+        if not isinstance(item, tuple) or len(item) != 2:
+            try:
+                if len(item) == 2:
+                    continue
+            except TypeError:
+                pass
+            return (
+                "insert_all expects (key, value) pairs; got an item of type "
+                f"{type(item).__name__}: {item!r:.80}"
+            )
+    return "insert_all expects (key, value) pairs"

@@ -1,0 +1,278 @@
+"""The external merge: hash-sorted sources in, combined hash-sorted blocks out.
+
+One merge serves both engines. Every source is a stream of blocks sorted by hash whose *next*
+block's smallest hash is known without reading it (run files keep it in their footer). A heap
+keyed by those hashes decides which source to read next; after each read, every buffered row
+whose hash is below the smallest pending hash is complete — no source can still produce an
+equal hash — so those rows are handed to the engine's ``combine``, which merges rows of equal
+keys (generic engine: ``merge_combiners`` in Python; columnar engine: a compiled kernel).
+Memory held by the merge is about one batch per source. When there are more sources than the
+fan-in allows, groups of sources are first merged into new runs (multi-pass).
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from extagg.spill.blocks import ObjectBlock
+from extagg.spill.runfile import RunReader, RunWriter
+from extagg.spill.tempdir import SpillDirs
+
+__all__ = [
+    "BlockSource",
+    "RunSource",
+    "SortedBlockSource",
+    "merge_sources",
+    "merge_in_passes",
+    "write_run_from",
+    "combine_object_pieces",
+]
+
+log = logging.getLogger(__name__)
+
+Combine = Callable[[list[Any]], Any]
+
+
+class BlockSource:
+    """A hash-sorted stream of blocks."""
+
+    def next_min_hash(self) -> int | None:
+        """Smallest hash of the next unread block, or ``None`` when exhausted."""
+        raise NotImplementedError
+
+    def read_next(self) -> Any:
+        """The next block (only called when :meth:`next_min_hash` is not ``None``)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release files and memory; safe to call more than once."""
+
+
+class SortedBlockSource(BlockSource):
+    """One in-memory sorted block handed out in slices of ``batch_size`` rows."""
+
+    def __init__(self, block: Any, batch_size: int) -> None:
+        self.block: Any = block
+        self.batch_size = batch_size
+        self.pos = 0
+
+    def next_min_hash(self) -> int | None:
+        if self.block is None or self.pos >= len(self.block):
+            return None
+        return int(self.block.hashes[self.pos])
+
+    def read_next(self) -> Any:
+        start = self.pos
+        self.pos = min(start + self.batch_size, len(self.block))
+        return self.block.slice(start, self.pos)
+
+    def remaining(self) -> Any:
+        """The rows not yet handed out (a view), or ``None``."""
+        if self.block is None or self.pos >= len(self.block):
+            return None
+        return self.block.slice(self.pos, len(self.block))
+
+    def close(self) -> None:
+        self.block = None
+
+
+class RunSource(BlockSource):
+    """Reads a run file batch by batch, opening it only when first needed.
+
+    With ``owner`` set, the file is deleted through it when the source is exhausted or closed.
+    """
+
+    def __init__(self, path: str, owner: SpillDirs | None = None) -> None:
+        self.path = path
+        self.owner = owner
+        self._reader: RunReader | None = None
+        self._next = 0
+        self._done = False
+
+    def _open(self) -> RunReader:
+        if self._reader is None:
+            self._reader = RunReader(self.path)
+        return self._reader
+
+    def next_min_hash(self) -> int | None:
+        if self._done:
+            return None
+        reader = self._open()
+        if self._next >= len(reader.batches):
+            self.close()
+            return None
+        return reader.batches[self._next].min_hash
+
+    def max_batch_bytes(self) -> int:
+        """The largest decoded batch in the file (for sizing merge buffers)."""
+        reader = self._open()
+        return max((b.raw_length for b in reader.batches), default=0)
+
+    def read_next(self) -> Any:
+        block = self._open().read_block(self._next)
+        self._next += 1
+        return block
+
+    def close(self) -> None:
+        self._done = True
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        if self.owner is not None:
+            self.owner.remove(self.path)
+
+
+def merge_sources(sources: Sequence[BlockSource], combine: Combine) -> Iterator[Any]:
+    """Merge hash-sorted sources; yields combined blocks in ascending hash order.
+
+    ``combine(pieces)`` receives, for one hash window, the complete rows of each source that has
+    any (each piece sorted by hash, keys unique within a piece) and returns one block sorted by
+    hash in which rows of equal keys are combined.
+    """
+    heap: list[tuple[int, int]] = []
+    for i, source in enumerate(sources):
+        h = source.next_min_hash()
+        if h is not None:
+            heap.append((h, i))
+    heapq.heapify(heap)
+    pending: list[Any] = [None] * len(sources)
+    buffered: list[int] = []
+    try:
+        while heap:
+            _, i = heapq.heappop(heap)
+            block = sources[i].read_next()
+            if pending[i] is None:
+                pending[i] = block
+                buffered.append(i)
+            else:
+                pending[i] = type(block).concat([pending[i], block])
+            h = sources[i].next_min_hash()
+            if h is not None:
+                heapq.heappush(heap, (h, i))
+            bound = heap[0][0] if heap else None
+            pieces = []
+            still: list[int] = []
+            for j in sorted(buffered):
+                rows = pending[j]
+                cut = (
+                    len(rows)
+                    if bound is None
+                    else int(np.searchsorted(rows.hashes, np.uint64(bound), side="left"))
+                )
+                if cut:
+                    pieces.append(rows.slice(0, cut) if cut < len(rows) else rows)
+                if cut < len(rows):
+                    pending[j] = rows.slice(cut, len(rows)) if cut else rows
+                    still.append(j)
+                else:
+                    pending[j] = None
+            buffered = still
+            if pieces:
+                out = combine(pieces)
+                if len(out):
+                    yield out
+    finally:
+        for source in sources:
+            source.close()
+
+
+def merge_in_passes(
+    sources: Sequence[BlockSource],
+    combine: Combine,
+    *,
+    fan_in: int,
+    write_run: Callable[[Iterator[Any]], BlockSource],
+    on_pass: Callable[[int, int], None] | None = None,
+) -> Iterator[Any]:
+    """Merge any number of sources with at most ``fan_in`` open at once.
+
+    While there are more sources than ``fan_in``, groups of ``fan_in`` are merged into new runs
+    by ``write_run`` (which consumes a block iterator and returns a source over the run it
+    wrote); ``on_pass(pass_number, runs_written)`` reports each intermediate pass.
+    """
+    if fan_in < 2:
+        raise ValueError(f"fan_in must be at least 2, got {fan_in}")
+    current = list(sources)
+    passes = 0
+    try:
+        while len(current) > fan_in:
+            passes += 1
+            merged: list[BlockSource] = []
+            groups = [current[i : i + fan_in] for i in range(0, len(current), fan_in)]
+            for group in groups:
+                if len(group) == 1:
+                    merged.append(group[0])
+                else:
+                    merged.append(write_run(merge_sources(group, combine)))
+            log.info(
+                "Merge pass %d: %d sources merged into %d runs", passes, len(current), len(merged)
+            )
+            if on_pass is not None:
+                on_pass(passes, sum(1 for g in groups if len(g) > 1))
+            current = merged
+        yield from merge_sources(current, combine)
+    finally:
+        for source in current:
+            source.close()
+
+
+def write_run_from(
+    blocks: Iterator[Any],
+    *,
+    path: str,
+    codec: Any,
+    batch_size: int,
+    compression: str = "lz4",
+    spill_dirs: SpillDirs | None = None,
+) -> tuple[RunSource, Any]:
+    """Write merged blocks to a new run file; returns a source over it and its ``RunFile``."""
+    writer = RunWriter(path, codec, compression=compression, spill_dirs=spill_dirs)
+    try:
+        for block in blocks:
+            writer.write_sorted(block, batch_size)
+        info = writer.finish()
+    except BaseException:
+        writer.abort()
+        raise
+    return RunSource(path, owner=spill_dirs), info
+
+
+def combine_object_pieces(pieces: list[ObjectBlock], merge_combiners: Any) -> ObjectBlock:
+    """Merge hash-sorted pieces (keys unique within each) into one, combining equal keys.
+
+    Rows with equal hashes are compared with ``==``; only equal keys are combined, in source
+    order (``merge_combiners(earlier, later)``); colliding but unequal keys stay apart.
+    """
+    if len(pieces) == 1:
+        return pieces[0]
+    block = ObjectBlock.concat(pieces)
+    order = np.argsort(block.hashes, kind="stable")
+    hashes = block.hashes[order]
+    n = len(hashes)
+    same = hashes[1:] == hashes[:-1]
+    positions = order.tolist()
+    keys = [block.keys[i] for i in positions]
+    values = [block.values[i] for i in positions]
+    if not same.any():
+        return ObjectBlock(hashes, keys, values)
+    keep = np.ones(n, dtype=bool)
+    starts = np.flatnonzero(np.concatenate(([True], ~same)))
+    ends = np.append(starts[1:], n)
+    for s, e in zip(starts[ends - starts > 1].tolist(), ends[ends - starts > 1].tolist()):
+        for a in range(s, e):
+            if not keep[a]:
+                continue
+            ka = keys[a]
+            for b in range(a + 1, e):
+                if keep[b] and (keys[b] is ka or keys[b] == ka):
+                    values[a] = merge_combiners(values[a], values[b])
+                    keep[b] = False
+    if keep.all():
+        return ObjectBlock(hashes, keys, values)
+    idx = np.flatnonzero(keep).tolist()
+    return ObjectBlock(hashes[keep], [keys[i] for i in idx], [values[i] for i in idx])

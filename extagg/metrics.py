@@ -1,0 +1,50 @@
+"""Metrics every engine exposes: what came in, what spilled, what it cost."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from extagg._config import format_size
+
+__all__ = ["SpillMetrics"]
+
+
+@dataclass
+class SpillMetrics:
+    """Counters of one aggregation (Spark's task metrics plus merge figures).
+
+    ``memory_bytes_spilled`` is the in-memory size of what was spilled (the estimate at spill
+    time), ``disk_bytes_spilled`` the bytes written to run files (after compression),
+    ``raw_bytes_spilled`` the same before compression. ``spill_count`` counts spill events,
+    ``num_spill_files`` run files written by spills (merge passes write more files, counted in
+    ``merge_files``). ``peak_memory_bytes`` is the largest in-memory size seen.
+    """
+
+    records_read: int = 0
+    groups: int = 0
+    spill_count: int = 0
+    num_spill_files: int = 0
+    memory_bytes_spilled: int = 0
+    disk_bytes_spilled: int = 0
+    raw_bytes_spilled: int = 0
+    peak_memory_bytes: int = 0
+    peak_granted_bytes: int = 0
+    spill_time_s: float = 0.0
+    merge_time_s: float = 0.0
+    merge_passes: int = 0
+    merge_files: int = 0
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        """One human line, for logs and the CLI."""
+        return (
+            f"{self.records_read:,} records -> {self.groups:,} groups; "
+            f"{self.spill_count} spills ({self.num_spill_files} files, "
+            f"{format_size(self.memory_bytes_spilled)} in memory, "
+            f"{format_size(self.disk_bytes_spilled)} on disk); "
+            f"peak {format_size(self.peak_memory_bytes)}; "
+            f"spill {self.spill_time_s:.2f} s, merge {self.merge_time_s:.2f} s "
+            f"in {self.merge_passes} pass(es)"
+        )

@@ -1,0 +1,146 @@
+"""Blocks: hash-sorted rows as they flow through spill files and the merge.
+
+Both engines spill and merge the same shape of data — a ``uint64`` hash per row, ascending — and
+differ only in how the rest of a row is held: Python objects (:class:`ObjectBlock`) or NumPy
+columns (:class:`ColumnBlock`). The run-file format and the merge only rely on ``hashes``,
+``len``, ``slice`` and ``concat``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Union
+
+import numpy as np
+
+__all__ = ["ObjectBlock", "ColumnBlock", "Block"]
+
+_EMPTY_HASHES = np.empty(0, dtype=np.uint64)
+
+
+class ObjectBlock:
+    """Rows of the generic engine: ``hashes[i]`` is the order hash of ``keys[i]``."""
+
+    __slots__ = ("hashes", "keys", "values")
+
+    def __init__(self, hashes: np.ndarray, keys: list[Any], values: list[Any]) -> None:
+        if not (len(hashes) == len(keys) == len(values)):
+            raise ValueError(
+                f"block columns differ in length: {len(hashes)} hashes, {len(keys)} keys, "
+                f"{len(values)} values"
+            )
+        self.hashes = hashes
+        self.keys = keys
+        self.values = values
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def slice(self, start: int, stop: int) -> ObjectBlock:
+        return ObjectBlock(self.hashes[start:stop], self.keys[start:stop], self.values[start:stop])
+
+    @staticmethod
+    def empty() -> ObjectBlock:
+        return ObjectBlock(_EMPTY_HASHES, [], [])
+
+    @staticmethod
+    def concat(blocks: list[ObjectBlock]) -> ObjectBlock:
+        if len(blocks) == 1:
+            return blocks[0]
+        keys: list[Any] = []
+        values: list[Any] = []
+        for block in blocks:
+            keys.extend(block.keys)
+            values.extend(block.values)
+        hashes = np.concatenate([b.hashes for b in blocks]) if blocks else _EMPTY_HASHES
+        return ObjectBlock(hashes, keys, values)
+
+    def nbytes(self) -> int:
+        """A cheap estimate: the arrays and lists plus a sampled per-row object size."""
+        n = len(self.keys)
+        if n == 0:
+            return 0
+        step = max(1, n // 16)
+        sample = range(0, n, step)
+        per_row = sum(
+            sys.getsizeof(self.keys[i]) + sys.getsizeof(self.values[i]) for i in sample
+        ) / len(sample)
+        return int(self.hashes.nbytes + 2 * (56 + 8 * n) + per_row * n)
+
+
+class ColumnBlock:
+    """Rows of the columnar engine as NumPy columns.
+
+    ``columns`` are row-aligned fixed-width arrays; ``var_columns`` hold variable-length values
+    (strings, bytes) as ``(offsets, data)`` with ``len(offsets) == len(hashes) + 1`` and
+    ``offsets[0] == 0``.
+    """
+
+    __slots__ = ("hashes", "columns", "var_columns")
+
+    def __init__(
+        self,
+        hashes: np.ndarray,
+        columns: dict[str, np.ndarray] | None = None,
+        var_columns: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
+    ) -> None:
+        self.hashes = hashes
+        self.columns = columns or {}
+        self.var_columns = var_columns or {}
+        n = len(hashes)
+        for name, col in self.columns.items():
+            if len(col) != n:
+                raise ValueError(f"column {name!r} has {len(col)} rows, block has {n}")
+        for name, (offsets, _data) in self.var_columns.items():
+            if len(offsets) != n + 1:
+                raise ValueError(f"column {name!r} has {len(offsets) - 1} rows, block has {n}")
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+    def slice(self, start: int, stop: int) -> ColumnBlock:
+        n = len(self.hashes)
+        start, stop = max(0, min(start, n)), max(0, min(stop, n))
+        stop = max(start, stop)
+        var = {}
+        for name, (offsets, data) in self.var_columns.items():
+            lo, hi = int(offsets[start]), int(offsets[stop])
+            var[name] = (offsets[start : stop + 1] - offsets[start], data[lo:hi])
+        return ColumnBlock(
+            self.hashes[start:stop],
+            {name: col[start:stop] for name, col in self.columns.items()},
+            var,
+        )
+
+    @staticmethod
+    def concat(blocks: list[ColumnBlock]) -> ColumnBlock:
+        if len(blocks) == 1:
+            return blocks[0]
+        if not blocks:
+            raise ValueError("cannot concatenate zero column blocks")
+        first = blocks[0]
+        columns = {
+            name: np.concatenate([b.columns[name] for b in blocks]) for name in first.columns
+        }
+        var = {}
+        for name in first.var_columns:
+            parts = [b.var_columns[name] for b in blocks]
+            offsets = [np.zeros(1, dtype=np.int64)]
+            base = 0
+            for off, _data in parts:
+                offsets.append(off[1:].astype(np.int64, copy=False) + base)
+                base += int(off[-1])
+            var[name] = (
+                np.concatenate(offsets),
+                np.concatenate([d for _o, d in parts]) if parts else np.empty(0, np.uint8),
+            )
+        return ColumnBlock(np.concatenate([b.hashes for b in blocks]), columns, var)
+
+    def nbytes(self) -> int:
+        total = self.hashes.nbytes + sum(c.nbytes for c in self.columns.values())
+        for offsets, data in self.var_columns.values():
+            total += offsets.nbytes + data.nbytes
+        return int(total)
+
+
+Block = Union[ObjectBlock, ColumnBlock]

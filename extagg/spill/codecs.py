@@ -1,0 +1,167 @@
+"""Batch codecs: how one block becomes the bytes of one batch in a run file (before compression).
+
+Two codecs share one file format: pickled Python rows for the generic engine and raw NumPy
+columns for the columnar engine. Both start with the hash column as raw little-endian ``uint64``
+so the hashes are never pickled.
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from typing import Any
+
+import numpy as np
+
+from extagg.errors import SpillError
+from extagg.spill.blocks import ColumnBlock, ObjectBlock
+
+__all__ = [
+    "BatchCodec",
+    "ObjectCodec",
+    "ColumnCodec",
+    "OBJECT_CODEC",
+    "COLUMN_CODEC",
+    "codec_by_id",
+]
+
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+
+
+class BatchCodec:
+    """Encodes a block to bytes and back. ``codec_id`` is stored in the run-file header."""
+
+    codec_id: int = 0
+    name: str = ""
+
+    def encode(self, block: Any) -> bytes:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def decode(self, payload: memoryview | bytes) -> Any:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class ObjectCodec(BatchCodec):
+    """``u32 n | n × u64 hashes | pickle((keys, values))``."""
+
+    codec_id = 1
+    name = "object"
+
+    def encode(self, block: ObjectBlock) -> bytes:
+        hashes = np.ascontiguousarray(block.hashes, dtype="<u8")
+        try:
+            body = pickle.dumps((block.keys, block.values), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            raise _unpicklable_row(block, exc) from exc
+        return b"".join((_U32.pack(len(hashes)), hashes.tobytes(), body))
+
+    def decode(self, payload: memoryview | bytes) -> ObjectBlock:
+        view = memoryview(payload)
+        (n,) = _U32.unpack_from(view, 0)
+        end = 4 + 8 * n
+        if end > len(view):
+            raise ValueError(f"batch holds {len(view)} bytes, too few for {n} hashes")
+        hashes = np.frombuffer(view[4:end], dtype="<u8").astype(np.uint64)
+        keys, values = pickle.loads(view[end:])
+        if len(keys) != n or len(values) != n:
+            raise ValueError(f"batch declares {n} rows but holds {len(keys)} keys")
+        return ObjectBlock(hashes, list(keys), list(values))
+
+
+def _unpicklable_row(block: ObjectBlock, exc: Exception) -> SpillError:
+    """Find the row that cannot be pickled and name its key's type."""
+    for key, value in zip(block.keys, block.values):
+        for what, obj in (("key", key), ("combiner", value)):
+            try:
+                pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as row_exc:
+                return SpillError(
+                    f"cannot serialise the {what} of a key of type {type(key).__name__} "
+                    f"({type(obj).__name__}: {row_exc}) while spilling"
+                )
+    return SpillError(f"cannot serialise a batch of {len(block)} rows while spilling: {exc}")
+
+
+class ColumnCodec(BatchCodec):
+    """``u32 n | n × u64 hashes | u32 ncols | per column: kind, name, dtype, arrays``.
+
+    Fixed columns store one array; variable columns store their offsets and data arrays.
+    Decoding is zero-copy views over the decompressed payload.
+    """
+
+    codec_id = 2
+    name = "column"
+
+    def encode(self, block: ColumnBlock) -> bytes:
+        parts = [_U32.pack(len(block.hashes)), np.ascontiguousarray(block.hashes, "<u8").tobytes()]
+        parts.append(_U32.pack(len(block.columns) + len(block.var_columns)))
+        for name, col in block.columns.items():
+            parts.extend(self._header(b"F", name))
+            parts.extend(self._array(col))
+        for name, (offsets, data) in block.var_columns.items():
+            parts.extend(self._header(b"V", name))
+            parts.extend(self._array(np.asarray(offsets, dtype=np.int64)))
+            parts.extend(self._array(np.asarray(data, dtype=np.uint8)))
+        return b"".join(parts)
+
+    @staticmethod
+    def _header(kind: bytes, name: str) -> list[bytes]:
+        raw = name.encode("utf-8")
+        return [kind, _U32.pack(len(raw)), raw]
+
+    @staticmethod
+    def _array(arr: np.ndarray) -> list[bytes]:
+        arr = np.ascontiguousarray(arr)
+        if arr.dtype.byteorder == ">":
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        dtype = arr.dtype.str.encode("ascii")
+        return [_U32.pack(len(dtype)), dtype, _U64.pack(arr.nbytes), arr.tobytes()]
+
+    def decode(self, payload: memoryview | bytes) -> ColumnBlock:
+        view = memoryview(payload)
+        (n,) = _U32.unpack_from(view, 0)
+        pos = 4 + 8 * n
+        hashes = np.frombuffer(view[4:pos], dtype="<u8")
+        (ncols,) = _U32.unpack_from(view, pos)
+        pos += 4
+        columns: dict[str, np.ndarray] = {}
+        var_columns: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for _ in range(ncols):
+            kind = bytes(view[pos : pos + 1])
+            (name_len,) = _U32.unpack_from(view, pos + 1)
+            name = bytes(view[pos + 5 : pos + 5 + name_len]).decode("utf-8")
+            pos += 5 + name_len
+            if kind == b"F":
+                arr, pos = self._read_array(view, pos)
+                columns[name] = arr
+            elif kind == b"V":
+                offsets, pos = self._read_array(view, pos)
+                data, pos = self._read_array(view, pos)
+                var_columns[name] = (offsets, data)
+            else:
+                raise ValueError(f"unknown column kind {kind!r} for column {name!r}")
+        if pos != len(view):
+            raise ValueError(f"{len(view) - pos} unexpected trailing bytes in column batch")
+        return ColumnBlock(hashes, columns, var_columns)
+
+    @staticmethod
+    def _read_array(view: memoryview, pos: int) -> tuple[np.ndarray, int]:
+        (dlen,) = _U32.unpack_from(view, pos)
+        dtype = np.dtype(bytes(view[pos + 4 : pos + 4 + dlen]).decode("ascii"))
+        pos += 4 + dlen
+        (nbytes,) = _U64.unpack_from(view, pos)
+        pos += 8
+        if pos + nbytes > len(view) or nbytes % max(1, dtype.itemsize):
+            raise ValueError(f"array of {nbytes} bytes does not fit the batch")
+        return np.frombuffer(view[pos : pos + nbytes], dtype=dtype), pos + nbytes
+
+
+OBJECT_CODEC = ObjectCodec()
+COLUMN_CODEC = ColumnCodec()
+_CODECS = {c.codec_id: c for c in (OBJECT_CODEC, COLUMN_CODEC)}
+
+
+def codec_by_id(codec_id: int) -> BatchCodec:
+    """The codec stored under ``codec_id`` in a run-file header (``KeyError`` if unknown)."""
+    return _CODECS[codec_id]

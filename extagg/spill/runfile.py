@@ -1,0 +1,343 @@
+"""The run file: a hash-sorted run of rows, written once, read batch by batch.
+
+Layout (all integers little-endian)::
+
+    header   16 bytes   magic b"EXTAGRUN" | u16 format version | u8 batch codec |
+                        u8 compression | u32 0
+    batch 0  ...        codec payload, compressed independently (LZ4 block) or stored raw
+    batch 1  ...
+    footer   52 bytes per batch: u64 offset | u64 stored length | u64 raw length | u64 rows |
+                                 u64 min hash | u64 max hash | u32 crc32 of the stored bytes
+    trailer  32 bytes   u64 footer offset | u32 batches | u64 rows | u32 crc32 of the footer |
+                        magic b"EXTAGEND"
+
+A reader needs nothing but the file: the trailer locates the footer, the footer gives each batch's
+byte range, row count and hash range (which the merge uses to decide what to read next without
+decoding). Every batch is decodable on its own and checked by CRC-32 before it is decompressed.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import lz4.block
+import numpy as np
+
+from extagg.errors import CorruptFileError, SpillError
+from extagg.spill.codecs import BatchCodec, codec_by_id
+from extagg.spill.tempdir import SpillDirs
+
+__all__ = ["RunWriter", "RunReader", "RunFile", "BatchInfo", "COMPRESSIONS"]
+
+MAGIC = b"EXTAGRUN"
+END_MAGIC = b"EXTAGEND"
+FORMAT_VERSION = 1
+COMPRESSIONS = {"none": 0, "lz4": 1}
+_COMPRESSION_NAMES = {v: k for k, v in COMPRESSIONS.items()}
+_HEADER = struct.Struct("<8sHBBI")
+_ENTRY = struct.Struct("<QQQQQQI")
+_TRAILER = struct.Struct("<QIQI8s")
+_DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
+
+
+def open_for_writing(path: str) -> Any:
+    """Open a new run file. The one place files are created, so tests can inject I/O faults."""
+    return open(path, "wb")
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    """One footer entry: where a batch is and what it holds."""
+
+    offset: int
+    length: int
+    raw_length: int
+    count: int
+    min_hash: int
+    max_hash: int
+    crc: int
+
+
+@dataclass(frozen=True)
+class RunFile:
+    """A finished run file."""
+
+    path: str
+    num_batches: int
+    num_records: int
+    disk_bytes: int
+    raw_bytes: int
+
+
+class RunWriter:
+    """Writes one run file. Blocks must arrive sorted by hash, non-decreasing across calls.
+
+    On a full disk the partial file is removed and :class:`~extagg.errors.SpillError` names the
+    directory and the bytes needed; any other failure also removes the file.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        codec: BatchCodec,
+        *,
+        compression: str = "lz4",
+        spill_dirs: SpillDirs | None = None,
+    ) -> None:
+        if compression not in COMPRESSIONS:
+            raise ValueError(
+                f"unknown spill compression {compression!r}: choose one of {sorted(COMPRESSIONS)}"
+            )
+        self.path = path
+        self.codec = codec
+        self.compression = compression
+        self._spill_dirs = spill_dirs
+        self._entries: list[BatchInfo] = []
+        self._records = 0
+        self._raw_bytes = 0
+        self._last_hash = -1
+        self._file: Any = None
+        self._offset = 0
+        self._open()
+
+    def _open(self) -> None:
+        header = _HEADER.pack(
+            MAGIC, FORMAT_VERSION, self.codec.codec_id, COMPRESSIONS[self.compression], 0
+        )
+        try:
+            self._file = open_for_writing(self.path)
+        except OSError as exc:
+            self._fail(exc, len(header))
+        self._write(header)
+
+    def _write(self, data: bytes) -> None:
+        if self._spill_dirs is not None:
+            try:
+                self._spill_dirs.charge(self.path, len(data))
+            except SpillError:
+                self.abort()
+                raise
+        try:
+            self._file.write(data)
+        except OSError as exc:
+            self._fail(exc, len(data))
+        self._offset += len(data)
+
+    def _fail(self, exc: OSError, nbytes: int) -> None:
+        self.abort()
+        directory = (
+            SpillDirs.directory_of(self.path) if self._spill_dirs else os.path.dirname(self.path)
+        )
+        if exc.errno in _DISK_FULL:
+            raise SpillError(
+                f"No space left on device in spill directory {directory} while writing {nbytes} "
+                f"bytes to {self.path}; free space, or point spill_dirs / EXTAGG_SPILL_DIR at a "
+                "larger disk",
+                directory=directory,
+                bytes_needed=nbytes,
+                errno=exc.errno,
+            ) from exc
+        raise SpillError(
+            f"cannot write spill file {self.path} in {directory}: {exc.strerror or exc}",
+            directory=directory,
+            bytes_needed=nbytes,
+            errno=exc.errno,
+        ) from exc
+
+    def write_block(self, block: Any) -> int:
+        """Append ``block`` as one batch; returns the bytes written."""
+        n = len(block)
+        if n == 0:
+            return 0
+        hashes = block.hashes
+        lo, hi = int(hashes[0]), int(hashes[-1])
+        if lo < self._last_hash:
+            self.abort()
+            raise ValueError(
+                f"blocks written to {self.path} are not in hash order "
+                f"({lo} after {self._last_hash})"
+            )
+        try:
+            raw = self.codec.encode(block)
+        except SpillError:
+            self.abort()
+            raise
+        stored = lz4.block.compress(raw, store_size=False) if self.compression == "lz4" else raw
+        entry = BatchInfo(self._offset, len(stored), len(raw), n, lo, hi, zlib.crc32(stored))
+        self._write(stored)
+        self._entries.append(entry)
+        self._records += n
+        self._raw_bytes += len(raw)
+        self._last_hash = hi
+        return len(stored)
+
+    def write_sorted(self, block: Any, batch_size: int) -> None:
+        """Write a sorted block as batches of at most ``batch_size`` rows."""
+        for start in range(0, len(block), batch_size):
+            self.write_block(block.slice(start, start + batch_size))
+
+    def finish(self) -> RunFile:
+        """Write the footer and close; the file is complete and readable."""
+        footer = b"".join(
+            _ENTRY.pack(e.offset, e.length, e.raw_length, e.count, e.min_hash, e.max_hash, e.crc)
+            for e in self._entries
+        )
+        trailer = _TRAILER.pack(
+            self._offset, len(self._entries), self._records, zlib.crc32(footer), END_MAGIC
+        )
+        self._write(footer + trailer)
+        try:
+            self._file.close()
+        except OSError as exc:
+            self._fail(exc, 0)
+        self._file = None
+        return RunFile(self.path, len(self._entries), self._records, self._offset, self._raw_bytes)
+
+    def abort(self) -> None:
+        """Close and delete the partial file (safe to call more than once)."""
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError:
+                pass
+            self._file = None
+        if self._spill_dirs is not None:
+            self._spill_dirs.remove(self.path)
+        else:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+    def __enter__(self) -> RunWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        if exc_type is not None or self._file is not None:
+            self.abort()
+
+
+class RunReader:
+    """Reads a run file batch by batch; validates everything it reads.
+
+    Any truncation, bit flip or foreign file raises :class:`~extagg.errors.CorruptFileError`
+    naming the file, the offset and the reason.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        try:
+            self._fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise CorruptFileError(path, None, "spill file does not exist") from None
+        try:
+            self._read_index()
+        except BaseException:
+            os.close(self._fd)
+            self._fd = -1
+            raise
+
+    def _corrupt(self, offset: int | None, reason: str) -> CorruptFileError:
+        return CorruptFileError(self.path, offset, reason)
+
+    def _pread(self, size: int, offset: int) -> bytes:
+        data = os.pread(self._fd, size, offset)
+        if len(data) != size:
+            raise self._corrupt(offset, f"expected {size} bytes, file ends after {len(data)}")
+        return data
+
+    def _read_index(self) -> None:
+        size = os.fstat(self._fd).st_size
+        self.file_size = size
+        if size < _HEADER.size + _TRAILER.size:
+            raise self._corrupt(0, f"file is too short to be an extagg run file ({size} bytes)")
+        magic, version, codec_id, compression, flags = _HEADER.unpack(self._pread(_HEADER.size, 0))
+        if magic != MAGIC:
+            raise self._corrupt(0, f"not an extagg run file (magic {magic!r})")
+        if version != FORMAT_VERSION:
+            raise self._corrupt(8, f"unsupported run-file format version {version}")
+        try:
+            self.codec = codec_by_id(codec_id)
+        except KeyError:
+            raise self._corrupt(10, f"unknown batch codec id {codec_id}") from None
+        if compression not in _COMPRESSION_NAMES:
+            raise self._corrupt(11, f"unknown compression id {compression}")
+        if flags != 0:
+            raise self._corrupt(12, f"unknown header flags {flags:#x}")
+        self.compression = _COMPRESSION_NAMES[compression]
+        tpos = size - _TRAILER.size
+        footer_offset, nbatches, nrecords, footer_crc, end = _TRAILER.unpack(
+            self._pread(_TRAILER.size, tpos)
+        )
+        if end != END_MAGIC:
+            raise self._corrupt(tpos, "missing end marker: the file is truncated or corrupt")
+        if footer_offset + nbatches * _ENTRY.size != tpos or footer_offset < _HEADER.size:
+            raise self._corrupt(tpos, "footer position does not match the file size")
+        footer = self._pread(nbatches * _ENTRY.size, footer_offset)
+        if zlib.crc32(footer) != footer_crc:
+            raise self._corrupt(footer_offset, "footer checksum mismatch")
+        self.batches: list[BatchInfo] = []
+        expected = _HEADER.size
+        total = 0
+        for i in range(nbatches):
+            entry = BatchInfo(*_ENTRY.unpack_from(footer, i * _ENTRY.size))
+            if entry.offset != expected or entry.min_hash > entry.max_hash:
+                raise self._corrupt(
+                    footer_offset + i * _ENTRY.size, f"bad index entry for batch {i}"
+                )
+            expected = entry.offset + entry.length
+            total += entry.count
+            self.batches.append(entry)
+        if expected != footer_offset or total != nrecords:
+            raise self._corrupt(footer_offset, "batch index does not add up to the file")
+        self.num_records = nrecords
+
+    def read_block(self, i: int) -> Any:
+        """Decode batch ``i`` (checksum verified, hashes checked against the footer)."""
+        entry = self.batches[i]
+        stored = self._pread(entry.length, entry.offset)
+        if zlib.crc32(stored) != entry.crc:
+            raise self._corrupt(entry.offset, f"checksum mismatch in batch {i}")
+        try:
+            raw = (
+                lz4.block.decompress(stored, uncompressed_size=entry.raw_length)
+                if self.compression == "lz4"
+                else stored
+            )
+            if len(raw) != entry.raw_length:
+                raise ValueError(f"decoded {len(raw)} bytes, expected {entry.raw_length}")
+            block = self.codec.decode(raw)
+        except CorruptFileError:
+            raise
+        except Exception as exc:
+            raise self._corrupt(entry.offset, f"cannot decode batch {i}: {exc}") from exc
+        hashes = block.hashes
+        if (
+            len(block) != entry.count
+            or int(hashes[0]) != entry.min_hash
+            or int(hashes[-1]) != entry.max_hash
+            or (len(hashes) > 1 and bool(np.any(hashes[1:] < hashes[:-1])))
+        ):
+            raise self._corrupt(entry.offset, f"batch {i} does not match its index entry")
+        return block
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __del__(self) -> None:
+        fd = getattr(self, "_fd", -1)
+        if fd >= 0:
+            os.close(fd)
+
+    def __enter__(self) -> RunReader:
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.close()

@@ -1,0 +1,41 @@
+"""Shared fixtures: a clean extagg environment for every test."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "extagg",
+    deadline=None,
+    max_examples=60,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "extagg"))
+
+
+@pytest.fixture(autouse=True)
+def _clean_extagg_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No EXTAGG_* setting of the developer's shell leaks into a test."""
+    for name in list(os.environ):
+        if name.startswith("EXTAGG_"):
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("EXTAGG_PROGRESS", "0")
+
+
+@pytest.fixture
+def spill_dir(tmp_path):
+    """A private spill directory whose leftovers the test can inspect."""
+    path = tmp_path / "spill"
+    path.mkdir()
+    return path
+
+
+def files_under(path) -> list[str]:
+    """Every regular file below ``path`` (spill files live in per-process subdirectories)."""
+    found = []
+    for root, _dirs, files in os.walk(path):
+        found.extend(os.path.join(root, f) for f in files)
+    return sorted(found)

@@ -1,0 +1,188 @@
+import errno
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from extagg.errors import CorruptFileError, SpillError
+from extagg.hashing import order_hashes
+from extagg.spill.blocks import ColumnBlock, ObjectBlock
+from extagg.spill.codecs import COLUMN_CODEC, OBJECT_CODEC
+from extagg.spill.runfile import RunReader, RunWriter
+from extagg.spill.tempdir import SpillDirs
+
+from ..conftest import files_under
+
+
+def object_block(keys, values=None):
+    values = values if values is not None else [k for k in keys]
+    hashes = order_hashes(keys)
+    order = np.argsort(hashes, kind="stable")
+    return ObjectBlock(hashes[order], [keys[i] for i in order], [values[i] for i in order])
+
+
+def write_run(path, block, batch_size=3, compression="lz4", codec=OBJECT_CODEC):
+    writer = RunWriter(str(path), codec, compression=compression)
+    writer.write_sorted(block, batch_size)
+    return writer.finish()
+
+
+def read_all(path):
+    with RunReader(str(path)) as reader:
+        return [reader.read_block(i) for i in range(len(reader.batches))]
+
+
+@pytest.mark.parametrize("compression", ["lz4", "none"])
+@given(keys=st.lists(st.one_of(st.integers(), st.text(), st.none()), unique=True, max_size=40))
+def test_object_round_trip(tmp_path_factory, compression, keys):
+    path = tmp_path_factory.mktemp("run") / "a.run"
+    block = object_block(keys, [(k, 1) for k in keys])
+    info = write_run(path, block, compression=compression)
+    assert info.num_records == len(keys)
+    assert info.disk_bytes == os.path.getsize(path)
+    blocks = read_all(path)
+    assert sum(len(b) for b in blocks) == len(keys)
+    got = ObjectBlock.concat(blocks) if blocks else ObjectBlock.empty()
+    assert got.keys == block.keys and got.values == block.values
+    assert got.hashes.tolist() == block.hashes.tolist()
+
+
+def test_footer_has_counts_and_hash_ranges(tmp_path):
+    block = object_block(list(range(10)))
+    write_run(tmp_path / "r.run", block, batch_size=4)
+    with RunReader(str(tmp_path / "r.run")) as reader:
+        assert [b.count for b in reader.batches] == [4, 4, 2]
+        for i, info in enumerate(reader.batches):
+            part = block.slice(4 * i, 4 * i + 4)
+            assert info.min_hash == int(part.hashes[0]) and info.max_hash == int(part.hashes[-1])
+
+
+def test_column_block_round_trip_with_strings(tmp_path):
+    n = 7
+    words = [f"w{i}" * i for i in range(n)]
+    data = np.frombuffer("".join(words).encode(), dtype=np.uint8)
+    offsets = np.cumsum([0] + [len(w) for w in words]).astype(np.int64)
+    block = ColumnBlock(
+        np.arange(n, dtype=np.uint64),
+        {"sum": np.arange(n, dtype=np.float64), "valid": np.ones(n, dtype=bool)},
+        {"name": (offsets, data)},
+    )
+    write_run(tmp_path / "c.run", block, batch_size=3, codec=COLUMN_CODEC)
+    got = ColumnBlock.concat(read_all(tmp_path / "c.run"))
+    assert got.columns["sum"].tolist() == list(range(n))
+    offs, raw = got.var_columns["name"]
+    assert [bytes(raw[offs[i] : offs[i + 1]]).decode() for i in range(n)] == words
+
+
+def test_unordered_blocks_are_refused(tmp_path):
+    writer = RunWriter(str(tmp_path / "x.run"), OBJECT_CODEC)
+    writer.write_block(ObjectBlock(np.array([5], dtype=np.uint64), [1], [1]))
+    with pytest.raises(ValueError, match="hash order"):
+        writer.write_block(ObjectBlock(np.array([4], dtype=np.uint64), [2], [2]))
+    assert not (tmp_path / "x.run").exists()
+
+
+@pytest.fixture
+def good_run(tmp_path):
+    path = tmp_path / "good.run"
+    write_run(path, object_block(list(range(50)), [str(i) * 20 for i in range(50)]), batch_size=10)
+    return path
+
+
+def test_truncated_file_is_detected(good_run):
+    size = os.path.getsize(good_run)
+    for cut in (0, 5, 20, size // 2, size - 1):
+        with open(good_run, "r+b") as f:
+            f.truncate(cut)
+        with pytest.raises(CorruptFileError) as err:
+            read_all(good_run)
+        assert err.value.path == str(good_run)
+
+
+def test_every_flipped_byte_is_detected(tmp_path):
+    path = tmp_path / "r.run"
+    write_run(path, object_block(list(range(30)), [i * 3 for i in range(30)]), batch_size=7)
+    original = path.read_bytes()
+    for pos in range(0, len(original)):
+        damaged = bytearray(original)
+        damaged[pos] ^= 0x40
+        path.write_bytes(bytes(damaged))
+        with pytest.raises(CorruptFileError):
+            read_all(path)
+
+
+def test_foreign_file_is_rejected(tmp_path):
+    path = tmp_path / "foreign.run"
+    path.write_bytes(b"PK\x03\x04" + b"\x00" * 200)
+    with pytest.raises(CorruptFileError, match="not an extagg run file"):
+        RunReader(str(path))
+
+
+def test_missing_file_names_it(tmp_path):
+    with pytest.raises(CorruptFileError, match="does not exist") as err:
+        RunReader(str(tmp_path / "nope.run"))
+    assert "nope.run" in str(err.value)
+
+
+class FullDisk:
+    """A file that accepts ``room`` bytes and then fails like a full disk (I/O fault injection)."""
+
+    def __init__(self, path, room):
+        self._file = open(path, "wb")  # noqa: SIM115
+        self.room = room
+
+    def write(self, data):
+        if len(data) > self.room:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.room -= len(data)
+        return self._file.write(data)
+
+    def close(self):
+        self._file.close()
+
+
+def inject_full_disk(monkeypatch, room):
+    import extagg.spill.runfile as runfile
+
+    monkeypatch.setattr(runfile, "open_for_writing", lambda path: FullDisk(path, room))
+
+
+@pytest.mark.parametrize("room", [0, 16, 100, 5000])
+def test_disk_full_raises_spill_error_and_removes_partial_file(spill_dir, monkeypatch, room):
+    inject_full_disk(monkeypatch, room)
+    dirs = SpillDirs([spill_dir])
+    with pytest.raises(SpillError) as err:
+        writer = RunWriter(dirs.new_path(), OBJECT_CODEC, spill_dirs=dirs)
+        writer.write_sorted(object_block(list(range(2000))), 100)
+        writer.finish()
+    assert str(spill_dir) in str(err.value)
+    assert err.value.directory == str(spill_dir)
+    assert err.value.bytes_needed and err.value.bytes_needed > 0
+    assert isinstance(err.value, OSError) and err.value.errno == errno.ENOSPC
+    assert files_under(spill_dir) == []
+
+
+def test_spill_cap_fails_fast(spill_dir):
+    dirs = SpillDirs([spill_dir], max_spill_bytes=200)
+    writer = RunWriter(dirs.new_path(), OBJECT_CODEC, compression="none", spill_dirs=dirs)
+    with pytest.raises(SpillError, match="max_spill_bytes"):
+        writer.write_sorted(object_block(list(range(500))), 50)
+    assert files_under(spill_dir) == []
+
+
+def test_unpicklable_value_names_key_type(tmp_path):
+    writer = RunWriter(str(tmp_path / "u.run"), OBJECT_CODEC)
+    block = ObjectBlock(np.array([1, 2], dtype=np.uint64), ["a", 7], [1, lambda: 0])
+    with pytest.raises(SpillError, match="key of type int"):
+        writer.write_block(block)
+    writer.abort()
+    assert not (tmp_path / "u.run").exists()
+
+
+def test_same_input_same_bytes(tmp_path):
+    block = object_block([f"k{i}" for i in range(100)], list(range(100)))
+    write_run(tmp_path / "a.run", block)
+    write_run(tmp_path / "b.run", block)
+    assert (tmp_path / "a.run").read_bytes() == (tmp_path / "b.run").read_bytes()

@@ -1,0 +1,126 @@
+import os
+import subprocess
+import sys
+
+import mmh3
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from extagg.hashing import (
+    NONE_HASH,
+    SEED,
+    hash_array,
+    hash_objects,
+    order_hash,
+    partition_of,
+    stable_hash,
+)
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=True),
+    st.text(),
+    st.binary(),
+)
+keys = st.recursive(scalars, lambda inner: st.tuples(inner, inner), max_leaves=6)
+
+
+def test_known_values_are_fixed():
+    # pinned: changing the hash would silently re-partition every user's data and state files
+    assert stable_hash(1) == 17219191734650647793
+    assert stable_hash("a") == 16052954400332101403
+    assert stable_hash(None) == NONE_HASH == 6660190260529705892
+    assert stable_hash((1, "a")) == 10856170035730250829
+
+
+def test_strings_are_mmh3_compatible():
+    for s in ["", "a", "héllo", "x" * 100]:
+        assert stable_hash(s) == mmh3.hash64(s.encode(), SEED, signed=False)[0]
+        assert stable_hash(s.encode()) == stable_hash(s)
+
+
+@given(keys)
+def test_range_is_unsigned_64_bit(key):
+    h = stable_hash(key)
+    assert 0 <= h < 2**64
+
+
+@given(st.integers(min_value=-(2**63), max_value=2**63 - 1))
+def test_equal_numbers_hash_equal(i):
+    if i in (0, 1):
+        assert stable_hash(i) == stable_hash(bool(i))
+    f = float(i)
+    if f == i:
+        assert stable_hash(f) == stable_hash(i)
+
+
+def test_int_float_bool_agree_like_python_equality():
+    assert stable_hash(1) == stable_hash(1.0) == stable_hash(True)
+    assert stable_hash(0) == stable_hash(-0.0) == stable_hash(False)
+    assert stable_hash(float("nan")) == stable_hash(float("-nan"))
+    assert stable_hash(2**70) == stable_hash(float(2**70))
+    assert stable_hash(1.5) != stable_hash(1)
+
+
+@given(st.lists(st.integers(min_value=-(2**63), max_value=2**63 - 1), max_size=50))
+def test_hash_array_matches_scalar_ints(values):
+    arr = np.array(values, dtype=np.int64)
+    assert hash_array(arr).tolist() == [stable_hash(v) for v in values]
+
+
+@given(st.lists(st.floats(allow_nan=True, allow_infinity=True), max_size=50))
+def test_hash_array_matches_scalar_floats(values):
+    arr = np.array(values, dtype=np.float64)
+    assert hash_array(arr).tolist() == [stable_hash(v) for v in values]
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [np.int8, np.int16, np.int32, np.uint8, np.uint16, np.uint32, np.uint64, np.bool_, np.float32],
+)
+def test_hash_array_every_dtype(dtype):
+    arr = np.arange(0, 100).astype(dtype)
+    assert hash_array(arr).tolist() == [stable_hash(v.item()) for v in arr]
+
+
+@given(st.lists(keys, max_size=40))
+def test_hash_objects_matches_scalar(values):
+    assert hash_objects(values).tolist() == [stable_hash(v) for v in values]
+
+
+def test_unsupported_types_raise_type_error_naming_the_type():
+    with pytest.raises(TypeError, match="list"):
+        stable_hash([1, 2])
+    with pytest.raises(TypeError, match="frozenset"):
+        stable_hash(frozenset())
+
+
+def test_order_hash_falls_back_for_user_objects():
+    class Fixed:
+        def __hash__(self):
+            return 1
+
+    assert order_hash(Fixed()) == order_hash(Fixed())
+    assert order_hash("a") == stable_hash("a")
+
+
+def test_partition_of_in_range():
+    assert {partition_of(k, 7) for k in range(1000)} == set(range(7))
+
+
+def test_independent_of_pythonhashseed():
+    code = (
+        "from extagg.hashing import stable_hash; print(stable_hash(('user', 42, b'x', None, 1.5)))"
+    )
+    outputs = set()
+    for seed in ("0", "1", "12345"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
+        outputs.add(out.stdout.strip())
+    assert len(outputs) == 1
