@@ -1,6 +1,42 @@
-"""extagg: aggregate more data than fits in memory."""
+"""extagg: aggregate more data than fits in memory.
 
-from extagg.errors import CorruptFileError, MemoryLimitError, SpillError
+The public API::
 
-__all__ = ["CorruptFileError", "MemoryLimitError", "SpillError"]
+    from extagg import Aggregator, ExternalAppendOnlyMap        # generic Python records
+    from extagg import HashAggregator, aggregate                 # typed columns (numba)
+    from extagg import SpillError, CorruptFileError, MemoryLimitError
+
+Memory management lives in :mod:`extagg.memory`, the state store in :mod:`extagg.state`, the
+PySpark integration in :mod:`extagg.spark`.
+"""
+
+from typing import Any
+
+from extagg.aggregator import Aggregator
+from extagg.errors import CorruptFileError, ExtaggError, MemoryLimitError, SpillError
+from extagg.external_map import ExternalAppendOnlyMap
+from extagg.hashing import stable_hash
+from extagg.metrics import SpillMetrics
+
+__all__ = [
+    "Aggregator",
+    "CorruptFileError",
+    "ExternalAppendOnlyMap",
+    "ExtaggError",
+    "HashAggregator",
+    "MemoryLimitError",
+    "SpillError",
+    "SpillMetrics",
+    "aggregate",
+    "stable_hash",
+]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # the columnar engine pulls in pyarrow and its kernels: import it on first use
+    if name in ("HashAggregator", "aggregate"):
+        from extagg import aggregate as _columnar
+
+        return getattr(_columnar, name)
+    raise AttributeError(f"module 'extagg' has no attribute {name!r}")

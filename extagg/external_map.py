@@ -186,8 +186,16 @@ class ExternalAppendOnlyMap(MemoryConsumer):
                 estimate = current.estimate_size()
                 if estimate > self.metrics.peak_memory_bytes:
                     self.metrics.peak_memory_bytes = estimate
-                if self._maybe_spill(estimate):
-                    current = self._map
+                try:
+                    if self._maybe_spill(estimate):
+                        current = self._map
+                except BaseException:
+                    # the spill failed and the map was rebuilt: keep the records already taken
+                    # from the iterable, so everything consumed so far is in the map
+                    self._map.fold(keys, values, create, merge)
+                    self._elements_read += len(keys)
+                    self.metrics.records_read += len(keys)
+                    raise
                 current.fold(keys, values, create, merge)
                 self._elements_read += len(keys)
                 self.metrics.records_read += len(keys)

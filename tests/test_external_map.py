@@ -1,0 +1,383 @@
+"""ExternalAppendOnlyMap against a plain-dict reference, with forced spills and every failure."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import subprocess
+import sys
+import weakref
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from extagg import Aggregator, CorruptFileError, ExternalAppendOnlyMap, SpillError
+from extagg.hashing import order_hash
+from extagg.memory import MemoryConsumer, UnifiedMemoryManager, task_memory_manager
+
+from .conftest import files_under
+
+
+class FixedHash:
+    """Spark's FixedHashObject: equal by name, hash fixed to 0 or 1, so keys collide."""
+
+    def __init__(self, name, h):
+        self.name, self.h = name, h
+
+    def __hash__(self):
+        return self.h
+
+    def __eq__(self, other):
+        return isinstance(other, FixedHash) and other.name == self.name
+
+    def __repr__(self):
+        return f"FixedHash({self.name!r})"
+
+
+class CollidingStr(str):
+    """Different strings with equal Python hashes."""
+
+    def __hash__(self):
+        return 42
+
+
+SUM = Aggregator(lambda v: v, lambda c, v: c + v, lambda a, b: a + b)
+
+
+def list_aggregator():
+    return Aggregator(lambda v: [v], lambda c, v: [*c, v], lambda a, b: a + b)
+
+
+def reference(pairs, agg=SUM):
+    out = {}
+    for k, v in pairs:
+        out[k] = agg.merge_value(out[k], v) if k in out else agg.create_combiner(v)
+    return out
+
+
+def run(pairs, agg=SUM, **options):
+    with ExternalAppendOnlyMap(agg, **options) as emap:
+        emap.insert_all(pairs)
+        result = list(emap.iterator())
+        return result, emap.metrics
+
+
+keys = st.one_of(
+    st.integers(),
+    st.sampled_from([2**63 - 1, -(2**63), 2**64 - 1, 2**100]),
+    st.text(max_size=5),
+    st.none(),
+    st.tuples(st.integers(0, 3), st.text(max_size=2)),
+    st.builds(FixedHash, st.sampled_from("abcdefgh"), st.sampled_from([0, 1])),
+    st.builds(CollidingStr, st.sampled_from(["Aa", "BB", "C", "dd"])),
+)
+values = st.one_of(st.integers(-1000, 1000), st.none().map(lambda _: 0))
+
+
+@given(
+    pairs=st.lists(st.tuples(keys, values), max_size=300),
+    every=st.integers(1, 40),
+    batch=st.integers(1, 7),
+    fan_in=st.integers(2, 5),
+)
+def test_equals_dict_with_forced_spills(spill_dir, pairs, every, batch, fan_in):
+    result, metrics = run(
+        pairs,
+        memory="16m",
+        spill_dirs=[spill_dir],
+        force_spill_every=every,
+        batch_size=batch,
+        fan_in=fan_in,
+    )
+    as_dict = dict(result)
+    assert len(as_dict) == len(result), "a key was emitted twice"
+    assert as_dict == reference(pairs)
+    assert metrics.records_read == len(pairs)
+    assert metrics.groups == len(result)
+    assert files_under(spill_dir) == []
+
+
+@given(pairs=st.lists(st.tuples(st.integers(0, 50), st.integers()), max_size=200))
+def test_combiners_called_like_combine_by_key(spill_dir, pairs):
+    # with list combiners every value must appear exactly once, and within one map in order
+    result, _ = run(
+        pairs, list_aggregator(), memory="16m", spill_dirs=[spill_dir], force_spill_every=7
+    )
+    got = dict(result)
+    want = reference(pairs, list_aggregator())
+    assert {k: sorted(v) for k, v in got.items()} == {k: sorted(v) for k, v in want.items()}
+
+
+def test_none_keys_and_values(spill_dir):
+    pairs = [(None, None), (1, None), (None, 5), (None, None)]
+    agg = list_aggregator()
+    result, _ = run(pairs, agg, memory="16m", spill_dirs=[spill_dir], force_spill_every=1)
+    assert sorted(dict(result)[None], key=str) == sorted([None, 5, None], key=str)
+    assert dict(result)[1] == [None]
+
+
+def test_output_is_in_key_hash_order_spilled_or_not(spill_dir):
+    pairs = [(f"k{i % 500}", 1) for i in range(3000)]
+    for every in (None, 100):
+        result, metrics = run(pairs, memory="16m", spill_dirs=[spill_dir], force_spill_every=every)
+        hashes = [order_hash(k) for k, _ in result]
+        assert hashes == sorted(hashes)
+        assert (metrics.spill_count > 0) == (every is not None)
+
+
+def test_one_key_holds_most_records(spill_dir):
+    pairs = [("hot", 1)] * 20_000 + [(i, 1) for i in range(2_000)]
+    result, metrics = run(pairs, memory="16m", spill_dirs=[spill_dir], force_spill_every=997)
+    assert dict(result)["hot"] == 20_000
+    assert len(result) == 2_001
+    assert metrics.spill_count > 10
+
+
+def test_many_runs_merge_in_passes(spill_dir):
+    pairs = [(i % 300, 1) for i in range(6_000)]
+    result, metrics = run(
+        pairs, memory="16m", spill_dirs=[spill_dir], force_spill_every=50, fan_in=4, batch_size=16
+    )
+    assert dict(result) == {i: 20 for i in range(300)}
+    assert metrics.merge_passes >= 2
+    assert metrics.merge_files > 0
+
+
+def test_metrics_are_zero_without_spills_and_positive_with(spill_dir):
+    pairs = [(i, i) for i in range(1000)]
+    _, quiet = run(pairs, memory="64m", spill_dirs=[spill_dir])
+    assert quiet.spill_count == quiet.disk_bytes_spilled == quiet.memory_bytes_spilled == 0
+    assert quiet.num_spill_files == 0 and quiet.records_read == 1000
+    assert quiet.peak_memory_bytes > 0
+    _, loud = run(pairs, memory="64m", spill_dirs=[spill_dir], force_spill_every=100)
+    assert loud.spill_count >= 9 and loud.num_spill_files == loud.spill_count
+    assert (
+        loud.disk_bytes_spilled > 0 and loud.memory_bytes_spilled > 0 and loud.raw_bytes_spilled > 0
+    )
+
+
+def test_real_budget_spills_without_the_knob(spill_dir, caplog):
+    pairs = ((i % 200_000, float(i)) for i in range(600_000))
+    with caplog.at_level(logging.INFO, logger="extagg"):
+        result, metrics = run(pairs, memory="8m", spill_dirs=[spill_dir])
+    assert len(result) == 200_000
+    assert sum(v for _, v in result) == sum(float(i) for i in range(600_000))
+    assert metrics.spill_count >= 2
+    assert metrics.peak_granted_bytes <= 8 * 2**20
+    spill_lines = [
+        r.getMessage() for r in caplog.records if "spilling in-memory map of" in r.getMessage()
+    ]
+    assert len(spill_lines) == metrics.spill_count
+    assert (
+        "MiB to disk (1 time so far)" in spill_lines[0]
+        or "KiB to disk (1 time so far)" in spill_lines[0]
+    )
+
+
+def test_iterator_is_destructive_and_single_use(spill_dir):
+    emap = ExternalAppendOnlyMap(SUM, memory="16m", spill_dirs=[spill_dir], force_spill_every=3)
+    emap.insert_all((i, 1) for i in range(10))
+    it = emap.iterator()
+    assert len(list(it)) == 10
+    assert list(it) == []  # exhausted twice
+    with pytest.raises(RuntimeError, match="only be called once"):
+        emap.iterator()
+    with pytest.raises(RuntimeError, match="after calling iterator"):
+        emap.insert(1, 1)
+    assert files_under(spill_dir) == []
+
+
+def test_iter_protocol(spill_dir):
+    with ExternalAppendOnlyMap(SUM, memory="16m", spill_dirs=[spill_dir]) as emap:
+        emap.insert("a", 1)
+        emap.insert("a", 2)
+        assert dict(emap) == {"a": 3}
+
+
+def shared_map(spill_dir, **options):
+    mm = UnifiedMemoryManager(max_memory="64m")
+    emap = ExternalAppendOnlyMap(SUM, memory_manager=mm, spill_dirs=[spill_dir], **options)
+    other = MemoryConsumer(task_memory_manager(mm))
+    return emap, other
+
+
+def test_forced_spill_before_iteration(spill_dir):
+    emap, other = shared_map(spill_dir)
+    assert emap.spill(1 << 20, other) == 0  # nothing to spill yet
+    emap.insert_all((i, 1) for i in range(5000))
+    freed = emap.spill(1 << 20, other)
+    assert freed > 0 and emap.used == 0
+    assert emap.metrics.num_spill_files == 1
+    assert emap.spill(1 << 20, emap) == 0  # never spills for itself
+    emap.insert_all((i, 1) for i in range(5000))
+    assert dict(emap.iterator()) == {i: 2 for i in range(5000)}
+    emap.close()
+
+
+class Box:
+    """A combiner that can be weakly referenced, to see whether the map still holds it."""
+
+    __slots__ = ("__weakref__", "v")
+
+    def __init__(self, v):
+        self.v = v
+
+    def __reduce__(self):
+        return (Box, (self.v,))
+
+
+BOX = Aggregator(Box, lambda c, v: Box(c.v + v), lambda a, b: Box(a.v + b.v))
+
+
+def test_forced_spill_during_iteration_drops_the_map(spill_dir):
+    mm = UnifiedMemoryManager(max_memory="64m")
+    emap = ExternalAppendOnlyMap(BOX, memory_manager=mm, spill_dirs=[spill_dir], batch_size=100)
+    other = MemoryConsumer(task_memory_manager(mm))
+    emap.insert_all((i, 1) for i in range(5000))
+    emap.spill(1 << 20, other)
+    emap.insert_all((i, 1) for i in range(5000))
+    it = emap.iterator()
+    first = [(k, c.v) for k, c in (next(it) for _ in range(10))]
+    unread = weakref.ref(emap._reading.block.values[-1])
+    freed = emap.spill(1 << 20, other)
+    assert freed > 0
+    gc.collect()
+    assert unread() is None, "the in-memory map is still referenced after a forced spill"
+    rest = [(k, c.v) for k, c in it]
+    assert dict(first + rest) == {i: 2 for i in range(5000)}
+    assert files_under(spill_dir) == []
+
+
+def test_unhashable_key_names_its_type(spill_dir):
+    with ExternalAppendOnlyMap(SUM, memory="16m", spill_dirs=[spill_dir]) as emap:
+        with pytest.raises(TypeError, match="list"):
+            emap.insert([1, 2], 1)
+        with pytest.raises(TypeError, match="dict"):
+            emap.insert_all([(1, 1), ({"a": 1}, 1)])
+
+
+def test_bad_records_are_reported(spill_dir):
+    with (
+        ExternalAppendOnlyMap(SUM, memory="16m", spill_dirs=[spill_dir]) as emap,
+        pytest.raises(TypeError, match="pairs"),
+    ):
+        emap.insert_all([(1, 2, 3)])
+
+
+def test_unserialisable_value_raises_spill_error_and_map_stays_usable(spill_dir):
+    agg = Aggregator(lambda v: [v], lambda c, v: [*c, v], lambda a, b: a + b)
+    emap = ExternalAppendOnlyMap(agg, memory="16m", spill_dirs=[spill_dir], force_spill_every=4)
+    emap.insert_all([(1, 1), (2, 2), ("x", lambda: 0), (3, 3)])
+    with pytest.raises(SpillError, match="key of type str"):
+        emap.insert(4, 4)
+    assert files_under(spill_dir) == []
+    emap.close()
+
+
+def test_disk_full_raises_names_directory_and_map_stays_usable(spill_dir, monkeypatch):
+    import extagg.spill.runfile as runfile
+
+    from .spill.test_runfile import FullDisk
+
+    emap = ExternalAppendOnlyMap(SUM, memory="16m", spill_dirs=[spill_dir], force_spill_every=100)
+    emap.insert_all((i, 1) for i in range(100))
+    monkeypatch.setattr(runfile, "open_for_writing", lambda path: FullDisk(path, 50))
+    with pytest.raises(SpillError) as err:
+        emap.insert_all((i, 1) for i in range(100, 200))
+    assert str(spill_dir) in str(err.value) and err.value.bytes_needed > 0
+    assert files_under(spill_dir) == []
+    monkeypatch.undo()  # space is back: a later spill succeeds and nothing consumed was lost
+    emap.insert_all((i, 1) for i in range(300))
+    assert dict(emap.iterator()) == {i: (2 if i < 200 else 1) for i in range(300)}
+    assert files_under(spill_dir) == []
+
+
+def test_corrupt_run_file_raises_corrupt_file_error(spill_dir):
+    emap = ExternalAppendOnlyMap(SUM, memory="16m", spill_dirs=[spill_dir], force_spill_every=500)
+    emap.insert_all((i, 1) for i in range(2000))
+    victim = emap.spill_files[0]
+    with open(victim, "r+b") as f:
+        f.seek(40)
+        byte = f.read(1)
+        f.seek(40)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(CorruptFileError) as err:
+        list(emap.iterator())
+    assert err.value.path == victim
+    assert files_under(spill_dir) == []
+
+
+def test_files_removed_after_exception_in_consumer_loop(spill_dir):
+    emap = ExternalAppendOnlyMap(SUM, memory="16m", spill_dirs=[spill_dir], force_spill_every=100)
+    emap.insert_all((i, 1) for i in range(1000))
+    assert files_under(spill_dir)
+    with pytest.raises(ZeroDivisionError):
+        for _ in emap.iterator():
+            1 / 0  # noqa: B018
+    emap.close()
+    assert files_under(spill_dir) == []
+
+
+def test_keyboard_interrupt_in_the_middle_of_a_merge_cleans_up(spill_dir):
+    calls = {"n": 0}
+
+    def merge(a, b):
+        calls["n"] += 1
+        if calls["n"] == 50:
+            raise KeyboardInterrupt
+        return a + b
+
+    agg = Aggregator(lambda v: v, lambda c, v: c + v, merge)
+    emap = ExternalAppendOnlyMap(agg, memory="16m", spill_dirs=[spill_dir], force_spill_every=200)
+    emap.insert_all((i % 300, 1) for i in range(2000))
+    with pytest.raises(KeyboardInterrupt):
+        list(emap.iterator())
+    assert files_under(spill_dir) == []
+    assert emap.used == 0
+
+
+def test_garbage_collected_map_removes_its_files(spill_dir):
+    emap = ExternalAppendOnlyMap(SUM, memory="16m", spill_dirs=[spill_dir], force_spill_every=100)
+    emap.insert_all((i, 1) for i in range(1000))
+    assert files_under(spill_dir)
+    del emap
+    gc.collect()
+    assert files_under(spill_dir) == []
+
+
+def test_close_releases_memory(spill_dir):
+    mm = UnifiedMemoryManager(max_memory="64m")
+    emap = ExternalAppendOnlyMap(SUM, memory_manager=mm, spill_dirs=[spill_dir])
+    emap.insert_all((i, i) for i in range(20_000))
+    assert mm.execution_memory_used > 0
+    emap.close()
+    assert mm.execution_memory_used == 0
+
+
+def test_bad_options_fail_clearly():
+    with pytest.raises(ValueError, match="memory"):
+        ExternalAppendOnlyMap(SUM, memory="lots")
+    with pytest.raises(TypeError, match="Aggregator"):
+        ExternalAppendOnlyMap(lambda v: v)
+    with pytest.raises(ValueError, match="batch_size"):
+        ExternalAppendOnlyMap(SUM, memory="1m", batch_size=0)
+
+
+def test_same_output_whatever_pythonhashseed(tmp_path):
+    code = (
+        "from extagg import Aggregator, ExternalAppendOnlyMap\n"
+        "agg = Aggregator(lambda v: v, lambda c, v: c + v, lambda a, b: a + b)\n"
+        "m = ExternalAppendOnlyMap(agg, memory='16m', force_spill_every=97)\n"
+        "m.insert_all((f'user{i % 300}', i) for i in range(3000))\n"
+        "print(list(m.iterator()))\n"
+    )
+    outputs = set()
+    for seed in ("1", "2", "3"):
+        env = dict(os.environ, PYTHONHASHSEED=seed, EXTAGG_SPILL_DIR=str(tmp_path))
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
+        outputs.add(out.stdout)
+    assert len(outputs) == 1
