@@ -147,6 +147,7 @@ class ExternalAppendOnlyMap(MemoryConsumer):
         self._threshold = 0  # bytes held for the in-memory map (Spark's myMemoryThreshold)
         self._map: SizeTrackingAppendOnlyMap | None = SizeTrackingAppendOnlyMap()
         self._runs: list[str] = []
+        self._max_batch_bytes = 0  # largest decoded batch in any run: sizes the merge buffers
         self._elements_read = 0
         self._reading: _SpillableMemorySource | None = None
         self._lock = threading.RLock()
@@ -186,6 +187,9 @@ class ExternalAppendOnlyMap(MemoryConsumer):
                 estimate = current.estimate_size()
                 if estimate > self.metrics.peak_memory_bytes:
                     self.metrics.peak_memory_bytes = estimate
+                if len(current) + len(keys) > current.grow_threshold:
+                    # this chunk may double the table: ask for the new arrays before they exist
+                    estimate += growth_bytes(current)
                 try:
                     if self._maybe_spill(estimate):
                         current = self._map
@@ -219,19 +223,25 @@ class ExternalAppendOnlyMap(MemoryConsumer):
             should_spill = True
         if not should_spill or not self._map:
             return False
-        self.metrics.spill_count += 1
-        log.info(
-            "Thread %d spilling in-memory map of %s to disk (%d time%s so far)",
-            threading.get_ident(),
-            format_size(current),
-            self.metrics.spill_count,
-            "s" if self.metrics.spill_count > 1 else "",
-        )
+        self._log_spill(current)
         self._spill_current_map(current)
         self._elements_read = 0
         self.metrics.memory_bytes_spilled += current
         self._release_down_to(self._initial_threshold)
         return True
+
+    def _log_spill(self, size: int, trigger: Any = None) -> None:
+        """Count a spill event and log Spark's one line for it."""
+        self.metrics.spill_count += 1
+        count = self.metrics.spill_count
+        log.info(
+            "Thread %d spilling in-memory map of %s to disk (%d time%s so far)%s",
+            threading.get_ident(),
+            format_size(size),
+            count,
+            "s" if count > 1 else "",
+            "" if trigger is None else f", forced by {getattr(trigger, 'name', trigger)}",
+        )
 
     def _note_granted(self) -> None:
         if self.used > self.metrics.peak_granted_bytes:
@@ -270,6 +280,7 @@ class ExternalAppendOnlyMap(MemoryConsumer):
             writer.abort()
             raise
         self._runs.append(path)
+        self._max_batch_bytes = max(self._max_batch_bytes, info.max_batch_bytes)
         self.metrics.num_spill_files += 1
         self.metrics.disk_bytes_spilled += info.disk_bytes
         self.metrics.raw_bytes_spilled += info.raw_bytes
@@ -286,16 +297,11 @@ class ExternalAppendOnlyMap(MemoryConsumer):
             return 0
         with self._lock:
             if self._reading is not None:
-                if not self._reading.spill_rest():
+                if not self._reading.spill_rest(trigger):
                     return 0
             elif self._map:
                 estimate = self._map.estimate_size()
-                log.info(
-                    "%s force spilling in-memory map of %s to disk, triggered by %s",
-                    self.name,
-                    format_size(estimate),
-                    getattr(trigger, "name", trigger),
-                )
+                self._log_spill(estimate, trigger)
                 self._spill_current_map(estimate)
                 self._elements_read = 0
             else:
@@ -333,7 +339,7 @@ class ExternalAppendOnlyMap(MemoryConsumer):
         try:
             fan_in = self.fan_in
             if len(sources) > 1:
-                fan_in, merge_memory = self._reserve_merge_memory(sources[1:])
+                fan_in, merge_memory = self._reserve_merge_memory(memory_source, len(sources))
             merge = self.aggregator.merge_combiners
             started = time.perf_counter()
             blocks = merge_in_passes(
@@ -356,12 +362,23 @@ class ExternalAppendOnlyMap(MemoryConsumer):
                 self.free_memory(min(merge_memory, self.used))
             self.close()
 
-    def _reserve_merge_memory(self, runs: list[BlockSource]) -> tuple[int, int]:
-        """Account the merge's read buffers and choose a fan-in they fit in."""
-        per_source = max((s.max_batch_bytes() for s in runs if isinstance(s, RunSource)), default=0)
-        per_source = max(1, per_source * OBJECT_EXPANSION)
-        wanted = min(self.fan_in, len(runs) + 1) * per_source
+    def _reserve_merge_memory(
+        self, memory_source: _SpillableMemorySource, num_sources: int
+    ) -> tuple[int, int]:
+        """Account the merge's read buffers (about one decoded batch per open run).
+
+        If the budget cannot hold them next to the in-memory map, the map's unread rows go to
+        disk first (one more run) rather than merging in many passes. Returns the fan-in the
+        granted memory allows and the bytes granted.
+        """
+        per_source = max(1, self._max_batch_bytes * OBJECT_EXPANSION)
+        wanted = min(self.fan_in, num_sources) * per_source
         granted = self.acquire_memory(wanted)
+        if granted < wanted and self._threshold > 0 and memory_source.spill_rest():
+            self.metrics.memory_bytes_spilled += self._threshold
+            self._release_down_to(0)
+            wanted = min(self.fan_in, num_sources) * per_source
+            granted += self.acquire_memory(wanted - granted)
         self._note_granted()
         fan_in = max(2, min(self.fan_in, granted // per_source))
         return fan_in, granted
@@ -446,7 +463,7 @@ class _SpillableMemorySource(SortedBlockSource):
             return self.run.read_next()
         return super().read_next()
 
-    def spill_rest(self) -> bool:
+    def spill_rest(self, trigger: Any = None) -> bool:
         """Write the unread rows to a run and read from there; drop the in-memory block."""
         if self.run is not None:
             return False
@@ -454,12 +471,7 @@ class _SpillableMemorySource(SortedBlockSource):
         if rest is None:
             return False
         owner = self.owner
-        owner.metrics.spill_count += 1
-        log.info(
-            "%s force spilling the unread %d rows of its in-memory map to disk",
-            owner.name,
-            len(rest),
-        )
+        owner._log_spill(owner._threshold, "the merge" if trigger is None else trigger)
         started = time.perf_counter()
         try:
             path = owner._write_run(rest)
@@ -474,6 +486,12 @@ class _SpillableMemorySource(SortedBlockSource):
         super().close()
         if self.run is not None:
             self.run.close()
+
+
+def growth_bytes(table: SizeTrackingAppendOnlyMap) -> int:
+    """Bytes the next doubling of ``table`` allocates while the old arrays are still alive."""
+    # per slot: a key and a value pointer (Python lists), a cached int64 hash, an occupancy byte
+    return 2 * table.capacity * (8 + 8 + 8 + 1)
 
 
 def _rebuild_map(keys: list[Any], values: list[Any]) -> SizeTrackingAppendOnlyMap:

@@ -1,0 +1,212 @@
+"""Execution and storage memory pools (Spark's ``ExecutionMemoryPool`` / ``StorageMemoryPool``).
+
+Pools only do arithmetic and bookkeeping. They own no lock: the :class:`UnifiedMemoryManager`
+owns the one lock and calls every method here while holding it, and it alone moves pool size
+between the two pools (so the sizes always add up to ``max_memory``).
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Hashable
+
+__all__ = ["MemoryPool", "ExecutionMemoryPool", "StorageMemoryPool"]
+
+logger = logging.getLogger(__name__)
+
+
+class MemoryPool(ABC):
+    """A resizable pool: ``pool_size`` bytes of which ``memory_used`` are handed out."""
+
+    def __init__(self, name: str, pool_size: int) -> None:
+        if pool_size < 0:
+            raise ValueError(f"{name} pool size must not be negative, got {pool_size}")
+        self.name = name
+        self._pool_size = pool_size
+
+    @property
+    def pool_size(self) -> int:
+        return self._pool_size
+
+    @property
+    @abstractmethod
+    def memory_used(self) -> int:
+        """Bytes handed out from this pool."""
+
+    @property
+    def memory_free(self) -> int:
+        return self._pool_size - self.memory_used
+
+    def increment_pool_size(self, delta: int) -> None:
+        if delta < 0:
+            raise ValueError(f"cannot grow the {self.name} pool by a negative size {delta}")
+        self._pool_size += delta
+
+    def decrement_pool_size(self, delta: int) -> None:
+        if not 0 <= delta <= self._pool_size:
+            raise ValueError(
+                f"cannot shrink the {self.name} pool of {self._pool_size} bytes by {delta}"
+            )
+        if self._pool_size - delta < self.memory_used:
+            raise ValueError(
+                f"cannot shrink the {self.name} pool to {self._pool_size - delta} bytes: "
+                f"{self.memory_used} bytes are in use"
+            )
+        self._pool_size -= delta
+
+
+class ExecutionMemoryPool(MemoryPool):
+    """Execution memory shared fairly among tasks: each of N active tasks gets 1/2N .. 1/N.
+
+    ``notify`` is called whenever a waiting task might now succeed (a task joined or left, or
+    memory was released); the manager passes its condition's ``notify_all``.
+    """
+
+    def __init__(self, pool_size: int, notify: Callable[[], None]) -> None:
+        super().__init__("execution", pool_size)
+        self._memory_for_task: dict[Hashable, int] = {}
+        self._used = 0
+        self._notify = notify
+
+    @property
+    def memory_used(self) -> int:
+        return self._used
+
+    def memory_used_by_task(self, task_id: Hashable) -> int:
+        return self._memory_for_task.get(task_id, 0)
+
+    def task_memory(self) -> dict[Hashable, int]:
+        """A copy of the bytes held by each active task."""
+        return dict(self._memory_for_task)
+
+    @property
+    def num_active_tasks(self) -> int:
+        return len(self._memory_for_task)
+
+    def fair_share(self, task_id: Hashable) -> tuple[int, int]:
+        """``(N, 1/(2N) of the pool)`` as the task sees it now (for messages)."""
+        num_tasks = max(1, len(self._memory_for_task) + (task_id not in self._memory_for_task))
+        return num_tasks, self._pool_size // (2 * num_tasks)
+
+    def try_acquire(
+        self,
+        num_bytes: int,
+        task_id: Hashable,
+        maybe_grow_pool: Callable[[int], None],
+        compute_max_pool_size: Callable[[], int],
+    ) -> int | None:
+        """One round of Spark's fair-share loop: the bytes granted, or ``None`` to wait.
+
+        Grants ``min(num_bytes, 1/N cap - held, free)`` unless that would leave the task under
+        1/(2N) of the pool, in which case the caller must wait for another task to release
+        memory and call again. A task above its 1/N cap gets 0 at once (SPARK-31720): its
+        caller must spill. ``maybe_grow_pool(extra)`` may first reclaim storage memory.
+        """
+        if num_bytes <= 0:
+            raise ValueError(f"invalid number of bytes requested: {num_bytes}")
+        if task_id not in self._memory_for_task:
+            self._memory_for_task[task_id] = 0
+            self._notify()  # waiters recompute N
+        num_tasks = len(self._memory_for_task)
+        current = self._memory_for_task[task_id]
+        maybe_grow_pool(num_bytes - self.memory_free)
+        max_per_task = compute_max_pool_size() // num_tasks
+        min_per_task = self._pool_size // (2 * num_tasks)
+        max_to_grant = min(num_bytes, max(0, max_per_task - current))
+        to_grant = max(0, min(max_to_grant, self.memory_free))
+        if to_grant < num_bytes and current + to_grant < min_per_task:
+            return None
+        if current + to_grant == 0:
+            self.forget_idle_task(task_id)  # a task holding nothing does not count in N
+        else:
+            self._memory_for_task[task_id] = current + to_grant
+            self._used += to_grant
+        return to_grant
+
+    def forget_idle_task(self, task_id: Hashable) -> None:
+        """Drop a task that holds nothing (it stops counting in N)."""
+        if self._memory_for_task.get(task_id, -1) == 0:
+            del self._memory_for_task[task_id]
+            self._notify()
+
+    def release_memory(self, num_bytes: int, task_id: Hashable) -> int:
+        """Release ``num_bytes`` of the task (clamped to what it holds); returns bytes released."""
+        current = self._memory_for_task.get(task_id, 0)
+        if num_bytes > current:
+            logger.warning(
+                "Internal error: release called on %d bytes but task %r only has %d bytes "
+                "of memory from the %s pool",
+                num_bytes,
+                task_id,
+                current,
+                self.name,
+            )
+            num_bytes = current
+        if task_id in self._memory_for_task:
+            remaining = current - num_bytes
+            self._used -= num_bytes
+            if remaining <= 0:
+                del self._memory_for_task[task_id]
+            else:
+                self._memory_for_task[task_id] = remaining
+        self._notify()
+        return num_bytes
+
+    def release_all_memory_for_task(self, task_id: Hashable) -> int:
+        held = self._memory_for_task.get(task_id, 0)
+        self.release_memory(held, task_id)
+        return held
+
+
+class StorageMemoryPool(MemoryPool):
+    """Storage memory for cached blocks; frees space by asking the store to evict blocks.
+
+    ``evict(exclude_block_id, space)`` evicts least recently used blocks (never
+    ``exclude_block_id``) until at least ``space`` bytes are freed and returns the bytes freed,
+    or evicts nothing and returns 0 when that is impossible (Spark's all-or-nothing rule).
+    """
+
+    def __init__(self, pool_size: int) -> None:
+        super().__init__("storage", pool_size)
+        self._used = 0
+        self._evict: Callable[[Hashable | None, int], int] = lambda _block_id, _space: 0
+
+    def set_evictor(self, evict: Callable[[Hashable | None, int], int]) -> None:
+        self._evict = evict
+
+    @property
+    def memory_used(self) -> int:
+        return self._used
+
+    def acquire_memory(self, block_id: Hashable | None, num_bytes: int) -> bool:
+        """Take ``num_bytes`` for ``block_id``, evicting other blocks if needed."""
+        to_free = max(0, num_bytes - self.memory_free)
+        if to_free > 0:
+            self._evict(block_id, to_free)
+        enough = num_bytes <= self.memory_free
+        if enough:
+            self._used += num_bytes
+        return enough
+
+    def release_memory(self, num_bytes: int) -> None:
+        if num_bytes > self._used:
+            logger.warning(
+                "Attempted to release %d bytes of storage memory when we only have %d bytes",
+                num_bytes,
+                self._used,
+            )
+            self._used = 0
+        else:
+            self._used -= num_bytes
+
+    def free_space_to_shrink_pool(self, space: int) -> int:
+        """Free up to ``space`` bytes for execution: unused memory first, then evict blocks.
+
+        Returns the bytes now free for the pool to shrink by (evicted blocks may free more
+        than asked; the caller decides how much to take).
+        """
+        from_free = min(space, self.memory_free)
+        remaining = space - from_free
+        evicted = self._evict(None, remaining) if remaining > 0 else 0
+        return from_free + evicted

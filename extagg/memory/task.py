@@ -1,0 +1,262 @@
+"""TaskMemoryManager: one task's execution memory and cooperative spilling of its consumers.
+
+A *task* is a thread (its ``threading.get_ident()``) or an explicit id. When the memory
+manager grants a consumer less than it asked for, the task manager makes the task's other
+consumers spill, then the requester itself (Spark's ``TaskMemoryManager``, SPARK-4452,
+SPARK-35486, SPARK-36933):
+
+* the consumers holding memory are sorted by the bytes they hold, the requester keyed 0 so it
+  spills last; the keys are taken once per request;
+* while the request is short: pick the consumer with the smallest key that still covers the
+  shortfall, else the one with the largest key; within equal keys the most recently
+  registered; call ``spill(shortfall, requester)`` and re-acquire the shortfall; a consumer
+  that freed nothing is dropped from the candidates, one that freed something stays (another
+  task may have taken the memory first, so the loop retries).
+
+``spill`` runs outside the memory manager's lock, holding only this task manager's re-entrant
+lock. A spill may call ``free_memory`` but must not acquire memory (``RuntimeError``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+import weakref
+from collections.abc import Hashable
+from typing import TYPE_CHECKING
+
+from extagg.memory._util import check_bytes, describe_bytes
+from extagg.memory.unified import UnifiedMemoryManager, default_memory_manager
+
+if TYPE_CHECKING:
+    from extagg.memory.consumer import MemoryConsumer
+
+__all__ = ["TaskMemoryManager", "task_memory_manager"]
+
+logger = logging.getLogger(__name__)
+
+
+class _HeldBytes:
+    """Bytes granted through one task manager (shared with its finaliser)."""
+
+    __slots__ = ("lock", "value")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.value = 0
+
+    def add(self, delta: int) -> None:
+        with self.lock:
+            self.value = max(0, self.value + delta)
+
+
+class TaskMemoryManager:
+    """Execution memory of one task, shared by its :class:`MemoryConsumer` objects."""
+
+    def __init__(
+        self, memory_manager: UnifiedMemoryManager, task_id: Hashable | None = None
+    ) -> None:
+        if not isinstance(memory_manager, UnifiedMemoryManager):
+            raise TypeError(
+                f"memory_manager must be a UnifiedMemoryManager, not "
+                f"{type(memory_manager).__name__}"
+            )
+        self._mm = memory_manager
+        self._task_id = threading.get_ident() if task_id is None else task_id
+        self._acquire_lock = threading.RLock()  # serialises acquisitions and spills
+        self._state_lock = threading.Lock()  # guards the consumer registry only
+        self._consumers: dict[int, MemoryConsumer] = {}  # registration order
+        self._spill_depth = 0  # > 0 while this task's lock owner runs a spill()
+        self._held = _HeldBytes()
+        finaliser = weakref.finalize(
+            self, memory_manager._defer_leaked_release, self._task_id, self._held
+        )
+        finaliser.atexit = False
+        with memory_manager._registry_lock:
+            memory_manager._all_task_managers.add(self)
+
+    @property
+    def memory_manager(self) -> UnifiedMemoryManager:
+        return self._mm
+
+    @property
+    def task_id(self) -> Hashable:
+        return self._task_id
+
+    @property
+    def consumers(self) -> list[MemoryConsumer]:
+        """The registered consumers (those that acquired memory and are not closed)."""
+        with self._state_lock:
+            return list(self._consumers.values())
+
+    @property
+    def memory_used(self) -> int:
+        """Bytes granted through this task manager and not released."""
+        return self._held.value
+
+    def acquire_execution_memory(self, required: int, consumer: MemoryConsumer) -> int:
+        """Grant up to ``required`` bytes to ``consumer``, spilling consumers if short.
+
+        Returns the bytes granted (0 <= granted <= required); the consumer is registered.
+        Exceptions from a ``spill`` propagate after the bytes granted so far are released.
+        """
+        required = check_bytes(required, "required")
+        self._check_owner(consumer)
+        if required == 0:
+            return 0
+        with self._acquire_lock:
+            if self._spill_depth:
+                raise RuntimeError(
+                    f"{consumer.name} asked for {required} bytes from inside a spill() of task "
+                    f"{self._task_id!r}: spill() may free memory but must not acquire it"
+                )
+            got = self._mm.acquire_execution_memory(required, self._task_id)
+            if got < required:
+                got = self._spill_until_granted(required, got, consumer)
+            self._held.add(got)
+            with self._state_lock:
+                self._consumers.setdefault(id(consumer), consumer)
+            return got
+
+    def release_execution_memory(self, size: int, consumer: MemoryConsumer) -> None:
+        """Return ``size`` bytes of ``consumer`` (never takes the acquire lock)."""
+        size = check_bytes(size, "size")
+        self._check_owner(consumer)
+        if size:
+            self._mm.release_execution_memory(size, self._task_id)
+            self._held.add(-size)
+
+    def clean_up_all_allocated_memory(self) -> int:
+        """End of task: forget every consumer, release all the task's execution memory.
+
+        Returns the bytes released; more than 0 means a consumer leaked memory (logged).
+        Covers everything ``task_id`` holds, also through other task managers of the same id.
+        """
+        same_task = [t for t in self._mm.task_managers() if t._task_id == self._task_id]
+        consumers: list[MemoryConsumer] = []
+        for tmm in {id(t): t for t in [self, *same_task]}.values():
+            with tmm._state_lock:
+                consumers.extend(tmm._consumers.values())
+                tmm._consumers.clear()
+            with tmm._held.lock:
+                tmm._held.value = 0
+        leaks = [(c.name, leaked) for c in consumers if (leaked := c._forget_memory())]
+        released = self._mm.release_all_execution_memory_for_task(self._task_id)
+        if released or leaks:
+            logger.warning(
+                "task %r: released %s of execution memory at clean-up; leaked by: %s",
+                self._task_id,
+                describe_bytes(released),
+                ", ".join(f"{name} ({size} bytes)" for name, size in leaks) or "no consumer",
+            )
+        return released
+
+    # ------------------------------------------------------------------ internals
+    def _spill_until_granted(self, required: int, got: int, requester: MemoryConsumer) -> int:
+        """Spark's spill loop; returns the new ``got``. Caller holds the acquire lock.
+
+        If a spill (or a re-acquire) raises, everything granted to this request is released.
+        """
+        groups: dict[int, list[MemoryConsumer]] = {}
+        for candidate in self.consumers:
+            used = candidate.used
+            if used > 0:
+                groups.setdefault(0 if candidate is requester else used, []).append(candidate)
+        keys = sorted(groups)
+        try:
+            while got < required and keys:
+                shortfall = required - got
+                index = bisect.bisect_left(keys, shortfall)
+                key = keys[index] if index < len(keys) else keys[-1]
+                group = groups[key]
+                victim = group[-1]
+                if self._spill(victim, shortfall, requester) > 0:
+                    got += self._mm.acquire_execution_memory(shortfall, self._task_id)
+                else:
+                    group.pop()
+                    if not group:
+                        del groups[key]
+                        keys.remove(key)
+        except BaseException:
+            if got:
+                self._mm.release_execution_memory(got, self._task_id)
+            raise
+        return got
+
+    def _spill(self, victim: MemoryConsumer, size: int, trigger: MemoryConsumer) -> int:
+        """Call ``victim.spill``; returns the bytes its ``used`` actually dropped."""
+        before = victim.used
+        logger.debug(
+            "task %r: spilling %s (holds %s) to free %s for %s",
+            self._task_id,
+            victim.name,
+            describe_bytes(before),
+            describe_bytes(size),
+            trigger.name,
+        )
+        self._spill_depth += 1
+        try:
+            reported = victim.spill(size, trigger)
+        except BaseException as exc:
+            logger.error("task %r: error while calling spill() on %s", self._task_id, victim.name)
+            if hasattr(exc, "add_note"):
+                exc.add_note(f"raised by spill() of {victim.name}, triggered by {trigger.name}")
+            raise
+        finally:
+            self._spill_depth -= 1
+        if isinstance(reported, bool) or not isinstance(reported, int) or reported < 0:
+            raise TypeError(
+                f"{victim.name}.spill() must return the bytes it freed as an int >= 0, "
+                f"got {reported!r}"
+            )
+        freed = max(0, before - victim.used)
+        if freed != reported:
+            logger.warning(
+                "task %r: %s.spill() reported %d bytes freed but its usage dropped by %d",
+                self._task_id,
+                victim.name,
+                reported,
+                freed,
+            )
+        return freed
+
+    def _unregister(self, consumer: MemoryConsumer) -> None:
+        with self._state_lock:
+            self._consumers.pop(id(consumer), None)
+
+    def _check_owner(self, consumer: MemoryConsumer) -> None:
+        if consumer.task_memory_manager is not self:
+            raise ValueError(
+                f"consumer {consumer.name} belongs to task "
+                f"{consumer.task_memory_manager.task_id!r}, not to task {self._task_id!r}"
+            )
+
+    def __repr__(self) -> str:
+        return (
+            f"TaskMemoryManager(task_id={self._task_id!r}, consumers={len(self._consumers)}, "
+            f"memory_used={self._held.value})"
+        )
+
+
+def task_memory_manager(
+    mm: UnifiedMemoryManager | None = None, task_id: Hashable | None = None
+) -> TaskMemoryManager:
+    """The TaskMemoryManager of ``task_id`` (default: this thread) in ``mm`` (default manager).
+
+    Returns the same object for the same pair as long as anything (e.g. a consumer) refers to
+    it; an unreferenced one leaves the registry by itself.
+    """
+    if mm is None:
+        mm = default_memory_manager()
+    elif not isinstance(mm, UnifiedMemoryManager):
+        raise TypeError(f"mm must be a UnifiedMemoryManager or None, not {type(mm).__name__}")
+    key = threading.get_ident() if task_id is None else task_id
+    with mm._registry_lock:
+        tmm = mm._task_managers.get(key)
+    if tmm is not None:
+        return tmm
+    created = TaskMemoryManager(mm, key)
+    with mm._registry_lock:
+        tmm = mm._task_managers.setdefault(key, created)
+    return tmm
