@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Hashable, Iterable, Iterator
-from itertools import islice
+from itertools import chain, islice
 from typing import Any
 
 from extagg._config import (
@@ -330,9 +330,12 @@ class ExternalAppendOnlyMap(MemoryConsumer):
             self._map = None
             memory_source = _SpillableMemorySource(self, ObjectBlock(hashes, keys, values))
             self._reading = memory_source
-        return self._iterate(memory_source)
+        # pairs are handed out by C-level iterators; Python runs once per block, not per pair
+        return chain.from_iterable(self._iterate_blocks(memory_source))
 
-    def _iterate(self, memory_source: _SpillableMemorySource) -> Iterator[tuple[Any, Any]]:
+    def _iterate_blocks(
+        self, memory_source: _SpillableMemorySource
+    ) -> Iterator[Iterator[tuple[Any, Any]]]:
         sources: list[BlockSource] = [memory_source]
         sources += [RunSource(path, owner=self._spill_dirs) for path in self._runs]
         merge_memory = 0
@@ -352,7 +355,7 @@ class ExternalAppendOnlyMap(MemoryConsumer):
             for block in blocks:
                 self.metrics.merge_time_s += time.perf_counter() - started
                 self.metrics.groups += len(block)
-                yield from zip(block.keys, block.values)
+                yield zip(block.keys, block.values)
                 started = time.perf_counter()
             self.metrics.merge_time_s += time.perf_counter() - started
         finally:

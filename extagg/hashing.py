@@ -185,20 +185,20 @@ def hash_objects(keys: Sequence[Any]) -> np.ndarray:
     n = len(keys)
     if n == 0:
         return np.empty(0, dtype=np.uint64)
-    first = type(keys[0])
-    if first is int and all(type(k) is int for k in keys):
+    kinds = set(map(type, keys))
+    if kinds == {int}:
         try:
             return hash_array(np.fromiter(keys, dtype=np.int64, count=n))
         except OverflowError:
             pass
-    elif first is str and all(type(k) is str for k in keys):
+    elif kinds == {str}:
         h64 = mmh3.hash64
         return np.fromiter(
             (h64(k.encode("utf-8", "surrogatepass"), SEED, signed=False)[0] for k in keys),
             dtype=np.uint64,
             count=n,
         )
-    elif first is float and all(type(k) is float for k in keys):
+    elif kinds == {float}:
         return hash_array(np.fromiter(keys, dtype=np.float64, count=n))
     return np.fromiter((stable_hash(k) for k in keys), dtype=np.uint64, count=n)
 

@@ -108,11 +108,6 @@ class RunSource(BlockSource):
             return None
         return reader.batches[self._next].min_hash
 
-    def max_batch_bytes(self) -> int:
-        """The largest decoded batch in the file (for sizing merge buffers)."""
-        reader = self._open()
-        return max((b.raw_length for b in reader.batches), default=0)
-
     def read_next(self) -> Any:
         block = self._open().read_block(self._next)
         self._next += 1

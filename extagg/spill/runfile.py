@@ -72,6 +72,7 @@ class RunFile:
     num_records: int
     disk_bytes: int
     raw_bytes: int
+    max_batch_bytes: int = 0
 
 
 class RunWriter:
@@ -196,7 +197,14 @@ class RunWriter:
         except OSError as exc:
             self._fail(exc, 0)
         self._file = None
-        return RunFile(self.path, len(self._entries), self._records, self._offset, self._raw_bytes)
+        return RunFile(
+            self.path,
+            len(self._entries),
+            self._records,
+            self._offset,
+            self._raw_bytes,
+            max((e.raw_length for e in self._entries), default=0),
+        )
 
     def abort(self) -> None:
         """Close and delete the partial file (safe to call more than once)."""
