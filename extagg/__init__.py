@@ -10,8 +10,8 @@ Memory management lives in :mod:`extagg.memory`, the state store in :mod:`extagg
 PySpark integration in :mod:`extagg.spark`.
 """
 
-from typing import Any
-
+from extagg.aggregate.api import aggregate  # binds the name over the subpackage
+from extagg.aggregate.hash_aggregator import HashAggregator
 from extagg.aggregator import Aggregator
 from extagg.errors import CorruptFileError, ExtaggError, MemoryLimitError, SpillError
 from extagg.external_map import ExternalAppendOnlyMap
@@ -32,11 +32,3 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
-
-def __getattr__(name: str) -> Any:
-    # the columnar engine pulls in pyarrow and its kernels: import it on first use
-    if name in ("HashAggregator", "aggregate"):
-        from extagg import aggregate as _columnar
-
-        return getattr(_columnar, name)
-    raise AttributeError(f"module 'extagg' has no attribute {name!r}")

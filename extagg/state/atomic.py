@@ -1,0 +1,191 @@
+"""Atomic files: a temp file in the same directory, flushed, fsynced, renamed into place.
+
+The temp file ``.<name>.<host>-<pid>-<uuid>.tmp`` is created only when the first bytes are
+written, so a store that is only read creates nothing. A failed or cancelled write deletes it;
+a writer killed outright leaves it behind, and :func:`remove_stale_temp_files` (run when a
+provider opens a directory and by maintenance) deletes the temp files of dead writers. A
+re-commit replaces the old file (``os.replace``); the directory is fsynced after the rename and
+the renamed file's existence is checked (SPARK-18342, SPARK-40826).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import BinaryIO
+
+__all__ = ["AtomicFile", "remove_stale_temp_files", "STALE_TEMP_SECONDS"]
+
+logger = logging.getLogger(__name__)
+
+_TEMP_SUFFIX = ".tmp"
+_HOST = socket.gethostname().replace(".", "_").replace("-", "_") or "host"
+#: temp files older than this are removed even when their writer cannot be checked (other host)
+STALE_TEMP_SECONDS = 24 * 3600
+
+_active_temp_files: set[str] = set()
+_active_lock = threading.Lock()
+
+
+def _fsync_directory(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # some platforms cannot open directories; the rename is still atomic
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class AtomicFile:
+    """A file that appears under its final name only when :meth:`commit` succeeds.
+
+    The temp file is created lazily on the first :meth:`write` (or by :meth:`commit` for an empty
+    file). :meth:`cancel` (also on any failure inside :meth:`commit`) removes it.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self.directory = os.path.dirname(os.path.abspath(self.path))
+        self.temp_path: str | None = None
+        self._handle: BinaryIO | None = None
+        self.bytes_written = 0
+        self.closed = False
+
+    def _open(self) -> BinaryIO:
+        if self.closed:
+            raise ValueError(f"atomic file {self.path} is already committed or cancelled")
+        if self._handle is None:
+            name = os.path.basename(self.path)
+            temp = os.path.join(
+                self.directory, f".{name}.{_HOST}-{os.getpid()}-{uuid.uuid4().hex}{_TEMP_SUFFIX}"
+            )
+            with _active_lock:
+                _active_temp_files.add(temp)
+            try:
+                self._handle = open(temp, "xb")  # noqa: SIM115 - closed by commit/cancel
+            except BaseException:
+                with _active_lock:
+                    _active_temp_files.discard(temp)
+                raise
+            self.temp_path = temp
+        return self._handle
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Append ``data`` to the temp file (creating it on first use)."""
+        handle = self._open()
+        try:
+            handle.write(data)
+        except OSError as exc:
+            self.cancel()
+            raise _describe_os_error(exc, self.directory, len(data)) from exc
+        self.bytes_written += len(data)
+
+    def commit(self) -> None:
+        """Flush, fsync, close and rename the temp file over :attr:`path`; then fsync the dir."""
+        try:
+            handle = self._open()
+            handle.flush()
+            os.fsync(handle.fileno())
+            handle.close()
+            os.replace(self.temp_path, self.path)  # type: ignore[arg-type]
+            if not os.path.exists(self.path):  # SPARK-40826: never assume a rename worked
+                raise OSError(errno.ENOENT, f"{self.path} does not exist after renaming")
+        except BaseException as exc:
+            self.cancel()
+            if isinstance(exc, OSError):
+                raise _describe_os_error(exc, self.directory, self.bytes_written) from exc
+            raise
+        self._forget_temp()
+        self.closed = True
+        _fsync_directory(self.directory)
+
+    def cancel(self) -> None:
+        """Close and delete the temp file; the final file is left as it was. Idempotent."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            with contextlib.suppress(OSError):
+                handle.close()
+        if self.temp_path is not None:
+            try:
+                os.unlink(self.temp_path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                logger.warning("Error deleting temp file %s: %s", self.temp_path, exc)
+        self._forget_temp()
+        self.closed = True
+
+    def _forget_temp(self) -> None:
+        if self.temp_path is not None:
+            with _active_lock:
+                _active_temp_files.discard(self.temp_path)
+
+
+def _describe_os_error(exc: OSError, directory: str, size: int) -> OSError:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return OSError(
+            exc.errno,
+            f"no space left in {directory} while writing a state file ({size} bytes so far)",
+        )
+    return exc
+
+
+def remove_stale_temp_files(directory: str | os.PathLike[str]) -> list[str]:
+    """Remove temp files left in ``directory`` by writers that died (killed mid-commit).
+
+    A temp file of this host is stale when its process is gone; one of another host when it is
+    older than :data:`STALE_TEMP_SECONDS`. Returns the removed paths.
+    """
+    directory = os.fspath(directory)
+    removed: list[str] = []
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return removed
+    now = time.time()
+    for name in names:
+        if not (name.startswith(".") and name.endswith(_TEMP_SUFFIX)):
+            continue
+        path = os.path.join(directory, name)
+        with _active_lock:
+            if path in _active_temp_files:
+                continue
+        owner = name[: -len(_TEMP_SUFFIX)].rsplit(".", 1)[-1].split("-")
+        stale = False
+        if len(owner) == 3 and owner[0] == _HOST and owner[1].isdigit():
+            pid = int(owner[1])
+            stale = pid == os.getpid() or not _process_alive(pid)
+        if not stale:
+            try:
+                stale = now - os.stat(path).st_mtime > STALE_TEMP_SECONDS
+            except FileNotFoundError:
+                continue
+        if stale:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                continue
+            removed.append(path)
+    if removed:
+        logger.info("Removed %d stale temp file(s) in %s: %s", len(removed), directory, removed)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

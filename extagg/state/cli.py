@@ -1,0 +1,222 @@
+"""``extagg state show|changes|metadata <checkpoint>``: print a checkpoint's state.
+
+The main CLI wires these in with :func:`add_state_subcommands` and dispatches to
+:func:`run_state_command`. Rows stream to the output (text, CSV or JSON lines) or to a Parquet
+file written batch by batch, so a state larger than memory can be dumped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any, TextIO
+
+from extagg.errors import CorruptFileError, ExtaggError
+from extagg.state.reader import read_change_feed, read_metadata, read_state
+from extagg.state.rows import Rows
+
+__all__ = ["add_state_subcommands", "run_state_command", "main"]
+
+FORMATS = ("text", "csv", "jsonl", "parquet")
+
+
+def _add_output_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default=None,
+        help="output format (default: text, or the --output file's extension)",
+    )
+    parser.add_argument("--output", "-o", help="write to this file instead of standard output")
+    parser.add_argument("--limit", type=int, default=None, help="print at most this many rows")
+
+
+def _add_store_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", help="checkpoint directory (holds state/ and commits/)")
+    parser.add_argument("--operator-id", type=int, default=0, help="operator id (default 0)")
+    parser.add_argument("--store-name", default="default", help="store name (default 'default')")
+    parser.add_argument("--partition-id", type=int, default=None, help="only this partition")
+
+
+def add_state_subcommands(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``state`` (with ``show``, ``changes``, ``metadata``) to an argparse subparsers object.
+
+    The parsed namespace has ``state_command`` and ``handler=run_state_command``.
+    """
+    state = subparsers.add_parser(
+        "state",
+        help="read a checkpoint's state store: a version, the change feed, the metadata",
+        description="Read the state store of an extagg checkpoint.",
+    )
+    commands = state.add_subparsers(dest="state_command", metavar="{show,changes,metadata}")
+    commands.required = True
+
+    show = commands.add_parser("show", help="the state at a batch (default: the last committed)")
+    _add_store_options(show)
+    show.add_argument("--batch-id", type=int, default=None, help="batch to read")
+    show.add_argument(
+        "--snapshot-start-batch-id",
+        type=int,
+        default=None,
+        help="rebuild from this batch's snapshot file (needs --partition-id)",
+    )
+    _add_output_options(show)
+
+    changes = commands.add_parser("changes", help="the change feed between batches")
+    _add_store_options(changes)
+    changes.add_argument("--start-batch-id", type=int, required=True, help="first batch")
+    changes.add_argument("--end-batch-id", type=int, default=None, help="last batch")
+    _add_output_options(changes)
+
+    metadata = commands.add_parser("metadata", help="operators and stores of the checkpoint")
+    metadata.add_argument("checkpoint", help="checkpoint directory")
+    _add_output_options(metadata)
+
+    state.set_defaults(handler=run_state_command)
+    return state
+
+
+def _rows_for(args: argparse.Namespace) -> Rows[Any]:
+    if args.state_command == "show":
+        return read_state(
+            args.checkpoint,
+            batch_id=args.batch_id,
+            operator_id=args.operator_id,
+            store_name=args.store_name,
+            partition_id=args.partition_id,
+            snapshot_start_batch_id=args.snapshot_start_batch_id,
+        )
+    if args.state_command == "changes":
+        return read_change_feed(
+            args.checkpoint,
+            args.start_batch_id,
+            args.end_batch_id,
+            operator_id=args.operator_id,
+            store_name=args.store_name,
+            partition_id=args.partition_id,
+        )
+    if args.state_command == "metadata":
+        return read_metadata(args.checkpoint)
+    raise ValueError(f"unknown state command {args.state_command!r}")
+
+
+def _text_cell(value: Any) -> str:
+    if value is None:
+        return "null"
+    return value if isinstance(value, str) else repr(value)
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, (tuple, list)):
+        return [_json_value(item) for item in value]
+    if isinstance(value, bytes):
+        return value.hex()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
+
+
+def _limited(rows: Iterable[Any], limit: int | None) -> Iterable[Any]:
+    if limit is None:
+        yield from rows
+        return
+    for count, row in enumerate(rows):
+        if count >= limit:
+            return
+        yield row
+
+
+def _write_rows(rows: Rows[Any], fmt: str, out: TextIO, limit: int | None) -> int:
+    count = 0
+    if fmt == "csv":
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(rows.fields)
+        for row in _limited(rows, limit):
+            writer.writerow(["" if v is None else _text_cell(v) for v in row])
+            count += 1
+    elif fmt == "jsonl":
+        for row in _limited(rows, limit):
+            out.write(json.dumps({k: _json_value(v) for k, v in zip(rows.fields, row)}) + "\n")
+            count += 1
+    else:
+        out.write("\t".join(rows.fields) + "\n")
+        for row in _limited(rows, limit):
+            out.write("\t".join(_text_cell(v) for v in row) + "\n")
+            count += 1
+    return count
+
+
+def _write_parquet(rows: Rows[Any], path: str, limit: int | None) -> int:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    limited = Rows(lambda: iter(_limited(rows, limit)), rows.fields, rows.types)
+    writer = None
+    count = 0
+    try:
+        for batch in limited.iter_batches():
+            if writer is None:
+                writer = pq.ParquetWriter(path, batch.schema)
+            elif batch.schema != writer.schema:
+                batch = batch.cast(writer.schema)
+            writer.write_batch(batch)
+            count += batch.num_rows
+        if writer is None:  # no rows: an empty table with the fixed column types
+            table = limited.to_arrow()
+            pq.write_table(table, path)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise TypeError(f"cannot write {path} as Parquet: {exc}") from None
+    finally:
+        if writer is not None:
+            writer.close()
+    return count
+
+
+def run_state_command(
+    args: argparse.Namespace, stdout: TextIO | None = None, stderr: TextIO | None = None
+) -> int:
+    """Run a parsed ``state`` command; returns the exit status (0 ok, 1 error)."""
+    stdout = sys.stdout if stdout is None else stdout
+    stderr = sys.stderr if stderr is None else stderr
+    fmt = args.format
+    if fmt is None:
+        extension = os.path.splitext(args.output or "")[1].lower().lstrip(".")
+        fmt = {"csv": "csv", "jsonl": "jsonl", "json": "jsonl", "parquet": "parquet"}.get(
+            extension, "text"
+        )
+    try:
+        if args.limit is not None and args.limit < 0:
+            raise ValueError(f"--limit cannot be negative, got {args.limit}")
+        rows = _rows_for(args)
+        if fmt == "parquet":
+            if not args.output:
+                raise ValueError("--format parquet needs --output FILE")
+            _write_parquet(rows, args.output, args.limit)
+        elif args.output:
+            with open(args.output, "w", encoding="utf-8", newline="") as handle:
+                _write_rows(rows, fmt, handle, args.limit)
+        else:
+            _write_rows(rows, fmt, stdout, args.limit)
+            stdout.flush()
+    except BrokenPipeError:  # e.g. piped into `head`
+        return 0
+    except (ExtaggError, CorruptFileError, OSError, ValueError, TypeError) as exc:
+        stderr.write(f"extagg state {args.state_command}: error: {exc}\n")
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Stand-alone entry point: ``python -m extagg.state.cli show <checkpoint> ...``."""
+    parser = argparse.ArgumentParser(prog="extagg")
+    add_state_subcommands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["state", *(argv if argv is not None else sys.argv[1:])])
+    return run_state_command(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

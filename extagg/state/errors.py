@@ -1,0 +1,100 @@
+"""Errors of the state store and its readers.
+
+They subclass built-ins (through :class:`extagg.errors.ExtaggError`) so callers can catch them
+naturally, and carry Spark's error class in ``error_class`` so messages can be matched against
+Spark's documentation. Corrupt files raise :class:`extagg.errors.CorruptFileError` (a
+``ValueError``) naming the file and the offset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from extagg.errors import ExtaggError
+
+__all__ = [
+    "StateStoreError",
+    "UnexpectedVersionError",
+    "StateFileNotFoundError",
+    "StateStoreCommitError",
+    "StateSourceError",
+    "StateSourceOptionError",
+    "StateSourceConflictError",
+    "CommittedBatchUnavailableError",
+]
+
+
+class StateStoreError(ExtaggError, RuntimeError):
+    """A state store could not be loaded, written or used as asked."""
+
+    def __init__(self, message: str, *, error_class: str | None = None) -> None:
+        super().__init__(message)
+        self.error_class = error_class
+
+
+class UnexpectedVersionError(StateStoreError, ValueError):
+    """A version that cannot exist was asked for (negative, or beyond the files on disk)."""
+
+    def __init__(self, message: str, *, version: int) -> None:
+        super().__init__(message, error_class="CANNOT_LOAD_STATE_STORE.UNEXPECTED_VERSION")
+        self.version = version
+
+
+class StateFileNotFoundError(StateStoreError):
+    """A delta or snapshot file needed to rebuild a version does not exist; ``path`` names it."""
+
+    def __init__(self, message: str, *, path: str, error_class: str) -> None:
+        super().__init__(message, error_class=error_class)
+        self.path = path
+
+
+class StateStoreCommitError(StateStoreError):
+    """Writing a version failed; the previous version is intact and no temp file is left."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, error_class="CANNOT_WRITE_STATE_STORE.CANNOT_COMMIT")
+
+
+class StateSourceError(ExtaggError, ValueError):
+    """The state readers cannot answer the request as given."""
+
+    def __init__(self, message: str, *, error_class: str) -> None:
+        super().__init__(message)
+        self.error_class = error_class
+
+
+class StateSourceOptionError(StateSourceError):
+    """A reader option has an invalid value or is missing; ``option`` names it."""
+
+    def __init__(self, option: str, message: str, *, error_class: str | None = None) -> None:
+        if error_class is None:
+            error_class = "STDS_INVALID_OPTION_VALUE.WITH_MESSAGE"
+            message = f"Invalid value for source option '{option}': {message}"
+        super().__init__(message, error_class=error_class)
+        self.option = option
+
+
+class StateSourceConflictError(StateSourceOptionError):
+    """Reader options that cannot be given together; ``options`` names them all."""
+
+    def __init__(self, options: Sequence[str], message: str) -> None:
+        names = ", ".join(f"'{name}'" for name in options)
+        super().__init__(
+            options[0],
+            f"[STDS_CONFLICT_OPTIONS] The options {names} cannot be specified together. {message}",
+            error_class="STDS_CONFLICT_OPTIONS",
+        )
+        self.options = tuple(options)
+
+
+class CommittedBatchUnavailableError(StateSourceError):
+    """No batch has been committed in the checkpoint, so there is no default batch to read."""
+
+    def __init__(self, checkpoint: str) -> None:
+        super().__init__(
+            "[STDS_COMMITTED_BATCH_UNAVAILABLE] No committed batch found, checkpoint location: "
+            f"{checkpoint}. Ensure that the query has run and committed any microbatch before "
+            "stopping, or pass the batch id explicitly.",
+            error_class="STDS_COMMITTED_BATCH_UNAVAILABLE",
+        )
+        self.checkpoint = checkpoint

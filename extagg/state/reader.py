@@ -1,0 +1,350 @@
+"""Readers of a checkpoint's state: a version, the change feed, the operator metadata.
+
+Like Spark's ``statestore`` and ``state-metadata`` sources. Each call checks its options and
+plans the files to read right away (so a bad option or a missing file fails at the call, naming
+it), and returns a lazy :class:`~extagg.state.rows.Rows` that streams the rows from disk: one
+partition and one merged file set at a time, never the whole state. Versions are read straight
+from the files, without a provider or a cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from extagg.state.checkpoint import Checkpoint, Operator, OperatorMetadata
+from extagg.state.codec import decode_key, decode_value, decoding
+from extagg.state.errors import (
+    CommittedBatchUnavailableError,
+    StateFileNotFoundError,
+    StateSourceOptionError,
+)
+from extagg.state.files import DELTA, StateFileReader, list_state_files
+from extagg.state.provider import DEFAULT_STORE_NAME
+from extagg.state.rows import ChangeRow, MetadataRow, Rows, StateRow
+from extagg.state.streams import files_for_version, open_version
+
+__all__ = ["read_state", "read_change_feed", "read_metadata"]
+
+logger = logging.getLogger(__name__)
+
+_STATE_TYPES = {"partition_id": "int32"}
+_CHANGE_TYPES = {"batch_id": "int64", "change_type": "string", "partition_id": "int32"}
+_METADATA_TYPES = {
+    "operator_id": "int64",
+    "operator_name": "string",
+    "store_name": "string",
+    "num_partitions": "int32",
+    "min_batch_id": "int64",
+    "max_batch_id": "int64",
+}
+
+
+# ------------------------------------------------------------------------------ option checks
+def check_batch_option(name: str, value: Any, required: bool = False) -> int | None:
+    """An id option: ``None`` (unless required), else a non-negative int."""
+    if value is None:
+        if required:
+            raise StateSourceOptionError(
+                name,
+                f"[STDS_REQUIRED_OPTION_UNSPECIFIED] '{name}' must be specified.",
+                error_class="STDS_REQUIRED_OPTION_UNSPECIFIED",
+            )
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"source option '{name}' must be an int, not {type(value).__name__}")
+    if value < 0:
+        raise StateSourceOptionError(
+            name,
+            f"[STDS_INVALID_OPTION_VALUE.IS_NEGATIVE] Invalid value for source option '{name}': "
+            "cannot be negative.",
+            error_class="STDS_INVALID_OPTION_VALUE.IS_NEGATIVE",
+        )
+    return value
+
+
+def check_store_name_option(value: Any, name: str = "store_name") -> str:
+    """``store_name`` trimmed; empty is an error (Spark: IS_EMPTY)."""
+    if not isinstance(value, str):
+        raise TypeError(f"source option '{name}' must be a str, not {type(value).__name__}")
+    trimmed = value.strip()
+    if not trimmed:
+        raise StateSourceOptionError(
+            name,
+            f"[STDS_INVALID_OPTION_VALUE.IS_EMPTY] Invalid value for source option '{name}': "
+            "cannot be empty.",
+            error_class="STDS_INVALID_OPTION_VALUE.IS_EMPTY",
+        )
+    return trimmed
+
+
+def open_checkpoint(path: Any) -> Checkpoint:
+    """The checkpoint at ``path``; it must hold a ``state`` directory."""
+    if path is None or (isinstance(path, str) and not path.strip()):
+        raise StateSourceOptionError(
+            "path",
+            "[STDS_REQUIRED_OPTION_UNSPECIFIED] 'path' must be specified.",
+            error_class="STDS_REQUIRED_OPTION_UNSPECIFIED",
+        )
+    checkpoint = Checkpoint(os.fspath(path))
+    if not os.path.isdir(checkpoint.state_dir):
+        raise StateSourceOptionError(
+            "path",
+            f"no state in checkpoint location {checkpoint.path}: {checkpoint.state_dir} "
+            "does not exist",
+        )
+    return checkpoint
+
+
+def default_batch(checkpoint: Checkpoint) -> int:
+    """The last committed batch (Spark's default ``batchId``)."""
+    last = checkpoint.last_committed_batch()
+    if last is None:
+        raise CommittedBatchUnavailableError(checkpoint.path)
+    return last
+
+
+@dataclass
+class _Target:
+    """An operator and store resolved against the checkpoint."""
+
+    operator: Operator
+    store_name: str
+    partitions: list[int]
+
+    @property
+    def allow_pickle(self) -> bool:
+        return self.operator.metadata.allow_pickle
+
+    def directory(self, partition: int) -> str:
+        return self.operator.store_directory(partition, self.store_name)
+
+    def label(self, partition: int) -> str:
+        return (
+            f"state store (op={self.operator.operator_id},part={partition},"
+            f"store={self.store_name}) in {self.directory(partition)}"
+        )
+
+
+def _inferred_metadata(checkpoint: Checkpoint, operator_id: int) -> OperatorMetadata:
+    """Metadata for an operator directory without a metadata file (Spark: warn, assume)."""
+    directory = os.path.join(checkpoint.state_dir, str(operator_id))
+    partitions = [int(name) for name in os.listdir(directory) if name.isdigit()]
+    stores = {DEFAULT_STORE_NAME}
+    for partition in partitions:
+        base = os.path.join(directory, str(partition))
+        stores.update(name for name in os.listdir(base) if os.path.isdir(os.path.join(base, name)))
+    logger.warning(
+        "Operator %d of %s has no metadata file; assuming %d partitions and stores %s",
+        operator_id,
+        checkpoint.path,
+        max(partitions, default=-1) + 1,
+        sorted(stores),
+    )
+    return OperatorMetadata(operator_id, "", max(partitions, default=-1) + 1, tuple(sorted(stores)))
+
+
+def resolve_target(
+    checkpoint: Checkpoint, operator_id: int, store_name: str, partition_id: int | None
+) -> _Target:
+    """Check that the operator, store and partition exist."""
+    operators = checkpoint.operator_ids()
+    if operator_id not in operators:
+        raise StateSourceOptionError(
+            "operator_id",
+            f"operator {operator_id} does not exist in checkpoint location {checkpoint.path} "
+            f"(operators: {operators})",
+        )
+    metadata = checkpoint.operator_metadata(operator_id) or _inferred_metadata(
+        checkpoint, operator_id
+    )
+    if store_name not in metadata.store_names:
+        raise StateSourceOptionError(
+            "store_name",
+            f"store {store_name!r} does not exist in operator {operator_id} "
+            f"(stores: {list(metadata.store_names)})",
+        )
+    if partition_id is not None and partition_id >= metadata.num_partitions:
+        raise StateSourceOptionError(
+            "partition_id",
+            f"partition {partition_id} does not exist: operator {operator_id} has "
+            f"{metadata.num_partitions} partitions",
+        )
+    partitions = list(range(metadata.num_partitions)) if partition_id is None else [partition_id]
+    return _Target(Operator(checkpoint, metadata), store_name, partitions)
+
+
+# ------------------------------------------------------------------------------------ readers
+def read_state(
+    path: str | os.PathLike[str],
+    batch_id: int | None = None,
+    operator_id: int = 0,
+    store_name: str = DEFAULT_STORE_NAME,
+    partition_id: int | None = None,
+    snapshot_start_batch_id: int | None = None,
+) -> Rows[StateRow]:
+    """The state after ``batch_id`` (default: the last committed batch) as
+    ``(key, value, partition_id)`` rows, streamed partition by partition.
+
+    With ``snapshot_start_batch_id`` (needs ``partition_id``) the state is rebuilt from that
+    batch's snapshot file plus the deltas after it, which must exist (a check of the snapshot).
+    """
+    batch_id = check_batch_option("batch_id", batch_id)
+    operator_id = check_batch_option("operator_id", operator_id, required=True)  # type: ignore[assignment]
+    store_name = check_store_name_option(store_name)
+    partition_id = check_batch_option("partition_id", partition_id)
+    snapshot_start_batch_id = check_batch_option("snapshot_start_batch_id", snapshot_start_batch_id)
+    if snapshot_start_batch_id is not None and partition_id is None:
+        raise StateSourceOptionError(
+            "partition_id",
+            "[STDS_REQUIRED_OPTION_UNSPECIFIED] 'partition_id' must be specified together "
+            "with 'snapshot_start_batch_id'.",
+            error_class="STDS_REQUIRED_OPTION_UNSPECIFIED",
+        )
+    checkpoint = open_checkpoint(path)
+    if batch_id is None:
+        batch_id = default_batch(checkpoint)
+    if snapshot_start_batch_id is not None and snapshot_start_batch_id > batch_id:
+        raise StateSourceOptionError(
+            "snapshot_start_batch_id",
+            f"must be less than or equal to 'batch_id' ({batch_id}), got "
+            f"{snapshot_start_batch_id}.",
+        )
+    target = resolve_target(checkpoint, operator_id, store_name, partition_id)
+    version = batch_id + 1
+    plan: list[tuple[int, list[str]]] = []
+    for partition in target.partitions:
+        listing = list_state_files(target.directory(partition))
+        if not listing.deltas and not listing.snapshots:
+            continue  # a partition that never held state
+        label = target.label(partition)
+        if snapshot_start_batch_id is None:
+            _start, paths = files_for_version(listing, version, label)
+        else:
+            start = snapshot_start_batch_id + 1
+            snapshot = listing.snapshots.get(start)
+            if snapshot is None:
+                missing = os.path.join(listing.directory, f"{start}.snapshot")
+                raise StateFileNotFoundError(
+                    "[CANNOT_LOAD_STATE_STORE.CANNOT_READ_SNAPSHOT_FILE_NOT_EXISTS] Error reading "
+                    f"snapshot file {missing} of {label}: {missing} does not exist.",
+                    path=missing,
+                    error_class="CANNOT_LOAD_STATE_STORE.CANNOT_READ_SNAPSHOT_FILE_NOT_EXISTS",
+                )
+            filtered = type(listing)(listing.directory, dict(listing.deltas), {start: snapshot})
+            _start, paths = files_for_version(filtered, version, label, start - 1)
+        plan.append((partition, paths))
+    allow_pickle = target.allow_pickle
+
+    def produce() -> Iterator[StateRow]:
+        for partition, paths in plan:
+            with decoding(target.directory(partition)):
+                for key, value in open_version(paths, target.label(partition)):
+                    yield StateRow(decode_key(key), decode_value(value, allow_pickle), partition)
+
+    return Rows(produce, StateRow._fields, _STATE_TYPES)
+
+
+def read_change_feed(
+    path: str | os.PathLike[str],
+    start_batch_id: int,
+    end_batch_id: int | None = None,
+    operator_id: int = 0,
+    store_name: str = DEFAULT_STORE_NAME,
+    partition_id: int | None = None,
+) -> Rows[ChangeRow]:
+    """Changes of batches ``start_batch_id`` .. ``end_batch_id`` (default: the last committed) as
+    ``(batch_id, change_type, key, value, partition_id)`` rows: ``"update"`` for puts,
+    ``"delete"`` (value ``None``) for removes; per partition, in batch and file order."""
+    start_batch_id = check_batch_option("start_batch_id", start_batch_id, required=True)  # type: ignore[assignment]
+    end_batch_id = check_batch_option("end_batch_id", end_batch_id)
+    operator_id = check_batch_option("operator_id", operator_id, required=True)  # type: ignore[assignment]
+    store_name = check_store_name_option(store_name)
+    partition_id = check_batch_option("partition_id", partition_id)
+    checkpoint = open_checkpoint(path)
+    if end_batch_id is None:
+        end_batch_id = default_batch(checkpoint)
+    if end_batch_id < start_batch_id:
+        raise StateSourceOptionError(
+            "end_batch_id",
+            f"'end_batch_id' ({end_batch_id}) cannot be smaller than 'start_batch_id' "
+            f"({start_batch_id}). Please check the input to 'start_batch_id' and 'end_batch_id'.",
+        )
+    target = resolve_target(checkpoint, operator_id, store_name, partition_id)
+    plan: list[tuple[int, list[tuple[int, str]]]] = []
+    for partition in target.partitions:
+        listing = list_state_files(target.directory(partition))
+        if not listing.deltas and not listing.snapshots:
+            continue
+        files = []
+        for batch in range(start_batch_id, end_batch_id + 1):
+            delta = listing.deltas.get(batch + 1)
+            if delta is None:
+                missing = os.path.join(listing.directory, f"{batch + 1}.delta")
+                raise StateFileNotFoundError(
+                    f"[CANNOT_READ_STREAMING_STATE_FILE] Error reading streaming state file of "
+                    f"{target.label(partition)}: {missing} does not exist. If the stream job is "
+                    "restarted with a new or updated state operation, please create a new "
+                    "checkpoint location or clear the existing checkpoint location.",
+                    path=missing,
+                    error_class="CANNOT_READ_STREAMING_STATE_FILE",
+                )
+            files.append((batch, delta))
+        plan.append((partition, files))
+    allow_pickle = target.allow_pickle
+
+    def produce() -> Iterator[ChangeRow]:
+        for partition, files in plan:
+            label = target.label(partition)
+            for batch, delta in files:
+                try:
+                    reader = StateFileReader(delta, DELTA, label=label)
+                except FileNotFoundError:
+                    raise StateFileNotFoundError(
+                        f"[CANNOT_READ_STREAMING_STATE_FILE] Error reading streaming state file "
+                        f"of {label}: {delta} does not exist.",
+                        path=delta,
+                        error_class="CANNOT_READ_STREAMING_STATE_FILE",
+                    ) from None
+                with decoding(delta):
+                    for key, value in reader:
+                        decoded = decode_key(key)
+                        if value is None:
+                            yield ChangeRow(batch, "delete", decoded, None, partition)
+                        else:
+                            value = decode_value(value, allow_pickle)
+                            yield ChangeRow(batch, "update", decoded, value, partition)
+
+    return Rows(produce, ChangeRow._fields, _CHANGE_TYPES)
+
+
+def read_metadata(path: str | os.PathLike[str]) -> Rows[MetadataRow]:
+    """One row per operator and store: id, name, store, partitions, and the smallest and
+    largest committed batch id (-1 when none). Unreadable metadata is skipped with a warning."""
+    checkpoint = open_checkpoint(path)
+    batches = checkpoint.committed_batches()
+    low, high = (batches[0], batches[-1]) if batches else (-1, -1)
+    rows: list[MetadataRow] = []
+    for operator_id in checkpoint.operator_ids():
+        try:
+            metadata = checkpoint.operator_metadata(operator_id) or _inferred_metadata(
+                checkpoint, operator_id
+            )
+        except (OSError, ValueError) as exc:
+            logger.warning("Skipping operator %d of %s: %s", operator_id, checkpoint.path, exc)
+            continue
+        for store in metadata.store_names:
+            rows.append(
+                MetadataRow(
+                    operator_id,
+                    metadata.operator_name,
+                    store,
+                    metadata.num_partitions,
+                    low,
+                    high,
+                )
+            )
+    return Rows(lambda: iter(rows), MetadataRow._fields, _METADATA_TYPES)

@@ -1,0 +1,200 @@
+"""Sorted record streams: a version as a merge of its snapshot and deltas, without loading it.
+
+Every state file is in ascending encoded-key order (``stable_hash`` first), so the state at a
+version is the k-way merge of its files, oldest first, where a later record of a key overrides
+an earlier one and a delete drops it. Keys compare as Python compares them (``1``, ``1.0`` and
+``True`` are one key, as in a dict): records with the same hash but different bytes are decoded
+and replayed like dict operations, so the stream equals the dict a replay would build.
+
+The streams hold one buffered chunk per open file and one hash group: memory is bounded by the
+number of files, which :func:`open_version` caps at ``fan_in`` by merging in passes through
+temporary snapshot files.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+from collections.abc import Iterable, Iterator, Sequence
+
+from extagg._config import DEFAULT_FAN_IN
+from extagg.spill.tempdir import SpillDirs
+from extagg.state.codec import decode_key
+from extagg.state.errors import StateFileNotFoundError, UnexpectedVersionError
+from extagg.state.files import SNAPSHOT, StateFileListing, StateFileReader, StateFileWriter
+
+__all__ = [
+    "Record",
+    "merge_records",
+    "files_for_version",
+    "open_version",
+    "missing_file_error",
+]
+
+logger = logging.getLogger(__name__)
+
+#: (encoded key, encoded value or None for a delete)
+Record = tuple[bytes, "bytes | None"]
+
+
+def _tagged(records: Iterable[Record], age: int) -> Iterator[tuple[bytes, int, bytes | None]]:
+    for key, value in records:
+        yield key, age, value
+
+
+def _replay_group(group: list[tuple[bytes, int, bytes | None]]) -> list[tuple[bytes, bytes]]:
+    """Resolve one hash group whose records differ in bytes: replay them as dict operations."""
+    entries: list[list] = []  # [key object, key bytes, value bytes or None (deleted)]
+    for key_bytes, _age, value in sorted(group, key=lambda item: item[1]):
+        key = decode_key(key_bytes)
+        for entry in entries:
+            if entry[1] == key_bytes or entry[0] == key:
+                if value is not None and entry[2] is None:  # re-inserted: the new key object
+                    entry[0], entry[1] = key, key_bytes
+                entry[2] = value
+                break
+        else:
+            entries.append([key, key_bytes, value])
+    return sorted((entry[1], entry[2]) for entry in entries if entry[2] is not None)
+
+
+def merge_records(sources: Sequence[Iterable[Record]]) -> Iterator[tuple[bytes, bytes]]:
+    """The live ``(key, value)`` records of sorted ``sources`` (oldest first), later ones winning.
+
+    Deletes are applied and dropped, so the first source must be a base (a snapshot or the
+    first delta): nothing older may hold keys.
+    """
+    if not sources:
+        return
+    if len(sources) == 1:
+        for key, value in sources[0]:
+            if value is not None:
+                yield key, value
+        return
+    merged = heapq.merge(*(_tagged(source, age) for age, source in enumerate(sources)))
+    pending = next(merged, None)
+    if pending is None:
+        return
+    group: list[tuple[bytes, int, bytes | None]] = []
+    for item in merged:
+        if item[0][:8] != pending[0][:8]:
+            if group:
+                group.append(pending)
+                yield from _resolve(group)
+                group = []
+            elif pending[2] is not None:
+                yield pending[0], pending[2]
+        else:
+            group.append(pending)
+        pending = item
+    if group:
+        group.append(pending)
+        yield from _resolve(group)
+    elif pending[2] is not None:
+        yield pending[0], pending[2]
+
+
+def _resolve(group: list[tuple[bytes, int, bytes | None]]) -> list[tuple[bytes, bytes]]:
+    first = group[0][0]
+    if all(item[0] == first for item in group):
+        value = group[-1][2]  # sorted by (key, age): the newest record wins
+        return [] if value is None else [(first, value)]
+    return _replay_group(group)
+
+
+def missing_file_error(path: str, label: str, kind: str = "delta") -> StateFileNotFoundError:
+    """Spark's CANNOT_READ_DELTA_FILE_NOT_EXISTS error for a missing state file."""
+    return StateFileNotFoundError(
+        f"[CANNOT_LOAD_STATE_STORE.CANNOT_READ_DELTA_FILE_NOT_EXISTS] Error reading {kind} file "
+        f"{path} of {label}: {path} does not exist.",
+        path=path,
+        error_class="CANNOT_LOAD_STATE_STORE.CANNOT_READ_DELTA_FILE_NOT_EXISTS",
+    )
+
+
+def files_for_version(
+    listing: StateFileListing, version: int, label: str, start_version: int = 0
+) -> tuple[int, list[str]]:
+    """The files that rebuild ``version``: the newest snapshot at or below it, then the deltas.
+
+    With ``start_version`` > 0 the chain starts at that version's state instead (the caller
+    holds it, e.g. cached): returns ``(base, paths)`` where ``base`` is the version the first
+    path's records apply to (0 or the start version) or the snapshot's own version.
+    Raises :class:`StateFileNotFoundError` naming the first missing delta.
+    """
+    if version < 0:
+        raise UnexpectedVersionError(
+            f"[CANNOT_LOAD_STATE_STORE.UNEXPECTED_VERSION] Version cannot be less than 0: "
+            f"{version} for {label}",
+            version=version,
+        )
+    if version > listing.latest_version:
+        error = missing_file_error(os.path.join(listing.directory, f"{version}.delta"), label)
+        error.args = (f"{error.args[0]} The latest version is {listing.latest_version}.",)
+        raise error
+    snapshot = max((v for v in listing.snapshots if start_version < v <= version), default=None)
+    base = start_version if snapshot is None else snapshot
+    paths = [] if snapshot is None else [listing.snapshots[snapshot]]
+    for delta_version in range(base + 1, version + 1):
+        path = listing.deltas.get(delta_version)
+        if path is None:
+            path = os.path.join(listing.directory, f"{delta_version}.delta")
+            raise missing_file_error(path, label)
+        paths.append(path)
+    return base, paths
+
+
+def _open_reader(path: str, label: str) -> StateFileReader:
+    try:
+        return StateFileReader(path, label=label)
+    except FileNotFoundError:
+        kind = "snapshot" if path.endswith(".snapshot") else "delta"
+        raise missing_file_error(path, label, kind) from None
+
+
+def open_version(
+    paths: Sequence[str], label: str, fan_in: int = DEFAULT_FAN_IN
+) -> Iterator[tuple[bytes, bytes]]:
+    """Stream the live records of the version built from ``paths`` (base first).
+
+    More than ``fan_in`` files are merged in passes: the oldest ``fan_in`` into a temporary
+    snapshot in the spill directories (``EXTAGG_SPILL_DIR`` or the system temp dir, see
+    :mod:`extagg.spill.tempdir`), which then counts as the base. The temporary files are removed
+    when the stream ends, fails or is closed.
+    """
+    if fan_in < 2:
+        raise ValueError(f"fan_in must be at least 2, got {fan_in}")
+    paths = list(paths)
+    spill = SpillDirs() if len(paths) > fan_in else None
+    readers: list[StateFileReader] = []
+    try:
+        while len(paths) > fan_in:
+            assert spill is not None
+            merged_path = spill.new_path("state-pass")
+            writer = StateFileWriter(merged_path, SNAPSHOT, compression="lz4")
+            try:
+                for path in paths[:fan_in]:
+                    readers.append(_open_reader(path, label))
+                for key, value in merge_records(readers):
+                    writer.write(key, value)
+                writer.commit()
+            except BaseException:
+                writer.cancel()
+                raise
+            finally:
+                for reader in readers:
+                    reader.close()
+                readers = []
+            logger.debug("merged %d state files of %s into %s", fan_in, label, merged_path)
+            if paths[0] in spill.files:  # the previous pass's file has been consumed
+                spill.remove(paths[0])
+            paths = [merged_path, *paths[fan_in:]]
+        for path in paths:
+            readers.append(_open_reader(path, label))
+        yield from merge_records(readers)
+    finally:
+        for reader in readers:
+            reader.close()
+        if spill is not None:
+            spill.cleanup()

@@ -1,0 +1,121 @@
+"""``extagg state show|changes|metadata``: text, CSV, JSON lines and Parquet output, errors."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+
+from extagg.state.cli import add_state_subcommands, main, run_state_command
+
+from .conftest import commit_version
+
+
+@pytest.fixture
+def path(checkpoint, mm):
+    op = checkpoint.operator(0, name="totals", num_partitions=2)
+    for partition in range(2):
+        provider = op.provider(partition, memory_manager=mm)
+        commit_version(provider, 0, {f"k{partition}": (1, "a"), ("t", partition): [1, 2]})
+        commit_version(provider, 1, {f"k{partition}": (2, "b")}, removes=[("t", partition)])
+        provider.close()
+    checkpoint.commit(0)
+    checkpoint.commit(1)
+    return checkpoint.path
+
+
+def run(argv: list[str]) -> tuple[int, str, str]:
+    parser = argparse.ArgumentParser(prog="extagg")
+    add_state_subcommands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    out, err = io.StringIO(), io.StringIO()
+    assert args.handler is run_state_command
+    status = run_state_command(args, stdout=out, stderr=err)
+    return status, out.getvalue(), err.getvalue()
+
+
+def test_show_prints_the_rows(path):
+    status, out, err = run(["state", "show", path])
+    assert (status, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0] == "key\tvalue\tpartition_id"
+    assert sorted(lines[1:]) == ["k0\t(2, 'b')\t0", "k1\t(2, 'b')\t1"]
+    status, out, _ = run(["state", "show", path, "--batch-id", "0", "--partition-id", "1"])
+    assert sorted(out.splitlines()[1:]) == ["('t', 1)\t[1, 2]\t1", "k1\t(1, 'a')\t1"]
+    status, out, _ = run(["state", "show", path, "--limit", "1"])
+    assert len(out.splitlines()) == 2
+
+
+def test_changes_as_csv_and_json_lines(path, tmp_path):
+    status, out, _ = run(["state", "changes", path, "--start-batch-id", "1", "--format", "csv"])
+    assert status == 0
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert {(r["change_type"], r["key"], r["value"]) for r in rows} == {
+        ("update", "k0", "(2, 'b')"),
+        ("update", "k1", "(2, 'b')"),
+        ("delete", "('t', 0)", ""),
+        ("delete", "('t', 1)", ""),
+    }
+    target = tmp_path / "changes.jsonl"
+    status, _, _ = run(["state", "changes", path, "--start-batch-id", "0", "-o", str(target)])
+    records = [json.loads(line) for line in target.read_text().splitlines()]
+    assert len(records) == 8
+    assert {
+        "batch_id": 1,
+        "change_type": "delete",
+        "key": ["t", 0],
+        "value": None,
+        "partition_id": 0,
+    } in records
+
+
+def test_show_to_parquet_and_metadata(path, tmp_path):
+    target = tmp_path / "state.parquet"
+    assert run(["state", "show", path, "--output", str(target)])[0] == 0
+    table = pq.read_table(target)
+    assert table.num_rows == 2
+    assert sorted(table.column("key").to_pylist()) == ["k0", "k1"]
+    empty = tmp_path / "empty.parquet"
+    args = ["state", "show", path, "--format", "parquet", "-o", str(empty), "--limit", "0"]
+    assert run(args)[0] == 0
+    assert pq.read_table(empty).num_rows == 0
+    status, out, _ = run(["state", "metadata", path])
+    assert status == 0
+    assert out.splitlines()[1] == "0\ttotals\tdefault\t2\t0\t1"
+
+
+def test_errors_name_the_option_and_exit_1(path, tmp_path):
+    status, out, err = run(["state", "show", path, "--batch-id", "-1"])
+    assert status == 1 and out == ""
+    assert "extagg state show: error:" in err and "'batch_id': cannot be negative" in err
+    status, _, err = run(["state", "changes", path, "--start-batch-id", "2", "--end-batch-id", "1"])
+    assert status == 1 and "cannot be smaller than 'start_batch_id'" in err
+    status, _, err = run(["state", "show", str(tmp_path / "missing")])
+    assert status == 1 and "does not exist" in err
+    status, _, err = run(["state", "show", path, "--format", "parquet"])
+    assert status == 1 and "needs --output" in err
+    os.unlink(os.path.join(path, "state", "0", "0", "2.delta"))
+    status, _, err = run(["state", "show", path])
+    assert status == 1 and "2.delta does not exist" in err
+    with pytest.raises(SystemExit):
+        run(["state", "bogus", path])
+
+
+def test_runs_as_a_module(path):
+    done = subprocess.run(
+        [sys.executable, "-m", "extagg.state.cli", "metadata", path, "--format", "csv"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=os.getcwd()),
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0].startswith("operator_id,operator_name")
+    assert main(["metadata", path]) == 0
