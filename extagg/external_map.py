@@ -189,7 +189,7 @@ class ExternalAppendOnlyMap(MemoryConsumer):
                     self.metrics.peak_memory_bytes = estimate
                 if len(current) + len(keys) > current.grow_threshold:
                     # this chunk may double the table: ask for the new arrays before they exist
-                    estimate += growth_bytes(current)
+                    estimate += current.growth_bytes()
                 try:
                     if self._maybe_spill(estimate):
                         current = self._map
@@ -489,12 +489,6 @@ class _SpillableMemorySource(SortedBlockSource):
         super().close()
         if self.run is not None:
             self.run.close()
-
-
-def growth_bytes(table: SizeTrackingAppendOnlyMap) -> int:
-    """Bytes the next doubling of ``table`` allocates while the old arrays are still alive."""
-    # per slot: a key and a value pointer (Python lists), a cached int64 hash, an occupancy byte
-    return 2 * table.capacity * (8 + 8 + 8 + 1)
 
 
 def _rebuild_map(keys: list[Any], values: list[Any]) -> SizeTrackingAppendOnlyMap:

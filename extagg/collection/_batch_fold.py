@@ -1,0 +1,249 @@
+"""The batch fold of :class:`~extagg.collection.append_only_map.AppendOnlyMap` (its hot path).
+
+A batch of records is hashed at once (ints vectorised), probed by one numba kernel call that
+adds an entry for every new hash and matches the rest by hash, then the combiners run in one
+Python loop over the entry numbers. Hash equality is not key equality: matches are confirmed in
+one C-level tuple comparison (or, between exact ints equal to their hash, by the kernel), and a
+mismatching record continues its probe in Python. Split out of ``append_only_map`` for size; the
+mixin works on that module's layout (``_table``, ``_hashes``, ``_keys``, ``_values``, ``_size``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import operator
+import sys
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import numpy as np
+
+from extagg.collection import _kernels
+from extagg.collection._kernels import NEW
+
+__all__ = ["UNCREATED", "BatchFoldMixin", "hash_batch", "hash_key", "int_tag"]
+
+_MODULUS = sys.hash_info.modulus
+_INT_HASH_IS_VALUE = sys.hash_info.width == 64 and _MODULUS == (1 << 61) - 1
+
+
+class _Uncreated:
+    """Placeholder value of an entry whose combiner is being created (never visible outside)."""
+
+    __slots__ = ()
+
+
+UNCREATED = _Uncreated()
+
+
+def unhashable_error(key: Any, err: TypeError) -> TypeError:
+    return TypeError(
+        f"unhashable key of type {type(key).__name__}: AppendOnlyMap keys must be hashable ({err})"
+    )
+
+
+def hash_key(key: Any) -> int:
+    try:
+        return hash(key)
+    except TypeError as err:
+        raise unhashable_error(key, err) from err
+
+
+def int_tag(key: Any, h: int) -> int:
+    """1 when ``key`` is an exact int equal to its hash (equal hashes then mean equal keys)."""
+    return 1 if type(key) is int and h == key else 0
+
+
+def hash_batch(keys: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """``hash()`` of every key as ``int64`` and its int tag as ``uint8``. A batch of plain ints
+    is hashed vectorised: ``hash(x) == x`` for ``-P < x < P`` (``P = 2**61 - 1``) but ``x == -1``.
+    """
+    n = len(keys)
+    if _INT_HASH_IS_VALUE and operator.countOf(map(type, keys), int) == n:
+        try:
+            ints = np.fromiter(keys, dtype=np.int64, count=n)
+        except OverflowError:
+            pass
+        else:
+            tags = (ints < _MODULUS) & (ints > -_MODULUS) & (ints != -1)
+            if not tags.all():
+                ints = ints.copy()
+                for i in np.flatnonzero(~tags).tolist():
+                    ints[i] = hash(keys[i])
+            return ints, tags.view(np.uint8)
+    try:
+        hashes = np.array(list(map(hash, keys)), dtype=np.int64)
+    except TypeError as err:
+        for key in keys:
+            try:
+                hash(key)
+            except TypeError as key_err:
+                raise unhashable_error(key, key_err) from err
+        raise
+    return hashes, np.zeros(n, dtype=np.uint8)
+
+
+def first_mismatch(table_keys: list[Any], entries: list[int], keys: Sequence[Any]) -> int:
+    """Index of the first record whose entry's key differs from its own (``len`` if none)."""
+    if len(entries) > 1:
+        stored = operator.itemgetter(*entries)(table_keys)
+    else:
+        stored = (table_keys[entries[0]],)
+    if stored == tuple(keys):  # element-wise identity-or-== in C
+        return len(entries)
+    for i, (a, b) in enumerate(zip(stored, keys)):
+        if not (a is b or a == b):
+            return i
+    return len(entries)
+
+
+class BatchFoldMixin:
+    """``fold`` for AppendOnlyMap (see the module docstring)."""
+
+    __slots__ = ()
+    _table: np.ndarray
+    _hashes: np.ndarray
+    _keys: list[Any]
+    _values: list[Any]
+    _size: int
+    _grow_threshold: int
+    _shift: int
+    _mask: int
+
+    def fold(
+        self,
+        keys: Sequence[Hashable],
+        values: Sequence[Any],
+        create_combiner: Callable[[Any], Any],
+        merge_value: Callable[[Any, Any], Any],
+    ) -> None:
+        """Fold records ``(keys[i], values[i])`` in order into the map (Spark's combineByKey).
+
+        A new key gets ``create_combiner(value)``, a present one ``merge_value(old, value)``:
+        exactly these calls, in record order. If a combiner raises, the records before it stay
+        folded and the map stays consistent. Pass lists (or tuples) for speed.
+        """
+        self._check_valid()
+        n = len(keys)
+        if len(values) != n:
+            raise ValueError(f"fold needs one value per key: got {n} keys, {len(values)} values")
+        if n == 0:
+            return
+        hashes, tags = hash_batch(keys)
+        entries = np.empty(n, dtype=np.int64)
+        status = np.empty(n, dtype=np.uint8)
+        start = 0
+        while start < n:
+            size_before = self._size
+            stop, self._size, unconfirmed = _kernels.probe_batch(
+                self._table,
+                self._hashes,
+                hashes,
+                tags,
+                start,
+                size_before,
+                self._grow_threshold,
+                self._shift,
+                self._mask,
+                entries,
+                status,
+            )
+            if stop == start:  # the next record is a new key and the table is full
+                self._grow_table()
+                continue
+            try:
+                start = self._apply_probed(
+                    keys,
+                    values,
+                    hashes,
+                    entries[start:stop].tolist(),
+                    status[start:stop],
+                    start,
+                    size_before,
+                    unconfirmed,
+                    create_combiner,
+                    merge_value,
+                )
+            except BaseException:  # a combiner, a key's __eq__, or an interrupt
+                self._drop_uncreated(size_before)
+                raise
+
+    def _drop_uncreated(self, size_before: int) -> None:
+        """Drop the entries the kernel added whose key or combiner is missing.
+
+        They are always the newest (keys are appended and combiners created in record order),
+        so truncating restores a consistent map holding every record folded before the failure.
+        """
+        keep = min(self._size, len(self._keys), len(self._values))
+        values, uncreated = self._values, UNCREATED
+        while keep > size_before and values[keep - 1] is uncreated:
+            keep -= 1
+        self._truncate(keep)
+
+    def _apply_probed(
+        self,
+        keys: Sequence[Hashable],
+        values: Sequence[Any],
+        hashes: np.ndarray,
+        chunk_entries: list[int],
+        chunk_status: np.ndarray,
+        start: int,
+        size_before: int,
+        unconfirmed: int,
+        create_combiner: Callable[[Any], Any],
+        merge_value: Callable[[Any, Any], Any],
+    ) -> int:
+        """Apply the combiners to the records probed from ``start``; return the next record.
+
+        The kernel added an entry per new hash and matched the rest by hash. The new keys are
+        appended first so repeated keys within the chunk can be confirmed; then, if any match
+        is unconfirmed, the stored keys are compared with the records' keys in one C-level tuple
+        comparison. At the first mismatch (equal hashes, unequal keys) the entries added after
+        it are dropped, the records before it are applied, and the mismatching record continues
+        its probe in Python; the caller re-probes the rest. On an exception the caller drops
+        the entries left without a key or combiner (:meth:`_drop_uncreated`).
+        """
+        table_keys, table_values = self._keys, self._values
+        count = len(chunk_entries)
+        chunk_keys = keys[start : start + count]
+        added = self._size - size_before
+        new_positions: list[int] = []
+        if added:
+            new_positions = np.flatnonzero(chunk_status == NEW).tolist()
+            table_keys.extend([chunk_keys[i] for i in new_positions])
+            table_values.extend([UNCREATED] * added)
+        end = count
+        if unconfirmed:
+            end = first_mismatch(table_keys, chunk_entries, chunk_keys)
+            if end < count:
+                self._truncate(size_before + bisect.bisect_left(new_positions, end))
+        chunk_values = values[start : start + end]
+        if end > 1:  # gather in C first: the loop then finds the entries in cache
+            operator.itemgetter(*(chunk_entries if end == count else chunk_entries[:end]))(
+                table_values
+            )
+        if added:
+            is_new = NEW
+            for e, st, v in zip(chunk_entries, chunk_status.tolist(), chunk_values):
+                if st == is_new:
+                    table_values[e] = create_combiner(v)
+                else:
+                    table_values[e] = merge_value(table_values[e], v)
+        else:
+            for e, v in zip(chunk_entries, chunk_values):
+                table_values[e] = merge_value(table_values[e], v)
+        self._after_updates(end)
+        if end == count:
+            return start + count
+        record = start + end
+        key, value, h = keys[record], values[record], int(hashes[record])
+        entry = self._locate(key, h)
+        if entry >= 0:
+            table_values[entry] = merge_value(table_values[entry], value)
+        else:
+            self._insert_new(key, h, create_combiner(value), ~entry)
+        self._after_updates(1)
+        return record + 1
+
+    def _after_updates(self, n: int) -> None:
+        """Hook: ``n`` records were folded (the size-tracking subclass counts them)."""
