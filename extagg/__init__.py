@@ -31,4 +31,3 @@ __all__ = [
     "stable_hash",
 ]
 __version__ = "0.1.0"
-

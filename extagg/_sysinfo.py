@@ -15,7 +15,18 @@ def current_rss() -> int:
 
 
 def peak_rss() -> int:
-    """Peak resident set size of this process so far, in bytes (``ru_maxrss``)."""
+    """Peak resident set size of this process so far, in bytes.
+
+    On Linux this is ``VmHWM`` of ``/proc/self/status``, which belongs to this process image
+    only: ``ru_maxrss`` can carry the parent's peak over a fork+exec, overstating a child's.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     try:
         import resource
     except ImportError:  # pragma: no cover - Windows

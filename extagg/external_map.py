@@ -22,6 +22,8 @@ from collections.abc import Hashable, Iterable, Iterator
 from itertools import chain, islice
 from typing import Any
 
+import numpy as np
+
 from extagg._config import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_FAN_IN,
@@ -32,6 +34,7 @@ from extagg._config import (
 )
 from extagg.aggregator import Aggregator
 from extagg.collection import SizeTrackingAppendOnlyMap
+from extagg.hashing import order_hashes
 from extagg.memory import (
     MemoryConsumer,
     TaskMemoryManager,
@@ -149,7 +152,7 @@ class ExternalAppendOnlyMap(MemoryConsumer):
         self._runs: list[str] = []
         self._max_batch_bytes = 0  # largest decoded batch in any run: sizes the merge buffers
         self._elements_read = 0
-        self._reading: _SpillableMemorySource | None = None
+        self._reading: _SpillableMemorySource | _UnsortedMemoryRows | None = None
         self._lock = threading.RLock()
         self._closed = False
         self.metrics = SpillMetrics()
@@ -315,8 +318,14 @@ class ExternalAppendOnlyMap(MemoryConsumer):
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
         return self.iterator()
 
-    def iterator(self) -> Iterator[tuple[Any, Any]]:
-        """Yield every ``(key, combiner)`` once, in key-hash order. Destructive; call once."""
+    def iterator(self, ordered: bool = False) -> Iterator[tuple[Any, Any]]:
+        """Yield every ``(key, combiner)`` once. Destructive; call once.
+
+        When anything spilled, pairs come in ascending :func:`extagg.hashing.order_hash` order
+        (the merge order). When nothing spilled they come in insertion order — also
+        deterministic, and free — unless ``ordered=True`` asks for key-hash order always (what
+        :meth:`extagg.state.StateStoreProvider.merge_update` needs).
+        """
         with self._lock:
             if self._map is None:
                 raise RuntimeError(
@@ -326,12 +335,31 @@ class ExternalAppendOnlyMap(MemoryConsumer):
                 estimate = self._map.estimate_size()
                 if estimate > self.metrics.peak_memory_bytes:
                     self.metrics.peak_memory_bytes = estimate
+            if not ordered and not self._runs:
+                keys, values = self._map.destructive_arrays()
+                self._map = None
+                unsorted = _UnsortedMemoryRows(self, keys, values)
+                self._reading = unsorted
+                return chain.from_iterable(self._iterate_unsorted(unsorted))
             hashes, keys, values = self._map.destructive_sorted_arrays()
             self._map = None
             memory_source = _SpillableMemorySource(self, ObjectBlock(hashes, keys, values))
             self._reading = memory_source
         # pairs are handed out by C-level iterators; Python runs once per block, not per pair
         return chain.from_iterable(self._iterate_blocks(memory_source))
+
+    def _iterate_unsorted(self, rows: _UnsortedMemoryRows) -> Iterator[Iterator[tuple[Any, Any]]]:
+        try:
+            while True:
+                chunk = rows.next_chunk()
+                if chunk is None:
+                    return
+                keys, values = chunk
+                self.metrics.groups += len(keys)
+                yield zip(keys, values)
+        finally:
+            rows.close()
+            self.close()
 
     def _iterate_blocks(
         self, memory_source: _SpillableMemorySource
@@ -442,6 +470,67 @@ class ExternalAppendOnlyMap(MemoryConsumer):
             f"<ExternalAppendOnlyMap {self.name} {state}: {self.metrics.records_read} records, "
             f"{self.metrics.spill_count} spills, {format_size(self.used)} held>"
         )
+
+
+class _UnsortedMemoryRows:
+    """The in-memory map during an unordered iteration with no runs: insertion order.
+
+    A forced spill sorts the unread rows by hash and moves them to a run; the iteration then
+    continues from the run, so each key is still yielded exactly once.
+    """
+
+    CHUNK = 65_536
+
+    def __init__(self, owner: ExternalAppendOnlyMap, keys: list[Any], values: list[Any]) -> None:
+        self.owner = owner
+        self.keys: list[Any] | None = keys
+        self.values: list[Any] | None = values
+        self.pos = 0
+        self.run: RunSource | None = None
+
+    def next_chunk(self) -> tuple[list[Any], list[Any]] | None:
+        """The next ``(keys, values)`` to hand out, or ``None`` at the end."""
+        if self.run is not None:
+            if self.run.next_min_hash() is None:
+                return None
+            block = self.run.read_next()
+            return block.keys, block.values
+        if self.keys is None or self.values is None:
+            return None
+        if self.pos >= len(self.keys):
+            self.keys = self.values = None  # fully read: let the memory go
+            self.owner._release_down_to(0)
+            return None
+        start, self.pos = self.pos, min(self.pos + self.CHUNK, len(self.keys))
+        return self.keys[start : self.pos], self.values[start : self.pos]
+
+    def spill_rest(self, trigger: Any = None) -> bool:
+        """Sort the unread rows by key hash, write them as a run, drop the lists."""
+        if self.run is not None or self.keys is None or self.values is None:
+            return False
+        if self.pos >= len(self.keys):
+            return False
+        keys, values = self.keys[self.pos :], self.values[self.pos :]
+        self.keys = self.values = None
+        hashes = order_hashes(keys)
+        order = np.argsort(hashes, kind="stable").tolist()
+        block = ObjectBlock(hashes[order], [keys[i] for i in order], [values[i] for i in order])
+        del keys, values
+        owner = self.owner
+        owner._log_spill(owner._threshold, "the merge" if trigger is None else trigger)
+        started = time.perf_counter()
+        try:
+            path = owner._write_run(block)
+        finally:
+            owner.metrics.spill_time_s += time.perf_counter() - started
+        owner._runs.remove(path)
+        self.run = RunSource(path, owner=owner._spill_dirs)
+        return True
+
+    def close(self) -> None:
+        self.keys = self.values = None
+        if self.run is not None:
+            self.run.close()
 
 
 class _SpillableMemorySource(SortedBlockSource):

@@ -118,13 +118,42 @@ def test_none_keys_and_values(spill_dir):
     assert dict(result)[1] == [None]
 
 
-def test_output_is_in_key_hash_order_spilled_or_not(spill_dir):
-    pairs = [(f"k{i % 500}", 1) for i in range(3000)]
+def test_output_order_is_deterministic(spill_dir):
+    pairs = [(f"k{(i * 37) % 500}", 1) for i in range(3000)]
+    first_seen = list(dict.fromkeys(k for k, _ in pairs))
     for every in (None, 100):
-        result, metrics = run(pairs, memory="16m", spill_dirs=[spill_dir], force_spill_every=every)
-        hashes = [order_hash(k) for k, _ in result]
-        assert hashes == sorted(hashes)
-        assert (metrics.spill_count > 0) == (every is not None)
+        for ordered in (False, True):
+            emap = ExternalAppendOnlyMap(
+                SUM, memory="16m", spill_dirs=[spill_dir], force_spill_every=every
+            )
+            emap.insert_all(pairs)
+            result = list(emap.iterator(ordered=ordered))
+            keys = [k for k, _ in result]
+            if ordered or every is not None:  # the merge order: ascending key hash
+                hashes = [order_hash(k) for k in keys]
+                assert hashes == sorted(hashes)
+            else:  # nothing spilled: insertion order
+                assert keys == first_seen
+            assert dict(result) == reference(pairs)
+            assert (emap.metrics.spill_count > 0) == (every is not None)
+
+
+def test_forced_spill_during_unordered_iteration(spill_dir):
+    mm = UnifiedMemoryManager(max_memory="64m")
+    emap = ExternalAppendOnlyMap(BOX, memory_manager=mm, spill_dirs=[spill_dir])
+    other = MemoryConsumer(task_memory_manager(mm))
+    emap.insert_all((i, 1) for i in range(200_000))
+    it = emap.iterator()
+    first = [(k, c.v) for k, c in (next(it) for _ in range(10))]
+    unread = weakref.ref(emap._reading.values[-1])
+    assert emap.spill(1 << 20, other) > 0
+    gc.collect()
+    assert unread() is None, "the in-memory rows are still referenced after a forced spill"
+    rest = [(k, c.v) for k, c in it]
+    got = dict(first + rest)
+    assert len(got) == len(first) + len(rest) == 200_000
+    assert got == {i: 1 for i in range(200_000)}
+    assert files_under(spill_dir) == []
 
 
 def test_one_key_holds_most_records(spill_dir):

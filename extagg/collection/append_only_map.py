@@ -312,6 +312,17 @@ class AppendOnlyMap(BatchFoldMixin):
         sorted_values = list(map(values.__getitem__, positions))
         return hashes, sorted_keys, sorted_values
 
+    def destructive_arrays(self) -> tuple[list[Any], list[Any]]:
+        """Destroy the map and return its keys and values in insertion order (no sorting)."""
+        self._check_valid()
+        keys, values = self._keys, self._values
+        self._destroyed = True
+        self._size = 0
+        self._keys, self._values = [], []
+        self._table = np.empty(0, dtype=np.int32)
+        self._hashes = np.empty(0, dtype=np.int64)
+        return keys, values
+
     def destructive_sorted_iterator(self) -> Iterator[tuple[Any, Any]]:
         """Destroy the map now and iterate ``(key, value)`` in order-hash order."""
         _, keys, values = self.destructive_sorted_arrays()

@@ -281,7 +281,8 @@ class StateStoreProvider:
         """Produce ``version + 1`` by merging ``version``'s files with ``pairs`` as streams.
 
         ``pairs`` are ``(key, combiner)`` in ascending ``stable_hash`` order with each key once,
-        as ``ExternalAppendOnlyMap.iterator()`` yields them (``ValueError`` otherwise). A key
+        as ``ExternalAppendOnlyMap.iterator(ordered=True)`` yields them (``ValueError``
+        otherwise). A key
         already stored becomes ``merge_combiners(stored, combiner)``; a new key stores
         ``combiner``. Writes the delta of every touched key and, when more than
         ``min_deltas_for_snapshot`` deltas would follow the last snapshot, a snapshot, in one

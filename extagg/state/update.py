@@ -85,7 +85,8 @@ def hash_groups(
                         f"merge_update input is not in key-hash order: key {key!r} (hash "
                         f"{key_hash:#018x}) at position {offset + index} comes after key "
                         f"{previous_key!r} (hash {group_hash:#018x}); pass pairs in the order "
-                        "ExternalAppendOnlyMap.iterator() yields them (ascending stable_hash)"
+                        "ExternalAppendOnlyMap.iterator(ordered=True) yields them "
+                        "(ascending stable_hash)"
                     )
                 if group:
                     if len(group) > 1:

@@ -125,8 +125,10 @@ def test_merge_update_from_an_external_map_with_forced_spills(tmp_path, force_sp
         ) as engine:
             engine.insert_all(records)
             if force_spill_every:
-                assert engine.metrics.spill_count > 0 or len(engine.spill_files()) > 0
-            version = provider.merge_update(version, engine.iterator(), counts.merge_combiners)
+                assert engine.metrics.spill_count > 0 or len(engine.spill_files) > 0
+            version = provider.merge_update(
+                version, engine.iterator(ordered=True), counts.merge_combiners
+            )
     assert dict(provider.iter_version(version)) == expected
     assert dict(provider.get_read_store(version).items()) == expected
     assert any(name.endswith(".snapshot") for name in state_files(provider.directory))
@@ -139,7 +141,7 @@ def test_input_out_of_hash_order_is_rejected_and_nothing_is_written(provider):
     pairs = hash_ordered({i: i for i in range(10)})
     with pytest.raises(ValueError, match="not in key-hash order") as info:
         provider.merge_update(1, reversed(pairs), add)
-    assert "ExternalAppendOnlyMap.iterator()" in str(info.value)
+    assert "ExternalAppendOnlyMap.iterator(ordered=True)" in str(info.value)
     assert state_files(provider.directory) == before
     assert temp_files(provider.directory) == []
     assert dict(provider.iter_version(1)) == {"a": 1}

@@ -1,0 +1,230 @@
+"""numba versions of :mod:`extagg.hashing`, bit for bit, for typed key columns.
+
+Every function here computes exactly what :func:`extagg.hashing.stable_hash` computes for the
+Python value of a column element (``int`` for integer, bool and temporal storage, ``float`` for
+float32/float64, ``bytes``/UTF-8 ``str`` for variable-length columns, ``None`` for nulls) and, for
+a multi-column key, for the tuple of the column values. Columns are hashed one at a time into a
+``uint64`` array; :func:`tuple_hash_start` and :func:`tuple_hash_mix` then fold the column hashes
+into the tuple hash. The pure-Python reference is :mod:`extagg.hashing` itself.
+
+Array arguments named ``valid`` are boolean validity masks; an empty array means "no nulls".
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from extagg import hashing as _h
+
+__all__ = [
+    "fmix64",
+    "hash_u64",
+    "hash_f64",
+    "mmh3_low64",
+    "hash_int_column",
+    "hash_uint_column",
+    "hash_float_column",
+    "hash_var_column",
+    "tuple_hash_start",
+    "tuple_hash_mix",
+]
+
+_jit = numba.njit(cache=True, nogil=True)
+
+_U = np.uint64
+_SEED64 = _U(_h.SEED64)
+_SEED32 = _U(_h.SEED)
+_BIGINT_SEED = _U(_h.SEED ^ _h.BIGINT_TAG)
+_FLOAT_SEED = _U(_h.SEED64 ^ _h.FLOAT_TAG)
+_GOLDEN = _U(_h.GOLDEN)
+_NONE_HASH = _U(_h.NONE_HASH)
+_NAN_HASH = _U(_h.NAN_HASH)
+_TUPLE_SEED = _U(_h.TUPLE_TAG ^ _h.SEED64)
+_FM1 = _U(0xFF51AFD7ED558CCD)
+_FM2 = _U(0xC4CEB9FE1A85EC53)
+_MC1 = _U(0x87C37B91114253D5)
+_MC2 = _U(0x4CF5AD432745937F)
+_ADD1 = _U(0x52DCE729)
+_ADD2 = _U(0x38495AB5)
+_FIVE = _U(5)
+_S33 = _U(33)
+_MANTISSA = _U((1 << 52) - 1)
+_HIDDEN = _U(1 << 52)
+
+
+@_jit
+def fmix64(k):
+    """murmur3's 64-bit finaliser."""
+    k ^= k >> _S33
+    k = k * _FM1
+    k ^= k >> _S33
+    k = k * _FM2
+    k ^= k >> _S33
+    return k
+
+
+@_jit
+def hash_u64(bits):
+    """Hash of an integer in ``[-2**63, 2**64)`` given as its value mod ``2**64``."""
+    return fmix64(bits ^ _SEED64)
+
+
+@_jit
+def _rotl(x, r):
+    return (x << _U(r)) | (x >> _U(64 - r))
+
+
+@_jit
+def _block(data, i):
+    # little-endian 8-byte load from any alignment
+    v = _U(0)
+    for j in range(8):
+        v |= _U(data[i + j]) << _U(8 * j)
+    return v
+
+
+@_jit
+def mmh3_low64(data, start, end, seed):
+    """Low 64 bits of MurmurHash3 x64-128 of ``data[start:end]`` (== ``mmh3.hash64(...)[0]``)."""
+    length = end - start
+    h1 = seed
+    h2 = seed
+    nblocks = length // 16
+    for b in range(nblocks):
+        p = start + 16 * b
+        k1 = _block(data, p)
+        k2 = _block(data, p + 8)
+        k1 = k1 * _MC1
+        k1 = _rotl(k1, 31)
+        k1 = k1 * _MC2
+        h1 ^= k1
+        h1 = _rotl(h1, 27)
+        h1 = h1 + h2
+        h1 = h1 * _FIVE + _ADD1
+        k2 = k2 * _MC2
+        k2 = _rotl(k2, 33)
+        k2 = k2 * _MC1
+        h2 ^= k2
+        h2 = _rotl(h2, 31)
+        h2 = h2 + h1
+        h2 = h2 * _FIVE + _ADD2
+    tail = start + 16 * nblocks
+    rest = length & 15
+    k1 = _U(0)
+    k2 = _U(0)
+    if rest > 8:
+        for j in range(rest - 1, 7, -1):
+            k2 ^= _U(data[tail + j]) << _U(8 * (j - 8))
+        k2 = k2 * _MC2
+        k2 = _rotl(k2, 33)
+        k2 = k2 * _MC1
+        h2 ^= k2
+    if rest > 0:
+        for j in range(min(rest, 8) - 1, -1, -1):
+            k1 ^= _U(data[tail + j]) << _U(8 * j)
+        k1 = k1 * _MC1
+        k1 = _rotl(k1, 31)
+        k1 = k1 * _MC2
+        h1 ^= k1
+    h1 ^= _U(length)
+    h2 ^= _U(length)
+    h1 = h1 + h2
+    h2 = h2 + h1
+    h1 = fmix64(h1)
+    h2 = fmix64(h2)
+    h1 = h1 + h2
+    return h1
+
+
+@_jit
+def _hash_big_integral(x):
+    """Hash of an integral float outside ``[-2**63, 2**64)``: mmh3 of its two's-complement bytes."""
+    bits = np.float64(x).view(np.uint64)
+    exponent = np.int64((bits >> _U(52)) & _U(0x7FF)) - 1075  # >= 11 here
+    mantissa = (bits & _MANTISSA) | _HIDDEN  # 53 significant bits
+    bit_length = 53 + exponent
+    nbytes = (bit_length + 8) // 8
+    buf = np.zeros(nbytes + 8, dtype=np.uint8)
+    byte0 = exponent // 8
+    shifted = mantissa << _U(exponent % 8)  # at most 60 bits
+    for j in range(8):
+        buf[byte0 + j] = np.uint8((shifted >> _U(8 * j)) & _U(0xFF))
+    if x < 0:  # two's complement over nbytes
+        carry = 1
+        for j in range(nbytes):
+            v = (~np.int64(buf[j]) & 0xFF) + carry
+            buf[j] = np.uint8(v & 0xFF)
+            carry = v >> 8
+    return mmh3_low64(buf, 0, nbytes, _BIGINT_SEED)
+
+
+@_jit
+def hash_f64(x):
+    """Hash of a float: NaN is one value, integral floats hash as the equal int."""
+    if x != x:
+        return _NAN_HASH
+    if np.isfinite(x) and np.floor(x) == x:
+        if -9.223372036854775808e18 <= x < 9.223372036854775808e18:
+            return hash_u64(np.uint64(np.int64(x)))
+        if 0.0 < x < 1.8446744073709551616e19:
+            return hash_u64(np.uint64(x))
+        return _hash_big_integral(x)
+    return fmix64(np.float64(x).view(np.uint64) ^ _FLOAT_SEED)
+
+
+@_jit
+def hash_int_column(values, valid, out):
+    """Hash signed integer (or bool / temporal storage) values; nulls hash as ``None``."""
+    has_mask = valid.shape[0] > 0
+    for i in range(values.shape[0]):
+        if has_mask and not valid[i]:
+            out[i] = _NONE_HASH
+        else:
+            out[i] = hash_u64(np.uint64(np.int64(values[i])))
+
+
+@_jit
+def hash_uint_column(values, valid, out):
+    """Hash unsigned integer values; nulls hash as ``None``."""
+    has_mask = valid.shape[0] > 0
+    for i in range(values.shape[0]):
+        if has_mask and not valid[i]:
+            out[i] = _NONE_HASH
+        else:
+            out[i] = hash_u64(np.uint64(values[i]))
+
+
+@_jit
+def hash_float_column(values, valid, out):
+    """Hash float32/float64 values (as the Python ``float`` they equal); nulls as ``None``."""
+    has_mask = valid.shape[0] > 0
+    for i in range(values.shape[0]):
+        if has_mask and not valid[i]:
+            out[i] = _NONE_HASH
+        else:
+            out[i] = hash_f64(np.float64(values[i]))
+
+
+@_jit
+def hash_var_column(offsets, data, valid, out):
+    """Hash variable-length values ``data[offsets[i]:offsets[i+1]]`` (mmh3); nulls as ``None``."""
+    has_mask = valid.shape[0] > 0
+    for i in range(offsets.shape[0] - 1):
+        if has_mask and not valid[i]:
+            out[i] = _NONE_HASH
+        else:
+            out[i] = mmh3_low64(data, offsets[i], offsets[i + 1], _SEED32)
+
+
+def tuple_hash_start(num_columns: int, num_rows: int) -> np.ndarray:
+    """The tuple-hash accumulator for ``num_rows`` keys of ``num_columns`` elements."""
+    start = _h.fmix64((num_columns ^ _h.TUPLE_TAG ^ _h.SEED64) & _h.M64)
+    return np.full(num_rows, start, dtype=np.uint64)
+
+
+@_jit
+def tuple_hash_mix(acc, column_hashes):
+    """Fold one column's element hashes into the tuple-hash accumulator, in place."""
+    for i in range(acc.shape[0]):
+        acc[i] = fmix64((acc[i] * _GOLDEN) ^ column_hashes[i])

@@ -1,0 +1,281 @@
+"""Input normalisation: pyarrow, pandas and dict-of-NumPy batches to typed NumPy columns.
+
+Every input column becomes a :class:`Column`: fixed-width values as a NumPy array (integers,
+floats, bools, and the integer storage of dates, times, timestamps and durations), or
+variable-length values (strings, binary) as ``int64`` offsets starting at 0 plus a ``uint8``
+arena, with an optional boolean validity mask. The original Arrow type is kept so results come
+back with the type that went in.
+
+Null conventions: Arrow nulls are nulls; pandas input goes through ``pyarrow.RecordBatch.
+from_pandas``, so a pandas NaN is a null (pandas' own convention); in a dict of NumPy arrays a
+float NaN is a value (one NaN group) and only masked entries (``numpy.ma``), ``None`` in object
+arrays and NaT are nulls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+__all__ = [
+    "Column",
+    "KINDS",
+    "column_kind",
+    "is_batch",
+    "iter_record_batches",
+    "to_columns",
+    "type_name",
+]
+
+#: kind of every supported Arrow type family
+KINDS = ("int", "uint", "float", "bool", "temporal", "string", "binary")
+
+
+@dataclass
+class Column:
+    """One input column: fixed-width ``values`` or variable-length ``offsets``/``data``."""
+
+    name: str
+    kind: str
+    arrow_type: pa.DataType
+    values: np.ndarray | None = None
+    valid: np.ndarray | None = None  # None: no nulls
+    offsets: np.ndarray | None = None
+    data: np.ndarray | None = None
+
+    @property
+    def is_var(self) -> bool:
+        return self.kind in ("string", "binary")
+
+    def __len__(self) -> int:
+        if self.is_var:
+            assert self.offsets is not None
+            return len(self.offsets) - 1
+        assert self.values is not None
+        return len(self.values)
+
+    def slice(self, start: int, stop: int) -> Column:
+        """Rows ``[start, stop)`` as views (variable-length offsets are rebased to 0)."""
+        valid = None if self.valid is None else self.valid[start:stop]
+        if self.is_var:
+            assert self.offsets is not None and self.data is not None
+            off = self.offsets[start : stop + 1]
+            lo, hi = int(off[0]), int(off[-1])
+            return Column(
+                self.name, self.kind, self.arrow_type, None, valid, off - lo, self.data[lo:hi]
+            )
+        assert self.values is not None
+        return Column(self.name, self.kind, self.arrow_type, self.values[start:stop], valid)
+
+    def nbytes(self) -> int:
+        total = 0
+        for arr in (self.values, self.valid, self.offsets, self.data):
+            if arr is not None:
+                total += arr.nbytes
+        return total
+
+
+def type_name(arrow_type: pa.DataType) -> str:
+    """A readable name of an Arrow type for error messages."""
+    return str(arrow_type)
+
+
+def column_kind(arrow_type: pa.DataType) -> str | None:
+    """The :data:`KINDS` entry of an Arrow type, or ``None`` if unsupported."""
+    t = pa.types
+    if t.is_boolean(arrow_type):
+        return "bool"
+    if t.is_signed_integer(arrow_type):
+        return "int"
+    if t.is_unsigned_integer(arrow_type):
+        return "uint"
+    if t.is_floating(arrow_type):
+        return "float"
+    if t.is_temporal(arrow_type) and not t.is_interval(arrow_type):
+        return "temporal"
+    if t.is_string(arrow_type) or t.is_large_string(arrow_type) or _is_view(arrow_type, "string"):
+        return "string"
+    if t.is_binary(arrow_type) or t.is_large_binary(arrow_type) or _is_view(arrow_type, "binary"):
+        return "binary"
+    if t.is_fixed_size_binary(arrow_type):
+        return "binary"
+    return None
+
+
+def _is_view(arrow_type: pa.DataType, what: str) -> bool:
+    check = getattr(pa.types, f"is_{what}_view", None)
+    return bool(check and check(arrow_type))
+
+
+def is_batch(obj: Any) -> bool:
+    """Whether ``obj`` is one batch (as opposed to an iterable of batches)."""
+    return isinstance(obj, (pa.RecordBatch, pa.Table, Mapping)) or _is_dataframe(obj)
+
+
+def iter_record_batches(batch: Any, max_rows: int | None = None) -> Iterator[pa.RecordBatch]:
+    """The record batches of one input batch, each at most ``max_rows`` rows (zero-copy slices).
+
+    Accepts a ``pyarrow.RecordBatch`` or ``Table``, a pandas ``DataFrame`` or a mapping of column
+    name to NumPy array (or sequence).
+    """
+    if isinstance(batch, pa.RecordBatch):
+        yield from _sliced(batch, max_rows)
+    elif isinstance(batch, pa.Table):
+        batches = batch.to_batches()
+        if not batches:  # an empty table still carries its schema
+            batches = [pa.RecordBatch.from_pylist([], schema=batch.schema)]
+        for rb in batches:
+            yield from _sliced(rb, max_rows)
+    elif _is_dataframe(batch):  # whole frame at once: column types inferred from every row
+        yield from iter_record_batches(pa.Table.from_pandas(batch, preserve_index=False), max_rows)
+    elif isinstance(batch, Mapping):
+        yield from _sliced(_record_batch_from_mapping(batch), max_rows)
+    else:
+        raise TypeError(
+            "a batch must be a pyarrow RecordBatch or Table, a pandas DataFrame, or a dict of "
+            f"NumPy arrays, not {type(batch).__module__}.{type(batch).__qualname__}"
+        )
+
+
+def _sliced(rb: pa.RecordBatch, max_rows: int | None) -> Iterator[pa.RecordBatch]:
+    n = rb.num_rows
+    if max_rows is None or n <= max_rows:
+        yield rb
+        return
+    for start in range(0, n, max_rows):
+        yield rb.slice(start, max_rows)
+
+
+def _is_dataframe(obj: Any) -> bool:
+    module = type(obj).__module__
+    return module.startswith("pandas") and type(obj).__name__ == "DataFrame"
+
+
+def _record_batch_from_mapping(batch: Mapping[str, Any]) -> pa.RecordBatch:
+    arrays = []
+    names = []
+    length = None
+    for name, values in batch.items():
+        arr = _arrow_from_numpy(str(name), values)
+        if length is None:
+            length = len(arr)
+        elif len(arr) != length:
+            raise ValueError(
+                f"column {name!r} has {len(arr)} rows but the batch's first column has {length}"
+            )
+        names.append(str(name))
+        arrays.append(arr)
+    return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+def _arrow_from_numpy(name: str, values: Any) -> pa.Array:
+    """An Arrow array over a NumPy array (zero-copy for plain numeric arrays)."""
+    if isinstance(values, (pa.Array, pa.ChunkedArray)):
+        return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    mask = None
+    if isinstance(values, np.ma.MaskedArray):
+        mask = np.ma.getmaskarray(values)
+        values = values.data
+    arr = values if isinstance(values, np.ndarray) else np.asarray(values)
+    if arr.ndim != 1:
+        raise ValueError(f"column {name!r} must be one-dimensional, got shape {arr.shape}")
+    try:
+        if arr.dtype.kind in "iufb":
+            if arr.dtype == np.float16:
+                arr = arr.astype(np.float32)
+            return pa.array(arr, mask=mask)  # NaN stays a value
+        if arr.dtype.kind in "MmUSO":
+            return pa.array(arr, mask=mask, from_pandas=arr.dtype.kind in "Mm")
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
+        raise TypeError(
+            f"column {name!r} of NumPy dtype {arr.dtype} cannot be converted: {exc}"
+        ) from exc
+    raise TypeError(f"column {name!r} has unsupported NumPy dtype {arr.dtype}")
+
+
+def _validity(arr: pa.Array) -> np.ndarray | None:
+    if arr.null_count == 0:
+        return None
+    return arr.is_valid().to_numpy(zero_copy_only=False)
+
+
+def _fixed_values(arr: pa.Array, dtype: np.dtype) -> np.ndarray:
+    buf = arr.buffers()[1]
+    if buf is None:
+        return np.zeros(len(arr), dtype=dtype)
+    return np.frombuffer(buf, dtype=dtype)[arr.offset : arr.offset + len(arr)]
+
+
+_TEMPORAL_STORAGE = {32: (pa.int32(), np.dtype(np.int32)), 64: (pa.int64(), np.dtype(np.int64))}
+
+
+def to_column(name: str, arr: pa.Array) -> Column:
+    """Normalise one Arrow array (dictionary arrays are decoded)."""
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    arrow_type = arr.type
+    kind = column_kind(arrow_type)
+    valid = _validity(arr)
+    if kind is None:
+        raise TypeError(f"column {name!r} has unsupported type {type_name(arrow_type)}")
+    if kind == "bool":
+        values = arr.fill_null(False).to_numpy(zero_copy_only=False)
+        return Column(name, kind, arrow_type, values, valid)
+    if kind in ("int", "uint", "float"):
+        if pa.types.is_float16(arrow_type):
+            arr = arr.cast(pa.float32())
+        dtype = np.dtype(arr.type.to_pandas_dtype())
+        return Column(name, kind, arrow_type, _fixed_values(arr, dtype), valid)
+    if kind == "temporal":
+        storage, dtype = _TEMPORAL_STORAGE[arrow_type.bit_width]
+        return Column(name, kind, arrow_type, _fixed_values(arr.view(storage), dtype), valid)
+    # variable length
+    if not (pa.types.is_large_string(arrow_type) or pa.types.is_large_binary(arrow_type)):
+        target = pa.large_string() if kind == "string" else pa.large_binary()
+        arr = arr.cast(target)
+    bufs = arr.buffers()
+    n = len(arr)
+    offsets = np.frombuffer(bufs[1], dtype=np.int64)[arr.offset : arr.offset + n + 1]
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    data = np.frombuffer(bufs[2], dtype=np.uint8)[lo:hi] if bufs[2] is not None else _NO_BYTES
+    if lo:
+        offsets = offsets - lo
+    return Column(name, kind, arrow_type, None, valid, offsets, data)
+
+
+_NO_BYTES = np.zeros(0, dtype=np.uint8)
+
+
+def to_columns(
+    rb: pa.RecordBatch, names: Iterable[str], types: Mapping[str, pa.DataType] | None = None
+) -> dict[str, Column]:
+    """The named columns of a record batch; a missing column raises ``ValueError``.
+
+    A column of Arrow type ``null`` (all values missing, e.g. a pandas object column of
+    ``None``) takes its type from ``types`` (the types seen before).
+    """
+    out: dict[str, Column] = {}
+    schema_names: Sequence[str] = rb.schema.names
+    for name in names:
+        if name in out:
+            continue
+        index = rb.schema.get_field_index(name)
+        if index < 0:
+            raise ValueError(
+                f"column {name!r} is not in the batch; it has columns {list(schema_names)}"
+            )
+        arr = rb.column(index)
+        if pa.types.is_null(arr.type):
+            known = None if types is None else types.get(name)
+            if known is None:
+                raise TypeError(
+                    f"column {name!r} holds only nulls (Arrow type null), so its type is unknown; "
+                    "give it a type in the first batch (e.g. a typed pyarrow array)"
+                )
+            arr = pa.nulls(len(arr), type=known)
+        out[name] = to_column(name, arr)
+    return out

@@ -1,0 +1,92 @@
+"""The merge phase of :class:`~extagg.aggregate.HashAggregator`: runs in, combined blocks out.
+
+The shared :func:`extagg.merge.merge_in_passes` drives it; the aggregator supplies the sources
+(its in-memory table and its run files), the compiled ``combine`` of its block layout, and
+accounted memory for the merge buffers, whose size decides the fan-in.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from extagg._config import format_size
+from extagg.aggregate._sources import TableSource
+from extagg.aggregate.runs import write_merged_run
+from extagg.errors import MemoryLimitError
+from extagg.merge import BlockSource, RunSource, merge_in_passes
+from extagg.spill.blocks import ColumnBlock
+
+if TYPE_CHECKING:
+    from extagg.aggregate.hash_aggregator import HashAggregator
+
+__all__ = ["MERGE_COPIES", "drain", "merge_blocks"]
+
+#: merge buffers per source: its pending rows, their concatenation, the combine's copy and output
+MERGE_COPIES = 4
+
+
+def drain(source: BlockSource) -> Iterator[ColumnBlock]:
+    """Every block of one source (no merging needed)."""
+    try:
+        while source.next_min_hash() is not None:
+            yield source.read_next()
+    finally:
+        source.close()
+
+
+def merge_blocks(agg: HashAggregator, table_source: TableSource | None) -> Iterator[ColumnBlock]:
+    """Merge the aggregator's in-memory table and runs; combined blocks in hash order."""
+    layout = agg._layout
+    assert layout is not None
+    sources: list[BlockSource] = [] if table_source is None else [table_source]
+    runs = [RunSource(p, owner=agg._spill_dirs) for p in agg._runs]
+    agg._runs = []
+    sources.extend(runs)
+    fan_in = _reserve_merge_memory(agg, len(runs), table_source)
+    metrics = agg.metrics
+
+    def on_pass(number: int, _runs: int) -> None:
+        metrics.merge_passes = number
+
+    started = time.perf_counter()
+    for block in merge_in_passes(
+        sources,
+        layout.combine,
+        fan_in=fan_in,
+        write_run=lambda blocks: write_merged_run(agg, blocks),
+        on_pass=on_pass,
+    ):
+        metrics.merge_time_s += time.perf_counter() - started
+        yield block
+        started = time.perf_counter()
+    metrics.merge_time_s += time.perf_counter() - started
+
+
+def _reserve_merge_memory(
+    agg: HashAggregator, num_runs: int, table_source: TableSource | None
+) -> int:
+    """Hold read and combine buffers for the merge; returns the fan-in they allow.
+
+    When the budget cannot hold them next to the in-memory table, the table's groups go to disk
+    first (one more run) rather than merging in many passes.
+    """
+    largest = max(agg._max_batch_bytes, agg.io_batch_bytes, 1)
+    per_source = largest * MERGE_COPIES
+    wanted = min(agg.fan_in, num_runs + 1) * per_source
+    granted = agg.acquire_memory(wanted)
+    if granted < wanted and table_source is not None:
+        with agg._lock:
+            if table_source.spill_rest():
+                granted += agg.acquire_memory(wanted - granted)
+    agg.metrics.peak_granted_bytes = max(agg.metrics.peak_granted_bytes, agg.used)
+    fan_in = min(agg.fan_in, granted // per_source)
+    if fan_in < 2:
+        agg.free_memory(granted)
+        raise MemoryLimitError(
+            f"{agg.name} needs {format_size(2 * per_source)} to merge two runs "
+            f"({format_size(per_source)} of buffers per run) but was granted "
+            f"{format_size(granted)} (max_memory {format_size(agg._max_memory)})"
+        )
+    return fan_in

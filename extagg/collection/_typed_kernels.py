@@ -1,0 +1,359 @@
+"""numba kernels of the typed hash table (:mod:`extagg.collection.typed_table`).
+
+A key is ``k`` fixed-width 64-bit words (one per fixed-width key column, canonicalised so that
+equal values have equal words), a null bitmask, and optionally one variable-length byte string
+(all variable-length key columns packed together). Slots are a ``(capacity, 2)`` ``uint64``
+array of ``(hash, group id + 1)`` pairs (``0`` marks an empty slot) so one probe touches one
+cache line; the probe starts at the hash's high bits and steps quadratically (triangular
+offsets 1, 3, 6, ... visit every slot of a power-of-two table).
+
+:mod:`extagg.collection._typed_reference` holds a plain-Python version of every kernel; the
+tests compare the two.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+__all__ = [
+    "DONE",
+    "TABLE_FULL",
+    "ARENA_FULL",
+    "insert_rows",
+    "rehash_slots",
+    "sort_slots",
+    "sort_hash_index",
+    "group_sorted_rows",
+    "gather_var",
+]
+
+_jit = numba.njit(cache=True, nogil=True)
+
+DONE = 0
+TABLE_FULL = 1
+ARENA_FULL = 2
+
+_SMALL = 24  # buckets up to this size are finished by insertion sort
+
+
+@_jit
+def insert_rows(
+    hashes,
+    words,
+    nulls,
+    var_off,
+    var_data,
+    start,
+    slots,
+    shift,
+    key_words,
+    key_nulls,
+    g_var_off,
+    arena,
+    meta,
+    grow_at,
+    out_gid,
+):
+    """Find or create the group of rows ``start..`` and write its id to ``out_gid``.
+
+    ``meta`` holds ``[num_groups, arena_bytes_used]`` and is updated in place. Stops before a
+    row that needs a new group when the table holds ``grow_at`` groups (``TABLE_FULL``) or when
+    its variable-length key does not fit the arena (``ARENA_FULL``). Returns
+    ``(next_row, status)``; rows before ``next_row`` have their group ids.
+    """
+    n = hashes.shape[0]
+    mask = slots.shape[0] - 1
+    has_nulls = nulls.shape[0] > 0
+    has_var = g_var_off.shape[0] > 0
+    k = words.shape[1]
+    n_groups = meta[0]
+    used = meta[1]
+    for i in range(start, n):
+        h = hashes[i]
+        nw = nulls[i] if has_nulls else 0
+        pos = np.int64(h >> shift)
+        step = 0
+        while True:
+            g1 = slots[pos, 1]
+            if g1 == 0:
+                if n_groups >= grow_at:
+                    meta[0] = n_groups
+                    meta[1] = used
+                    return i, TABLE_FULL
+                if has_var:
+                    s = var_off[i]
+                    length = var_off[i + 1] - s
+                    if used + length > arena.shape[0]:
+                        meta[0] = n_groups
+                        meta[1] = used
+                        return i, ARENA_FULL
+                    for j in range(length):
+                        arena[used + j] = var_data[s + j]
+                    used += length
+                    g_var_off[n_groups + 1] = used
+                for j in range(k):
+                    key_words[n_groups, j] = words[i, j]
+                key_nulls[n_groups] = nw
+                slots[pos, 0] = h
+                slots[pos, 1] = np.uint64(n_groups + 1)
+                out_gid[i] = n_groups
+                n_groups += 1
+                break
+            if slots[pos, 0] == h:
+                # compare keys in line: helper calls taking arrays cost ~100 ns per row here
+                g = np.int64(g1) - 1
+                same = key_nulls[g] == nw
+                j = 0
+                while same and j < k:
+                    same = key_words[g, j] == words[i, j]
+                    j += 1
+                if same and has_var:
+                    sa = g_var_off[g]
+                    sb = var_off[i]
+                    length = g_var_off[g + 1] - sa
+                    same = var_off[i + 1] - sb == length
+                    j = 0
+                    while same and j < length:
+                        same = arena[sa + j] == var_data[sb + j]
+                        j += 1
+                if same:
+                    out_gid[i] = g
+                    break
+            step += 1
+            pos = (pos + step) & mask
+    meta[0] = n_groups
+    meta[1] = used
+    return n, DONE
+
+
+@_jit
+def rehash_slots(old, new, shift):
+    """Re-insert every occupied slot of ``old`` into the empty slot array ``new``."""
+    mask = new.shape[0] - 1
+    for i in range(old.shape[0]):
+        g1 = old[i, 1]
+        if g1 == 0:
+            continue
+        h = old[i, 0]
+        pos = np.int64(h >> shift)
+        step = 0
+        while new[pos, 1] != 0:
+            step += 1
+            pos = (pos + step) & mask
+        new[pos, 0] = h
+        new[pos, 1] = g1
+
+
+@_jit
+def _insertion_sort(h, g, lo, hi):
+    for i in range(lo + 1, hi):
+        hv = h[i]
+        gv = g[i]
+        j = i - 1
+        while j >= lo and (h[j] > hv or (h[j] == hv and g[j] > gv)):
+            h[j + 1] = h[j]
+            g[j + 1] = g[j]
+            j -= 1
+        h[j + 1] = hv
+        g[j + 1] = gv
+
+
+@_jit
+def _sift_down(h, g, lo, root, end):
+    while True:
+        child = 2 * root + 1
+        if child >= end:
+            return
+        a = lo + child
+        if child + 1 < end:
+            b = a + 1
+            if h[b] > h[a] or (h[b] == h[a] and g[b] > g[a]):
+                child += 1
+                a = b
+        r = lo + root
+        if h[a] > h[r] or (h[a] == h[r] and g[a] > g[r]):
+            h[a], h[r] = h[r], h[a]
+            g[a], g[r] = g[r], g[a]
+            root = child
+        else:
+            return
+
+
+@_jit
+def _heap_sort(h, g, lo, hi):
+    n = hi - lo
+    for root in range(n // 2 - 1, -1, -1):
+        _sift_down(h, g, lo, root, n)
+    for end in range(n - 1, 0, -1):
+        h[lo], h[lo + end] = h[lo + end], h[lo]
+        g[lo], g[lo + end] = g[lo + end], g[lo]
+        _sift_down(h, g, lo, 0, end)
+
+
+@_jit
+def _sort_pairs(h, g, n):
+    """Sort ``(h[i], g[i])`` for ``i < n`` in place, lexicographically (MSD radix on ``h``).
+
+    American-flag passes of up to 8 bits split the range by hash bits; buckets of at
+    most ``_SMALL`` pairs finish with insertion sort; a bucket whose hash bits are exhausted
+    (equal hashes) finishes with heap sort on the group ids.
+    """
+    if n < 2:
+        return
+    top_bits = 1
+    while (1 << (top_bits + 1)) <= n // 4 and top_bits < 8:
+        top_bits += 1
+    width = max(top_bits, 8)
+    counts = np.zeros((1 << width) + 1, dtype=np.int64)
+    nexts = np.zeros(1 << width, dtype=np.int64)
+    stack_lo = [0]
+    stack_hi = [n]
+    stack_shift = [64 - top_bits]
+    stack_bits = [top_bits]
+    while len(stack_lo) > 0:
+        lo = stack_lo.pop()
+        hi = stack_hi.pop()
+        shift = stack_shift.pop()
+        bits = stack_bits.pop()
+        if hi - lo <= _SMALL:
+            _insertion_sort(h, g, lo, hi)
+            continue
+        if bits == 0:
+            _heap_sort(h, g, lo, hi)
+            continue
+        nb = 1 << bits
+        bmask = np.uint64(nb - 1)
+        ushift = np.uint64(shift)
+        counts[: nb + 1] = 0
+        for i in range(lo, hi):
+            counts[np.int64((h[i] >> ushift) & bmask) + 1] += 1
+        counts[0] = lo
+        for b in range(nb):
+            counts[b + 1] += counts[b]
+            nexts[b] = counts[b]
+        for b in range(nb):
+            end = counts[b + 1]
+            while nexts[b] < end:
+                i = nexts[b]
+                hv = h[i]
+                gv = g[i]
+                d = np.int64((hv >> ushift) & bmask)
+                while d != b:
+                    j = nexts[d]
+                    nexts[d] = j + 1
+                    th = h[j]
+                    tg = g[j]
+                    h[j] = hv
+                    g[j] = gv
+                    hv = th
+                    gv = tg
+                    d = np.int64((hv >> ushift) & bmask)
+                h[i] = hv
+                g[i] = gv
+                nexts[b] = i + 1
+        next_bits = min(8, shift)
+        for b in range(nb):
+            blo = counts[b]
+            bhi = counts[b + 1]
+            if bhi - blo > 1:
+                stack_lo.append(blo)
+                stack_hi.append(bhi)
+                stack_shift.append(shift - next_bits)
+                stack_bits.append(next_bits)
+
+
+@_jit
+def sort_slots(slots):
+    """Compact the occupied slots to the front and sort them by ``(hash, group id)``.
+
+    Destroys the table's probe structure (the caller resets it afterwards); returns the number
+    of groups. ``slots[:n, 0]`` are then the ascending hashes and ``slots[:n, 1] - 1`` the group
+    ids in that order.
+    """
+    n = 0
+    for i in range(slots.shape[0]):
+        if slots[i, 1] != 0:
+            slots[n, 0] = slots[i, 0]
+            slots[n, 1] = slots[i, 1]
+            n += 1
+    _sort_pairs(slots[:n, 0], slots[:n, 1], n)
+    return n
+
+
+@_jit
+def sort_hash_index(hashes, index):
+    """Sort ``(hashes[i], index[i])`` pairs in place by hash, ties by index."""
+    _sort_pairs(hashes, index, hashes.shape[0])
+
+
+@_jit
+def group_sorted_rows(sorted_hashes, order, words, nulls, var_off, var_data, out_gid, first_row):
+    """Number the distinct keys of rows visited in ``order`` (sorted by hash).
+
+    Rows with equal hashes are compared key by key, so colliding but unequal keys get their
+    own groups. ``out_gid[row]`` receives the group (numbered in visiting order, hence in hash
+    order) and ``first_row[group]`` the first row of each group. Returns the number of groups.
+    """
+    n = order.shape[0]
+    k = words.shape[1]
+    has_nulls = nulls.shape[0] > 0
+    has_var = var_off.shape[0] > 0
+    n_groups = 0
+    i = 0
+    while i < n:
+        h = sorted_hashes[i]
+        run_end = i + 1
+        while run_end < n and sorted_hashes[run_end] == h:
+            run_end += 1
+        run_first_group = n_groups
+        for p in range(i, run_end):
+            row = order[p]
+            found = -1
+            for grp in range(run_first_group, n_groups):
+                other = first_row[grp]
+                same = not has_nulls or nulls[other] == nulls[row]
+                j = 0
+                while same and j < k:
+                    same = words[other, j] == words[row, j]
+                    j += 1
+                if same and has_var:
+                    sa = var_off[other]
+                    sb = var_off[row]
+                    length = var_off[other + 1] - sa
+                    same = var_off[row + 1] - sb == length
+                    j = 0
+                    while same and j < length:
+                        same = var_data[sa + j] == var_data[sb + j]
+                        j += 1
+                if same:
+                    found = grp
+                    break
+            if found < 0:
+                found = n_groups
+                first_row[found] = row
+                n_groups += 1
+            out_gid[row] = found
+        i = run_end
+    return n_groups
+
+
+@_jit
+def gather_var(offsets, data, rows):
+    """The variable-length values of ``rows``: ``(offsets starting at 0, data)``."""
+    m = rows.shape[0]
+    out_off = np.empty(m + 1, dtype=np.int64)
+    out_off[0] = 0
+    total = 0
+    for i in range(m):
+        r = rows[i]
+        total += offsets[r + 1] - offsets[r]
+        out_off[i + 1] = total
+    out = np.empty(total, dtype=np.uint8)
+    for i in range(m):
+        r = rows[i]
+        s = offsets[r]
+        d = out_off[i]
+        for j in range(out_off[i + 1] - d):
+            out[d + j] = data[s + j]
+    return out_off, out

@@ -1,0 +1,112 @@
+"""Plain-Python references of :mod:`extagg.collection._typed_kernels`, for the tests.
+
+Same arguments, same results, written for clarity rather than speed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from extagg.collection._typed_kernels import ARENA_FULL, DONE, TABLE_FULL
+
+
+def _key(words, nulls, var_off, var_data, i):
+    null = int(nulls[i]) if len(nulls) else 0
+    var = bytes(var_data[var_off[i] : var_off[i + 1]]) if len(var_off) else b""
+    return (null, tuple(int(w) for w in words[i]), var)
+
+
+def insert_rows(
+    hashes, words, nulls, var_off, var_data, start, slots, shift, key_words, key_nulls,
+    g_var_off, arena, meta, grow_at, out_gid,
+):  # fmt: skip
+    """Reference of ``insert_rows``: same probing, same stopping rules."""
+    n = len(hashes)
+    mask = len(slots) - 1
+    n_groups, used = int(meta[0]), int(meta[1])
+    has_var = len(g_var_off) > 0
+    for i in range(start, n):
+        h = int(hashes[i])
+        pos = h >> int(shift)
+        step = 0
+        key = _key(words, nulls, var_off, var_data, i)
+        while True:
+            g1 = int(slots[pos, 1])
+            if g1 == 0:
+                if n_groups >= grow_at:
+                    meta[0], meta[1] = n_groups, used
+                    return i, TABLE_FULL
+                if has_var:
+                    value = key[2]
+                    if used + len(value) > len(arena):
+                        meta[0], meta[1] = n_groups, used
+                        return i, ARENA_FULL
+                    arena[used : used + len(value)] = np.frombuffer(value, dtype=np.uint8)
+                    used += len(value)
+                    g_var_off[n_groups + 1] = used
+                key_words[n_groups, :] = words[i, :]
+                key_nulls[n_groups] = key[0]
+                slots[pos, 0] = h
+                slots[pos, 1] = n_groups + 1
+                out_gid[i] = n_groups
+                n_groups += 1
+                break
+            if int(slots[pos, 0]) == h:
+                g = g1 - 1
+                if _key(key_words, key_nulls, g_var_off, arena, g) == key:
+                    out_gid[i] = g
+                    break
+            step += 1
+            pos = (pos + step) & mask
+    meta[0], meta[1] = n_groups, used
+    return n, DONE
+
+
+def rehash_slots(old, new, shift):
+    """Reference of ``rehash_slots``."""
+    mask = len(new) - 1
+    for i in range(len(old)):
+        if int(old[i, 1]) == 0:
+            continue
+        pos = int(old[i, 0]) >> int(shift)
+        step = 0
+        while int(new[pos, 1]) != 0:
+            step += 1
+            pos = (pos + step) & mask
+        new[pos] = old[i]
+
+
+def sort_slots(slots):
+    """Reference of ``sort_slots``: occupied slots to the front, sorted by (hash, group)."""
+    pairs = sorted((int(h), int(g)) for h, g in slots if int(g) != 0)
+    for i, (h, g) in enumerate(pairs):
+        slots[i, 0] = h
+        slots[i, 1] = g
+    return len(pairs)
+
+
+def sort_hash_index(hashes, index):
+    """Reference of ``sort_hash_index``."""
+    pairs = sorted(zip(hashes.tolist(), index.tolist()))
+    hashes[:] = [p[0] for p in pairs]
+    index[:] = [p[1] for p in pairs]
+
+
+def group_sorted_rows(sorted_hashes, order, words, nulls, var_off, var_data, out_gid, first_row):
+    """Reference of ``group_sorted_rows``."""
+    groups: dict[tuple[int, tuple], int] = {}
+    for p, row in enumerate(order.tolist()):
+        key = (int(sorted_hashes[p]), _key(words, nulls, var_off, var_data, row))
+        if key not in groups:
+            first_row[len(groups)] = row
+            groups[key] = len(groups)
+        out_gid[row] = groups[key]
+    return len(groups)
+
+
+def gather_var(offsets, data, rows):
+    """Reference of ``gather_var``."""
+    pieces = [bytes(data[offsets[r] : offsets[r + 1]]) for r in rows.tolist()]
+    out_off = np.zeros(len(pieces) + 1, dtype=np.int64)
+    out_off[1:] = np.cumsum([len(p) for p in pieces], dtype=np.int64)
+    return out_off, np.frombuffer(b"".join(pieces), dtype=np.uint8).copy()

@@ -1,0 +1,248 @@
+"""The typed hash table: open addressing over typed key columns, loops compiled by numba.
+
+Keys arrive already canonicalised (see :mod:`extagg.aggregate.columns`): ``k`` 64-bit words per
+row for the fixed-width key columns, a null bitmask per row, and at most one variable-length
+byte string per row (several string columns are packed into one). Groups are numbered densely
+in order of first appearance; their keys live in group-indexed arrays (``key_words``,
+``key_nulls``, an arena of bytes with offsets) next to caller-defined *payload* arrays
+(aggregate states), so spilling is a gather in hash order.
+
+The table never allocates on its own initiative: the owner asks :meth:`bytes_after_growth` /
+:meth:`bytes_after_arena_growth`, gets the memory granted, then calls :meth:`grow` /
+:meth:`grow_arena`. The class holds no per-row loops; those are in ``_typed_kernels``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from extagg.collection import _typed_kernels as K
+
+__all__ = ["TypedHashTable", "null_mask_dtype", "LOAD_FACTOR", "MIN_CAPACITY", "MAX_CAPACITY"]
+
+LOAD_FACTOR = 0.7
+MIN_CAPACITY = 64
+MAX_CAPACITY = 1 << 30
+MIN_ARENA = 4096
+
+
+def _grow_at(capacity: int) -> int:
+    return int(capacity * LOAD_FACTOR)
+
+
+def null_mask_dtype(num_key_columns: int) -> np.dtype:
+    if num_key_columns > 64:
+        raise ValueError(f"at most 64 key columns are supported, got {num_key_columns}")
+    return np.dtype(np.uint8) if num_key_columns <= 8 else np.dtype(np.uint64)
+
+
+class TypedHashTable:
+    """Open-addressing table (quadratic probing, power-of-two capacity, hashes cached per slot).
+
+    ``num_words`` fixed-width key words per group, ``has_var`` whether keys carry a
+    variable-length part, ``payload`` the ``(dtype, fill value)`` of each per-group payload
+    array (exposed as :attr:`payload`, grown with the table).
+    """
+
+    def __init__(
+        self,
+        num_words: int,
+        num_key_columns: int,
+        has_var: bool,
+        payload: Sequence[tuple[np.dtype, object]] = (),
+        *,
+        capacity: int = MIN_CAPACITY,
+        arena_capacity: int = MIN_ARENA,
+    ) -> None:
+        if capacity < 2 or capacity & (capacity - 1) or capacity > MAX_CAPACITY:
+            raise ValueError(f"capacity must be a power of two in [2, 2**30], got {capacity}")
+        self.num_words = num_words
+        self.has_var = has_var
+        self.null_dtype = null_mask_dtype(num_key_columns)
+        self.payload_spec = [(np.dtype(dt), fill) for dt, fill in payload]
+        self._allocate(capacity, arena_capacity if has_var else 0)
+
+    # -- sizes -------------------------------------------------------------------------------
+
+    def _bytes_for(self, capacity: int, arena_capacity: int) -> int:
+        groups = _grow_at(capacity)
+        per_group = 8 * self.num_words + self.null_dtype.itemsize
+        per_group += sum(dt.itemsize for dt, _ in self.payload_spec)
+        total = capacity * 16 + groups * per_group + 16  # slots + groups + meta
+        if self.has_var:
+            total += (groups + 1) * 8 + arena_capacity
+        return total
+
+    @staticmethod
+    def bytes_for(
+        num_words: int,
+        num_key_columns: int,
+        has_var: bool,
+        payload: Sequence[tuple[np.dtype, object]],
+        capacity: int = MIN_CAPACITY,
+        arena_capacity: int = MIN_ARENA,
+    ) -> int:
+        """Bytes a table of this shape holds at ``capacity`` (for asking before allocating)."""
+        probe = TypedHashTable.__new__(TypedHashTable)
+        probe.num_words = num_words
+        probe.has_var = has_var
+        probe.null_dtype = null_mask_dtype(num_key_columns)
+        probe.payload_spec = [(np.dtype(dt), fill) for dt, fill in payload]
+        return probe._bytes_for(capacity, arena_capacity if has_var else 0)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by all arrays of the table (exactly what was allocated)."""
+        total = self.slots.nbytes + self.key_words.nbytes + self.key_nulls.nbytes + self.meta.nbytes
+        total += self.var_offsets.nbytes + self.arena.nbytes
+        return total + sum(p.nbytes for p in self.payload)
+
+    @property
+    def capacity(self) -> int:
+        return self.slots.shape[0]
+
+    @property
+    def num_groups(self) -> int:
+        return int(self.meta[0])
+
+    @property
+    def arena_used(self) -> int:
+        return int(self.meta[1])
+
+    def bytes_after_growth(self) -> int:
+        """Bytes the table holds after doubling its capacity (arena unchanged)."""
+        return self._bytes_for(self.capacity * 2, self.arena.shape[0])
+
+    def bytes_after_arena_growth(self, needed: int) -> int:
+        """Bytes after growing the arena so that ``needed`` more bytes fit."""
+        return self._bytes_for(self.capacity, self._arena_target(needed))
+
+    def _arena_target(self, needed: int) -> int:
+        size = max(self.arena.shape[0], MIN_ARENA)
+        while size < self.arena_used + needed:
+            size *= 2
+        return size
+
+    # -- allocation --------------------------------------------------------------------------
+
+    def _allocate(self, capacity: int, arena_capacity: int) -> None:
+        groups = _grow_at(capacity)
+        self.slots = np.zeros((capacity, 2), dtype=np.uint64)
+        self.shift = np.uint64(64 - (capacity.bit_length() - 1))
+        self.grow_at = groups
+        self.key_words = np.zeros((groups, self.num_words), dtype=np.uint64)
+        self.key_nulls = np.zeros(groups, dtype=self.null_dtype)
+        if self.has_var:
+            self.var_offsets = np.zeros(groups + 1, dtype=np.int64)
+            self.arena = np.zeros(arena_capacity, dtype=np.uint8)
+        else:
+            self.var_offsets = np.zeros(0, dtype=np.int64)
+            self.arena = np.zeros(0, dtype=np.uint8)
+        self.payload = [np.full(groups, fill, dtype=dt) for dt, fill in self.payload_spec]
+        self.meta = np.zeros(2, dtype=np.int64)
+
+    def reset(self, capacity: int = MIN_CAPACITY) -> None:
+        """Drop every group and start again at ``capacity`` (after a spill)."""
+        self._allocate(capacity, MIN_ARENA if self.has_var else 0)
+
+    def grow(self) -> None:
+        """Double the capacity, keeping every group (the caller has been granted the bytes)."""
+        capacity = self.capacity * 2
+        if capacity > MAX_CAPACITY:
+            raise MemoryError(f"typed hash table cannot grow beyond {MAX_CAPACITY} slots")
+        n = self.num_groups
+        groups = _grow_at(capacity)
+        slots = np.zeros((capacity, 2), dtype=np.uint64)
+        shift = np.uint64(64 - (capacity.bit_length() - 1))
+        K.rehash_slots(self.slots, slots, shift)
+        self.slots, self.shift, self.grow_at = slots, shift, groups
+        self.key_words = _grown(self.key_words, groups, n, 0)
+        self.key_nulls = _grown(self.key_nulls, groups, n, 0)
+        if self.has_var:
+            self.var_offsets = _grown(self.var_offsets, groups + 1, n + 1, 0)
+        self.payload = [
+            _grown(p, groups, n, fill)
+            for p, (_, fill) in zip(self.payload, self.payload_spec, strict=True)
+        ]
+
+    def grow_arena(self, needed: int) -> None:
+        """Grow the arena so ``needed`` more bytes fit (the caller has been granted the bytes)."""
+        target = self._arena_target(needed)
+        arena = np.zeros(target, dtype=np.uint8)
+        arena[: self.arena_used] = self.arena[: self.arena_used]
+        self.arena = arena
+
+    # -- use ---------------------------------------------------------------------------------
+
+    def insert(
+        self,
+        hashes: np.ndarray,
+        words: np.ndarray,
+        nulls: np.ndarray,
+        var_offsets: np.ndarray,
+        var_data: np.ndarray,
+        start: int,
+        out_gid: np.ndarray,
+    ) -> tuple[int, int]:
+        """Assign group ids to rows ``start..``; see ``_typed_kernels.insert_rows``."""
+        next_row, status = K.insert_rows(
+            hashes, words, nulls, var_offsets, var_data, start, self.slots, self.shift,
+            self.key_words, self.key_nulls, self.var_offsets, self.arena, self.meta,
+            self.grow_at, out_gid,
+        )  # fmt: skip
+        return int(next_row), int(status)
+
+    def pending_var_bytes(self, var_offsets: np.ndarray, row: int) -> int:
+        """Length of the variable-length key of ``row`` (after an ``ARENA_FULL`` stop)."""
+        return int(var_offsets[row + 1] - var_offsets[row])
+
+    def sort_by_hash(self) -> tuple[np.ndarray, np.ndarray]:
+        """Destructively order the groups by ``(hash, group id)``.
+
+        Returns ``(hashes, group_ids)`` views into the slot array (valid until :meth:`reset`);
+        the probe structure is gone afterwards, so the table must be reset before inserting.
+        """
+        n = int(K.sort_slots(self.slots))
+        self.grow_at = 0  # inserting now would corrupt the sorted prefix
+        return self.slots[:n, 0], self.slots[:n, 1]
+
+    def restore_after_sort(self) -> None:
+        """Rebuild the probe structure after :meth:`sort_by_hash` (when a spill failed)."""
+        n = self.num_groups
+        slots = np.zeros_like(self.slots)
+        K.rehash_slots(self.slots[:n], slots, self.shift)
+        self.slots = slots
+        self.grow_at = _grow_at(self.capacity)
+
+    def gather_keys(
+        self, gids: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """Key words, null masks and (offsets, bytes) of the variable part for groups ``gids``."""
+        words = self.key_words[gids]
+        nulls = self.key_nulls[gids]
+        if not self.has_var:
+            return words, nulls, None, None
+        offsets, data = K.gather_var(self.var_offsets, self.arena, gids)
+        return words, nulls, offsets, data
+
+    def check_invariants(self) -> None:
+        """Assert the table's invariants (O(capacity); for tests)."""
+        n = self.num_groups
+        occupied = self.slots[self.slots[:, 1] != 0]
+        assert len(occupied) == n, (len(occupied), n)
+        assert n <= self.grow_at
+        gids = np.sort(occupied[:, 1].astype(np.int64) - 1)
+        assert np.array_equal(gids, np.arange(n)), "group ids must be 0..n-1, each once"
+        if self.has_var:
+            assert self.var_offsets[0] == 0
+            assert np.all(np.diff(self.var_offsets[: n + 1]) >= 0)
+            assert self.var_offsets[n] == self.arena_used <= self.arena.shape[0]
+
+
+def _grown(array: np.ndarray, rows: int, keep: int, fill: object) -> np.ndarray:
+    shape = (rows, *array.shape[1:])
+    out = np.full(shape, fill, dtype=array.dtype) if fill != 0 else np.zeros(shape, array.dtype)
+    out[:keep] = array[:keep]
+    return out

@@ -1,0 +1,145 @@
+"""The typed table's numba kernels against their plain-Python references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from extagg.collection import _typed_kernels as K
+from extagg.collection import _typed_reference as R
+from extagg.collection.typed_table import TypedHashTable
+
+E8 = np.zeros(0, dtype=np.uint8)
+E64 = np.zeros(0, dtype=np.int64)
+
+
+def _var(values: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    offsets = np.zeros(len(values) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(v) for v in values])
+    return offsets, np.frombuffer(b"".join(values), dtype=np.uint8).copy()
+
+
+rows_strategy = st.lists(
+    st.tuples(st.integers(0, 6), st.integers(0, 3), st.sampled_from([b"", b"a", b"bb", b"a\0"])),
+    max_size=120,
+)
+
+
+def _insert_all(mod, hashes, words, nulls, var_off, var_data, has_var, capacity=4):
+    """Insert every row, growing the table (and arena) whenever the kernel stops."""
+    table = TypedHashTable(words.shape[1], 2, has_var, capacity=capacity, arena_capacity=1)
+    out = np.full(len(hashes), -1, dtype=np.int64)
+    pos, stops = 0, []
+    while pos < len(hashes):
+        pos, status = mod.insert_rows(
+            hashes, words, nulls, var_off, var_data, pos, table.slots, table.shift,
+            table.key_words, table.key_nulls, table.var_offsets, table.arena, table.meta,
+            table.grow_at, out,
+        )  # fmt: skip
+        stops.append((pos, status))
+        if status == K.TABLE_FULL:
+            table.grow()
+        elif status == K.ARENA_FULL:
+            table.grow_arena(int(var_off[pos + 1] - var_off[pos]))
+    return table, out, stops
+
+
+@pytest.mark.parametrize("has_var", [False, True])
+@given(rows=rows_strategy, hash_bits=st.integers(0, 3))
+def test_insert_rows_matches_reference(rows, hash_bits, has_var) -> None:
+    # few distinct hashes (0..2**hash_bits, spread to the high bits) force collisions
+    words = np.array([[w] for w, _n, _v in rows], dtype=np.uint64).reshape(len(rows), 1)
+    nulls = np.array([n for _w, n, _v in rows], dtype=np.uint8)
+    var_off, var_data = _var([v for *_r, v in rows]) if has_var else (E64, E8)
+    hashes = (words[:, 0] % np.uint64(2**hash_bits)) << np.uint64(61)
+    fast = _insert_all(K, hashes, words, nulls, var_off, var_data, has_var)
+    slow = _insert_all(R, hashes, words, nulls, var_off, var_data, has_var)
+    assert fast[1].tolist() == slow[1].tolist()
+    assert fast[2] == slow[2]
+    assert np.array_equal(fast[0].slots, slow[0].slots)
+    fast[0].check_invariants()
+    # equal keys got equal groups, unequal keys different ones
+    keys = [(w, n, v if has_var else b"") for w, n, v in rows]
+    by_key: dict = {}
+    for key, gid in zip(keys, fast[1].tolist()):
+        assert by_key.setdefault(key, gid) == gid
+    assert len(set(by_key.values())) == len(by_key)
+
+
+@given(st.lists(st.integers(0, 2**64 - 1), min_size=0, max_size=300), st.integers(0, 2))
+def test_sort_hash_index_matches_reference(values, dup_every) -> None:
+    hashes = np.array(values, dtype=np.uint64)
+    if dup_every and len(hashes):
+        hashes[:: dup_every + 1] = hashes[0]  # many equal hashes: the heap-sort path
+    index = np.arange(len(hashes), dtype=np.int64)[::-1].copy()
+    h1, i1, h2, i2 = hashes.copy(), index.copy(), hashes.copy(), index.copy()
+    K.sort_hash_index(h1, i1)
+    R.sort_hash_index(h2, i2)
+    assert h1.tolist() == h2.tolist() and i1.tolist() == i2.tolist()
+
+
+def test_sort_hash_index_large_random() -> None:
+    rng = np.random.default_rng(3)
+    hashes = rng.integers(0, 2**64 - 1, 200_000, dtype=np.uint64)
+    hashes[::7] = hashes[1]
+    index = np.arange(len(hashes), dtype=np.int64)
+    expected = np.lexsort((index, hashes))
+    h, i = hashes.copy(), index.copy()
+    K.sort_hash_index(h, i)
+    assert np.array_equal(i, expected) and np.array_equal(h, hashes[expected])
+
+
+@given(rows=rows_strategy)
+def test_sort_slots_and_rehash_match_reference(rows) -> None:
+    words = np.array([[w] for w, _n, _v in rows], dtype=np.uint64).reshape(len(rows), 1)
+    nulls = np.array([n for _w, n, _v in rows], dtype=np.uint8)
+    hashes = (words[:, 0] * np.uint64(0x9E3779B97F4A7C15)) ^ nulls.astype(np.uint64)
+    table, _, _ = _insert_all(K, hashes, words, nulls, E64, E8, False)
+    bigger = np.zeros((table.capacity * 2, 2), dtype=np.uint64)
+    bigger_ref = bigger.copy()
+    shift = np.uint64(64 - (table.capacity * 2).bit_length() + 1)
+    K.rehash_slots(table.slots, bigger, shift)
+    R.rehash_slots(table.slots, bigger_ref, shift)
+    assert np.array_equal(bigger, bigger_ref)
+    a, b = table.slots.copy(), table.slots.copy()
+    assert K.sort_slots(a) == R.sort_slots(b) == table.num_groups
+    n = table.num_groups
+    assert np.array_equal(a[:n], b[:n])
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.integers(0, 1), st.binary(max_size=3)), max_size=80)
+)
+def test_group_sorted_rows_matches_reference(rows) -> None:
+    m = len(rows)
+    words = np.array([[w] for w, _n, _v in rows], dtype=np.uint64).reshape(m, 1)
+    nulls = np.array([n for _w, n, _v in rows], dtype=np.uint8)
+    var_off, var_data = _var([v for *_r, v in rows])
+    hashes = (words[:, 0] % np.uint64(2)).astype(np.uint64)  # heavy collisions
+    order = np.arange(m, dtype=np.int64)
+    sorted_hashes = hashes.copy()
+    K.sort_hash_index(sorted_hashes, order)
+    results = []
+    for mod in (K, R):
+        out_gid = np.full(m, -1, dtype=np.int64)
+        first = np.full(m, -1, dtype=np.int64)
+        g = mod.group_sorted_rows(
+            sorted_hashes, order, words, nulls, var_off, var_data, out_gid, first
+        )
+        results.append((int(g), out_gid.tolist(), first[:g].tolist()))
+    assert results[0] == results[1]
+    assert results[0][0] == len(set(rows))
+
+
+@given(st.lists(st.binary(max_size=6), max_size=30), st.data())
+def test_gather_var_matches_reference(values, data) -> None:
+    offsets, blob = _var(values)
+    rows = np.array(
+        data.draw(st.lists(st.integers(0, max(0, len(values) - 1)), max_size=20)) if values else [],
+        dtype=np.int64,
+    )
+    o1, d1 = K.gather_var(offsets, blob, rows)
+    o2, d2 = R.gather_var(offsets, blob, rows)
+    assert o1.tolist() == o2.tolist() and d1.tobytes() == d2.tobytes()

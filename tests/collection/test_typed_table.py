@@ -1,0 +1,94 @@
+"""TypedHashTable: exact byte accounting, growth, sorting, restoring after a failed spill."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from extagg import hashing
+from extagg.collection._typed_kernels import ARENA_FULL, DONE, TABLE_FULL
+from extagg.collection.typed_table import MIN_CAPACITY, TypedHashTable
+
+E8 = np.zeros(0, dtype=np.uint8)
+E64 = np.zeros(0, dtype=np.int64)
+PAYLOAD = [(np.dtype(np.float64), 0.0), (np.dtype(np.int64), -1), (np.dtype(np.bool_), False)]
+
+
+def _fill(table: TypedHashTable, keys: np.ndarray) -> np.ndarray:
+    hashes = hashing.hash_array(keys)
+    words = keys.astype(np.int64).view(np.uint64).reshape(len(keys), 1)
+    out = np.empty(len(keys), dtype=np.int64)
+    pos = 0
+    while pos < len(keys):
+        pos, status = table.insert(hashes, words, E8, E64, E8, pos, out)
+        if status == TABLE_FULL:
+            table.grow()
+    return out
+
+
+def test_nbytes_is_exact_and_predicted() -> None:
+    for has_var in (False, True):
+        table = TypedHashTable(2, 3, has_var, PAYLOAD)
+        assert table.nbytes == TypedHashTable.bytes_for(2, 3, has_var, PAYLOAD)
+        arrays = [table.slots, table.key_words, table.key_nulls, table.meta, table.var_offsets]
+        arrays += [table.arena, *table.payload]
+        assert table.nbytes == sum(a.nbytes for a in arrays)
+        predicted = table.bytes_after_growth()
+        table.grow()
+        assert table.nbytes == predicted
+
+
+def test_growth_keeps_groups_and_payload() -> None:
+    table = TypedHashTable(1, 1, False, PAYLOAD, capacity=MIN_CAPACITY)
+    keys = np.arange(10_000) * 7919 - 5000
+    gids = _fill(table, keys)
+    table.payload[0][gids] = keys.astype(np.float64)
+    assert table.num_groups == 10_000
+    table.check_invariants()
+    assert np.array_equal(table.key_words[:10_000, 0].view(np.int64), keys)
+    before = table.payload[0][:10_000].copy()
+    table.grow()
+    assert np.array_equal(table.payload[0][:10_000], before)
+    assert np.all(table.payload[1][10_000:] == -1)  # new rows get the fill value
+    again = _fill(table, keys)
+    assert np.array_equal(again, gids)  # same keys find the same groups after growth
+
+
+def test_sort_by_hash_orders_groups_and_restore_rebuilds() -> None:
+    table = TypedHashTable(1, 1, False, PAYLOAD)
+    keys = np.array([5, 3, 5, 9, -1, 3, 0], dtype=np.int64)
+    gids = _fill(table, keys)
+    hashes, slot_gids = table.sort_by_hash()
+    assert np.all(np.diff(hashes.astype(np.float64)) >= 0)
+    expected = sorted(set(keys.tolist()), key=hashing.stable_hash)
+    got = table.key_words[slot_gids.astype(np.int64) - 1, 0].view(np.int64).tolist()
+    assert got == expected
+    table.restore_after_sort()
+    table.check_invariants()
+    assert np.array_equal(_fill(table, keys), gids)
+
+
+def test_arena_full_stops_and_resumes() -> None:
+    table = TypedHashTable(0, 1, True, arena_capacity=4096)
+    values = [b"x" * 3000, b"y" * 3000, b"x" * 3000]
+    offsets = np.array([0, 3000, 6000, 9000], dtype=np.int64)
+    data = np.frombuffer(b"".join(values), dtype=np.uint8)
+    hashes = np.array([hashing.stable_hash(v) for v in values], dtype=np.uint64)
+    words = np.zeros((3, 0), dtype=np.uint64)
+    out = np.empty(3, dtype=np.int64)
+    pos, status = table.insert(hashes, words, E8, offsets, data, 0, out)
+    assert (pos, status) == (1, ARENA_FULL)
+    needed = table.pending_var_bytes(offsets, 1)
+    assert table.bytes_after_arena_growth(needed) - table.nbytes == 4096
+    table.grow_arena(needed)
+    pos, status = table.insert(hashes, words, E8, offsets, data, pos, out)
+    assert (pos, status) == (3, DONE)
+    assert out.tolist() == [0, 1, 0]
+    table.check_invariants()
+
+
+def test_bad_capacity_and_too_many_key_columns() -> None:
+    with pytest.raises(ValueError, match="power of two"):
+        TypedHashTable(1, 1, False, capacity=100)
+    with pytest.raises(ValueError, match="at most 64 key columns"):
+        TypedHashTable(1, 65, False)
