@@ -128,6 +128,11 @@ def merge_sources(sources: Sequence[BlockSource], combine: Combine) -> Iterator[
     ``combine(pieces)`` receives, for one hash window, the complete rows of each source that has
     any (each piece sorted by hash, keys unique within a piece) and returns one block sorted by
     hash in which rows of equal keys are combined.
+
+    Batches are read in the order of their smallest hash. Complete rows are handed to
+    ``combine`` once about half a batch per open source has been read since the last hand-over,
+    so the per-call cost is not paid per source and read; the merge holds about two batches per
+    open source.
     """
     heap: list[tuple[int, int]] = []
     for i, source in enumerate(sources):
@@ -135,45 +140,50 @@ def merge_sources(sources: Sequence[BlockSource], combine: Combine) -> Iterator[
         if h is not None:
             heap.append((h, i))
     heapq.heapify(heap)
-    pending: list[Any] = [None] * len(sources)
-    buffered: list[int] = []
+    pending: list[list[Any]] = [[] for _ in sources]
+    read_since_emit = 0
+    emit_rows = 1
     try:
         while heap:
             _, i = heapq.heappop(heap)
             block = sources[i].read_next()
-            if pending[i] is None:
-                pending[i] = block
-                buffered.append(i)
-            else:
-                pending[i] = type(block).concat([pending[i], block])
+            if len(block):
+                pending[i].append(block)
+                read_since_emit += len(block)
+                emit_rows = max(emit_rows, len(block))
             h = sources[i].next_min_hash()
             if h is not None:
                 heapq.heappush(heap, (h, i))
-            bound = heap[0][0] if heap else None
-            pieces = []
-            still: list[int] = []
-            for j in sorted(buffered):
-                rows = pending[j]
-                cut = (
-                    len(rows)
-                    if bound is None
-                    else int(np.searchsorted(rows.hashes, np.uint64(bound), side="left"))
-                )
-                if cut:
-                    pieces.append(rows.slice(0, cut) if cut < len(rows) else rows)
-                if cut < len(rows):
-                    pending[j] = rows.slice(cut, len(rows)) if cut else rows
-                    still.append(j)
-                else:
-                    pending[j] = None
-            buffered = still
-            if pieces:
-                out = combine(pieces)
-                if len(out):
-                    yield out
+            # hand over once about half a batch per open source has been read: each hand-over
+            # touches every source, so fewer, larger ones; the buffers stay about two batches
+            # per source
+            if heap and read_since_emit < emit_rows * max(1, len(heap) // 2):
+                continue
+            out = _take_complete(pending, heap[0][0] if heap else None, combine)
+            read_since_emit = 0
+            if out is not None and len(out):
+                yield out
     finally:
         for source in sources:
             source.close()
+
+
+def _take_complete(pending: list[list[Any]], bound: int | None, combine: Combine) -> Any:
+    """Cut every source's buffered rows below ``bound`` (all when ``None``) and combine them."""
+    pieces = []
+    for j, blocks in enumerate(pending):
+        if not blocks:
+            continue
+        rows = blocks[0] if len(blocks) == 1 else type(blocks[0]).concat(blocks)
+        cut = (
+            len(rows)
+            if bound is None
+            else int(np.searchsorted(rows.hashes, np.uint64(bound), side="left"))
+        )
+        if cut:
+            pieces.append(rows.slice(0, cut) if cut < len(rows) else rows)
+        pending[j] = [rows.slice(cut, len(rows))] if cut < len(rows) else []
+    return combine(pieces) if pieces else None
 
 
 def merge_in_passes(
@@ -186,9 +196,11 @@ def merge_in_passes(
 ) -> Iterator[Any]:
     """Merge any number of sources with at most ``fan_in`` open at once.
 
-    While there are more sources than ``fan_in``, groups of ``fan_in`` are merged into new runs
-    by ``write_run`` (which consumes a block iterator and returns a source over the run it
-    wrote); ``on_pass(pass_number, runs_written)`` reports each intermediate pass.
+    While there are more sources than ``fan_in``, the first few are merged into a new run by
+    ``write_run`` (which consumes a block iterator and returns a source over the run it wrote):
+    just enough of them that the rest fit in one final merge (the classic "merge just enough"
+    rule, so as little as possible is written twice). ``on_pass(merges_so_far, sources_merged)``
+    reports each intermediate merge.
     """
     if fan_in < 2:
         raise ValueError(f"fan_in must be at least 2, got {fan_in}")
@@ -197,19 +209,17 @@ def merge_in_passes(
     try:
         while len(current) > fan_in:
             passes += 1
-            merged: list[BlockSource] = []
-            groups = [current[i : i + fan_in] for i in range(0, len(current), fan_in)]
-            for group in groups:
-                if len(group) == 1:
-                    merged.append(group[0])
-                else:
-                    merged.append(write_run(merge_sources(group, combine)))
+            take = min(fan_in, len(current) - fan_in + 1)
+            group, current = current[:take], current[take:]
+            current.append(write_run(merge_sources(group, combine)))
             log.info(
-                "Merge pass %d: %d sources merged into %d runs", passes, len(current), len(merged)
+                "Intermediate merge %d: %d sources into one run, %d left",
+                passes,
+                take,
+                len(current),
             )
             if on_pass is not None:
-                on_pass(passes, sum(1 for g in groups if len(g) > 1))
-            current = merged
+                on_pass(passes, take)
         yield from merge_sources(current, combine)
     finally:
         for source in current:
