@@ -22,8 +22,6 @@ from collections.abc import Hashable, Iterable, Iterator
 from itertools import chain, islice
 from typing import Any
 
-import numpy as np
-
 from extagg._config import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_FAN_IN,
@@ -32,20 +30,18 @@ from extagg._config import (
     format_size,
     parse_size,
 )
+from extagg._memory_rows import SpillableMemorySource, UnsortedMemoryRows
 from extagg.aggregator import Aggregator
 from extagg.collection import SizeTrackingAppendOnlyMap
-from extagg.hashing import order_hashes
 from extagg.memory import (
     MemoryConsumer,
     TaskMemoryManager,
     UnifiedMemoryManager,
-    default_memory_manager,
-    task_memory_manager,
+    resolve_task_memory_manager,
 )
 from extagg.merge import (
     BlockSource,
     RunSource,
-    SortedBlockSource,
     combine_object_pieces,
     merge_in_passes,
     write_run_from,
@@ -65,27 +61,6 @@ CHUNK = 1024
 #: decoded Python rows take about this many times their pickled bytes
 OBJECT_EXPANSION = 4
 MIN_SPILL_FLOOR = 64 * 1024
-
-
-def resolve_task_memory_manager(
-    memory: int | str | None,
-    memory_manager: UnifiedMemoryManager | TaskMemoryManager | None,
-) -> TaskMemoryManager:
-    """The task memory manager a consumer should use.
-
-    ``memory`` gives the consumer a private manager of that size; ``memory_manager`` shares one
-    (a ``UnifiedMemoryManager`` → this thread's task, or an explicit ``TaskMemoryManager``);
-    neither → the process-wide default manager.
-    """
-    if memory is not None and memory_manager is not None:
-        raise ValueError("give either memory= or memory_manager=, not both")
-    if isinstance(memory_manager, TaskMemoryManager):
-        return memory_manager
-    if memory is not None:
-        return task_memory_manager(
-            UnifiedMemoryManager(max_memory=parse_size(memory, name="memory"))
-        )
-    return task_memory_manager(memory_manager or default_memory_manager())
 
 
 class ExternalAppendOnlyMap(MemoryConsumer):
@@ -152,7 +127,7 @@ class ExternalAppendOnlyMap(MemoryConsumer):
         self._runs: list[str] = []
         self._max_batch_bytes = 0  # largest decoded batch in any run: sizes the merge buffers
         self._elements_read = 0
-        self._reading: _SpillableMemorySource | _UnsortedMemoryRows | None = None
+        self._reading: SpillableMemorySource | UnsortedMemoryRows | None = None
         self._lock = threading.RLock()
         self._closed = False
         self.metrics = SpillMetrics()
@@ -246,6 +221,17 @@ class ExternalAppendOnlyMap(MemoryConsumer):
             "" if trigger is None else f", forced by {getattr(trigger, 'name', trigger)}",
         )
 
+    def _move_to_run(self, block: ObjectBlock, trigger: Any) -> RunSource:
+        """Write the unread, hash-sorted rows of the iteration to a run (a forced spill)."""
+        self._log_spill(self._threshold, "the merge" if trigger is None else trigger)
+        started = time.perf_counter()
+        try:
+            path = self._write_run(block)
+        finally:
+            self.metrics.spill_time_s += time.perf_counter() - started
+        self._runs.remove(path)  # owned by the reading source from now on
+        return RunSource(path, owner=self._spill_dirs)
+
     def _note_granted(self) -> None:
         if self.used > self.metrics.peak_granted_bytes:
             self.metrics.peak_granted_bytes = self.used
@@ -338,17 +324,17 @@ class ExternalAppendOnlyMap(MemoryConsumer):
             if not ordered and not self._runs:
                 keys, values = self._map.destructive_arrays()
                 self._map = None
-                unsorted = _UnsortedMemoryRows(self, keys, values)
+                unsorted = UnsortedMemoryRows(self, keys, values)
                 self._reading = unsorted
                 return chain.from_iterable(self._iterate_unsorted(unsorted))
             hashes, keys, values = self._map.destructive_sorted_arrays()
             self._map = None
-            memory_source = _SpillableMemorySource(self, ObjectBlock(hashes, keys, values))
+            memory_source = SpillableMemorySource(self, ObjectBlock(hashes, keys, values))
             self._reading = memory_source
         # pairs are handed out by C-level iterators; Python runs once per block, not per pair
         return chain.from_iterable(self._iterate_blocks(memory_source))
 
-    def _iterate_unsorted(self, rows: _UnsortedMemoryRows) -> Iterator[Iterator[tuple[Any, Any]]]:
+    def _iterate_unsorted(self, rows: UnsortedMemoryRows) -> Iterator[Iterator[tuple[Any, Any]]]:
         try:
             while True:
                 chunk = rows.next_chunk()
@@ -362,7 +348,7 @@ class ExternalAppendOnlyMap(MemoryConsumer):
             self.close()
 
     def _iterate_blocks(
-        self, memory_source: _SpillableMemorySource
+        self, memory_source: SpillableMemorySource
     ) -> Iterator[Iterator[tuple[Any, Any]]]:
         sources: list[BlockSource] = [memory_source]
         sources += [RunSource(path, owner=self._spill_dirs) for path in self._runs]
@@ -394,7 +380,7 @@ class ExternalAppendOnlyMap(MemoryConsumer):
             self.close()
 
     def _reserve_merge_memory(
-        self, memory_source: _SpillableMemorySource, num_sources: int
+        self, memory_source: SpillableMemorySource, num_sources: int
     ) -> tuple[int, int]:
         """Account the merge's read buffers (about one decoded batch per open run).
 
@@ -470,114 +456,6 @@ class ExternalAppendOnlyMap(MemoryConsumer):
             f"<ExternalAppendOnlyMap {self.name} {state}: {self.metrics.records_read} records, "
             f"{self.metrics.spill_count} spills, {format_size(self.used)} held>"
         )
-
-
-class _UnsortedMemoryRows:
-    """The in-memory map during an unordered iteration with no runs: insertion order.
-
-    A forced spill sorts the unread rows by hash and moves them to a run; the iteration then
-    continues from the run, so each key is still yielded exactly once.
-    """
-
-    CHUNK = 65_536
-
-    def __init__(self, owner: ExternalAppendOnlyMap, keys: list[Any], values: list[Any]) -> None:
-        self.owner = owner
-        self.keys: list[Any] | None = keys
-        self.values: list[Any] | None = values
-        self.pos = 0
-        self.run: RunSource | None = None
-
-    def next_chunk(self) -> tuple[list[Any], list[Any]] | None:
-        """The next ``(keys, values)`` to hand out, or ``None`` at the end."""
-        if self.run is not None:
-            if self.run.next_min_hash() is None:
-                return None
-            block = self.run.read_next()
-            return block.keys, block.values
-        if self.keys is None or self.values is None:
-            return None
-        if self.pos >= len(self.keys):
-            self.keys = self.values = None  # fully read: let the memory go
-            self.owner._release_down_to(0)
-            return None
-        start, self.pos = self.pos, min(self.pos + self.CHUNK, len(self.keys))
-        return self.keys[start : self.pos], self.values[start : self.pos]
-
-    def spill_rest(self, trigger: Any = None) -> bool:
-        """Sort the unread rows by key hash, write them as a run, drop the lists."""
-        if self.run is not None or self.keys is None or self.values is None:
-            return False
-        if self.pos >= len(self.keys):
-            return False
-        keys, values = self.keys[self.pos :], self.values[self.pos :]
-        self.keys = self.values = None
-        hashes = order_hashes(keys)
-        order = np.argsort(hashes, kind="stable").tolist()
-        block = ObjectBlock(hashes[order], [keys[i] for i in order], [values[i] for i in order])
-        del keys, values
-        owner = self.owner
-        owner._log_spill(owner._threshold, "the merge" if trigger is None else trigger)
-        started = time.perf_counter()
-        try:
-            path = owner._write_run(block)
-        finally:
-            owner.metrics.spill_time_s += time.perf_counter() - started
-        owner._runs.remove(path)
-        self.run = RunSource(path, owner=owner._spill_dirs)
-        return True
-
-    def close(self) -> None:
-        self.keys = self.values = None
-        if self.run is not None:
-            self.run.close()
-
-
-class _SpillableMemorySource(SortedBlockSource):
-    """The sorted in-memory map during iteration; can move its unread rows to disk."""
-
-    def __init__(self, owner: ExternalAppendOnlyMap, block: ObjectBlock) -> None:
-        super().__init__(block, owner.batch_size)
-        self.owner = owner
-        self.run: RunSource | None = None
-
-    def next_min_hash(self) -> int | None:
-        if self.run is not None:
-            return self.run.next_min_hash()
-        h = super().next_min_hash()
-        if h is None and self.block is not None:
-            self.block = None  # fully read: let the memory go
-            self.owner._release_down_to(0)
-        return h
-
-    def read_next(self) -> Any:
-        if self.run is not None:
-            return self.run.read_next()
-        return super().read_next()
-
-    def spill_rest(self, trigger: Any = None) -> bool:
-        """Write the unread rows to a run and read from there; drop the in-memory block."""
-        if self.run is not None:
-            return False
-        rest = self.remaining()
-        if rest is None:
-            return False
-        owner = self.owner
-        owner._log_spill(owner._threshold, "the merge" if trigger is None else trigger)
-        started = time.perf_counter()
-        try:
-            path = owner._write_run(rest)
-        finally:
-            owner.metrics.spill_time_s += time.perf_counter() - started
-        owner._runs.remove(path)
-        self.run = RunSource(path, owner=owner._spill_dirs)
-        self.block = None
-        return True
-
-    def close(self) -> None:
-        super().close()
-        if self.run is not None:
-            self.run.close()
 
 
 def _rebuild_map(keys: list[Any], values: list[Any]) -> SizeTrackingAppendOnlyMap:

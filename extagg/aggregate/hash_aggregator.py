@@ -42,8 +42,12 @@ from extagg.aggregate.runs import write_table_run
 from extagg.collection import _typed_kernels as TK
 from extagg.collection.typed_table import MAX_CAPACITY, MIN_ARENA, MIN_CAPACITY, TypedHashTable
 from extagg.errors import MemoryLimitError
-from extagg.external_map import resolve_task_memory_manager
-from extagg.memory import MemoryConsumer, TaskMemoryManager, UnifiedMemoryManager
+from extagg.memory import (
+    MemoryConsumer,
+    TaskMemoryManager,
+    UnifiedMemoryManager,
+    resolve_task_memory_manager,
+)
 from extagg.metrics import SpillMetrics
 from extagg.spill.blocks import ColumnBlock
 from extagg.spill.tempdir import SpillDirs

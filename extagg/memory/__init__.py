@@ -15,6 +15,7 @@ This layer knows nothing of maps or files.
 from extagg.memory.consumer import MemoryConsumer
 from extagg.memory.pools import ExecutionMemoryPool, MemoryPool, StorageMemoryPool
 from extagg.memory.report import format_report, report
+from extagg.memory.resolve import resolve_task_memory_manager
 from extagg.memory.sizing import (
     DEFAULT_MEMORY_FRACTION,
     MEMORY_ENV,
@@ -54,6 +55,7 @@ __all__ = [
     "format_report",
     "report",
     "resolve_memory_budget",
+    "resolve_task_memory_manager",
     "set_default_memory_manager",
     "task_memory_manager",
 ]

@@ -1,0 +1,109 @@
+"""The in-memory part of an ExternalAppendOnlyMap while it is being iterated.
+
+Both kinds can move their unread rows to disk when another consumer forces a spill, and drop
+their references so the memory is really freed (Spark's SPARK-22713).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from extagg.hashing import order_hashes
+from extagg.merge import RunSource, SortedBlockSource
+from extagg.spill.blocks import ObjectBlock
+
+__all__ = ["SpillableMemorySource", "UnsortedMemoryRows"]
+
+
+class UnsortedMemoryRows:
+    """The in-memory map during an unordered iteration with no runs: insertion order.
+
+    A forced spill sorts the unread rows by hash and moves them to a run; the iteration then
+    continues from the run, so each key is still yielded exactly once.
+    """
+
+    CHUNK = 65_536
+
+    def __init__(self, owner: Any, keys: list[Any], values: list[Any]) -> None:
+        self.owner = owner
+        self.keys: list[Any] | None = keys
+        self.values: list[Any] | None = values
+        self.pos = 0
+        self.run: RunSource | None = None
+
+    def next_chunk(self) -> tuple[list[Any], list[Any]] | None:
+        """The next ``(keys, values)`` to hand out, or ``None`` at the end."""
+        if self.run is not None:
+            if self.run.next_min_hash() is None:
+                return None
+            block = self.run.read_next()
+            return block.keys, block.values
+        if self.keys is None or self.values is None:
+            return None
+        if self.pos >= len(self.keys):
+            self.keys = self.values = None  # fully read: let the memory go
+            self.owner._release_down_to(0)
+            return None
+        start, self.pos = self.pos, min(self.pos + self.CHUNK, len(self.keys))
+        return self.keys[start : self.pos], self.values[start : self.pos]
+
+    def spill_rest(self, trigger: Any = None) -> bool:
+        """Sort the unread rows by key hash, write them as a run, drop the lists."""
+        if self.run is not None or self.keys is None or self.values is None:
+            return False
+        if self.pos >= len(self.keys):
+            return False
+        keys, values = self.keys[self.pos :], self.values[self.pos :]
+        self.keys = self.values = None
+        hashes = order_hashes(keys)
+        order = np.argsort(hashes, kind="stable").tolist()
+        block = ObjectBlock(hashes[order], [keys[i] for i in order], [values[i] for i in order])
+        del keys, values
+        self.run = self.owner._move_to_run(block, trigger)
+        return True
+
+    def close(self) -> None:
+        self.keys = self.values = None
+        if self.run is not None:
+            self.run.close()
+
+
+class SpillableMemorySource(SortedBlockSource):
+    """The sorted in-memory map during iteration; can move its unread rows to disk."""
+
+    def __init__(self, owner: Any, block: ObjectBlock) -> None:
+        super().__init__(block, owner.batch_size)
+        self.owner = owner
+        self.run: RunSource | None = None
+
+    def next_min_hash(self) -> int | None:
+        if self.run is not None:
+            return self.run.next_min_hash()
+        h = super().next_min_hash()
+        if h is None and self.block is not None:
+            self.block = None  # fully read: let the memory go
+            self.owner._release_down_to(0)
+        return h
+
+    def read_next(self) -> Any:
+        if self.run is not None:
+            return self.run.read_next()
+        return super().read_next()
+
+    def spill_rest(self, trigger: Any = None) -> bool:
+        """Write the unread rows to a run and read from there; drop the in-memory block."""
+        if self.run is not None:
+            return False
+        rest = self.remaining()
+        if rest is None:
+            return False
+        self.run = self.owner._move_to_run(rest, trigger)
+        self.block = None
+        return True
+
+    def close(self) -> None:
+        super().close()
+        if self.run is not None:
+            self.run.close()
