@@ -40,7 +40,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         from extagg.demo import run_demo
 
-        return run_demo(args.records, args.keys, args.memory, args.seed, args.spill_dirs)
+        try:
+            return run_demo(args.records, args.keys, args.memory, args.seed, args.spill_dirs)
+        except (ValueError, OSError, MemoryError) as exc:  # bad options, disk full, budget
+            print(f"extagg demo: error: {exc}", file=sys.stderr)
+            return 2
     if args.command == "state":
         from extagg.state.cli import run_state_command
 
