@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -38,18 +39,18 @@ log = logging.getLogger(__name__)
 Combine = Callable[[list[Any]], Any]
 
 
-class BlockSource:
+class BlockSource(ABC):
     """A hash-sorted stream of blocks."""
 
+    @abstractmethod
     def next_min_hash(self) -> int | None:
         """Smallest hash of the next unread block, or ``None`` when exhausted."""
-        raise NotImplementedError
 
+    @abstractmethod
     def read_next(self) -> Any:
         """The next block (only called when :meth:`next_min_hash` is not ``None``)."""
-        raise NotImplementedError
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - an optional hook, not abstract
         """Release files and memory; safe to call more than once."""
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pickle
 import struct
+from abc import ABC, abstractmethod
 from typing import Any
 
 import numpy as np
@@ -29,17 +30,19 @@ _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 
 
-class BatchCodec:
+class BatchCodec(ABC):
     """Encodes a block to bytes and back. ``codec_id`` is stored in the run-file header."""
 
     codec_id: int = 0
     name: str = ""
 
-    def encode(self, block: Any) -> bytes:  # pragma: no cover - interface
-        raise NotImplementedError
+    @abstractmethod
+    def encode(self, block: Any) -> bytes:
+        """The uncompressed payload of one batch."""
 
-    def decode(self, payload: memoryview | bytes) -> Any:  # pragma: no cover - interface
-        raise NotImplementedError
+    @abstractmethod
+    def decode(self, payload: memoryview | bytes) -> Any:
+        """The block a payload holds (``ValueError`` if it is malformed)."""
 
 
 class ObjectCodec(BatchCodec):
