@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from extagg.state.cache import LoadedVersion, VersionCache
-from extagg.state.codec import decode_key, decode_value, decoding, encode_key, encode_value
+from extagg.state.codec import decode_key, decode_value, decoding, encode_value
 from extagg.state.conf import StateStoreConf, StateStoreMetrics
 from extagg.state.errors import StateStoreCommitError, StateStoreError, UnexpectedVersionError
 from extagg.state.files import (
@@ -232,12 +232,12 @@ class StateStoreProvider:
         delta = StateFileWriter(self._path(new_version, DELTA), DELTA, self.conf.compression)
         new_mapping: dict[Any, Any] | None = None
         try:
-            if os.path.exists(self._path(new_version, SNAPSHOT)):
-                # a re-commit: the old snapshot of this version must not outlive its delta
-                new_mapping = _apply(base, changes)
-                self._write_snapshot_from(new_version, new_mapping)
             for key_bytes, value_bytes, _value in sorted(changes.values(), key=_first):
                 delta.write(key_bytes, value_bytes)
+            # a re-commit: the old snapshot of this version must not outlive its delta. Removed
+            # just before the new delta is published; meanwhile the old delta still rebuilds the
+            # old version, so a crash in between leaves a consistent (old) version.
+            self._remove_stale_snapshot(new_version)
             stats = delta.commit()
         except BaseException as exc:
             delta.cancel()
@@ -258,19 +258,12 @@ class StateStoreProvider:
             self._set_current(new_version, num_keys, encoded_bytes)
         return new_version
 
-    def _write_snapshot_from(self, version: int, mapping: dict[Any, Any]) -> None:
-        writer = StateFileWriter(self._path(version, SNAPSHOT), SNAPSHOT, self.conf.compression)
+    def _remove_stale_snapshot(self, version: int) -> None:
+        """Delete ``version``'s snapshot left by an earlier commit of the same version."""
         try:
-            records = sorted(
-                (encode_key(key), encode_value(value, self.allow_pickle))
-                for key, value in mapping.items()
-            )
-            for key_bytes, value_bytes in records:
-                writer.write(key_bytes, value_bytes)
-        except BaseException:
-            writer.cancel()
-            raise
-        writer.commit()
+            os.remove(self._path(version, SNAPSHOT))
+        except FileNotFoundError:
+            pass
 
     def merge_update(
         self,
@@ -308,8 +301,7 @@ class StateStoreProvider:
             stats = stream_update(
                 old_records, pairs, merge_combiners, delta, snapshot, self.allow_pickle
             )
-            if snapshot is not None:
-                snapshot.commit()  # before the delta: a stale snapshot never outlives it
+            self._remove_stale_snapshot(new_version)  # never let it outlive the new delta
             delta.commit()
         except BaseException as exc:
             delta.cancel()
@@ -323,6 +315,14 @@ class StateStoreProvider:
             raise
         finally:
             old_records.close()
+        if snapshot is not None:
+            # after the delta: the version is published by its delta alone; a snapshot that
+            # fails to commit is only a missed optimisation, which maintenance makes up for
+            try:
+                snapshot.commit()
+            except Exception as exc:
+                snapshot.cancel()
+                logger.warning("Could not write snapshot %d for %r: %s", new_version, self, exc)
         logger.info(
             "Merged version %d for %r: %d keys, %d changed (%d new)%s",
             new_version,
