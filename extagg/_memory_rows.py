@@ -54,7 +54,9 @@ class UnsortedMemoryRows:
         if self.run is not None or self.keys is None or self.values is None:
             return False
         if self.pos >= len(self.keys):
-            return False
+            # everything was handed out (as copies): the lists are dead weight, free them now
+            self.keys = self.values = None
+            return True
         keys, values = self.keys[self.pos :], self.values[self.pos :]
         self.keys = self.values = None
         hashes = order_hashes(keys)

@@ -33,6 +33,7 @@ from extagg._config import (
 from extagg._memory_rows import SpillableMemorySource, UnsortedMemoryRows
 from extagg.aggregator import Aggregator
 from extagg.collection import SizeTrackingAppendOnlyMap
+from extagg.errors import MemoryLimitError
 from extagg.memory import (
     MemoryConsumer,
     TaskMemoryManager,
@@ -70,9 +71,8 @@ class ExternalAppendOnlyMap(MemoryConsumer):
     ``memory_manager`` shares a :class:`~extagg.memory.UnifiedMemoryManager` (or a task's
     :class:`~extagg.memory.TaskMemoryManager`) with other consumers; with neither, the process
     default manager is used. Iteration (``iterator()`` or ``iter(map)``) is destructive and
-    possible once; it yields ``(key, combiner)`` in ascending :func:`extagg.hashing.order_hash`
-    order whether or not anything spilled. ``close()`` (or leaving a ``with`` block) releases
-    the memory and deletes every run file.
+    possible once; see :meth:`iterator` for the order. ``close()`` (or leaving a ``with``
+    block) releases the memory and deletes every run file.
 
     ``force_spill_every`` (or ``EXTAGG_FORCE_SPILL_EVERY``) is a test knob like Spark's
     ``numElementsForceSpillThreshold``: spill after every N records.
@@ -126,6 +126,7 @@ class ExternalAppendOnlyMap(MemoryConsumer):
         self._map: SizeTrackingAppendOnlyMap | None = SizeTrackingAppendOnlyMap()
         self._runs: list[str] = []
         self._max_batch_bytes = 0  # largest decoded batch in any run: sizes the merge buffers
+        self._row_bytes = 64  # in-memory bytes of one row, as last measured
         self._elements_read = 0
         self._reading: SpillableMemorySource | UnsortedMemoryRows | None = None
         self._lock = threading.RLock()
@@ -141,7 +142,12 @@ class ExternalAppendOnlyMap(MemoryConsumer):
         self.insert_all(((key, value),))
 
     def insert_all(self, pairs: Iterable[tuple[Hashable, Any]]) -> None:
-        """Fold every ``(key, value)`` pair of ``pairs`` (any iterable, consumed lazily)."""
+        """Fold every ``(key, value)`` pair of ``pairs`` (any iterable, consumed lazily).
+
+        If a spill fails (``SpillError``: disk full, spill cap, a combiner that cannot be
+        pickled), every record taken from ``pairs`` so far is in the map and the map stays
+        usable: continue with the rest of the records, do not insert those again.
+        """
         if self._map is None:
             raise RuntimeError("Cannot insert new elements into a map after calling iterator")
         aggregator = self.aggregator
@@ -257,13 +263,23 @@ class ExternalAppendOnlyMap(MemoryConsumer):
             self.metrics.spill_time_s += time.perf_counter() - started
         log.debug("spilled %d keys (%s estimated)", len(keys), format_size(estimate))
 
+    def _batch_rows(self, block: ObjectBlock | None = None) -> int:
+        """Rows per run batch: ``batch_size``, fewer when rows are big, so that the merge can
+        hold one decoded batch per open run within the budget (``block`` updates the measured
+        row size)."""
+        if block is not None and len(block):
+            self._row_bytes = max(1, block.nbytes() // len(block))
+        max_memory = self.task_memory_manager.memory_manager.max_memory
+        target = max(64 * 1024, max_memory // (4 * self.fan_in))
+        return max(16, min(self.batch_size, target // self._row_bytes))
+
     def _write_run(self, block: ObjectBlock) -> str:
         path = self._spill_dirs.new_path("map")
         writer = RunWriter(
             path, OBJECT_CODEC, compression=self.compression, spill_dirs=self._spill_dirs
         )
         try:
-            writer.write_sorted(block, self.batch_size)
+            writer.write_sorted(block, self._batch_rows(block))
             info = writer.finish()
         except BaseException:
             writer.abort()
@@ -284,21 +300,31 @@ class ExternalAppendOnlyMap(MemoryConsumer):
         """
         if trigger is self or self._closed:
             return 0
-        with self._lock:
-            if self._reading is not None:
-                if not self._reading.spill_rest(trigger):
-                    return 0
-            elif self._map:
-                estimate = self._map.estimate_size()
-                self._log_spill(estimate, trigger)
-                self._spill_current_map(estimate)
-                self._elements_read = 0
-            else:
+        # another thread of the same task may be inside insert_all waiting for memory while
+        # holding our lock: then there is nothing we can safely spill, so say so at once
+        if not self._lock.acquire(blocking=False):
+            return 0
+        try:
+            return self._spill_locked(trigger)
+        finally:
+            self._lock.release()
+
+    def _spill_locked(self, trigger: MemoryConsumer) -> int:
+        if self._reading is not None:
+            if not self._reading.spill_rest(trigger):
                 return 0
-            freed = self._threshold
+        elif self._map:
+            estimate = self._map.estimate_size()
+            self._log_spill(estimate, trigger)
+            self._spill_current_map(estimate)
+            self._elements_read = 0
+        else:
+            return 0
+        freed = self._threshold
+        if self._reading is None or self._reading.run is not None:  # not a mere release
             self.metrics.memory_bytes_spilled += freed
-            self._release_down_to(0)
-            return freed
+        self._release_down_to(0)
+        return freed
 
     # ------------------------------------------------------------------ iterating
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
@@ -397,6 +423,14 @@ class ExternalAppendOnlyMap(MemoryConsumer):
             wanted = min(self.fan_in, num_sources) * per_source
             granted += self.acquire_memory(wanted - granted)
         self._note_granted()
+        if granted < 2 * per_source:
+            self.free_memory(granted)
+            raise MemoryLimitError(
+                f"{self.name} cannot merge {num_sources} sorted runs: it needs "
+                f"{format_size(2 * per_source)} for two read buffers of "
+                f"{format_size(per_source)} and was granted {format_size(granted)} "
+                f"of a {format_size(self.task_memory_manager.memory_manager.max_memory)} budget"
+            )
         fan_in = max(2, min(self.fan_in, granted // per_source))
         return fan_in, granted
 
@@ -406,7 +440,7 @@ class ExternalAppendOnlyMap(MemoryConsumer):
             blocks,
             path=path,
             codec=OBJECT_CODEC,
-            batch_size=self.batch_size,
+            batch_size=self._batch_rows(),
             compression=self.compression,
             spill_dirs=self._spill_dirs,
         )

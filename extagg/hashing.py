@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Hashable, Sequence
+from numbers import Number
 from typing import Any
 
 import mmh3
@@ -206,14 +207,38 @@ def hash_objects(keys: Sequence[Any]) -> np.ndarray:
 def order_hash(key: Hashable) -> int:
     """The hash that orders a generic map's spills: :func:`stable_hash` where it is defined.
 
-    Other hashable objects (user classes) fall back to their own ``__hash__``, mixed to 64 bits:
-    consistent within a process, which is all a spill needs, and deterministic whenever the
-    object's ``__hash__`` is.
+    Other hashable objects fall back so that keys Python holds equal still hash equal: numbers
+    of other types (``Decimal``, ``Fraction``, NumPy scalars) hash by value as the equal int or
+    float, tuples fold their elements' order hashes, and anything else (user classes) uses its
+    own ``__hash__`` mixed to 64 bits — consistent within a process, which is all a spill needs,
+    and deterministic whenever that ``__hash__`` is.
     """
     try:
         return stable_hash(key)
     except TypeError:
-        return fmix64((hash(key) & M64) ^ OBJECT_TAG)
+        return _fallback_hash(key)
+
+
+def _fallback_hash(key: Any) -> int:
+    if isinstance(key, tuple):
+        h = fmix64((len(key) ^ TUPLE_TAG ^ SEED64) & M64)
+        for element in key:
+            h = fmix64(((h * GOLDEN) & M64) ^ order_hash(element))
+        return h
+    if isinstance(key, Number):
+        try:
+            as_int = int(key)  # type: ignore[call-overload]
+            if key == as_int:
+                return _hash_int(as_int)
+        except (TypeError, ValueError, OverflowError):
+            pass
+        try:
+            as_float = float(key)  # type: ignore[arg-type]
+            if key == as_float or (as_float != as_float and key != key):
+                return _hash_float(as_float)
+        except (TypeError, ValueError, OverflowError):
+            pass
+    return fmix64((hash(key) & M64) ^ OBJECT_TAG)
 
 
 def order_hashes(keys: Sequence[Hashable]) -> np.ndarray:

@@ -410,3 +410,57 @@ def test_same_output_whatever_pythonhashseed(tmp_path):
         )
         outputs.add(out.stdout)
     assert len(outputs) == 1
+
+
+def test_numbers_equal_in_python_are_one_key_spilled_or_not(spill_dir):
+    from decimal import Decimal
+    from fractions import Fraction
+
+    pairs = [
+        (1, 10),
+        (Decimal(1), 5),
+        (0.5, 1),
+        (Fraction(1, 2), 2),
+        ((1, "a"), 1),
+        ((1.0, "a"), 1),
+    ]
+    for every in (None, 1):
+        result, _ = run(pairs, memory="16m", spill_dirs=[spill_dir], force_spill_every=every)
+        assert dict(result) == {1: 15, 0.5: 3, (1, "a"): 2}, every
+
+
+def test_two_threads_sharing_one_task_do_not_deadlock(spill_dir):
+    import threading
+
+    from extagg.memory import TaskMemoryManager
+
+    tmm = TaskMemoryManager(UnifiedMemoryManager(max_memory="4m"), "shared")
+    results, errors = {}, []
+
+    def work(seed):
+        try:
+            with ExternalAppendOnlyMap(SUM, memory_manager=tmm, spill_dirs=[spill_dir]) as emap:
+                emap.insert_all(((i * 31 + seed) % 50_000, 1) for i in range(150_000))
+                results[seed] = dict(emap.iterator())
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "deadlock"
+    assert not errors, errors
+    for seed in range(2):
+        assert results[seed] == {k: 3 for k in range(50_000)}
+
+
+def test_big_rows_are_spilled_in_small_batches_within_budget(spill_dir):
+    pairs = ((f"{i:06d}" + "x" * 1800, 1) for i in range(6000))
+    with ExternalAppendOnlyMap(SUM, memory="2m", spill_dirs=[spill_dir]) as emap:
+        emap.insert_all(pairs)
+        assert emap.metrics.spill_count >= 2
+        assert emap._max_batch_bytes < 2 * 2**20 // 8
+        assert sum(v for _, v in emap.iterator()) == 6000
+        assert emap.metrics.peak_granted_bytes <= 2 * 2**20

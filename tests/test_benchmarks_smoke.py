@@ -1,0 +1,127 @@
+"""The benchmark scripts stay runnable: each runs ``--quick`` on tiny data in fresh processes.
+
+No timing is asserted (speed lives in ``benchmarks/``); these check that the scripts run end to
+end, that every engine they drive agrees on the result, and that the numba ceiling table agrees
+with its plain-Python twin.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import _harness as H  # noqa: E402
+from numba_ceiling import ceiling_aggregate, reference_aggregate  # noqa: E402
+
+
+def _run(script: str, tmp_path: Path, *args: str) -> dict:
+    out = tmp_path / "results"
+    env = dict(os.environ, EXTAGG_BENCH_DATA=str(tmp_path / "data"))
+    cmd = [sys.executable, str(BENCH / script), "--quick", "--out", str(out), "--no-readme", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    name = script.removeprefix("bench_").removesuffix(".py")
+    payload = json.loads((out / f"{name}-quick.json").read_text())
+    assert (out / f"{name}-quick.md").read_text().startswith("Measured")
+    return payload
+
+
+def test_generic_quick_runs_and_engines_agree(tmp_path: Path) -> None:
+    payload = _run(
+        "bench_generic.py", tmp_path, "--workloads", "str-2M", "--engines", "extagg", "dict"
+    )
+    results = payload["results"]
+    assert [(r["case"]["engine"], r["case"]["mode"]) for r in results] == [
+        ("extagg", "in memory"),
+        ("extagg", "spilling"),
+        ("dict", "in memory"),
+    ]
+    distinct = payload["workloads"]["str-2M"]["distinct"]
+    for r in results:
+        (run,) = r["runs"]
+        assert "error" not in run, run
+        assert run["groups"] == distinct
+        assert run["peak_rss"] >= run["baseline_rss"] > 0
+    assert results[1]["runs"][0]["spills"] >= 0
+
+
+def test_columnar_quick_runs_and_engines_agree(tmp_path: Path) -> None:
+    engines = ["extagg", "ceiling"]
+    if importlib.util.find_spec("duckdb"):
+        engines.append("duckdb-1t")
+    payload = _run("bench_columnar.py", tmp_path, "--workloads", "int-1M", "--engines", *engines)
+    assert payload["problems"] == []
+    distinct = payload["workloads"]["int-1M"]["distinct"]
+    by_case = {(r["case"]["engine"], r["case"]["mode"]): r for r in payload["results"]}
+    for key in [("extagg", "no limit"), ("ceiling", "no limit"), ("extagg", "1/8")]:
+        (run,) = by_case[key]["runs"]
+        assert "error" not in run, run
+        assert run["groups"] == distinct
+    granted = by_case[("extagg", "no limit")]["runs"][0]["peak_granted_bytes"]
+    assert by_case[("extagg", "1/8")]["case"]["budget"] == granted // 8
+
+
+@pytest.mark.parametrize(("total", "distinct"), [(1, 1), (10, 3), (1000, 10), (65_536, 4096)])
+def test_permuted_keys_are_exact_and_sliceable(total: int, distinct: int) -> None:
+    whole = H.permuted_key_index(0, total, total, distinct, seed=5)
+    counts = np.bincount(whole, minlength=distinct)
+    assert counts.sum() == total and counts.max() - counts.min() <= 1
+    cut = total // 3
+    parts = np.concatenate(
+        [
+            H.permuted_key_index(0, cut, total, distinct, seed=5),
+            H.permuted_key_index(cut, total, total, distinct, seed=5),
+        ]
+    )
+    assert np.array_equal(whole, parts)
+    assert len(np.unique(H.scramble_keys(np.arange(distinct)))) == distinct
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n_keys=st.integers(1, 3),
+    ops=st.lists(st.sampled_from(["sum", "max"]), min_size=1, max_size=2),
+    rows=st.integers(0, 3000),
+    cardinality=st.integers(1, 2000),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_ceiling_matches_reference(
+    n_keys: int, ops: list[str], rows: int, cardinality: int, seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    keys = [rng.integers(-cardinality, cardinality, rows) for _ in range(n_keys)]
+    values = [rng.normal(size=rows) for _ in ops]
+    group_keys, counts, states = ceiling_aggregate(keys, values, ops)
+    expected = reference_aggregate(keys, values, ops)
+    got = {
+        tuple(int(k) for k in group_keys[:, g]): (int(counts[g]), states[:, g].tolist())
+        for g in range(len(counts))
+    }
+    assert got.keys() == expected.keys()
+    for key, (count, row) in expected.items():
+        assert got[key][0] == count
+        np.testing.assert_allclose(got[key][1], row, rtol=1e-12, atol=1e-12)
+
+
+def test_ceiling_rejects_what_it_cannot_do() -> None:
+    k, v = np.arange(4), np.ones(4)
+    with pytest.raises(ValueError, match="1 to 3 int64 key columns"):
+        ceiling_aggregate([k] * 4, [v], ["sum"])
+    with pytest.raises(ValueError, match="one op each"):
+        ceiling_aggregate([k], [v, v], ["sum"])
+    with pytest.raises(ValueError, match="unknown ops"):
+        ceiling_aggregate([k], [v], ["mean"])
+    with pytest.raises(ValueError, match="same length"):
+        ceiling_aggregate([k], [v[:3]], ["sum"])
