@@ -17,7 +17,9 @@ class SpillMetrics:
     time), ``disk_bytes_spilled`` the bytes written to run files (after compression),
     ``raw_bytes_spilled`` the same before compression. ``spill_count`` counts spill events,
     ``num_spill_files`` run files written by spills (merge passes write more files, counted in
-    ``merge_files``). ``peak_memory_bytes`` is the largest in-memory size seen.
+    ``merge_files``; ``merge_passes`` counts those intermediate merges — the final merge into
+    the caller's iterator is not counted). ``peak_memory_bytes`` is the largest in-memory size
+    seen; ``peak_granted_bytes`` the most memory held from the manager at once.
     """
 
     records_read: int = 0
