@@ -1,0 +1,383 @@
+"""Shared machinery of the benchmark scripts: fresh-process runs, peak RSS, medians, JSON, tables.
+
+Every measured run happens in a fresh child process (the script re-runs itself with
+``--child CASE_JSON``). The child builds its input, primes the engine on a small input (imports,
+numba cache loads, lazy initialisation), then resets the kernel's peak-RSS counter
+(``/proc/self/clear_refs`` ← ``5`` resets ``VmHWM`` and ``ru_maxrss``), notes its RSS as the
+*baseline*, runs the timed block once and reports: seconds, the peak RSS above the baseline
+(what the aggregation itself added), the process's whole-life peak, and the engine's figures.
+The parent runs one untimed warm-up child per case (first touch of memory after the host took
+it back costs ~1 s/GB here) and then ``runs`` timed children, and summarises each number by its
+median with min–max.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "MIB",
+    "add_common_arguments",
+    "checkpoint_file",
+    "Timed",
+    "child_result",
+    "current_rss",
+    "format_bytes",
+    "format_range",
+    "machine_info",
+    "markdown_table",
+    "peak_rss",
+    "permuted_key_index",
+    "reset_peak_rss",
+    "run_case",
+    "run_guarded",
+    "scramble_keys",
+    "summarise",
+    "timed",
+    "update_readme",
+    "write_results",
+]
+
+MIB = 1024 * 1024
+RESULT_PREFIX = "BENCH-RESULT "
+RESULTS_DIR = Path(__file__).resolve().parent / "results"  # default of write_json's out_dir
+#: cached inputs (git-ignored); ``EXTAGG_BENCH_DATA`` moves them (the smoke test uses a temp dir)
+DATA_DIR = Path(os.environ.get("EXTAGG_BENCH_DATA") or Path(__file__).resolve().parent / "data")
+
+
+# ---------------------------------------------------------------------------- memory figures
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def current_rss() -> int:
+    """Resident set size of this process now, in bytes."""
+    kib = _status_kib("VmRSS")
+    if kib is not None:
+        return kib * 1024
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+def peak_rss() -> int:
+    """Peak resident set size of this process since start or the last :func:`reset_peak_rss`."""
+    kib = _status_kib("VmHWM")
+    if kib is not None:
+        return kib * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def reset_peak_rss() -> bool:
+    """Reset the kernel's peak-RSS counter to the current RSS (Linux ≥ 4.0); False if not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
+class Timed:
+    """What :func:`timed` measured: seconds, RSS figures, and the block's return value."""
+
+    __slots__ = (
+        "baseline_rss",
+        "peak_above_baseline",
+        "peak_rss",
+        "peak_reset",
+        "seconds",
+        "value",
+    )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "seconds": self.seconds,
+            "baseline_rss": self.baseline_rss,
+            "peak_rss": self.peak_rss,
+            "peak_above_baseline": self.peak_above_baseline,
+            "peak_reset": self.peak_reset,
+        }
+
+
+def timed(block: Callable[[], Any]) -> Timed:
+    """Run ``block`` once: wall time, baseline RSS before it and the peak RSS it reached."""
+    out = Timed()
+    out.peak_reset = reset_peak_rss()
+    out.baseline_rss = current_rss()
+    started = time.perf_counter()
+    out.value = block()
+    out.seconds = time.perf_counter() - started
+    out.peak_rss = peak_rss()
+    out.peak_above_baseline = max(0, out.peak_rss - out.baseline_rss)
+    return out
+
+
+def run_guarded(block: Callable[[], dict[str, Any]]) -> None:
+    """Run a child's work and print its result line; an exception becomes ``{"error": ...}``."""
+    try:
+        payload = block()
+    except Exception as err:  # reported to the parent, which puts it in the table
+        first = (str(err).strip().splitlines() or [""])[0]
+        payload = {"error": f"{type(err).__name__}: {first}"[:300]}
+    child_result(payload)
+
+
+def child_result(payload: dict[str, Any]) -> None:
+    """Print the child's result line for the parent (the last line of its stdout)."""
+    payload = dict(payload)
+    payload["process_peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    sys.stdout.write(RESULT_PREFIX + json.dumps(payload) + "\n")
+    sys.stdout.flush()
+
+
+# ---------------------------------------------------------------------------- running cases
+
+
+def _spawn(script: str, case: dict[str, Any], timeout: float) -> dict[str, Any]:
+    cmd = [sys.executable, script, "--child", json.dumps(case)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timeout after {timeout:.0f} s"}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            return json.loads(line[len(RESULT_PREFIX) :])
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+    return {"error": f"exit {proc.returncode}: " + " | ".join(tail)[-400:]}
+
+
+def run_case(
+    script: str,
+    case: dict[str, Any],
+    *,
+    runs: int,
+    warmup: int,
+    timeout: float,
+    log: Callable[[str], None] | None = None,
+    checkpoint: Path | None = None,
+) -> dict[str, Any]:
+    """``warmup`` untimed and ``runs`` timed fresh children of ``script`` for ``case``.
+
+    Returns ``{"case": case, "runs": [...], "summary": {...}}``; a run that failed carries
+    ``error`` and stops the case (a failure repeats; timing it again wastes the machine).
+    With ``checkpoint`` (a JSON-lines file) a case already recorded there with the same
+    parameters is returned as recorded, and a new one is appended: an interrupted suite resumes.
+    """
+    key = json.loads(json.dumps({"case": case, "runs": runs, "warmup": warmup}))  # as stored
+    if checkpoint is not None and checkpoint.exists():
+        for line in checkpoint.read_text(encoding="utf-8").splitlines():
+            done = json.loads(line)
+            if done["key"] == key:
+                if log:
+                    log("  (from the checkpoint)")
+                return done["result"]
+    result = _run_case(script, case, runs, warmup, timeout, log)
+    if checkpoint is not None:
+        checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        with checkpoint.open("a", encoding="utf-8") as f:
+            f.write(json.dumps({"key": key, "result": result}) + "\n")
+    return result
+
+
+def _run_case(
+    script: str,
+    case: dict[str, Any],
+    runs: int,
+    warmup: int,
+    timeout: float,
+    log: Callable[[str], None] | None,
+) -> dict[str, Any]:
+    for _ in range(warmup):
+        first = _spawn(script, case, timeout)
+        if "error" in first:
+            if log:
+                log(f"  warm-up failed: {first['error']}")
+            return {"case": case, "runs": [first], "summary": {"error": first["error"]}}
+    results = []
+    for _ in range(runs):
+        r = _spawn(script, case, timeout)
+        results.append(r)
+        if "error" in r:
+            if log:
+                log(f"  run failed: {r['error']}")
+            return {"case": case, "runs": results, "summary": {"error": r["error"]}}
+    return {"case": case, "runs": results, "summary": summarise(results)}
+
+
+def summarise(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Median, min and max of every numeric field of the runs (``field`` → ``[med, lo, hi]``)."""
+    out: dict[str, Any] = {}
+    keys = dict.fromkeys(k for r in results for k in r)
+    for key in keys:
+        values = [r[key] for r in results if key in r]
+        if values and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            out[key] = [statistics.median(values), min(values), max(values)]
+        elif values:
+            out[key] = values[-1]
+    return out
+
+
+# ---------------------------------------------------------------------------- deterministic keys
+
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_SCRAMBLE = np.uint64(0x9E3779B97F4A7C15)
+KEY_BITS = 48
+
+
+def _permute_bits(x: np.ndarray, bits: int, seed: int) -> np.ndarray:
+    """A bijection of ``[0, 2**bits)`` (odd multiplies, xor-shifts and a xor, all mod ``2**bits``)."""
+    mask = np.uint64((1 << bits) - 1)
+    x = (x ^ np.uint64(seed & ((1 << bits) - 1))) & mask
+    x = (x * _MIX1) & mask
+    x ^= x >> np.uint64(max(1, bits // 2))
+    x = (x * _MIX2) & mask
+    x ^= x >> np.uint64(max(1, bits // 3))
+    return x
+
+
+def permuted_key_index(start: int, stop: int, total: int, distinct: int, seed: int) -> np.ndarray:
+    """Key numbers (``0 .. distinct-1``) of records ``start .. stop-1`` of a ``total``-record stream.
+
+    Record ``i`` gets ``perm(i) % distinct`` where ``perm`` is a pseudo-random permutation of
+    ``[0, total)`` (cycle-walking a bit-mixing bijection): when ``distinct`` divides ``total``
+    every key occurs exactly ``total // distinct`` times, in scattered order, and any slice can
+    be computed on its own (streams hold no input list).
+    """
+    bits = max(2, int(total - 1).bit_length())
+    x = _permute_bits(np.arange(start, stop, dtype=np.uint64), bits, seed)
+    out_of_range = x >= np.uint64(total)
+    while out_of_range.any():
+        x[out_of_range] = _permute_bits(x[out_of_range], bits, seed)
+        out_of_range = x >= np.uint64(total)
+    return (x % np.uint64(distinct)).astype(np.int64)
+
+
+def scramble_keys(index: np.ndarray) -> np.ndarray:
+    """Distinct key numbers → distinct int64 keys spread over ``[0, 2**48)`` (odd multiply mod 2**48)."""
+    mask = np.uint64((1 << KEY_BITS) - 1)
+    return ((index.astype(np.uint64) * _SCRAMBLE) & mask).astype(np.int64)
+
+
+# ---------------------------------------------------------------------------- reporting
+
+
+def format_bytes(n: float | None) -> str:
+    if n is None:
+        return "–"
+    if abs(n) >= 1024 * MIB:
+        return f"{n / 1024 / MIB:.2f} GiB"
+    return f"{n / MIB:.0f} MiB"
+
+
+def format_range(triple: Sequence[float] | None, fmt: str = "{:.2f}", unit: str = "") -> str:
+    """``median (min–max)``."""
+    if not triple:
+        return "–"
+    med, lo, hi = triple
+    return f"{fmt.format(med)}{unit} ({fmt.format(lo)}–{fmt.format(hi)})"
+
+
+def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def machine_info() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "load_average": list(os.getloadavg()),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    try:
+        import psutil
+
+        info["memory_total"] = psutil.virtual_memory().total
+    except ImportError:
+        pass
+    for name in ("numpy", "numba", "pyarrow", "duckdb", "polars", "pandas", "pyspark"):
+        try:
+            info[name] = __import__(name).__version__
+        except ImportError:
+            continue
+    return info
+
+
+def write_results(
+    name: str, payload: dict[str, Any], text: str, out_dir: Path | None = None
+) -> Path:
+    """Write ``<name>.json`` (every run) and ``<name>.md`` (the tables) to ``out_dir``
+    (default ``benchmarks/results``); returns the JSON path."""
+    out = out_dir or RESULTS_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    (out / f"{name}.md").write_text(text + "\n", encoding="utf-8")
+    return path
+
+
+def update_readme(section: str, text: str) -> bool:
+    """Replace the text between ``<!-- section:begin -->`` and ``<!-- section:end -->`` in
+    ``benchmarks/README.md``; False when the file or the markers are missing."""
+    path = Path(__file__).resolve().parent / "README.md"
+    begin, end = f"<!-- {section}:begin -->", f"<!-- {section}:end -->"
+    content = path.read_text(encoding="utf-8") if path.exists() else ""
+    if begin not in content or end not in content:
+        return False
+    head, rest = content.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(f"{head}{begin}\n{text}\n{end}{tail}", encoding="utf-8")
+    return True
+
+
+def add_common_arguments(parser: Any) -> None:
+    """Options both scripts share."""
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help="tiny data, 1 run, no warm-up")
+    parser.add_argument("--runs", type=int, help="timed runs per case (default 3, quick 1)")
+    parser.add_argument(
+        "--warmup", type=int, help="untimed warm-up runs per case (default 1, quick 0)"
+    )
+    parser.add_argument("--out", type=Path, help="results directory (default benchmarks/results)")
+    parser.add_argument(
+        "--no-readme", action="store_true", help="do not update benchmarks/README.md"
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="reuse the cases an interrupted run recorded in <out>/<name>.checkpoint.jsonl",
+    )
+
+
+def checkpoint_file(args: Any, name: str) -> Path:
+    """The checkpoint of this suite: emptied unless ``--resume``; the scripts remove it at the end."""
+    path = (args.out or RESULTS_DIR) / f"{name}.checkpoint.jsonl"
+    if not args.resume:
+        path.unlink(missing_ok=True)
+    return path
