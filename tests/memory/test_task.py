@@ -320,14 +320,24 @@ def test_interrupted_wait_leaves_no_idle_task(mm: UnifiedMemoryManager) -> None:
     main = threading.main_thread().ident
     assert main == threading.get_ident(), "runs in the main thread (signals go there)"
 
-    def interrupt_once_waiting() -> None:
-        wait_until(lambda: "t" in mm.tasks(), "t waits")
-        signal.pthread_kill(main, signal.SIGINT)  # a real Ctrl-C, delivered to the waiter
+    interrupted = threading.Event()
 
-    interrupter = Worker(interrupt_once_waiting)
+    def interrupt_while_waiting() -> None:
+        wait_until(lambda: "t" in mm.tasks(), "t waits")
+        # a real Ctrl-C, delivered to the waiter; repeated until it lands (a loaded machine
+        # may deliver the first one before the waiter is inside its wait)
+        while not interrupted.wait(0.2):
+            signal.pthread_kill(main, signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    interrupter = Worker(interrupt_while_waiting)
     interrupter.start()
-    with pytest.raises(KeyboardInterrupt):
-        MemoryConsumer(TaskMemoryManager(mm, "t")).acquire_memory(100)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            MemoryConsumer(TaskMemoryManager(mm, "t")).acquire_memory(100)
+    finally:
+        interrupted.set()
+        signal.signal(signal.SIGINT, previous)
     interrupter.outcome()
     assert mm.tasks() == {"hog": 1000}
 
