@@ -16,6 +16,7 @@ warm-up, medians of ``--runs`` runs with min–max, peak RSS above the baseline 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import shutil
@@ -127,6 +128,7 @@ def prepare_duckdb(spec: dict[str, Any], budget: int | None, threads: int):
     import duckdb
 
     temp = tempfile.mkdtemp(prefix="bench-duckdb-")
+    atexit.register(shutil.rmtree, temp, True)
     config: dict[str, Any] = {
         "threads": threads,
         "temp_directory": temp,

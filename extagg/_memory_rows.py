@@ -35,6 +35,10 @@ class UnsortedMemoryRows:
 
     def next_chunk(self) -> tuple[list[Any], list[Any]] | None:
         """The next ``(keys, values)`` to hand out, or ``None`` at the end."""
+        with self.owner._lock:  # a forced spill from another thread must not see a torn read
+            return self._next_chunk()
+
+    def _next_chunk(self) -> tuple[list[Any], list[Any]] | None:
         if self.run is not None:
             if self.run.next_min_hash() is None:
                 return None
@@ -51,6 +55,10 @@ class UnsortedMemoryRows:
 
     def spill_rest(self, trigger: Any = None) -> bool:
         """Sort the unread rows by key hash, write them as a run, drop the lists."""
+        with self.owner._lock:
+            return self._spill_rest(trigger)
+
+    def _spill_rest(self, trigger: Any) -> bool:
         if self.run is not None or self.keys is None or self.values is None:
             return False
         if self.pos >= len(self.keys):
@@ -67,13 +75,18 @@ class UnsortedMemoryRows:
         return True
 
     def close(self) -> None:
-        self.keys = self.values = None
-        if self.run is not None:
-            self.run.close()
+        with self.owner._lock:
+            self.keys = self.values = None
+            if self.run is not None:
+                self.run.close()
 
 
 class SpillableMemorySource(SortedBlockSource):
-    """The sorted in-memory map during iteration; can move its unread rows to disk."""
+    """The sorted in-memory map during iteration; can move its unread rows to disk.
+
+    Reads and the move to disk hold the owner's lock: a forced spill from another thread must
+    never write rows the merge has already taken (they would be yielded twice).
+    """
 
     def __init__(self, owner: Any, block: ObjectBlock) -> None:
         super().__init__(block, owner.batch_size)
@@ -81,31 +94,35 @@ class SpillableMemorySource(SortedBlockSource):
         self.run: RunSource | None = None
 
     def next_min_hash(self) -> int | None:
-        if self.run is not None:
-            return self.run.next_min_hash()
-        h = super().next_min_hash()
-        if h is None and self.block is not None:
-            self.block = None  # fully read: let the memory go
-            self.owner._release_down_to(0)
-        return h
+        with self.owner._lock:
+            if self.run is not None:
+                return self.run.next_min_hash()
+            h = super().next_min_hash()
+            if h is None and self.block is not None:
+                self.block = None  # fully read: let the memory go
+                self.owner._release_down_to(0)
+            return h
 
     def read_next(self) -> Any:
-        if self.run is not None:
-            return self.run.read_next()
-        return super().read_next()
+        with self.owner._lock:
+            if self.run is not None:
+                return self.run.read_next()
+            return super().read_next()
 
     def spill_rest(self, trigger: Any = None) -> bool:
         """Write the unread rows to a run and read from there; drop the in-memory block."""
-        if self.run is not None:
-            return False
-        rest = self.remaining()
-        if rest is None:
-            return False
-        self.run = self.owner._move_to_run(rest, trigger)
-        self.block = None
-        return True
+        with self.owner._lock:
+            if self.run is not None:
+                return False
+            rest = self.remaining()
+            if rest is None:
+                return False
+            self.run = self.owner._move_to_run(rest, trigger)
+            self.block = None
+            return True
 
     def close(self) -> None:
-        super().close()
-        if self.run is not None:
-            self.run.close()
+        with self.owner._lock:
+            super().close()
+            if self.run is not None:
+                self.run.close()

@@ -377,7 +377,8 @@ class ExternalAppendOnlyMap(MemoryConsumer):
         self, memory_source: SpillableMemorySource
     ) -> Iterator[Iterator[tuple[Any, Any]]]:
         sources: list[BlockSource] = [memory_source]
-        sources += [RunSource(path, owner=self._spill_dirs) for path in self._runs]
+        with self._lock:  # a forced spill from another thread may be moving rows to a run
+            sources += [RunSource(path, owner=self._spill_dirs) for path in self._runs]
         merge_memory = 0
         try:
             fan_in = self.fan_in

@@ -464,3 +464,47 @@ def test_big_rows_are_spilled_in_small_batches_within_budget(spill_dir):
         assert emap._max_batch_bytes < 2 * 2**20 // 8
         assert sum(v for _, v in emap.iterator()) == 6000
         assert emap.metrics.peak_granted_bytes <= 2 * 2**20
+
+
+@pytest.mark.parametrize("spilled_before", [False, True])
+@pytest.mark.parametrize("ordered", [False, True])
+def test_forced_spill_from_another_thread_during_iteration_repeats_nothing(
+    spill_dir, monkeypatch, spilled_before, ordered
+):
+    """While another thread's forced spill writes the unread rows to a run, the iterating
+    thread must not go on taking rows from memory (they would be yielded twice)."""
+    import threading
+
+    from extagg._memory_rows import UnsortedMemoryRows
+
+    monkeypatch.setattr(UnsortedMemoryRows, "CHUNK", 500)
+    tmm = task_memory_manager(UnifiedMemoryManager(max_memory="256m"), "race")
+    other = MemoryConsumer(tmm, "other")
+    n = 20_000
+    emap = ExternalAppendOnlyMap(SUM, memory_manager=tmm, spill_dirs=[spill_dir], batch_size=500)
+    emap.insert_all((k % n, 1) for k in range(2 * n))
+    if spilled_before:
+        emap.spill(1, other)
+        emap.insert_all((k, 1) for k in range(n))
+    real_move, writing, reader_went_on = emap._move_to_run, threading.Event(), threading.Event()
+
+    def slow_move_to_run(block, trigger):
+        # the rows to write are chosen; give the iterating thread the chance to read on
+        writing.set()
+        reader_went_on.wait(timeout=1)
+        return real_move(block, trigger)
+
+    emap._move_to_run = slow_move_to_run
+    spiller = threading.Thread(target=lambda: emap.spill(1, other))
+    seen: dict = {}
+    with emap:
+        for i, (k, c) in enumerate(emap.iterator(ordered=ordered)):
+            if i == 100:
+                spiller.start()
+                assert writing.wait(timeout=10)
+            elif i == 2100:  # several batches later: a read went past the spill
+                reader_went_on.set()
+            assert k not in seen, f"key {k} yielded twice"
+            seen[k] = c
+    spiller.join()
+    assert seen == {k: 3 if spilled_before else 2 for k in range(n)}
