@@ -12,7 +12,7 @@ import numpy as np
 
 from extagg.hashing import order_hashes
 from extagg.merge import RunSource, SortedBlockSource
-from extagg.spill.blocks import ObjectBlock
+from extagg.spill.blocks import ObjectBlock, PermutedObjectBlock
 
 __all__ = ["SpillableMemorySource", "UnsortedMemoryRows"]
 
@@ -65,12 +65,12 @@ class UnsortedMemoryRows:
             # everything was handed out (as copies): the lists are dead weight, free them now
             self.keys = self.values = None
             return True
-        keys, values = self.keys[self.pos :], self.values[self.pos :]
+        keys, values, pos = self.keys, self.values, self.pos
         self.keys = self.values = None
-        hashes = order_hashes(keys)
-        order = np.argsort(hashes, kind="stable").tolist()
-        block = ObjectBlock(hashes[order], [keys[i] for i in order], [values[i] for i in order])
-        del keys, values
+        hashes = order_hashes(keys[pos:])
+        order = np.argsort(hashes, kind="stable")
+        block = PermutedObjectBlock(hashes[order], order + pos, keys, values)
+        del hashes, order, keys, values
         self.run = self.owner._move_to_run(block, trigger)
         return True
 
@@ -88,7 +88,7 @@ class SpillableMemorySource(SortedBlockSource):
     never write rows the merge has already taken (they would be yielded twice).
     """
 
-    def __init__(self, owner: Any, block: ObjectBlock) -> None:
+    def __init__(self, owner: Any, block: ObjectBlock | PermutedObjectBlock) -> None:
         super().__init__(block, owner.batch_size)
         self.owner = owner
         self.run: RunSource | None = None

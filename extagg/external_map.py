@@ -33,6 +33,7 @@ from extagg._config import (
 from extagg._memory_rows import SpillableMemorySource, UnsortedMemoryRows
 from extagg.aggregator import Aggregator
 from extagg.collection import SizeTrackingAppendOnlyMap
+from extagg.collection.append_only_map import SORT_BYTES_PER_ENTRY
 from extagg.errors import MemoryLimitError
 from extagg.memory import (
     MemoryConsumer,
@@ -48,7 +49,7 @@ from extagg.merge import (
     write_run_from,
 )
 from extagg.metrics import SpillMetrics
-from extagg.spill.blocks import ObjectBlock
+from extagg.spill.blocks import ObjectBlock, PermutedObjectBlock
 from extagg.spill.codecs import OBJECT_CODEC
 from extagg.spill.runfile import RunWriter
 from extagg.spill.tempdir import SpillDirs
@@ -171,6 +172,8 @@ class ExternalAppendOnlyMap(MemoryConsumer):
                 estimate = current.estimate_size()
                 if estimate > self.metrics.peak_memory_bytes:
                     self.metrics.peak_memory_bytes = estimate
+                # a spill sorts the map first: its working memory is part of what we hold
+                estimate += SORT_BYTES_PER_ENTRY * (len(current) + len(keys))
                 if len(current) + len(keys) > current.grow_threshold:
                     # this chunk may double the table: ask for the new arrays before they exist
                     estimate += current.growth_bytes()
@@ -227,7 +230,7 @@ class ExternalAppendOnlyMap(MemoryConsumer):
             "" if trigger is None else f", forced by {getattr(trigger, 'name', trigger)}",
         )
 
-    def _move_to_run(self, block: ObjectBlock, trigger: Any) -> RunSource:
+    def _move_to_run(self, block: ObjectBlock | PermutedObjectBlock, trigger: Any) -> RunSource:
         """Write the unread, hash-sorted rows of the iteration to a run (a forced spill)."""
         self._log_spill(self._threshold, "the merge" if trigger is None else trigger)
         started = time.perf_counter()
@@ -252,11 +255,12 @@ class ExternalAppendOnlyMap(MemoryConsumer):
         """Sort the current map by key hash and write it as a run; on failure keep it."""
         assert self._map is not None
         started = time.perf_counter()
-        hashes, keys, values = self._map.destructive_sorted_arrays()
+        hashes, order, keys, values = self._map.destructive_sort_order()
         self._map = SizeTrackingAppendOnlyMap()
         try:
-            self._write_run(ObjectBlock(hashes, keys, values))
+            self._write_run(PermutedObjectBlock(hashes, order, keys, values))
         except BaseException:
+            del hashes, order
             self._map = _rebuild_map(keys, values)
             raise
         finally:
@@ -273,7 +277,7 @@ class ExternalAppendOnlyMap(MemoryConsumer):
         target = max(64 * 1024, max_memory // (4 * self.fan_in))
         return max(16, min(self.batch_size, target // self._row_bytes))
 
-    def _write_run(self, block: ObjectBlock) -> str:
+    def _write_run(self, block: ObjectBlock | PermutedObjectBlock) -> str:
         path = self._spill_dirs.new_path("map")
         writer = RunWriter(
             path, OBJECT_CODEC, compression=self.compression, spill_dirs=self._spill_dirs
@@ -353,9 +357,11 @@ class ExternalAppendOnlyMap(MemoryConsumer):
                 unsorted = UnsortedMemoryRows(self, keys, values)
                 self._reading = unsorted
                 return chain.from_iterable(self._iterate_unsorted(unsorted))
-            hashes, keys, values = self._map.destructive_sorted_arrays()
+            hashes, order, keys, values = self._map.destructive_sort_order()
             self._map = None
-            memory_source = SpillableMemorySource(self, ObjectBlock(hashes, keys, values))
+            memory_source = SpillableMemorySource(
+                self, PermutedObjectBlock(hashes, order, keys, values)
+            )
             self._reading = memory_source
         # pairs are handed out by C-level iterators; Python runs once per block, not per pair
         return chain.from_iterable(self._iterate_blocks(memory_source))

@@ -76,7 +76,7 @@ class SortedBlockSource(BlockSource):
         """The rows not yet handed out (a view), or ``None``."""
         if self.block is None or self.pos >= len(self.block):
             return None
-        return self.block.slice(self.pos, len(self.block))
+        return self.block.tail(self.pos)
 
     def close(self) -> None:
         self.block = None

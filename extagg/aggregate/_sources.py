@@ -65,6 +65,10 @@ class TableSource(BlockSource):
 
     def spill_rest(self) -> bool:
         """Write the unread groups to a run, read from there on, free the table's memory."""
+        with self.owner._lock:  # never while another thread is reading a batch
+            return self._spill_rest()
+
+    def _spill_rest(self) -> bool:
         if self.run is not None or self.table is None or self.hashes is None:
             return False
         assert self.gids is not None

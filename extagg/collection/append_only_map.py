@@ -29,6 +29,7 @@ from extagg.collection._kernels import EMPTY
 from extagg.hashing import order_hashes
 
 __all__ = [
+    "SORT_BYTES_PER_ENTRY",
     "DEFAULT_CAPACITY",
     "LOAD_FACTOR",
     "MAXIMUM_CAPACITY",
@@ -42,6 +43,9 @@ MAXIMUM_CAPACITY = 1 << 29
 LOAD_FACTOR = 0.7
 DEFAULT_CAPACITY = 64
 DESTROYED_MESSAGE = "Map state is invalid from destructive sorting!"
+#: peak working memory of :meth:`AppendOnlyMap.destructive_sort_order` per entry: the unsorted
+#: and sorted hashes and the permutation, 8 bytes each (the table is freed before)
+SORT_BYTES_PER_ENTRY = 24
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _M64 = (1 << 64) - 1
@@ -312,6 +316,27 @@ class AppendOnlyMap(BatchFoldMixin):
         sorted_values = list(map(values.__getitem__, positions))
         return hashes, sorted_keys, sorted_values
 
+    def destructive_sort_order(self) -> tuple[np.ndarray, np.ndarray, list[Any], list[Any]]:
+        """Destroy the map and return ``(hashes, order, keys, values)`` without copying rows.
+
+        ``hashes`` are the :func:`extagg.hashing.order_hash` values ascending, ``order[i]`` the
+        position in ``keys``/``values`` (insertion order) of the ``i``-th entry in that order;
+        equal hashes keep insertion order. The table is freed first, so the working memory is
+        the two 8-byte arrays (16 bytes per entry held, 24 at the peak of the sort): see
+        :data:`SORT_BYTES_PER_ENTRY`.
+        """
+        self._check_valid()
+        keys, values = self._keys, self._values
+        unsorted = order_hashes(keys)  # may run user __hash__: the map is still intact
+        self._destroyed = True
+        self._size = 0
+        self._keys, self._values = [], []
+        self._table = np.empty(0, dtype=np.int32)
+        self._hashes = np.empty(0, dtype=np.int64)
+        order = _kernels.stable_argsort_u64(unsorted)
+        hashes = unsorted[order]
+        return hashes, order, keys, values
+
     def destructive_arrays(self) -> tuple[list[Any], list[Any]]:
         """Destroy the map and return its keys and values in insertion order (no sorting)."""
         self._check_valid()
@@ -325,8 +350,8 @@ class AppendOnlyMap(BatchFoldMixin):
 
     def destructive_sorted_iterator(self) -> Iterator[tuple[Any, Any]]:
         """Destroy the map now and iterate ``(key, value)`` in order-hash order."""
-        _, keys, values = self.destructive_sorted_arrays()
-        return zip(keys, values)
+        _, order, keys, values = self.destructive_sort_order()
+        return _gather_pairs(order, keys, values)
 
     def check_invariants(self) -> None:
         """Raise ``AssertionError`` naming the first broken invariant (for tests; O(n * probe))."""
@@ -364,3 +389,13 @@ class AppendOnlyMap(BatchFoldMixin):
             if key in seen:
                 raise AssertionError(f"key {key!r} is entries {seen[key]} and {entry}")
             seen[key] = entry
+
+
+def _gather_pairs(
+    order: np.ndarray, keys: list[Any], values: list[Any]
+) -> Iterator[tuple[Any, Any]]:
+    """``(keys[i], values[i])`` for ``i`` in ``order``, gathering a slice at a time."""
+    step = 8192
+    for start in range(0, len(order), step):
+        positions = order[start : start + step].tolist()
+        yield from zip(map(keys.__getitem__, positions), map(values.__getitem__, positions))

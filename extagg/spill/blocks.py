@@ -13,7 +13,7 @@ from typing import Any, Union
 
 import numpy as np
 
-__all__ = ["ObjectBlock", "ColumnBlock", "Block"]
+__all__ = ["ObjectBlock", "PermutedObjectBlock", "ColumnBlock", "Block"]
 
 _EMPTY_HASHES = np.empty(0, dtype=np.uint64)
 
@@ -38,6 +38,9 @@ class ObjectBlock:
 
     def slice(self, start: int, stop: int) -> ObjectBlock:
         return ObjectBlock(self.hashes[start:stop], self.keys[start:stop], self.values[start:stop])
+
+    def tail(self, start: int) -> ObjectBlock:
+        return self.slice(start, len(self.keys))
 
     @staticmethod
     def empty() -> ObjectBlock:
@@ -66,6 +69,59 @@ class ObjectBlock:
             sys.getsizeof(self.keys[i]) + sys.getsizeof(self.values[i]) for i in sample
         ) / len(sample)
         return int(self.hashes.nbytes + 2 * (56 + 8 * n) + per_row * n)
+
+
+class PermutedObjectBlock:
+    """Hash-sorted rows of the generic engine without sorted copies of the rows.
+
+    ``hashes`` are ascending and ``order[i]`` is the position in ``keys``/``values`` (insertion
+    order) of the ``i``-th row. Slices gather their rows on demand, so sorting a map for a
+    spill costs 16 bytes per entry (the hashes and the order) instead of new key and value
+    lists plus a list of Python ints for the permutation.
+    """
+
+    __slots__ = ("hashes", "order", "keys", "values")
+
+    def __init__(
+        self, hashes: np.ndarray, order: np.ndarray, keys: list[Any], values: list[Any]
+    ) -> None:
+        if not (len(hashes) == len(order)) or len(keys) != len(values):
+            raise ValueError("permuted block columns differ in length")
+        self.hashes = hashes
+        self.order = order
+        self.keys = keys
+        self.values = values
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def slice(self, start: int, stop: int) -> ObjectBlock:
+        """Rows ``start:stop`` in hash order, gathered into a plain :class:`ObjectBlock`."""
+        positions = self.order[start:stop].tolist()
+        return ObjectBlock(
+            self.hashes[start:stop],
+            list(map(self.keys.__getitem__, positions)),
+            list(map(self.values.__getitem__, positions)),
+        )
+
+    def tail(self, start: int) -> PermutedObjectBlock:
+        """Rows ``start:`` as a view (nothing gathered)."""
+        return PermutedObjectBlock(self.hashes[start:], self.order[start:], self.keys, self.values)
+
+    def nbytes(self) -> int:
+        """Estimated bytes of the rows (see :meth:`ObjectBlock.nbytes`)."""
+        n = len(self.order)
+        if n == 0:
+            return 0
+        return self.slice(0, n).nbytes() if n <= 16 else self._sampled_nbytes(n)
+
+    def _sampled_nbytes(self, n: int) -> int:
+        step = n // 16
+        rows = [int(self.order[i]) for i in range(0, n, step)]
+        per_row = sum(
+            sys.getsizeof(self.keys[i]) + sys.getsizeof(self.values[i]) for i in rows
+        ) / len(rows)
+        return int(self.hashes.nbytes + self.order.nbytes + 2 * (56 + 8 * n) + per_row * n)
 
 
 class ColumnBlock:
@@ -111,6 +167,9 @@ class ColumnBlock:
             {name: col[start:stop] for name, col in self.columns.items()},
             var,
         )
+
+    def tail(self, start: int) -> ColumnBlock:
+        return self.slice(start, len(self.hashes))
 
     @staticmethod
     def concat(blocks: list[ColumnBlock]) -> ColumnBlock:

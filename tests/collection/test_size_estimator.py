@@ -11,9 +11,25 @@ import numpy as np
 import pytest
 
 from extagg.collection import estimate_size
-from extagg.collection.size_estimator import DEFAULT_SAMPLE_SIZE, estimate_entries_size
+from extagg.collection.size_estimator import (
+    DEFAULT_SAMPLE_SIZE,
+    allocated_size,
+    estimate_entries_size,
+)
 
-size = sys.getsizeof
+
+def size(obj) -> int:
+    """What one object occupies: its ``getsizeof`` in the allocator's size classes."""
+    return allocated_size(sys.getsizeof(obj))
+
+
+@pytest.mark.parametrize(
+    ("requested", "occupied"),
+    [(1, 16), (16, 16), (24, 32), (28, 32), (33, 48), (512, 512), (513, 528), (1000, 1008)],
+)
+def test_allocations_round_up_to_the_allocator_size_classes(requested, occupied):
+    assert allocated_size(requested) == occupied
+    assert allocated_size(requested) % 16 == 0
 
 
 @pytest.mark.parametrize("obj", [None, True, False, -5, 0, 256, ""])
@@ -24,6 +40,7 @@ def test_shared_singletons_count_zero(obj):
 @pytest.mark.parametrize("obj", [257, -6, 2**100, 1.5, "x", "héllo", b"bytes", 3j])
 def test_atoms_count_their_own_size(obj):
     assert estimate_size(obj) == size(obj)
+    assert sys.getsizeof(obj) <= estimate_size(obj) < sys.getsizeof(obj) + 24
 
 
 def test_containers_add_their_elements():
