@@ -252,7 +252,9 @@ class HashAggregator(MemoryConsumer):
                 )
             k = self._layout.keys if self._layout else None
             assert k is not None
-            self._table = TypedHashTable(k.num_words, len(k.names), k.has_var, self._payload())
+            self._table = TypedHashTable(
+                k.num_words, len(k.names), k.has_var, self._payload(), hash_is_key=k.hash_is_key
+            )
             self._trim()
         return self._table
 

@@ -24,6 +24,7 @@ WORD_PREFIX = "k"
 NULLS_COLUMN = "knull"
 VAR_COLUMN = "kvar"
 
+_BIJECTIVE_KINDS = ("int", "uint", "bool", "temporal")
 _EMPTY_BOOL = np.zeros(0, dtype=np.bool_)
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
 _EMPTY_U8 = np.zeros(0, dtype=np.uint8)
@@ -60,6 +61,9 @@ class KeyLayout:
         self.has_var = bool(self.var)
         self.packed = len(self.var) > 1
         self.null_dtype = null_mask_dtype(len(self.names))
+        #: one integer-like key column: its hash, fmix64(word ^ seed), is a bijection of its
+        #: word, so the table may match keys by hash alone (see ``TypedHashTable.hash_is_key``)
+        self.hash_is_key = len(self.kinds) == 1 and self.kinds[0] in _BIJECTIVE_KINDS
 
     # -- encoding ----------------------------------------------------------------------------
 

@@ -62,6 +62,35 @@ def insert_rows(
     return n, DONE
 
 
+def insert_rows_hash_is_key(hashes, words, start, slots, shift, key_words, meta, grow_at, out_gid):
+    """Reference of ``insert_rows_hash_is_key``: a hash match is a key match."""
+    n = len(hashes)
+    mask = len(slots) - 1
+    n_groups = int(meta[0])
+    for i in range(start, n):
+        h = int(hashes[i])
+        pos = h >> int(shift)
+        step = 0
+        while True:
+            g1 = int(slots[pos, 1])
+            if g1 == 0:
+                if n_groups >= grow_at:
+                    meta[0] = n_groups
+                    return i, TABLE_FULL
+                key_words[n_groups, 0] = words[i, 0]
+                slots[pos, 0], slots[pos, 1] = h, n_groups + 1
+                out_gid[i] = n_groups
+                n_groups += 1
+                break
+            if int(slots[pos, 0]) == h:
+                out_gid[i] = g1 - 1
+                break
+            step += 1
+            pos = (pos + step) & mask
+    meta[0] = n_groups
+    return n, DONE
+
+
 def rehash_slots(old, new, shift):
     """Reference of ``rehash_slots``."""
     mask = len(new) - 1

@@ -55,7 +55,13 @@ class TypedHashTable:
         *,
         capacity: int = MIN_CAPACITY,
         arena_capacity: int = MIN_ARENA,
+        hash_is_key: bool = False,
     ) -> None:
+        if hash_is_key and (num_words != 1 or has_var):
+            raise ValueError("hash_is_key needs exactly one fixed-width key word")
+        #: the key hash is a bijection of the one key word (integer keys): a matching hash is a
+        #: matching key unless a null was inserted (nulls hash to a constant)
+        self.hash_is_key = hash_is_key
         if capacity < 2 or capacity & (capacity - 1) or capacity > MAX_CAPACITY:
             raise ValueError(f"capacity must be a power of two in [2, 2**30], got {capacity}")
         self.num_words = num_words
@@ -142,6 +148,7 @@ class TypedHashTable:
             self.arena = np.zeros(0, dtype=np.uint8)
         self.payload = [np.full(groups, fill, dtype=dt) for dt, fill in self.payload_spec]
         self.meta = np.zeros(2, dtype=np.int64)
+        self._nulls_seen = False
 
     def reset(self, capacity: int = MIN_CAPACITY) -> None:
         """Drop every group and start again at ``capacity`` (after a spill)."""
@@ -187,6 +194,14 @@ class TypedHashTable:
         out_gid: np.ndarray,
     ) -> tuple[int, int]:
         """Assign group ids to rows ``start..``; see ``_typed_kernels.insert_rows``."""
+        if nulls.shape[0]:
+            self._nulls_seen = True
+        elif self.hash_is_key and not self._nulls_seen:
+            next_row, status = K.insert_rows_hash_is_key(
+                hashes, words, start, self.slots, self.shift, self.key_words, self.meta,
+                self.grow_at, out_gid,
+            )  # fmt: skip
+            return int(next_row), int(status)
         next_row, status = K.insert_rows(
             hashes, words, nulls, var_offsets, var_data, start, self.slots, self.shift,
             self.key_words, self.key_nulls, self.var_offsets, self.arena, self.meta,

@@ -143,3 +143,62 @@ def test_gather_var_matches_reference(values, data) -> None:
     o1, d1 = K.gather_var(offsets, blob, rows)
     o2, d2 = R.gather_var(offsets, blob, rows)
     assert o1.tolist() == o2.tolist() and d1.tobytes() == d2.tobytes()
+
+
+def _insert_all_by_hash(mod, hashes, words, capacity=4):
+    table = TypedHashTable(1, 1, False, capacity=capacity, hash_is_key=True)
+    out = np.full(len(hashes), -1, dtype=np.int64)
+    pos, stops = 0, []
+    while pos < len(hashes):
+        pos, status = mod.insert_rows_hash_is_key(
+            hashes, words, pos, table.slots, table.shift, table.key_words, table.meta,
+            table.grow_at, out,
+        )  # fmt: skip
+        stops.append((pos, status))
+        if status == K.TABLE_FULL:
+            table.grow()
+    return table, out, stops
+
+
+@given(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=200), st.integers(0, 40))
+def test_insert_rows_hash_is_key_matches_reference_and_the_general_kernel(values, dups) -> None:
+    from extagg import _hash_kernels as HK
+
+    values = values + values[:dups]  # repeated keys
+    words = np.array(values, dtype=np.int64).view(np.uint64).reshape(len(values), 1)
+    hashes = np.empty(len(values), dtype=np.uint64)
+    HK.hash_int_column(np.array(values, dtype=np.int64), np.zeros(0, dtype=np.bool_), hashes)
+    fast = _insert_all_by_hash(K, hashes, words)
+    slow = _insert_all_by_hash(R, hashes, words)
+    general = _insert_all(K, hashes, words, np.zeros(0, np.uint8), E64, E8, False)
+    assert fast[1].tolist() == slow[1].tolist() == general[1].tolist()
+    assert fast[2] == slow[2]
+    assert np.array_equal(fast[0].slots, slow[0].slots)
+    assert np.array_equal(fast[0].slots, general[0].slots)
+    fast[0].check_invariants()
+    # group ids number the distinct keys in order of first appearance
+    first = list(dict.fromkeys(values))
+    assert fast[1].tolist() == [first.index(v) for v in values]
+
+
+def test_hash_is_key_needs_one_fixed_width_word() -> None:
+    with pytest.raises(ValueError, match="one fixed-width key word"):
+        TypedHashTable(2, 2, False, hash_is_key=True)
+    with pytest.raises(ValueError, match="one fixed-width key word"):
+        TypedHashTable(1, 1, True, hash_is_key=True)
+
+
+def test_a_table_that_saw_nulls_compares_keys_again() -> None:
+    """Nulls hash to a constant some integer may share: after a null, match by key again."""
+    from extagg import _hash_kernels as HK
+
+    table = TypedHashTable(1, 1, False, hash_is_key=True)
+    null_hash = np.empty(1, dtype=np.uint64)
+    HK.hash_int_column(np.zeros(1, np.int64), np.zeros(1, dtype=np.bool_), null_hash)
+    out = np.empty(1, dtype=np.int64)
+    # a null row (word 0) and then a non-null row forged to share the null's hash
+    table.insert(null_hash, np.zeros((1, 1), np.uint64), np.ones(1, np.uint8), E64, E8, 0, out)
+    assert out.tolist() == [0]
+    table.insert(null_hash, np.full((1, 1), 5, np.uint64), np.zeros(0, np.uint8), E64, E8, 0, out)
+    assert out.tolist() == [1]  # not merged into the null group
+    assert table.num_groups == 2
