@@ -59,7 +59,12 @@ def hash_batch(keys: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
     is hashed vectorised: ``hash(x) == x`` for ``-P < x < P`` (``P = 2**61 - 1``) but ``x == -1``.
     """
     n = len(keys)
-    if _INT_HASH_IS_VALUE and operator.countOf(map(type, keys), int) == n:
+    if (
+        _INT_HASH_IS_VALUE
+        and n
+        and type(keys[0]) is int
+        and operator.countOf(map(type, keys), int) == n
+    ):
         try:
             ints = np.fromiter(keys, dtype=np.int64, count=n)
         except OverflowError:
@@ -72,7 +77,7 @@ def hash_batch(keys: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
                     ints[i] = hash(keys[i])
             return ints, tags.view(np.uint8)
     try:
-        hashes = np.array(list(map(hash, keys)), dtype=np.int64)
+        hashes = np.fromiter(map(hash, keys), dtype=np.int64, count=n)
     except TypeError as err:
         for key in keys:
             try:
