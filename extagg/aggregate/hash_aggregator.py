@@ -371,6 +371,14 @@ class HashAggregator(MemoryConsumer):
             table.grow()
             self._trim()
             return
+        target = table.fill_target()
+        if target > table.grow_at and self._hold(
+            table.bytes_after_extension(target) + self._scratch + self._io_bytes
+        ):
+            # no memory to double: fill the slots we have further before spilling
+            table.extend_groups(target)
+            self._trim()
+            return
         self._spill_table("memory for growth not granted")
 
     def _grow_arena_or_spill(self, table: TypedHashTable, needed: int) -> None:

@@ -20,9 +20,18 @@ import numpy as np
 
 from extagg.collection import _typed_kernels as K
 
-__all__ = ["TypedHashTable", "null_mask_dtype", "LOAD_FACTOR", "MIN_CAPACITY", "MAX_CAPACITY"]
+__all__ = [
+    "TypedHashTable",
+    "null_mask_dtype",
+    "LOAD_FACTOR",
+    "FULL_LOAD_FACTOR",
+    "MIN_CAPACITY",
+    "MAX_CAPACITY",
+]
 
 LOAD_FACTOR = 0.7
+#: the load a table may be filled to, instead of spilling, when doubling it is not granted
+FULL_LOAD_FACTOR = 0.875
 MIN_CAPACITY = 64
 MAX_CAPACITY = 1 << 30
 MIN_ARENA = 4096
@@ -173,6 +182,38 @@ class TypedHashTable:
             _grown(p, groups, n, fill)
             for p, (_, fill) in zip(self.payload, self.payload_spec, strict=True)
         ]
+
+    def fill_target(self) -> int:
+        """Groups the table could hold at its current capacity if filled to
+        :data:`FULL_LOAD_FACTOR` (equal to ``grow_at`` when already extended)."""
+        return max(self.grow_at, int(self.capacity * FULL_LOAD_FACTOR))
+
+    def bytes_after_extension(self, groups: int) -> int:
+        """Bytes held at the peak of :meth:`extend_groups` to ``groups``: the table after it
+        plus the largest one new array (the arrays are replaced one at a time)."""
+        widths = [8 * self.num_words, self.null_dtype.itemsize]
+        widths += [dt.itemsize for dt, _ in self.payload_spec]
+        if self.has_var:
+            widths.append(8)
+        added = (groups - self.grow_at) * sum(widths)
+        return self.nbytes + added + groups * max(widths)
+
+    def extend_groups(self, groups: int) -> None:
+        """Let the table hold ``groups`` groups without doubling its slots (a fuller table,
+        slower probes, but no spill yet). The caller has been granted the new arrays."""
+        if groups > self.capacity - 1:
+            raise ValueError(f"cannot hold {groups} groups in {self.capacity} slots")
+        if groups <= self.grow_at:
+            return
+        n = self.num_groups
+        # one array at a time: each old one is freed before the next new one is made
+        self.key_words = _grown(self.key_words, groups, n, 0)
+        self.key_nulls = _grown(self.key_nulls, groups, n, 0)
+        if self.has_var:
+            self.var_offsets = _grown(self.var_offsets, groups + 1, n + 1, 0)
+        for i, (_, fill) in enumerate(self.payload_spec):
+            self.payload[i] = _grown(self.payload[i], groups, n, fill)
+        self.grow_at = groups
 
     def grow_arena(self, needed: int) -> None:
         """Grow the arena so ``needed`` more bytes fit (the caller has been granted the bytes)."""

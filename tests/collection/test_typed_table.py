@@ -54,6 +54,37 @@ def test_growth_keeps_groups_and_payload() -> None:
     assert np.array_equal(again, gids)  # same keys find the same groups after growth
 
 
+@pytest.mark.parametrize("hash_is_key", [False, True])
+def test_extending_groups_fills_the_slots_further_and_keeps_everything(hash_is_key) -> None:
+    from extagg.collection.typed_table import FULL_LOAD_FACTOR
+
+    table = TypedHashTable(1, 1, False, PAYLOAD, capacity=1024, hash_is_key=hash_is_key)
+    keys = np.arange(5000, dtype=np.int64) * 7919 - 5000
+    hashes = hashing.hash_array(keys)
+    words = keys.view(np.uint64).reshape(len(keys), 1)
+    out = np.empty(len(keys), dtype=np.int64)
+    pos, status = table.insert(hashes, words, E8, E64, E8, 0, out)
+    assert status == TABLE_FULL and pos == table.grow_at == int(1024 * 0.7)
+    table.payload[0][out[:pos]] = keys[:pos].astype(np.float64)
+    target = table.fill_target()
+    assert target == int(1024 * FULL_LOAD_FACTOR)
+    predicted_peak = table.bytes_after_extension(target)
+    table.extend_groups(target)
+    assert table.grow_at == target and table.capacity == 1024
+    assert table.nbytes < predicted_peak  # the peak also counts one array being copied
+    assert np.all(table.payload[1][pos:] == -1)  # new rows get the fill value
+    assert np.array_equal(table.payload[0][out[:pos]], keys[:pos].astype(np.float64))
+    pos2, status = table.insert(hashes, words, E8, E64, E8, pos, out)
+    assert status == TABLE_FULL and pos2 == target  # stopped at the new limit
+    table.check_invariants()
+    again = np.empty(pos2, dtype=np.int64)
+    table.insert(hashes[:pos2], words[:pos2], E8, E64, E8, 0, again)
+    assert np.array_equal(again, out[:pos2])  # every key still finds its group
+    assert table.fill_target() == target  # nothing more to extend at this capacity
+    with pytest.raises(ValueError, match="cannot hold"):
+        table.extend_groups(1024)
+
+
 def test_sort_by_hash_orders_groups_and_restore_rebuilds() -> None:
     table = TypedHashTable(1, 1, False, PAYLOAD)
     keys = np.array([5, 3, 5, 9, -1, 3, 0], dtype=np.int64)
