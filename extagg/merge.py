@@ -16,6 +16,7 @@ import heapq
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
+from functools import reduce
 from typing import Any
 
 import numpy as np
@@ -262,23 +263,50 @@ def combine_object_pieces(pieces: list[ObjectBlock], merge_combiners: Any) -> Ob
     n = len(hashes)
     same = hashes[1:] == hashes[:-1]
     positions = order.tolist()
-    keys = [block.keys[i] for i in positions]
-    values = [block.values[i] for i in positions]
+    keys = list(map(block.keys.__getitem__, positions))
+    values = list(map(block.values.__getitem__, positions))
     if not same.any():
         return ObjectBlock(hashes, keys, values)
-    keep = np.ones(n, dtype=bool)
     starts = np.flatnonzero(np.concatenate(([True], ~same)))
     ends = np.append(starts[1:], n)
-    for s, e in zip(starts[ends - starts > 1].tolist(), ends[ends - starts > 1].tolist()):
-        for a in range(s, e):
-            if not keep[a]:
-                continue
-            ka = keys[a]
-            for b in range(a + 1, e):
-                if keep[b] and (keys[b] is ka or keys[b] == ka):
-                    values[a] = merge_combiners(values[a], values[b])
-                    keep[b] = False
-    if keep.all():
+    multi = ends - starts > 1
+    dropped: list[int] = []
+    drop = dropped.append
+    for s, e in zip(starts[multi].tolist(), ends[multi].tolist()):
+        ka = keys[s]
+        if e - s == 2:  # the common case: one key in two sources
+            kb = keys[s + 1]
+            if kb is ka or kb == ka:
+                values[s] = merge_combiners(values[s], values[s + 1])
+                drop(s + 1)
+        elif keys[s:e].count(ka) == e - s:  # one key in several sources
+            values[s] = reduce(merge_combiners, values[s:e])
+            dropped.extend(range(s + 1, e))
+        else:  # colliding hashes of unequal keys: combine each key with its equals only
+            _combine_colliding(keys, values, s, e, merge_combiners, dropped)
+    if not dropped:
         return ObjectBlock(hashes, keys, values)
+    keep = np.ones(n, dtype=bool)
+    keep[dropped] = False
     idx = np.flatnonzero(keep).tolist()
-    return ObjectBlock(hashes[keep], [keys[i] for i in idx], [values[i] for i in idx])
+    return ObjectBlock(
+        hashes[keep], list(map(keys.__getitem__, idx)), list(map(values.__getitem__, idx))
+    )
+
+
+def _combine_colliding(
+    keys: list[Any], values: list[Any], s: int, e: int, merge_combiners: Any, dropped: list[int]
+) -> None:
+    """Within rows ``s:e`` (equal hashes), fold each row into the first earlier equal key."""
+    alive = list(range(s, e))
+    while alive:
+        a, rest = alive[0], alive[1:]
+        ka = keys[a]
+        alive = []
+        for b in rest:
+            kb = keys[b]
+            if kb is ka or kb == ka:
+                values[a] = merge_combiners(values[a], values[b])
+                dropped.append(b)
+            else:
+                alive.append(b)

@@ -160,3 +160,22 @@ def test_run_source_reads_lazily(tmp_path):
     assert lazy._reader is None
     assert lazy.next_min_hash() is not None
     lazy.close()
+
+
+def test_combine_pieces_merges_equal_keys_in_source_order_and_keeps_collisions_apart():
+    """Non-commutative combiner (concatenation): equal keys fold earlier-to-later source order;
+    keys with equal hashes but unequal values stay apart, in groups of two and of many."""
+    a, b, c = Collide("a", 7), Collide("b", 7), Collide("c", 7)
+    pieces = [
+        sorted_block({1: "1x", a: "a1", "s": "s1"}),
+        sorted_block({1: "1y", b: "b2", "s": "s2"}),
+        sorted_block({1: "1z", a: "a3", c: "c3"}),
+        sorted_block({b: "b4", 2: "2w"}),
+    ]
+    out = combine_object_pieces(pieces, operator.add)
+    assert np.all(out.hashes[1:] >= out.hashes[:-1])
+    got = dict(zip(out.keys, out.values))
+    assert len(got) == len(out.keys)  # every key once
+    assert got == {1: "1x1y1z", a: "a1a3", b: "b2b4", c: "c3", "s": "s1s2", 2: "2w"}
+    two = combine_object_pieces([sorted_block({a: "x"}), sorted_block({b: "y"})], operator.add)
+    assert dict(zip(two.keys, two.values)) == {a: "x", b: "y"}
