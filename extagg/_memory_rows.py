@@ -65,13 +65,13 @@ class UnsortedMemoryRows:
             # everything was handed out (as copies): the lists are dead weight, free them now
             self.keys = self.values = None
             return True
-        keys, values, pos = self.keys, self.values, self.pos
-        self.keys = self.values = None
-        hashes = order_hashes(keys[pos:])
+        hashes = order_hashes(self.keys[self.pos :])
         order = np.argsort(hashes, kind="stable")
-        block = PermutedObjectBlock(hashes[order], order + pos, keys, values)
-        del hashes, order, keys, values
+        block = PermutedObjectBlock(hashes[order], order + self.pos, self.keys, self.values)
+        del hashes, order
+        # on a failed write (disk full) the rows stay here and the iteration goes on from memory
         self.run = self.owner._move_to_run(block, trigger)
+        self.keys = self.values = None  # the block, and with it the lists, dies on return
         return True
 
     def close(self) -> None:

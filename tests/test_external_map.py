@@ -323,6 +323,36 @@ def test_disk_full_raises_names_directory_and_map_stays_usable(spill_dir, monkey
     assert files_under(spill_dir) == []
 
 
+@pytest.mark.parametrize("ordered", [False, True])
+def test_disk_full_in_a_forced_spill_during_iteration_loses_nothing(
+    spill_dir, monkeypatch, ordered
+):
+    """The unread rows stay in memory when their forced move to disk fails."""
+    import extagg.spill.runfile as runfile
+    from extagg._memory_rows import UnsortedMemoryRows
+
+    from .spill.test_runfile import FullDisk
+
+    monkeypatch.setattr(UnsortedMemoryRows, "CHUNK", 500)
+    tmm = task_memory_manager(UnifiedMemoryManager(max_memory="64m"), "full")
+    other = MemoryConsumer(tmm, "other")
+    with ExternalAppendOnlyMap(
+        SUM, memory_manager=tmm, spill_dirs=[spill_dir], batch_size=500
+    ) as emap:
+        emap.insert_all((k % 5000, 1) for k in range(10_000))
+        it = emap.iterator(ordered=ordered)
+        seen = dict([next(it) for _ in range(10)])
+        with monkeypatch.context() as patch:
+            patch.setattr(runfile, "open_for_writing", lambda path: FullDisk(path, 50))
+            with pytest.raises(SpillError):
+                emap.spill(1, other)
+        assert files_under(spill_dir) == []
+        for k, c in it:
+            assert k not in seen
+            seen[k] = c
+    assert seen == {k: 2 for k in range(5000)}
+
+
 def test_corrupt_run_file_raises_corrupt_file_error(spill_dir):
     emap = ExternalAppendOnlyMap(SUM, memory="16m", spill_dirs=[spill_dir], force_spill_every=500)
     emap.insert_all((i, 1) for i in range(2000))
