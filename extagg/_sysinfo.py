@@ -6,7 +6,7 @@ import sys
 
 import psutil
 
-__all__ = ["current_rss", "peak_rss"]
+__all__ = ["current_rss", "peak_rss", "reset_peak_rss"]
 
 
 def current_rss() -> int:
@@ -33,3 +33,14 @@ def peak_rss() -> int:
         return current_rss()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def reset_peak_rss() -> bool:
+    """Reset the kernel's peak-RSS counter (``VmHWM``) to the current RSS, so that
+    :func:`peak_rss` measures from now on (Linux >= 4.0); ``False`` where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
