@@ -30,11 +30,11 @@ from extagg._config import (
     format_size,
     parse_size,
 )
+from extagg._map_merge import merged_pairs
 from extagg._memory_rows import SpillableMemorySource, UnsortedMemoryRows
 from extagg.aggregator import Aggregator
 from extagg.collection import SizeTrackingAppendOnlyMap
 from extagg.collection.append_only_map import SORT_BYTES_PER_ENTRY
-from extagg.errors import MemoryLimitError
 from extagg.memory import (
     MemoryConsumer,
     TaskMemoryManager,
@@ -42,11 +42,7 @@ from extagg.memory import (
     resolve_task_memory_manager,
 )
 from extagg.merge import (
-    BlockSource,
     RunSource,
-    combine_object_pieces,
-    merge_in_passes,
-    write_run_from,
 )
 from extagg.metrics import SpillMetrics
 from extagg.spill.blocks import ObjectBlock, PermutedObjectBlock
@@ -60,8 +56,6 @@ log = logging.getLogger(__name__)
 
 #: records folded per call into the map; spilling is checked between chunks (Spark: every 32)
 CHUNK = 1024
-#: decoded Python rows take about this many times their pickled bytes
-OBJECT_EXPANSION = 4
 MIN_SPILL_FLOOR = 64 * 1024
 
 
@@ -364,7 +358,7 @@ class ExternalAppendOnlyMap(MemoryConsumer):
             )
             self._reading = memory_source
         # pairs are handed out by C-level iterators; Python runs once per block, not per pair
-        return chain.from_iterable(self._iterate_blocks(memory_source))
+        return chain.from_iterable(merged_pairs(self, memory_source))
 
     def _iterate_unsorted(self, rows: UnsortedMemoryRows) -> Iterator[Iterator[tuple[Any, Any]]]:
         try:
@@ -378,86 +372,6 @@ class ExternalAppendOnlyMap(MemoryConsumer):
         finally:
             rows.close()
             self.close()
-
-    def _iterate_blocks(
-        self, memory_source: SpillableMemorySource
-    ) -> Iterator[Iterator[tuple[Any, Any]]]:
-        sources: list[BlockSource] = [memory_source]
-        with self._lock:  # a forced spill from another thread may be moving rows to a run
-            sources += [RunSource(path, owner=self._spill_dirs) for path in self._runs]
-        merge_memory = 0
-        try:
-            fan_in = self.fan_in
-            if len(sources) > 1:
-                fan_in, merge_memory = self._reserve_merge_memory(memory_source, len(sources))
-            merge = self.aggregator.merge_combiners
-            started = time.perf_counter()
-            blocks = merge_in_passes(
-                sources,
-                lambda pieces: combine_object_pieces(pieces, merge),
-                fan_in=fan_in,
-                write_run=self._write_merged_run,
-                on_pass=self._note_pass,
-            )
-            for block in blocks:
-                self.metrics.merge_time_s += time.perf_counter() - started
-                self.metrics.groups += len(block)
-                yield zip(block.keys, block.values)
-                started = time.perf_counter()
-            self.metrics.merge_time_s += time.perf_counter() - started
-        finally:
-            for source in sources:
-                source.close()
-            if merge_memory:
-                self.free_memory(min(merge_memory, self.used))
-            self.close()
-
-    def _reserve_merge_memory(
-        self, memory_source: SpillableMemorySource, num_sources: int
-    ) -> tuple[int, int]:
-        """Account the merge's read buffers (about one decoded batch per open run).
-
-        If the budget cannot hold them next to the in-memory map, the map's unread rows go to
-        disk first (one more run) rather than merging in many passes. Returns the fan-in the
-        granted memory allows and the bytes granted.
-        """
-        per_source = max(1, self._max_batch_bytes * OBJECT_EXPANSION)
-        wanted = min(self.fan_in, num_sources) * per_source
-        granted = self.acquire_memory(wanted)
-        if granted < wanted and self._threshold > 0 and memory_source.spill_rest():
-            self.metrics.memory_bytes_spilled += self._threshold
-            self._release_down_to(0)
-            wanted = min(self.fan_in, num_sources) * per_source
-            granted += self.acquire_memory(wanted - granted)
-        self._note_granted()
-        if granted < 2 * per_source:
-            self.free_memory(granted)
-            raise MemoryLimitError(
-                f"{self.name} cannot merge {num_sources} sorted runs: it needs "
-                f"{format_size(2 * per_source)} for two read buffers of "
-                f"{format_size(per_source)} and was granted {format_size(granted)} "
-                f"of a {format_size(self.task_memory_manager.memory_manager.max_memory)} budget"
-            )
-        fan_in = max(2, min(self.fan_in, granted // per_source))
-        return fan_in, granted
-
-    def _write_merged_run(self, blocks: Iterator[ObjectBlock]) -> BlockSource:
-        path = self._spill_dirs.new_path("merge")
-        source, info = write_run_from(
-            blocks,
-            path=path,
-            codec=OBJECT_CODEC,
-            batch_size=self._batch_rows(),
-            compression=self.compression,
-            spill_dirs=self._spill_dirs,
-        )
-        self.metrics.merge_files += 1
-        self.metrics.disk_bytes_spilled += info.disk_bytes
-        self.metrics.raw_bytes_spilled += info.raw_bytes
-        return source
-
-    def _note_pass(self, number: int, runs: int) -> None:
-        self.metrics.merge_passes = number
 
     # ------------------------------------------------------------------ cleanup
     @property
