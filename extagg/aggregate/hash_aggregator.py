@@ -35,12 +35,14 @@ from extagg._config import (
 from extagg.aggregate import functions as F
 from extagg.aggregate._sources import TableSource
 from extagg.aggregate.blocks import BlockLayout
+from extagg.aggregate.buffers import BATCH_VAR_BYTES, IO_COPIES, plan_buffers
 from extagg.aggregate.columns import Column, iter_record_batches, to_columns
+from extagg.aggregate.growth import grow_arena_or_spill, grow_or_spill, make_room_for_key_bytes
 from extagg.aggregate.keys import KeyLayout
-from extagg.aggregate.merging import MERGE_COPIES, drain, merge_blocks
+from extagg.aggregate.merging import drain, merge_blocks
 from extagg.aggregate.runs import write_table_run
 from extagg.collection import _typed_kernels as TK
-from extagg.collection.typed_table import MAX_CAPACITY, MIN_ARENA, MIN_CAPACITY, TypedHashTable
+from extagg.collection.typed_table import MIN_ARENA, MIN_CAPACITY, TypedHashTable
 from extagg.errors import MemoryLimitError
 from extagg.memory import (
     MemoryConsumer,
@@ -55,13 +57,6 @@ from extagg.spill.tempdir import SpillDirs
 __all__ = ["HashAggregator"]
 
 log = logging.getLogger(__name__)
-
-MAX_CHUNK_ROWS = 1 << 16
-MIN_CHUNK_ROWS = 1 << 10
-#: key bytes per spill batch beyond which a batch is cut short
-BATCH_VAR_BYTES = 1 << 20
-#: gathering, encoding and compressing one batch holds about this many copies of it
-IO_COPIES = 3
 
 
 class HashAggregator(MemoryConsumer):
@@ -166,20 +161,15 @@ class HashAggregator(MemoryConsumer):
         keys = KeyLayout(self.keys, [c.kind for c in key_cols], [c.arrow_type for c in key_cols])
         self._layout = BlockLayout(keys, specs)
         self._schema = {n: (c.kind, c.arrow_type) for n, c in cols.items()}
-        fixed = max(1, self._layout.fixed_row_bytes)
-        per_row = keys.scratch_bytes(1, 0) + 16 * len(self._needed) + 8
-        rows = self._chunk_rows_arg or _pow2_clamp(self._max_memory // (64 * per_row))
-        self._chunk_rows = max(1, rows)
-        self._scratch = keys.scratch_bytes(self._chunk_rows, 0) + self._chunk_rows * (
-            16 * len(self._needed) + 8
-        )
-        # run batches small enough that a two-way merge fits in a sixteenth of the budget
-        self.run_rows = min(
-            self.batch_size, max(64, self._max_memory // (32 * fixed * MERGE_COPIES))
-        )
-        self.batch_var_bytes = min(BATCH_VAR_BYTES, max(4096, self._max_memory // 64))
-        var = self.batch_var_bytes if keys.has_var else 0
-        self._io_bytes = IO_COPIES * (self.run_rows * fixed + var)
+        plan = plan_buffers(
+            self._layout, len(self._needed), self._max_memory, self.batch_size,
+            self._chunk_rows_arg,
+        )  # fmt: skip
+        self._chunk_rows = plan.chunk_rows
+        self._scratch = plan.scratch_bytes
+        self.run_rows = plan.run_rows
+        self.batch_var_bytes = plan.batch_var_bytes
+        self._io_bytes = plan.io_bytes
         self._floor = max(self._min_bytes(), min(INITIAL_MEMORY_THRESHOLD, self._max_memory // 16))
 
     @property
@@ -307,7 +297,7 @@ class HashAggregator(MemoryConsumer):
         key_cols = [cols[k] for k in self.keys]
         var_bytes = sum(c.data.nbytes for c in key_cols if c.data is not None)
         if var_bytes:
-            self._reserve_var_scratch(var_bytes)
+            make_room_for_key_bytes(self, var_bytes)
             table = self._ensure_table()
         enc = layout.keys.encode(key_cols)
         gids = np.empty(n, dtype=np.int64)
@@ -322,9 +312,9 @@ class HashAggregator(MemoryConsumer):
                 self._fold(table, cols, gids, pos, nxt, n, seq0)
             pos = nxt
             if status == TK.TABLE_FULL:
-                self._grow_or_spill(table)
+                grow_or_spill(self, table)
             elif status == TK.ARENA_FULL:
-                self._grow_arena_or_spill(table, table.pending_var_bytes(enc.var_offsets, pos))
+                grow_arena_or_spill(self, table, table.pending_var_bytes(enc.var_offsets, pos))
         self.metrics.records_read += n
         self._rows_since_spill += n
         if var_bytes:
@@ -349,54 +339,6 @@ class HashAggregator(MemoryConsumer):
             if col is not None and not whole:
                 col = col.slice(lo, hi)
             F.update(spec, [table.payload[i] for i in indexes], g, col, seq0 + lo)
-
-    def _reserve_var_scratch(self, var_bytes: int) -> None:
-        """Chunk key bytes may be copied once when packed: hold them too for this chunk."""
-        assert self._table is not None
-        if not self._hold(self._in_use() + var_bytes):
-            if self._table.num_groups:
-                self._spill_table("no memory for the key bytes of a chunk")
-            if not self._hold(self._in_use() + var_bytes):
-                raise MemoryLimitError(
-                    f"{self.name} needs {format_size(var_bytes)} more for the key bytes of a chunk "
-                    f"({format_size(self.used)} held, max_memory {format_size(self._max_memory)})"
-                )
-
-    def _grow_or_spill(self, table: TypedHashTable) -> None:
-        current = table.nbytes
-        grown = table.bytes_after_growth()
-        if table.capacity * 2 <= MAX_CAPACITY and self._hold(
-            current + grown + self._scratch + self._io_bytes
-        ):
-            table.grow()
-            self._trim()
-            return
-        target = table.fill_target()
-        if target > table.grow_at and self._hold(
-            table.bytes_after_extension(target) + self._scratch + self._io_bytes
-        ):
-            # no memory to double: fill the slots we have further before spilling
-            table.extend_groups(target)
-            self._trim()
-            return
-        self._spill_table("memory for growth not granted")
-
-    def _grow_arena_or_spill(self, table: TypedHashTable, needed: int) -> None:
-        current = table.nbytes
-        grown = table.bytes_after_arena_growth(needed)
-        extra = grown - current + table.arena.nbytes  # old and new arena exist while copying
-        if self._hold(current + extra + self._scratch + self._io_bytes):
-            table.grow_arena(needed)
-            self._trim()
-            return
-        if table.num_groups:
-            self._spill_table("memory for key bytes not granted")
-            return
-        raise MemoryLimitError(
-            f"{self.name} cannot hold a key of {format_size(needed)}: growing the key arena "
-            f"needs {format_size(extra)} more than the {format_size(self.used)} held "
-            f"(max_memory {format_size(self._max_memory)})"
-        )
 
     # ------------------------------------------------------------------ spilling
     def _spill_table(self, reason: str, *, release_all: bool = False) -> None:
@@ -537,8 +479,3 @@ class HashAggregator(MemoryConsumer):
 def _has_null_typed(rb: pa.RecordBatch, names: list[str]) -> bool:
     index = rb.schema.get_field_index
     return any(index(n) >= 0 and pa.types.is_null(rb.schema.field(n).type) for n in names)
-
-
-def _pow2_clamp(rows: int) -> int:
-    rows = max(MIN_CHUNK_ROWS, min(MAX_CHUNK_ROWS, rows))
-    return 1 << (rows.bit_length() - 1)
