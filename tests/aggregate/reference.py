@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -129,7 +130,7 @@ def result_dict(table: pa.Table, keys: Sequence[str]) -> dict[tuple, dict[str, A
     return out
 
 
-def values_match(got: Any, want: Any, *, rel: float = 1e-9) -> bool:
+def values_match(got: Any, want: Any, *, rel: float = 1e-9, abs_tol: float = 0.0) -> bool:
     if want is None or got is None:
         return got is None and want is None
     if isinstance(want, float) or isinstance(got, float):
@@ -138,7 +139,7 @@ def values_match(got: Any, want: Any, *, rel: float = 1e-9) -> bool:
             return math.isnan(w) and math.isnan(g)
         if math.isinf(w) or math.isinf(g):
             return g == w
-        return math.isclose(g, w, rel_tol=rel, abs_tol=rel * 1e-3)
+        return math.isclose(g, w, rel_tol=rel, abs_tol=max(abs_tol, rel * 1e-3))
     return got == want
 
 
@@ -150,7 +151,32 @@ def assert_same_groups(
         f"extra {list(set(got) - set(want))[:5]}"
     )
     for key, expected in want.items():
+        scale = _value_scale(expected)
         for name, value in expected.items():
-            assert values_match(got[key][name], value, rel=rel), (
+            assert values_match(got[key][name], value, rel=rel, abs_tol=_spread_tol(name, scale)), (
                 f"group {key!r}, {name}: got {got[key][name]!r}, want {value!r}"
             )
+
+
+_EPS = sys.float_info.epsilon
+
+
+def _value_scale(expected: dict[str, Any]) -> float:
+    """Largest magnitude of a group's values, from its min/max/mean outputs (0 if none)."""
+    scale = 0.0
+    for name, value in expected.items():
+        numeric = isinstance(value, (int, float)) and math.isfinite(value)
+        if numeric and name.split("_")[0] in ("min", "max", "mean"):
+            scale = max(scale, abs(float(value)))
+    return scale
+
+
+def _spread_tol(name: str, scale: float) -> float:
+    """Absolute rounding error of a variance (~eps * x^2) or standard deviation
+    (~sqrt(eps) * |x|) of values of magnitude ``scale``, whatever the order of summation: for
+    equal values the exact 0 and a reference's 1e-10 are both right."""
+    if name.startswith("var"):
+        return 16 * _EPS * scale * scale
+    if name.startswith("std"):
+        return 4 * math.sqrt(_EPS) * scale
+    return 0.0
