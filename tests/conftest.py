@@ -13,6 +13,9 @@ settings.register_profile(
     max_examples=60,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
+# CI: the same examples every run, so a red build is a regression, not a new random draw;
+# local runs keep exploring new examples (and save failures to .hypothesis/ for replay)
+settings.register_profile("ci", parent=settings.get_profile("extagg"), derandomize=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "extagg"))
 
 
