@@ -296,25 +296,13 @@ class AppendOnlyMap(BatchFoldMixin):
 
         Returns ``(hashes, keys, values)``: ``uint64`` order hashes ascending, entries with equal
         hashes in insertion order (stable), keys and values permuted accordingly. The table is
-        released; afterwards every method raises ``AssertionError``. Working memory: about 40
-        bytes per entry besides the new lists.
+        released; afterwards every method raises ``AssertionError``. Working memory: about 60
+        bytes per entry besides the new lists (the engine uses :meth:`destructive_sort_order`).
         """
-        self._check_valid()
-        keys, values = self._keys, self._values
-        hashes = order_hashes(keys)  # may run user __hash__: the map is still intact
-        order = _kernels.stable_argsort_u64(hashes)
-        hashes = hashes[order]
+        hashes, order, keys, values = self.destructive_sort_order()
         positions = order.tolist()
-        del order
-        self._destroyed = True
-        self._size = 0
-        self._keys, self._values = [], []
-        self._table = np.empty(0, dtype=np.int32)
-        self._hashes = np.empty(0, dtype=np.int64)
         sorted_keys = list(map(keys.__getitem__, positions))
-        del keys
-        sorted_values = list(map(values.__getitem__, positions))
-        return hashes, sorted_keys, sorted_values
+        return hashes, sorted_keys, list(map(values.__getitem__, positions))
 
     def destructive_sort_order(self) -> tuple[np.ndarray, np.ndarray, list[Any], list[Any]]:
         """Destroy the map and return ``(hashes, order, keys, values)`` without copying rows.
