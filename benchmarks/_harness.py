@@ -90,6 +90,8 @@ def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+# A twin of extagg._sysinfo.reset_peak_rss on purpose: the peers' child processes (DuckDB, Polars,
+# pandas, ExternalMerger) must not import extagg, whose package import loads numpy, numba and more.
 def reset_peak_rss() -> bool:
     """Reset the kernel's peak-RSS counter to the current RSS (Linux ≥ 4.0); False if not possible."""
     try:
