@@ -171,20 +171,32 @@ def merge_sources(sources: Sequence[BlockSource], combine: Combine) -> Iterator[
 
 
 def _take_complete(pending: list[list[Any]], bound: int | None, combine: Combine) -> Any:
-    """Cut every source's buffered rows below ``bound`` (all when ``None``) and combine them."""
+    """Cut every source's buffered rows below ``bound`` (all when ``None``) and combine them.
+
+    The rows below the bound go to ``combine`` as they are buffered (whole blocks and one slice
+    per source, no copy); a source's blocks hold distinct keys, so splitting its rows into
+    several pieces changes nothing for ``combine``. The rest stays buffered as views.
+    """
     pieces = []
     for j, blocks in enumerate(pending):
         if not blocks:
             continue
-        rows = blocks[0] if len(blocks) == 1 else type(blocks[0]).concat(blocks)
-        cut = (
-            len(rows)
-            if bound is None
-            else int(np.searchsorted(rows.hashes, np.uint64(bound), side="left"))
-        )
-        if cut:
-            pieces.append(rows.slice(0, cut) if cut < len(rows) else rows)
-        pending[j] = [rows.slice(cut, len(rows))] if cut < len(rows) else []
+        if bound is None:
+            pieces.extend(blocks)
+            pending[j] = []
+            continue
+        limit = np.uint64(bound)
+        for i, rows in enumerate(blocks):
+            if rows.hashes[-1] < limit:
+                pieces.append(rows)
+                continue
+            cut = int(np.searchsorted(rows.hashes, limit, side="left"))
+            if cut:
+                pieces.append(rows.slice(0, cut))
+            pending[j] = [rows.slice(cut, len(rows)), *blocks[i + 1 :]] if cut else blocks[i:]
+            break
+        else:
+            pending[j] = []
     return combine(pieces) if pieces else None
 
 

@@ -65,14 +65,11 @@ class BlockLayout:
         self, table: TypedHashTable, hashes: np.ndarray, slot_gids: np.ndarray
     ) -> ColumnBlock:
         """The groups ``slot_gids - 1`` (table order ids from ``sort_by_hash``) as a block."""
-        gids = slot_gids.astype(np.int64) - 1
-        words, nulls, var_off, var_data = table.gather_keys(gids)
-        columns = {
-            f"{WORD_PREFIX}{j}": np.ascontiguousarray(words[:, j]) for j in range(words.shape[1])
-        }
+        words, nulls, var_off, var_data = table.gather_keys(slot_gids)
+        columns = {f"{WORD_PREFIX}{j}": words[j] for j in range(words.shape[0])}
         columns[NULLS_COLUMN] = nulls
-        for i, payload in enumerate(table.payload):
-            columns[state_column(i)] = payload[gids]
+        for i in range(len(table.payload)):
+            columns[state_column(i)] = table.gather_payload(i, slot_gids)
         var = {}
         if var_off is not None and var_data is not None:
             var[VAR_COLUMN] = (var_off, var_data)
@@ -120,24 +117,19 @@ class BlockLayout:
     def combine(self, pieces: list[ColumnBlock]) -> ColumnBlock:
         """Merge hash-sorted pieces (keys unique within each) into one hash-sorted block.
 
-        Rows are ordered by (hash, position) with the radix kernel, rows of equal hash are
-        compared key by key (colliding keys stay apart), and the states of equal keys are
+        Rows are grouped through a scratch hash table (keys compared word by word, so colliding
+        keys stay apart), the groups ordered by (hash, first row), and the states of equal keys
         merged by the aggregate kernels.
         """
         if len(pieces) == 1:
             return pieces[0]
         block = ColumnBlock.concat(pieces)
         m = len(block)
-        sorted_hashes = block.hashes.copy()
-        order = np.arange(m, dtype=np.int64)
-        TK.sort_hash_index(sorted_hashes, order)
         words, nulls, var_off, var_data = self._key_arrays(block)
         out_gid = np.empty(m, dtype=np.int64)
         first_row = np.empty(m, dtype=np.int64)
         groups = int(
-            TK.group_sorted_rows(
-                sorted_hashes, order, words, nulls, var_off, var_data, out_gid, first_row
-            )
+            TK.group_rows(block.hashes, words, nulls, var_off, var_data, out_gid, first_row)
         )
         rows = first_row[:groups]
         columns = {

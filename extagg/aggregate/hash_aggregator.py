@@ -5,9 +5,10 @@ typed table (``extagg.collection.typed_table``) assigns group ids in one compile
 compiled call per aggregate folds the values into per-group states. The table asks this
 consumer for the exact bytes of its grown arrays before every growth; when the memory manager
 refuses, the table is sorted by hash and written as a run file (the shared run-file format,
-column codec) and starts again small. ``results()`` merges the in-memory table with every run
-through :mod:`extagg.merge`, combining states of equal keys in compiled kernels, and streams
-Arrow record batches in hash order (the same order whether or not anything spilled).
+column codec) and is emptied, keeping its arrays for the input still to come. ``results()``
+merges the in-memory table with every run through :mod:`extagg.merge`, combining states of
+equal keys in compiled kernels, and streams Arrow record batches in hash order (the same order
+whether or not anything spilled).
 
 Memory held = table arrays (exact) + chunk buffers (an upper bound per row) + one I/O batch
 (gathering and encoding a spill batch), never less than a floor of
@@ -342,7 +343,8 @@ class HashAggregator(MemoryConsumer):
 
     # ------------------------------------------------------------------ spilling
     def _spill_table(self, reason: str, *, release_all: bool = False) -> None:
-        """Sort the table by hash, write it as a run, start again small."""
+        """Sort the table by hash, write it as a run, empty it (keeping its arrays, unless
+        ``release_all`` gives all its memory back)."""
         table = self._table
         assert table is not None and table.num_groups > 0
         size = table.nbytes
@@ -370,7 +372,7 @@ class HashAggregator(MemoryConsumer):
             self._table = None
             self.free_memory(self.used)
         else:
-            table.reset()
+            table.clear()  # keep its size: more input is coming and will fill it again
             self._trim()
 
     def spill(self, size: int, trigger: MemoryConsumer) -> int:

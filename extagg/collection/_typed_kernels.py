@@ -26,7 +26,10 @@ __all__ = [
     "sort_slots",
     "sort_hash_index",
     "group_sorted_rows",
+    "group_rows",
     "gather_var",
+    "gather_group_keys",
+    "take_groups",
 ]
 
 _jit = numba.njit(cache=True, nogil=True)
@@ -307,7 +310,60 @@ def sort_slots(slots):
     Destroys the table's probe structure (the caller resets it afterwards); returns the number
     of groups. ``slots[:n, 0]`` are then the ascending hashes and ``slots[:n, 1] - 1`` the group
     ids in that order.
+
+    A slot's home is its hash's high bits and probing only moves forward, so the occupied
+    slots are already nearly in hash order: the few that wrapped around the end go last, and
+    an insertion sort finishes the job in about two moves per group (a load of 7/8 needs ~7).
+    Should the order be far worse than that, the radix sort takes over.
     """
+    capacity = slots.shape[0]
+    bits = 0
+    while (1 << bits) < capacity:
+        bits += 1
+    if capacity < 2 or (1 << bits) != capacity:
+        return _compact_and_radix_sort(slots)
+    shift = np.uint64(64 - bits)
+    wrapped = 0
+    for i in range(capacity):
+        if slots[i, 1] != 0 and np.int64(slots[i, 0] >> shift) > i:
+            wrapped += 1
+    tail = np.empty((wrapped, 2), dtype=np.uint64)
+    w = 0
+    n = 0
+    for i in range(capacity):
+        if slots[i, 1] != 0:
+            if np.int64(slots[i, 0] >> shift) > i:
+                tail[w, 0] = slots[i, 0]
+                tail[w, 1] = slots[i, 1]
+                w += 1
+            else:
+                slots[n, 0] = slots[i, 0]
+                slots[n, 1] = slots[i, 1]
+                n += 1
+    for j in range(wrapped):
+        slots[n, 0] = tail[j, 0]
+        slots[n, 1] = tail[j, 1]
+        n += 1
+    budget = 32 * n + 1024
+    for i in range(1, n):
+        hv = slots[i, 0]
+        gv = slots[i, 1]
+        j = i - 1
+        while j >= 0 and (slots[j, 0] > hv or (slots[j, 0] == hv and slots[j, 1] > gv)):
+            slots[j + 1, 0] = slots[j, 0]
+            slots[j + 1, 1] = slots[j, 1]
+            j -= 1
+        budget -= i - 1 - j
+        slots[j + 1, 0] = hv
+        slots[j + 1, 1] = gv
+        if budget < 0:  # not the table's layout after all: sort properly
+            _sort_pairs(slots[:n, 0], slots[:n, 1], n)
+            break
+    return n
+
+
+@_jit
+def _compact_and_radix_sort(slots):
     n = 0
     for i in range(slots.shape[0]):
         if slots[i, 1] != 0:
@@ -376,6 +432,81 @@ def group_sorted_rows(sorted_hashes, order, words, nulls, var_off, var_data, out
 
 
 @_jit
+def group_rows(hashes, words, nulls, var_off, var_data, out_gid, first_row):
+    """Number the distinct keys of rows in any order, as if sorted (the merge's combine).
+
+    Same results as :func:`sort_hash_index` followed by :func:`group_sorted_rows` — groups
+    numbered in ``(hash, first row)`` order, ``out_gid[row]`` and ``first_row[group]`` filled,
+    the number of groups returned — but the rows go through a scratch hash table and only the
+    groups are sorted: when many sources hold the same keys (a merge of many runs) there are
+    far fewer groups than rows. The table probes with the hash's low bits: the rows of one
+    merge window share their high bits.
+    """
+    n = hashes.shape[0]
+    k = words.shape[1]
+    has_nulls = nulls.shape[0] > 0
+    has_var = var_off.shape[0] > 0
+    capacity = 16
+    while capacity * 3 < n * 4:  # load factor at most 3/4
+        capacity *= 2
+    mask = np.uint64(capacity - 1)
+    slots = np.zeros((capacity, 2), dtype=np.uint64)
+    n_groups = 0
+    for row in range(n):
+        h = hashes[row]
+        pos = np.int64(h & mask)
+        step = 0
+        while True:
+            g1 = slots[pos, 1]
+            if g1 == 0:
+                slots[pos, 0] = h
+                slots[pos, 1] = np.uint64(n_groups + 1)
+                first_row[n_groups] = row
+                out_gid[row] = n_groups
+                n_groups += 1
+                break
+            if slots[pos, 0] == h:
+                g = np.int64(g1) - 1
+                other = first_row[g]
+                same = not has_nulls or nulls[other] == nulls[row]
+                j = 0
+                while same and j < k:
+                    same = words[other, j] == words[row, j]
+                    j += 1
+                if same and has_var:
+                    sa = var_off[other]
+                    sb = var_off[row]
+                    length = var_off[other + 1] - sa
+                    same = var_off[row + 1] - sb == length
+                    j = 0
+                    while same and j < length:
+                        same = var_data[sa + j] == var_data[sb + j]
+                        j += 1
+                if same:
+                    out_gid[row] = g
+                    break
+            step += 1
+            pos = (pos + step) & np.int64(mask)
+    # order the groups by (hash, first row): first rows grow with the group number
+    group_hashes = np.empty(n_groups, dtype=np.uint64)
+    order = np.empty(n_groups, dtype=np.int64)
+    for g in range(n_groups):
+        group_hashes[g] = hashes[first_row[g]]
+        order[g] = g
+    _sort_pairs(group_hashes, order, n_groups)
+    rank = np.empty(n_groups, dtype=np.int64)
+    firsts = np.empty(n_groups, dtype=np.int64)
+    for r in range(n_groups):
+        rank[order[r]] = r
+        firsts[r] = first_row[order[r]]
+    for g in range(n_groups):
+        first_row[g] = firsts[g]
+    for row in range(n):
+        out_gid[row] = rank[out_gid[row]]
+    return n_groups
+
+
+@_jit
 def gather_var(offsets, data, rows):
     """The variable-length values of ``rows``: ``(offsets starting at 0, data)``."""
     m = rows.shape[0]
@@ -394,3 +525,25 @@ def gather_var(offsets, data, rows):
         for j in range(out_off[i + 1] - d):
             out[d + j] = data[s + j]
     return out_off, out
+
+
+@_jit
+def gather_group_keys(key_words, key_nulls, slot_gids, out_words, out_nulls):
+    """Key words and null masks of the groups ``slot_gids - 1`` (slot ids, as in the slots).
+
+    ``out_words`` is ``(num_words, n)``: each key word comes out as a contiguous column, read
+    with one visit to the group's row.
+    """
+    k = key_words.shape[1]
+    for i in range(slot_gids.shape[0]):
+        g = np.int64(slot_gids[i]) - 1
+        for j in range(k):
+            out_words[j, i] = key_words[g, j]
+        out_nulls[i] = key_nulls[g]
+
+
+@_jit
+def take_groups(values, slot_gids, out):
+    """``out[i] = values[slot_gids[i] - 1]``: one payload column in the order of ``slot_gids``."""
+    for i in range(slot_gids.shape[0]):
+        out[i] = values[np.int64(slot_gids[i]) - 1]

@@ -133,9 +133,31 @@ def group_sorted_rows(sorted_hashes, order, words, nulls, var_off, var_data, out
     return len(groups)
 
 
+def group_rows(hashes, words, nulls, var_off, var_data, out_gid, first_row):
+    """Reference of ``group_rows``: sort rows by (hash, row), then group them."""
+    order = np.arange(len(hashes), dtype=np.int64)
+    sorted_hashes = hashes.copy()
+    sort_hash_index(sorted_hashes, order)
+    return group_sorted_rows(
+        sorted_hashes, order, words, nulls, var_off, var_data, out_gid, first_row
+    )
+
+
 def gather_var(offsets, data, rows):
     """Reference of ``gather_var``."""
     pieces = [bytes(data[offsets[r] : offsets[r + 1]]) for r in rows.tolist()]
     out_off = np.zeros(len(pieces) + 1, dtype=np.int64)
     out_off[1:] = np.cumsum([len(p) for p in pieces], dtype=np.int64)
     return out_off, np.frombuffer(b"".join(pieces), dtype=np.uint8).copy()
+
+
+def gather_group_keys(key_words, key_nulls, slot_gids, out_words, out_nulls):
+    """Reference of ``gather_group_keys``."""
+    gids = slot_gids.astype(np.int64) - 1
+    out_words[:, :] = key_words[gids].T
+    out_nulls[:] = key_nulls[gids]
+
+
+def take_groups(values, slot_gids, out):
+    """Reference of ``take_groups``."""
+    out[:] = values[slot_gids.astype(np.int64) - 1]

@@ -158,10 +158,25 @@ class TypedHashTable:
         self.payload = [np.full(groups, fill, dtype=dt) for dt, fill in self.payload_spec]
         self.meta = np.zeros(2, dtype=np.int64)
         self._nulls_seen = False
+        self._grow_at_before_sort = 0
 
     def reset(self, capacity: int = MIN_CAPACITY) -> None:
         """Drop every group and start again at ``capacity`` (after a spill)."""
         self._allocate(capacity, MIN_ARENA if self.has_var else 0)
+
+    def clear(self) -> None:
+        """Drop every group but keep every array (after a spill that will be followed by more
+        input: the table fills to the same size again, so regrowing it from small would only
+        rehash the same groups several times over). Works after :meth:`sort_by_hash` too."""
+        n = self.num_groups
+        self.slots.fill(0)
+        self.key_nulls[:n] = 0  # the integer-key probe does not write them: keep them zero
+        for p, (_, fill) in zip(self.payload, self.payload_spec, strict=True):
+            p[:n] = fill
+        self.meta[:] = 0
+        self.grow_at = self._grow_at_before_sort or self.grow_at
+        self._grow_at_before_sort = 0
+        self._nulls_seen = False
 
     def grow(self) -> None:
         """Double the capacity, keeping every group (the caller has been granted the bytes)."""
@@ -261,6 +276,7 @@ class TypedHashTable:
         the probe structure is gone afterwards, so the table must be reset before inserting.
         """
         n = int(K.sort_slots(self.slots))
+        self._grow_at_before_sort = self.grow_at
         self.grow_at = 0  # inserting now would corrupt the sorted prefix
         return self.slots[:n, 0], self.slots[:n, 1]
 
@@ -270,18 +286,30 @@ class TypedHashTable:
         slots = np.zeros_like(self.slots)
         K.rehash_slots(self.slots[:n], slots, self.shift)
         self.slots = slots
-        self.grow_at = _grow_at(self.capacity)
+        self.grow_at = self._grow_at_before_sort or _grow_at(self.capacity)
+        self._grow_at_before_sort = 0
 
     def gather_keys(
-        self, gids: np.ndarray
+        self, slot_gids: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
-        """Key words, null masks and (offsets, bytes) of the variable part for groups ``gids``."""
-        words = self.key_words[gids]
-        nulls = self.key_nulls[gids]
+        """Keys of the groups ``slot_gids - 1`` (group ids as :meth:`sort_by_hash` gives them):
+        key words as ``(num_words, n)`` (one contiguous row per word), null masks and the
+        variable part as (offsets, bytes)."""
+        n = slot_gids.shape[0]
+        words = np.empty((self.num_words, n), dtype=np.uint64)
+        nulls = np.empty(n, dtype=self.key_nulls.dtype)
+        K.gather_group_keys(self.key_words, self.key_nulls, slot_gids, words, nulls)
         if not self.has_var:
             return words, nulls, None, None
-        offsets, data = K.gather_var(self.var_offsets, self.arena, gids)
+        offsets, data = K.gather_var(self.var_offsets, self.arena, slot_gids.astype(np.int64) - 1)
         return words, nulls, offsets, data
+
+    def gather_payload(self, index: int, slot_gids: np.ndarray) -> np.ndarray:
+        """Payload array ``index`` of the groups ``slot_gids - 1``."""
+        values = self.payload[index]
+        out = np.empty(slot_gids.shape[0], dtype=values.dtype)
+        K.take_groups(values, slot_gids, out)
+        return out
 
     def check_invariants(self) -> None:
         """Assert the table's invariants (O(capacity); for tests)."""

@@ -109,6 +109,81 @@ def test_sort_slots_and_rehash_match_reference(rows) -> None:
     assert np.array_equal(a[:n], b[:n])
 
 
+@pytest.mark.parametrize("load", [0.7, 0.875])
+def test_sort_slots_of_a_full_table_with_wrapped_slots(load) -> None:
+    # a table filled to `load` whose last quarter of homes is crowded: probes wrap to the front
+    rng = np.random.default_rng(11)
+    capacity = 1 << 12
+    n = int(capacity * load)
+    hashes = rng.integers(0, 2**64 - 1, n, dtype=np.uint64)
+    hashes[: n // 8] |= np.uint64(0xFFF0) << np.uint64(48)  # homes in the last 16 slots
+    table = TypedHashTable(1, 1, False, capacity=capacity)
+    table.extend_groups(n)
+    out = np.empty(n, dtype=np.int64)
+    words = np.arange(n, dtype=np.uint64).reshape(n, 1)
+    assert table.insert(hashes, words, E8, E64, E8, 0, out) == (n, K.DONE)
+    homes = table.slots[:, 0] >> table.shift
+    occupied = table.slots[:, 1] != 0
+    assert np.any(occupied & (homes > np.arange(capacity, dtype=np.uint64)))  # some wrapped
+    a, b = table.slots.copy(), table.slots.copy()
+    assert K.sort_slots(a) == R.sort_slots(b) == n
+    assert np.array_equal(a[:n], b[:n])
+
+
+def test_sort_slots_of_an_arbitrary_slot_array_falls_back_to_the_radix_sort() -> None:
+    # slots not laid out by a table (descending hashes, equal hashes): still sorted exactly
+    n = 5000
+    slots = np.zeros((8192, 2), dtype=np.uint64)
+    slots[:n, 0] = np.arange(n, 0, -1, dtype=np.uint64) << np.uint64(40)
+    slots[: n // 2 : 7, 0] = np.uint64(77)  # ties broken by group id
+    slots[:n, 1] = np.arange(n, 0, -1, dtype=np.uint64)
+    a, b = slots.copy(), slots.copy()
+    assert K.sort_slots(a) == R.sort_slots(b) == n
+    assert np.array_equal(a[:n], b[:n])
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.integers(0, 1), st.binary(max_size=3)), max_size=80),
+    st.integers(0, 2),
+)
+def test_group_rows_matches_reference(rows, hash_kind) -> None:
+    m = len(rows)
+    words = np.array([[w] for w, _n, _v in rows], dtype=np.uint64).reshape(m, 1)
+    nulls = np.array([n for _w, n, _v in rows], dtype=np.uint8)
+    var_off, var_data = _var([v for *_r, v in rows])
+    if hash_kind == 0:  # heavy collisions
+        hashes = (words[:, 0] % np.uint64(2)).astype(np.uint64)
+    elif hash_kind == 1:  # equal high bits (one merge window), distinct low bits
+        hashes = (np.uint64(0xABCD) << np.uint64(48)) | words[:, 0]
+    else:
+        hashes = (words[:, 0] + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
+    results = []
+    for mod in (K, R):
+        out_gid = np.full(m, -1, dtype=np.int64)
+        first = np.full(m, -1, dtype=np.int64)
+        g = mod.group_rows(hashes, words, nulls, var_off, var_data, out_gid, first)
+        results.append((int(g), out_gid.tolist(), first[:g].tolist()))
+    assert results[0] == results[1]
+    assert results[0][0] == len(set(rows))
+
+
+def test_group_rows_many_rows_few_keys() -> None:
+    # the merge's case: the same keys from many sources, in no particular order
+    rng = np.random.default_rng(5)
+    keys = rng.integers(0, 3000, 50_000, dtype=np.uint64)
+    words = keys.reshape(-1, 1).copy()
+    hashes = keys * np.uint64(0x9E3779B97F4A7C15)
+    out_gid = np.empty(len(keys), dtype=np.int64)
+    first = np.empty(len(keys), dtype=np.int64)
+    g = int(K.group_rows(hashes, words, E8, E64, E8, out_gid, first))
+    distinct = np.unique(keys)
+    assert g == len(distinct)
+    group_hashes = hashes[first[:g]]
+    assert np.all(group_hashes[1:] >= group_hashes[:-1])  # groups numbered in hash order
+    assert np.array_equal(keys[first[out_gid]], keys)  # every row in its key's group
+    assert np.array_equal(np.sort(keys[first[:g]]), distinct)
+
+
 @given(
     st.lists(st.tuples(st.integers(0, 3), st.integers(0, 1), st.binary(max_size=3)), max_size=80)
 )
@@ -202,3 +277,26 @@ def test_a_table_that_saw_nulls_compares_keys_again() -> None:
     table.insert(null_hash, np.full((1, 1), 5, np.uint64), np.zeros(0, np.uint8), E64, E8, 0, out)
     assert out.tolist() == [1]  # not merged into the null group
     assert table.num_groups == 2
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int64, np.uint8, np.bool_])
+@given(data=st.data())
+def test_gathers_by_slot_id_match_reference(dtype, data) -> None:
+    groups = data.draw(st.integers(1, 40))
+    words = np.arange(groups * 3, dtype=np.uint64).reshape(groups, 3) * np.uint64(7)
+    nulls = (np.arange(groups) % 3).astype(np.uint8)
+    values = (np.arange(groups) * 5 % 7).astype(dtype)
+    picks = data.draw(st.lists(st.integers(1, groups), max_size=60))
+    slots = np.zeros((len(picks), 2), dtype=np.uint64)
+    slots[:, 1] = picks
+    slot_gids = slots[:, 1]  # a strided view, as sort_by_hash hands out
+    outs = []
+    for mod in (K, R):
+        w = np.empty((3, len(picks)), dtype=np.uint64)
+        n = np.empty(len(picks), dtype=np.uint8)
+        v = np.empty(len(picks), dtype=dtype)
+        mod.gather_group_keys(words, nulls, slot_gids, w, n)
+        mod.take_groups(values, slot_gids, v)
+        outs.append((w.tolist(), n.tolist(), v.tolist()))
+    assert outs[0] == outs[1]
+    assert outs[0][2] == [values[p - 1].item() for p in picks]

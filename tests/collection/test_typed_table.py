@@ -123,3 +123,32 @@ def test_bad_capacity_and_too_many_key_columns() -> None:
         TypedHashTable(1, 1, False, capacity=100)
     with pytest.raises(ValueError, match="at most 64 key columns"):
         TypedHashTable(1, 65, False)
+
+
+def test_clear_after_a_spill_keeps_the_arrays_and_forgets_every_group() -> None:
+    # the aggregator's spill: sort, write, clear; the next input fills the same arrays
+    table = TypedHashTable(1, 1, False, PAYLOAD, capacity=1024, hash_is_key=True)
+    table.extend_groups(table.fill_target())
+    grow_at, nbytes = table.grow_at, table.nbytes
+    keys = np.arange(800, dtype=np.int64) * 31
+    hashes = hashing.hash_array(keys)
+    words = keys.view(np.uint64).reshape(len(keys), 1)
+    nulls = np.ones(len(keys), dtype=np.uint8)  # all null: the general probe, masks written
+    out = np.empty(len(keys), dtype=np.int64)
+    table.insert(hashes, words, nulls, E64, E8, 0, out)
+    table.payload[1][: len(keys)] = 7  # states of the 800 groups
+    table.sort_by_hash()
+    table.clear()
+    assert table.num_groups == 0 and table.grow_at == grow_at and table.nbytes == nbytes
+    assert np.all(table.payload[1] == -1) and np.all(table.slots == 0)
+    # non-null keys through the integer-key probe, then nulls through the general one
+    pos, status = table.insert(hashes, words, E8, E64, E8, 0, out)
+    assert (pos, status) == (len(keys), DONE)
+    null_hash = np.array([hashing.hash_array(np.array([0]))[0]], dtype=np.uint64)
+    one_null = np.empty(1, dtype=np.int64)
+    table.insert(null_hash, np.zeros((1, 1), np.uint64), np.ones(1, np.uint8), E64, E8, 0, one_null)
+    assert one_null[0] == len(keys)  # its own group, not key 0's
+    table.check_invariants()
+    _hashes, slot_gids = table.sort_by_hash()
+    _words, key_nulls, _o, _d = table.gather_keys(slot_gids)
+    assert int(key_nulls.sum()) == 1  # only the null group says null
