@@ -37,8 +37,8 @@ class BatchCodec(ABC):
     name: str = ""
 
     @abstractmethod
-    def encode(self, block: Any) -> bytes | memoryview:
-        """The uncompressed payload of one batch (any contiguous bytes-like object)."""
+    def encode(self, block: Any) -> bytes:
+        """The uncompressed payload of one batch."""
 
     @abstractmethod
     def decode(self, payload: memoryview | bytes) -> Any:
@@ -96,10 +96,8 @@ class ColumnCodec(BatchCodec):
     codec_id = 2
     name = "column"
 
-    def encode(self, block: ColumnBlock) -> memoryview:
-        # headers are small bytes objects, arrays are copied once, straight into the payload
-        parts: list[bytes | np.ndarray] = [_U32.pack(len(block.hashes))]
-        parts.append(self._le(block.hashes, "<u8"))
+    def encode(self, block: ColumnBlock) -> bytes:
+        parts = [_U32.pack(len(block.hashes)), np.ascontiguousarray(block.hashes, "<u8").tobytes()]
         parts.append(_U32.pack(len(block.columns) + len(block.var_columns)))
         for name, col in block.columns.items():
             parts.extend(self._header(b"F", name))
@@ -108,18 +106,7 @@ class ColumnCodec(BatchCodec):
             parts.extend(self._header(b"V", name))
             parts.extend(self._array(np.asarray(offsets, dtype=np.int64)))
             parts.extend(self._array(np.asarray(data, dtype=np.uint8)))
-        total = sum(p.nbytes if isinstance(p, np.ndarray) else len(p) for p in parts)
-        out = np.empty(total, dtype=np.uint8)
-        pos = 0
-        for part in parts:
-            if isinstance(part, np.ndarray):
-                size = part.nbytes
-                out[pos : pos + size] = part.reshape(-1).view(np.uint8)
-            else:
-                size = len(part)
-                out[pos : pos + size] = np.frombuffer(part, dtype=np.uint8)
-            pos += size
-        return out.data
+        return b"".join(parts)
 
     @staticmethod
     def _header(kind: bytes, name: str) -> list[bytes]:
@@ -127,17 +114,12 @@ class ColumnCodec(BatchCodec):
         return [kind, _U32.pack(len(raw)), raw]
 
     @staticmethod
-    def _le(arr: np.ndarray, dtype: str | np.dtype | None = None) -> np.ndarray:
-        arr = np.ascontiguousarray(arr, dtype)
+    def _array(arr: np.ndarray) -> list[bytes]:
+        arr = np.ascontiguousarray(arr)
         if arr.dtype.byteorder == ">":
             arr = arr.astype(arr.dtype.newbyteorder("<"))
-        return arr
-
-    @classmethod
-    def _array(cls, arr: np.ndarray) -> list[bytes | np.ndarray]:
-        arr = cls._le(arr)
         dtype = arr.dtype.str.encode("ascii")
-        return [_U32.pack(len(dtype)), dtype, _U64.pack(arr.nbytes), arr]
+        return [_U32.pack(len(dtype)), dtype, _U64.pack(arr.nbytes), arr.tobytes()]
 
     def decode(self, payload: memoryview | bytes) -> ColumnBlock:
         view = memoryview(payload)
