@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 __all__ = ["MERGE_COPIES", "drain", "merge_blocks"]
 
-#: merge buffers per source: its pending rows, their concatenation, the combine's copy and output
+#: merge buffers per source, in batches: its pending rows (up to about one and a half), their
+#: concatenation for the combine, the combine's scratch table (at most 37 bytes per row) and output
 MERGE_COPIES = 4
 
 

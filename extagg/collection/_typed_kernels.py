@@ -25,7 +25,6 @@ __all__ = [
     "rehash_slots",
     "sort_slots",
     "sort_hash_index",
-    "group_sorted_rows",
     "group_rows",
     "gather_var",
     "gather_group_keys",
@@ -381,66 +380,15 @@ def sort_hash_index(hashes, index):
 
 
 @_jit
-def group_sorted_rows(sorted_hashes, order, words, nulls, var_off, var_data, out_gid, first_row):
-    """Number the distinct keys of rows visited in ``order`` (sorted by hash).
-
-    Rows with equal hashes are compared key by key, so colliding but unequal keys get their
-    own groups. ``out_gid[row]`` receives the group (numbered in visiting order, hence in hash
-    order) and ``first_row[group]`` the first row of each group. Returns the number of groups.
-    """
-    n = order.shape[0]
-    k = words.shape[1]
-    has_nulls = nulls.shape[0] > 0
-    has_var = var_off.shape[0] > 0
-    n_groups = 0
-    i = 0
-    while i < n:
-        h = sorted_hashes[i]
-        run_end = i + 1
-        while run_end < n and sorted_hashes[run_end] == h:
-            run_end += 1
-        run_first_group = n_groups
-        for p in range(i, run_end):
-            row = order[p]
-            found = -1
-            for grp in range(run_first_group, n_groups):
-                other = first_row[grp]
-                same = not has_nulls or nulls[other] == nulls[row]
-                j = 0
-                while same and j < k:
-                    same = words[other, j] == words[row, j]
-                    j += 1
-                if same and has_var:
-                    sa = var_off[other]
-                    sb = var_off[row]
-                    length = var_off[other + 1] - sa
-                    same = var_off[row + 1] - sb == length
-                    j = 0
-                    while same and j < length:
-                        same = var_data[sa + j] == var_data[sb + j]
-                        j += 1
-                if same:
-                    found = grp
-                    break
-            if found < 0:
-                found = n_groups
-                first_row[found] = row
-                n_groups += 1
-            out_gid[row] = found
-        i = run_end
-    return n_groups
-
-
-@_jit
 def group_rows(hashes, words, nulls, var_off, var_data, out_gid, first_row):
     """Number the distinct keys of rows in any order, as if sorted (the merge's combine).
 
-    Same results as :func:`sort_hash_index` followed by :func:`group_sorted_rows` — groups
-    numbered in ``(hash, first row)`` order, ``out_gid[row]`` and ``first_row[group]`` filled,
-    the number of groups returned — but the rows go through a scratch hash table and only the
-    groups are sorted: when many sources hold the same keys (a merge of many runs) there are
-    far fewer groups than rows. The table probes with the hash's low bits: the rows of one
-    merge window share their high bits.
+    The same as sorting the rows by ``(hash, row)`` and numbering the keys in that order (the
+    plain-Python reference does exactly that): groups numbered in ``(hash, first row)`` order,
+    ``out_gid[row]`` and ``first_row[group]`` filled, the number of groups returned. But the
+    rows go through a scratch hash table and only the groups are sorted: when many sources
+    hold the same keys (a merge of many runs) there are far fewer groups than rows. The table
+    probes with the hash's low bits: the rows of one merge window share their high bits.
     """
     n = hashes.shape[0]
     k = words.shape[1]
@@ -450,24 +398,25 @@ def group_rows(hashes, words, nulls, var_off, var_data, out_gid, first_row):
     while capacity * 3 < n * 4:  # load factor at most 3/4
         capacity *= 2
     mask = np.uint64(capacity - 1)
-    slots = np.zeros((capacity, 2), dtype=np.uint64)
+    # slots hold group + 1 only (8 bytes, the hash is read through the group's first row):
+    # the scratch stays within two block copies per row even for one-word keys
+    slots = np.zeros(capacity, dtype=np.int64)
     n_groups = 0
     for row in range(n):
         h = hashes[row]
         pos = np.int64(h & mask)
         step = 0
         while True:
-            g1 = slots[pos, 1]
+            g1 = slots[pos]
             if g1 == 0:
-                slots[pos, 0] = h
-                slots[pos, 1] = np.uint64(n_groups + 1)
+                slots[pos] = n_groups + 1
                 first_row[n_groups] = row
                 out_gid[row] = n_groups
                 n_groups += 1
                 break
-            if slots[pos, 0] == h:
-                g = np.int64(g1) - 1
-                other = first_row[g]
+            g = g1 - 1
+            other = first_row[g]
+            if hashes[other] == h:
                 same = not has_nulls or nulls[other] == nulls[row]
                 j = 0
                 while same and j < k:
@@ -487,6 +436,7 @@ def group_rows(hashes, words, nulls, var_off, var_data, out_gid, first_row):
                     break
             step += 1
             pos = (pos + step) & np.int64(mask)
+    slots = np.zeros(1, dtype=np.int64)  # give the scratch table back before sorting
     # order the groups by (hash, first row): first rows grow with the group number
     group_hashes = np.empty(n_groups, dtype=np.uint64)
     order = np.empty(n_groups, dtype=np.int64)

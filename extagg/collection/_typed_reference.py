@@ -121,8 +121,8 @@ def sort_hash_index(hashes, index):
     index[:] = [p[1] for p in pairs]
 
 
-def group_sorted_rows(sorted_hashes, order, words, nulls, var_off, var_data, out_gid, first_row):
-    """Reference of ``group_sorted_rows``."""
+def _group_sorted_rows(sorted_hashes, order, words, nulls, var_off, var_data, out_gid, first_row):
+    """Number the keys of rows visited in ``order`` (sorted by hash), in visiting order."""
     groups: dict[tuple[int, tuple], int] = {}
     for p, row in enumerate(order.tolist()):
         key = (int(sorted_hashes[p]), _key(words, nulls, var_off, var_data, row))
@@ -138,7 +138,7 @@ def group_rows(hashes, words, nulls, var_off, var_data, out_gid, first_row):
     order = np.arange(len(hashes), dtype=np.int64)
     sorted_hashes = hashes.copy()
     sort_hash_index(sorted_hashes, order)
-    return group_sorted_rows(
+    return _group_sorted_rows(
         sorted_hashes, order, words, nulls, var_off, var_data, out_gid, first_row
     )
 

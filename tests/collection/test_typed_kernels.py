@@ -184,30 +184,6 @@ def test_group_rows_many_rows_few_keys() -> None:
     assert np.array_equal(np.sort(keys[first[:g]]), distinct)
 
 
-@given(
-    st.lists(st.tuples(st.integers(0, 3), st.integers(0, 1), st.binary(max_size=3)), max_size=80)
-)
-def test_group_sorted_rows_matches_reference(rows) -> None:
-    m = len(rows)
-    words = np.array([[w] for w, _n, _v in rows], dtype=np.uint64).reshape(m, 1)
-    nulls = np.array([n for _w, n, _v in rows], dtype=np.uint8)
-    var_off, var_data = _var([v for *_r, v in rows])
-    hashes = (words[:, 0] % np.uint64(2)).astype(np.uint64)  # heavy collisions
-    order = np.arange(m, dtype=np.int64)
-    sorted_hashes = hashes.copy()
-    K.sort_hash_index(sorted_hashes, order)
-    results = []
-    for mod in (K, R):
-        out_gid = np.full(m, -1, dtype=np.int64)
-        first = np.full(m, -1, dtype=np.int64)
-        g = mod.group_sorted_rows(
-            sorted_hashes, order, words, nulls, var_off, var_data, out_gid, first
-        )
-        results.append((int(g), out_gid.tolist(), first[:g].tolist()))
-    assert results[0] == results[1]
-    assert results[0][0] == len(set(rows))
-
-
 @given(st.lists(st.binary(max_size=6), max_size=30), st.data())
 def test_gather_var_matches_reference(values, data) -> None:
     offsets, blob = _var(values)
