@@ -47,7 +47,7 @@ def grow_or_spill(agg: HashAggregator, table: TypedHashTable) -> None:
         table.extend_groups(target)  # no memory to double: fill the slots we have further
         agg._trim()
         return
-    agg._spill_table("memory for growth not granted")
+    agg._spill_table("memory for growth not granted", keep_arrays=True)
 
 
 def grow_arena_or_spill(agg: HashAggregator, table: TypedHashTable, needed: int) -> None:

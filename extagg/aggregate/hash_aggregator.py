@@ -342,9 +342,13 @@ class HashAggregator(MemoryConsumer):
             F.update(spec, [table.payload[i] for i in indexes], g, col, seq0 + lo)
 
     # ------------------------------------------------------------------ spilling
-    def _spill_table(self, reason: str, *, release_all: bool = False) -> None:
-        """Sort the table by hash, write it as a run, empty it (keeping its arrays, unless
-        ``release_all`` gives all its memory back)."""
+    def _spill_table(
+        self, reason: str, *, keep_arrays: bool = False, release_all: bool = False
+    ) -> None:
+        """Sort the table by hash, write it as a run and start again: emptied in place with
+        ``keep_arrays`` (the table was full and more input will fill it again), small
+        otherwise (the memory is wanted for something else: key bytes, a larger arena), or
+        with no table and all memory given back with ``release_all``."""
         table = self._table
         assert table is not None and table.num_groups > 0
         size = table.nbytes
@@ -371,8 +375,11 @@ class HashAggregator(MemoryConsumer):
         if release_all:
             self._table = None
             self.free_memory(self.used)
+        elif keep_arrays:
+            table.clear()
+            self._trim()
         else:
-            table.clear()  # keep its size: more input is coming and will fill it again
+            table.reset()
             self._trim()
 
     def spill(self, size: int, trigger: MemoryConsumer) -> int:

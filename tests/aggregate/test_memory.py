@@ -165,3 +165,24 @@ def test_generator_abandoned_cleans_up(spill_dir) -> None:
     next(it)
     it.close()  # what happens when a consumer stops early and drops the iterator
     assert agg.used == 0 and files_under(spill_dir) == []
+
+
+def test_a_long_key_after_a_full_table_spill(spill_dir) -> None:
+    # a table that filled its budget with short keys keeps its arrays when it spills; a key
+    # that then needs the memory for the arena makes it spill again and start small (with the
+    # arrays kept, a 1.5 MB key cannot fit next to them in 3 MiB: MemoryLimitError)
+    short = [f"s{i}" for i in range(60_000)]
+    long = "L" * 1_500_000
+    mm = UnifiedMemoryManager("3m")
+    with HashAggregator(
+        "k", {"n": ("*", "count")}, memory_manager=mm, spill_dirs=[str(spill_dir)]
+    ) as agg:
+        agg.update(pa.table({"k": short}))
+        spills = agg.metrics.spill_count
+        assert spills >= 1  # full tables were spilled (and kept their arrays)
+        agg.update(pa.table({"k": [long, *short[:10]]}))
+        assert agg.metrics.spill_count > spills
+        got = {r["k"]: r["n"] for r in pa.Table.from_batches(list(agg.results())).to_pylist()}
+    want = dict.fromkeys(short, 1) | {long: 1} | dict.fromkeys(short[:10], 2)
+    assert got == want
+    assert files_under(spill_dir) == []
