@@ -17,6 +17,7 @@ Memory held = table arrays (exact) + chunk buffers (an upper bound per row) + on
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -39,8 +40,19 @@ from extagg.aggregate.blocks import BlockLayout
 from extagg.aggregate.buffers import BATCH_VAR_BYTES, IO_COPIES, plan_buffers
 from extagg.aggregate.columns import Column, iter_record_batches, to_columns
 from extagg.aggregate.growth import grow_arena_or_spill, grow_or_spill, make_room_for_key_bytes
-from extagg.aggregate.keys import KeyLayout
+from extagg.aggregate.keys import EncodedKeys, KeyLayout
 from extagg.aggregate.merging import drain, merge_blocks
+from extagg.aggregate.partitions import (
+    MAX_LEVEL,
+    PARTITION_BELOW,
+    PARTITION_BITS,
+    PartitionSource,
+    PartitionWriter,
+    buffer_bytes,
+    held_bytes,
+    rotate_left,
+    rotate_right,
+)
 from extagg.aggregate.runs import write_table_run
 from extagg.collection import _typed_kernels as TK
 from extagg.collection.typed_table import MIN_ARENA, MIN_CAPACITY, TypedHashTable
@@ -92,6 +104,9 @@ class HashAggregator(MemoryConsumer):
         if len(set(self.keys)) != len(self.keys):
             raise ValueError(f"key columns must be distinct, got {self.keys}")
         self._requests = F.parse_aggs(aggs)
+        self._aggs = dict(aggs)
+        #: whether input rows may be set aside and aggregated later (first/last need row order)
+        self._order_free = not any(r.func.startswith(("first", "last")) for r in self._requests)
         clash = {r.output for r in self._requests} & set(self.keys)
         if clash:
             raise ValueError(f"aggregate outputs {sorted(clash)} have the names of key columns")
@@ -120,6 +135,7 @@ class HashAggregator(MemoryConsumer):
         self._spill_dirs = SpillDirs(dirs, max_spill_bytes=cap)
         self._max_memory = tmm.memory_manager.max_memory
         self._chunk_rows_arg = chunk_rows
+        self._max_spill_bytes = cap
         self.metrics = SpillMetrics()
         self._lock = threading.RLock()
         self._needed = list(
@@ -133,8 +149,13 @@ class HashAggregator(MemoryConsumer):
         self._rows_since_spill = 0
         self._scratch = 0  # bytes reserved for chunk buffers
         self._io_bytes = 0  # bytes reserved for one spill batch
+        self._aside_bytes = 0  # bytes reserved for the partition buffers
         self._floor = 0
+        self._scratch_planned = 0  # what the plan gave the chunk buffers and the floor
+        self._floor_planned = 0
         self._source: TableSource | None = None
+        self._level = 0  # partitioning depth: 0 for the aggregator the caller made
+        self._partitions: PartitionWriter | None = None
         self._state = "open"  # open -> reading -> closed
 
     # ------------------------------------------------------------------ schema
@@ -172,6 +193,8 @@ class HashAggregator(MemoryConsumer):
         self.batch_var_bytes = plan.batch_var_bytes
         self._io_bytes = plan.io_bytes
         self._floor = max(self._min_bytes(), min(INITIAL_MEMORY_THRESHOLD, self._max_memory // 16))
+        self._scratch_planned = self._scratch
+        self._floor_planned = self._floor
 
     @property
     def io_batch_bytes(self) -> int:
@@ -221,7 +244,7 @@ class HashAggregator(MemoryConsumer):
         table = 0 if self._table is None else self._table.nbytes
         if self._source is not None:
             table += self._source.nbytes
-        return table + self._scratch + self._io_bytes
+        return table + self._scratch + self._io_bytes + self._aside_bytes
 
     def _trim(self) -> None:
         """Give back what the table no longer needs (keeping the floor)."""
@@ -266,10 +289,10 @@ class HashAggregator(MemoryConsumer):
                     known = {name: t for name, (_kind, t) in self._schema.items()}
                     cols = to_columns(rb, self._needed, known)
                     self._check_schema(cols)
-                self._update_record_batch(rb, cols)
+                self._update_columns(cols, rb.num_rows)
 
-    def _update_record_batch(self, rb: pa.RecordBatch, cols: dict[str, Column]) -> None:
-        n = rb.num_rows
+    def _update_columns(self, cols: dict[str, Column], n: int) -> None:
+        """Fold ``n`` rows of checked input columns, chunk by chunk."""
         step = self._chunk_rows
         start = 0
         while start < n:
@@ -294,13 +317,16 @@ class HashAggregator(MemoryConsumer):
     def _update_chunk(self, cols: dict[str, Column], n: int) -> None:
         layout = self._layout
         assert layout is not None
+        if self._partitions is not None:
+            self._set_aside(cols, n, 0)
+            return
         table = self._ensure_table()
         key_cols = [cols[k] for k in self.keys]
         var_bytes = sum(c.data.nbytes for c in key_cols if c.data is not None)
         if var_bytes:
             make_room_for_key_bytes(self, var_bytes)
             table = self._ensure_table()
-        enc = layout.keys.encode(key_cols)
+        enc = self._encode(key_cols)
         gids = np.empty(n, dtype=np.int64)
         seq0 = self.metrics.records_read
         pos = 0
@@ -314,6 +340,11 @@ class HashAggregator(MemoryConsumer):
             pos = nxt
             if status == TK.TABLE_FULL:
                 grow_or_spill(self, table)
+                if self._partitions is not None:  # the rest of this chunk goes aside too
+                    self.metrics.records_read += pos
+                    self._set_aside(cols, n, pos, enc.hashes)
+                    self._trim()
+                    return
             elif status == TK.ARENA_FULL:
                 grow_arena_or_spill(self, table, table.pending_var_bytes(enc.var_offsets, pos))
         self.metrics.records_read += n
@@ -340,6 +371,101 @@ class HashAggregator(MemoryConsumer):
             if col is not None and not whole:
                 col = col.slice(lo, hi)
             F.update(spec, [table.payload[i] for i in indexes], g, col, seq0 + lo)
+
+    # ------------------------------------------------------------------ partitioning
+    def should_partition(self, table: TypedHashTable) -> bool:
+        """Whether a full table that cannot grow reduces its input too little to keep spilling
+        it (see :mod:`extagg.aggregate.partitions`)."""
+        return (
+            self._order_free
+            and self._level < MAX_LEVEL
+            and self.force_spill_rows is None
+            and self._rows_since_spill < PARTITION_BELOW * table.num_groups
+        )
+
+    def start_partitioning(self) -> None:
+        """Spill the table one last time; from now on input rows are set aside by hash."""
+        table = self._table
+        assert table is not None
+        log.info(
+            "%s: its full table of %d groups came from %d rows; setting the input aside in hash "
+            "partitions from now on (level %d)",
+            self.name, table.num_groups, self._rows_since_spill, self._level,
+        )  # fmt: skip
+        self._spill_table("memory for growth not granted; partitioning the input from now on")
+        self._table = None
+        self._trim()
+        limit = buffer_bytes(self._max_memory)
+        aside = held_bytes(self._max_memory, IO_COPIES)
+        if not self._hold(self._in_use() + aside):
+            raise MemoryLimitError(
+                f"{self.name} needs {format_size(aside)} to buffer its hash partitions but the "
+                f"memory manager granted less ({format_size(self.used)} held, max_memory "
+                f"{format_size(self._max_memory)})"
+            )
+        self._aside_bytes = aside
+        self._partitions = PartitionWriter(self, limit)
+
+    def _set_aside(
+        self, cols: dict[str, Column], n: int, start: int, hashes: np.ndarray | None = None
+    ) -> None:
+        """Write rows ``start..n`` of a chunk to their partitions."""
+        assert self._partitions is not None and self._layout is not None
+        if start:
+            cols = {k: c.slice(start, n) for k, c in cols.items()}
+            hashes = None if hashes is None else hashes[start:n]
+        if hashes is None:
+            hashes = self._encode([cols[k] for k in self.keys]).hashes
+        started = time.perf_counter()
+        try:
+            self._partitions.write(cols, hashes)
+        except BaseException:
+            # some rows of this chunk may be on disk and others not: nothing can be trusted
+            self.close()
+            raise
+        finally:
+            self.metrics.spill_time_s += time.perf_counter() - started
+        self.metrics.records_read += n - start
+        self._rows_since_spill += n - start
+
+    def _child(self, level: int) -> HashAggregator:
+        """An aggregator for one partition: same query, same memory manager and spill dirs."""
+        child = HashAggregator(
+            self.keys,
+            self._aggs,
+            memory_manager=self.task_memory_manager,
+            batch_size=self.batch_size,
+            fan_in=self.fan_in,
+            compression=self.compression,
+            chunk_rows=self._chunk_rows_arg,
+            name=f"{self.name}/p{level}",
+        )
+        child._spill_dirs = self._spill_dirs
+        child._level = level
+        child._schema = self._schema
+        child._layout = self._layout
+        child._chunk_rows = self._chunk_rows
+        child._scratch = self._scratch_planned
+        child.run_rows = self.run_rows
+        child.batch_var_bytes = self.batch_var_bytes
+        child._io_bytes = self._io_bytes
+        child._floor = self._floor_planned
+        child._scratch_planned = self._scratch_planned
+        child._floor_planned = self._floor_planned
+        return child
+
+    def _absorb_child_metrics(self, child: HashAggregator) -> None:
+        m, c = self.metrics, child.metrics
+        m.spill_count += c.spill_count
+        m.num_spill_files += c.num_spill_files
+        m.memory_bytes_spilled += c.memory_bytes_spilled
+        m.disk_bytes_spilled += c.disk_bytes_spilled
+        m.raw_bytes_spilled += c.raw_bytes_spilled
+        m.spill_time_s += c.spill_time_s
+        m.merge_time_s += c.merge_time_s
+        m.merge_passes += c.merge_passes
+        m.merge_files += c.merge_files
+        m.peak_memory_bytes = max(m.peak_memory_bytes, c.peak_memory_bytes)
 
     # ------------------------------------------------------------------ spilling
     def _spill_table(
@@ -418,22 +544,7 @@ class HashAggregator(MemoryConsumer):
             if self._layout is None:
                 return
             layout = self._layout
-            with self._lock:
-                if self._table is not None:
-                    self.metrics.peak_memory_bytes = max(
-                        self.metrics.peak_memory_bytes, self._in_use()
-                    )
-                    self._source = TableSource(self, self._table)
-                    self._table = None
-                self._scratch = 0  # no more chunks to fold: give back their buffers
-                self._floor = 0
-                self._trim()
-            source = self._source
-            if not self._runs:
-                blocks: Iterator[ColumnBlock] = drain(source) if source is not None else iter(())
-            else:
-                blocks = merge_blocks(self, source)
-            for block in blocks:
+            for block in self._result_blocks():
                 for start in range(0, len(block), self.batch_size):
                     part = (
                         block.slice(start, start + self.batch_size)
@@ -444,6 +555,52 @@ class HashAggregator(MemoryConsumer):
                     yield layout.finish(part)
         finally:
             self.close()
+
+    def _result_blocks(self) -> Iterator[ColumnBlock]:
+        """Every group once, as combined blocks in hash order (the in-memory table, the runs
+        and the partitions merged)."""
+        with self._lock:
+            if self._table is not None:
+                self.metrics.peak_memory_bytes = max(self.metrics.peak_memory_bytes, self._in_use())
+                self._source = TableSource(self, self._table)
+                self._table = None
+            partitions = None
+            if self._partitions is not None:
+                writer, self._partitions = self._partitions, None
+                try:
+                    paths = writer.finish()
+                except BaseException:
+                    writer.abort()
+                    raise
+                partitions = PartitionSource(self, paths)
+            self._scratch = 0  # no more chunks to fold: give back their buffers
+            self._aside_bytes = 0
+            self._floor = 0
+            self._trim()
+        source = self._source
+        if not self._runs and partitions is None:
+            blocks = drain(source) if source is not None else _no_blocks()
+        elif not self._runs and source is None:
+            assert partitions is not None
+            blocks = drain(partitions)
+        else:
+            blocks = merge_blocks(self, source, partitions)
+        if not self._level:
+            yield from blocks
+            return
+        with contextlib.closing(blocks):  # a partition's groups, hashed as its parent sees them
+            for block in blocks:
+                hashes = rotate_right(block.hashes, PARTITION_BITS)
+                yield ColumnBlock(hashes, block.columns, block.var_columns)
+
+    def _encode(self, key_cols: list[Column]) -> EncodedKeys:
+        """Hash and canonicalise keys; a partition's aggregator rotates the hashes (see
+        :func:`~extagg.aggregate.partitions.rotate_left`)."""
+        assert self._layout is not None
+        enc = self._layout.keys.encode(key_cols)
+        if self._level:
+            enc.hashes = rotate_left(enc.hashes, PARTITION_BITS * self._level)
+        return enc
 
     # ------------------------------------------------------------------ cleanup
     @property
@@ -461,7 +618,11 @@ class HashAggregator(MemoryConsumer):
             if self._source is not None:
                 self._source.close()
                 self._source = None
-            self._spill_dirs.cleanup()
+            if self._partitions is not None:
+                self._partitions.abort()
+                self._partitions = None
+            if self._level == 0:  # children share their parent's spill dirs
+                self._spill_dirs.cleanup()
             self._runs.clear()
             self.close_memory()
 
@@ -488,3 +649,7 @@ class HashAggregator(MemoryConsumer):
 def _has_null_typed(rb: pa.RecordBatch, names: list[str]) -> bool:
     index = rb.schema.get_field_index
     return any(index(n) >= 0 and pa.types.is_null(rb.schema.field(n).type) for n in names)
+
+
+def _no_blocks() -> Iterator[ColumnBlock]:
+    yield from ()

@@ -37,15 +37,22 @@ def drain(source: BlockSource) -> Iterator[ColumnBlock]:
         source.close()
 
 
-def merge_blocks(agg: HashAggregator, table_source: TableSource | None) -> Iterator[ColumnBlock]:
-    """Merge the aggregator's in-memory table and runs; combined blocks in hash order."""
+def merge_blocks(
+    agg: HashAggregator, table_source: TableSource | None, partitions: BlockSource | None = None
+) -> Iterator[ColumnBlock]:
+    """Merge the aggregator's in-memory table, runs and partitions (one source that aggregates
+    them one after the other); combined blocks in hash order."""
     layout = agg._layout
     assert layout is not None
     sources: list[BlockSource] = [] if table_source is None else [table_source]
-    runs = [RunSource(p, owner=agg._spill_dirs) for p in agg._runs]
+    runs: list[BlockSource] = [RunSource(p, owner=agg._spill_dirs) for p in agg._runs]
     agg._runs = []
+    if partitions is not None:
+        runs.append(partitions)
     sources.extend(runs)
-    fan_in = _reserve_merge_memory(agg, len(runs), table_source)
+    # the partitions' aggregators need memory while the merge runs: leave them half
+    limit = agg._max_memory // 2 if partitions is not None else None
+    fan_in = _reserve_merge_memory(agg, len(runs), table_source, limit)
     metrics = agg.metrics
 
     def on_pass(number: int, _runs: int) -> None:
@@ -66,9 +73,10 @@ def merge_blocks(agg: HashAggregator, table_source: TableSource | None) -> Itera
 
 
 def _reserve_merge_memory(
-    agg: HashAggregator, num_runs: int, table_source: TableSource | None
+    agg: HashAggregator, num_runs: int, table_source: TableSource | None, limit: int | None
 ) -> int:
-    """Hold read and combine buffers for the merge; returns the fan-in they allow.
+    """Hold read and combine buffers for the merge (at most ``limit`` bytes); returns the
+    fan-in they allow.
 
     When the budget cannot hold them next to the in-memory table, the table's groups go to disk
     first (one more run) rather than merging in many passes.
@@ -76,6 +84,8 @@ def _reserve_merge_memory(
     largest = max(agg._max_batch_bytes, agg.io_batch_bytes, 1)
     per_source = largest * MERGE_COPIES
     wanted = min(agg.fan_in, num_runs + 1) * per_source
+    if limit is not None:
+        wanted = min(wanted, max(limit, 2 * per_source))
     granted = agg.acquire_memory(wanted)
     if granted < wanted and table_source is not None:
         with agg._lock:

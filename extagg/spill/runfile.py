@@ -3,7 +3,7 @@
 Layout (all integers little-endian)::
 
     header   16 bytes   magic b"EXTAGRUN" | u16 format version | u8 batch codec |
-                        u8 compression | u32 0
+                        u8 compression | u32 flags (bit 0: unordered)
     batch 0  ...        codec payload, compressed independently (LZ4 block) or stored raw
     batch 1  ...
     footer   52 bytes per batch: u64 offset | u64 stored length | u64 raw length | u64 rows |
@@ -11,6 +11,8 @@ Layout (all integers little-endian)::
     trailer  32 bytes   u64 footer offset | u32 batches | u64 rows | u32 crc32 of the footer |
                         magic b"EXTAGEND"
 
+A run is sorted by hash within and across batches, unless the *unordered* flag is set (the raw
+input rows a partitioning aggregation sets aside; then each batch's hash range is its min and max).
 A reader needs nothing but the file: the trailer locates the footer, the footer gives each batch's
 byte range, row count and hash range (which the merge uses to decide what to read next without
 decoding). Every batch is decodable on its own and checked by CRC-32 before it is decompressed.
@@ -43,6 +45,8 @@ _HEADER = struct.Struct("<8sHBBI")
 _ENTRY = struct.Struct("<QQQQQQI")
 _TRAILER = struct.Struct("<QIQI8s")
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
+#: header flag: batches are not sorted by hash (nor across batches)
+FLAG_UNORDERED = 1
 
 
 def open_for_writing(path: str) -> Any:
@@ -76,7 +80,8 @@ class RunFile:
 
 
 class RunWriter:
-    """Writes one run file. Blocks must arrive sorted by hash, non-decreasing across calls.
+    """Writes one run file. Blocks must arrive sorted by hash, non-decreasing across calls,
+    unless ``ordered`` is false (then the file is flagged unordered).
 
     On a full disk the partial file is removed and :class:`~extagg.errors.SpillError` names the
     directory and the bytes needed; any other failure also removes the file.
@@ -89,6 +94,7 @@ class RunWriter:
         *,
         compression: str = "lz4",
         spill_dirs: SpillDirs | None = None,
+        ordered: bool = True,
     ) -> None:
         if compression not in COMPRESSIONS:
             raise ValueError(
@@ -97,6 +103,7 @@ class RunWriter:
         self.path = path
         self.codec = codec
         self.compression = compression
+        self.ordered = ordered
         self._spill_dirs = spill_dirs
         self._entries: list[BatchInfo] = []
         self._records = 0
@@ -108,7 +115,11 @@ class RunWriter:
 
     def _open(self) -> None:
         header = _HEADER.pack(
-            MAGIC, FORMAT_VERSION, self.codec.codec_id, COMPRESSIONS[self.compression], 0
+            MAGIC,
+            FORMAT_VERSION,
+            self.codec.codec_id,
+            COMPRESSIONS[self.compression],
+            0 if self.ordered else FLAG_UNORDERED,
         )
         try:
             self._file = open_for_writing(self.path)
@@ -156,8 +167,11 @@ class RunWriter:
         if n == 0:
             return 0
         hashes = block.hashes
-        lo, hi = int(hashes[0]), int(hashes[-1])
-        if lo < self._last_hash:
+        if not self.ordered:
+            lo, hi = int(hashes.min()), int(hashes.max())
+        else:
+            lo, hi = int(hashes[0]), int(hashes[-1])
+        if self.ordered and lo < self._last_hash:
             self.abort()
             raise ValueError(
                 f"blocks written to {self.path} are not in hash order "
@@ -275,8 +289,9 @@ class RunReader:
             raise self._corrupt(10, f"unknown batch codec id {codec_id}") from None
         if compression not in _COMPRESSION_NAMES:
             raise self._corrupt(11, f"unknown compression id {compression}")
-        if flags != 0:
+        if flags & ~FLAG_UNORDERED:
             raise self._corrupt(12, f"unknown header flags {flags:#x}")
+        self.ordered = not flags & FLAG_UNORDERED
         self.compression = _COMPRESSION_NAMES[compression]
         tpos = size - _TRAILER.size
         footer_offset, nbatches, nrecords, footer_crc, end = _TRAILER.unpack(
@@ -325,12 +340,19 @@ class RunReader:
         except Exception as exc:
             raise self._corrupt(entry.offset, f"cannot decode batch {i}: {exc}") from exc
         hashes = block.hashes
-        if (
-            len(block) != entry.count
-            or int(hashes[0]) != entry.min_hash
-            or int(hashes[-1]) != entry.max_hash
-            or (len(hashes) > 1 and bool(np.any(hashes[1:] < hashes[:-1])))
-        ):
+        if not self.ordered:
+            wrong = len(block) != entry.count or (
+                len(hashes) > 0
+                and (int(hashes.min()) != entry.min_hash or int(hashes.max()) != entry.max_hash)
+            )
+        else:
+            wrong = (
+                len(block) != entry.count
+                or int(hashes[0]) != entry.min_hash
+                or int(hashes[-1]) != entry.max_hash
+                or (len(hashes) > 1 and bool(np.any(hashes[1:] < hashes[:-1])))
+            )
+        if wrong:
             raise self._corrupt(entry.offset, f"batch {i} does not match its index entry")
         return block
 

@@ -84,6 +84,39 @@ def test_unordered_blocks_are_refused(tmp_path):
     assert not (tmp_path / "x.run").exists()
 
 
+def test_an_unordered_run_keeps_any_order_and_says_so(tmp_path):
+    # partitions of raw input rows: batches in any hash order, the footer has their min and max
+    path = tmp_path / "u.run"
+    writer = RunWriter(str(path), COLUMN_CODEC, ordered=False)
+    blocks = [
+        ColumnBlock(np.array([9, 2, 7], dtype=np.uint64), {"v": np.array([1.0, 2.0, 3.0])}),
+        ColumnBlock(np.array([1, 8], dtype=np.uint64), {"v": np.array([4.0, 5.0])}),
+    ]
+    for block in blocks:
+        writer.write_block(block)
+    writer.finish()
+    with RunReader(str(path)) as reader:
+        assert not reader.ordered
+        assert [(b.min_hash, b.max_hash) for b in reader.batches] == [(2, 9), (1, 8)]
+        got = [reader.read_block(i) for i in range(2)]
+    assert [g.hashes.tolist() for g in got] == [[9, 2, 7], [1, 8]]
+    assert got[1].columns["v"].tolist() == [4.0, 5.0]
+    ordered = tmp_path / "o.run"
+    write_run(ordered, object_block(list(range(5))))
+    with RunReader(str(ordered)) as reader:
+        assert reader.ordered
+
+
+def test_unknown_header_flags_are_rejected(tmp_path):
+    path = tmp_path / "f.run"
+    write_run(path, object_block(list(range(5))))
+    data = bytearray(path.read_bytes())
+    data[12] = 0x02  # u32 flags at offset 12: bit 1 means nothing yet
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptFileError, match="unknown header flags"):
+        RunReader(str(path))
+
+
 @pytest.fixture
 def good_run(tmp_path):
     path = tmp_path / "good.run"
