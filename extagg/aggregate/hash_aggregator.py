@@ -574,7 +574,10 @@ class HashAggregator(MemoryConsumer):
                     raise
                 partitions = PartitionSource(self, paths)
             self._scratch = 0  # no more chunks to fold: give back their buffers
-            self._aside_bytes = 0
+            # reading a partition back holds one of its batches (stored, decompressed, decoded)
+            self._aside_bytes = (
+                IO_COPIES * buffer_bytes(self._max_memory) if partitions is not None else 0
+            )
             self._floor = 0
             self._trim()
         source = self._source
