@@ -47,10 +47,7 @@ def grow_or_spill(agg: HashAggregator, table: TypedHashTable) -> None:
         table.extend_groups(target)  # no memory to double: fill the slots we have further
         agg._trim()
         return
-    if agg.should_partition(table):
-        agg.start_partitioning()
-        return
-    agg._spill_table("memory for growth not granted", keep_arrays=True)
+    agg.spill_or_partition(table)
 
 
 def grow_arena_or_spill(agg: HashAggregator, table: TypedHashTable, needed: int) -> None:

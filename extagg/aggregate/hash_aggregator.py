@@ -37,21 +37,25 @@ from extagg._config import (
 from extagg.aggregate import functions as F
 from extagg.aggregate._sources import TableSource
 from extagg.aggregate.blocks import BlockLayout
-from extagg.aggregate.buffers import BATCH_VAR_BYTES, IO_COPIES, plan_buffers
+from extagg.aggregate.buffers import BATCH_VAR_BYTES, IO_COPIES, partition_chunks, plan_buffers
 from extagg.aggregate.columns import Column, iter_record_batches, to_columns
 from extagg.aggregate.growth import grow_arena_or_spill, grow_or_spill, make_room_for_key_bytes
 from extagg.aggregate.keys import EncodedKeys, KeyLayout
 from extagg.aggregate.merging import drain, merge_blocks
 from extagg.aggregate.partitions import (
     MAX_LEVEL,
+    MIN_BUFFER_BYTES,
     PARTITION_BELOW,
     PARTITION_BITS,
+    REPEAT_RATE,
     PartitionSource,
     PartitionWriter,
     buffer_bytes,
     held_bytes,
+    repeat_rate,
     rotate_left,
     rotate_right,
+    sample_bytes,
 )
 from extagg.aggregate.runs import write_table_run
 from extagg.collection import _typed_kernels as TK
@@ -134,6 +138,7 @@ class HashAggregator(MemoryConsumer):
         )
         self._spill_dirs = SpillDirs(dirs, max_spill_bytes=cap)
         self._max_memory = tmm.memory_manager.max_memory
+        self._budget = self._max_memory  # the whole task's, which partitions' aggregators share
         self._chunk_rows_arg = chunk_rows
         self._max_spill_bytes = cap
         self.metrics = SpillMetrics()
@@ -373,35 +378,74 @@ class HashAggregator(MemoryConsumer):
             F.update(spec, [table.payload[i] for i in indexes], g, col, seq0 + lo)
 
     # ------------------------------------------------------------------ partitioning
-    def should_partition(self, table: TypedHashTable) -> bool:
-        """Whether a full table that cannot grow reduces its input too little to keep spilling
-        it (see :mod:`extagg.aggregate.partitions`)."""
-        return (
-            self._order_free
+    def spill_or_partition(self, table: TypedHashTable) -> None:
+        """The full table cannot grow: spill it, and partition the input from now on if it
+        barely reduces its input while its keys keep coming back (see
+        :mod:`extagg.aggregate.partitions`)."""
+        reason = "memory for growth not granted"
+        low_reduction = self._rows_since_spill < PARTITION_BELOW * table.num_groups
+        if not (
+            low_reduction
+            and self._runs
+            and self._order_free
             and self._level < MAX_LEVEL
             and self.force_spill_rows is None
-            and self._rows_since_spill < PARTITION_BELOW * table.num_groups
-        )
-
-    def start_partitioning(self) -> None:
-        """Spill the table one last time; from now on input rows are set aside by hash."""
-        table = self._table
-        assert table is not None
+        ):
+            self._spill_table(reason, keep_arrays=True)
+            return
+        rows = self._rows_since_spill
+        hashes, gids = table.sort_by_hash()
+        try:
+            rate = self._repeat_rate(hashes)
+        except BaseException:
+            table.restore_after_sort()
+            raise
+        if rate is None or rate < REPEAT_RATE:
+            self._spill_table(reason, keep_arrays=True, sorted_table=(hashes, gids))
+            return
         log.info(
-            "%s: its full table of %d groups came from %d rows; setting the input aside in hash "
-            "partitions from now on (level %d)",
-            self.name, table.num_groups, self._rows_since_spill, self._level,
+            "%s: its full table of %d groups came from %d rows and %.0f %% of its keys are in "
+            "earlier runs; setting the input aside in hash partitions from now on (level %d)",
+            self.name, table.num_groups, rows, 100 * rate, self._level,
         )  # fmt: skip
-        self._spill_table("memory for growth not granted; partitioning the input from now on")
+        self._spill_table(f"{reason}; partitioning from now on", sorted_table=(hashes, gids))
+        self._start_partitioning()
+
+    def _repeat_rate(self, sorted_hashes: np.ndarray) -> float | None:
+        """:func:`~extagg.aggregate.partitions.repeat_rate`, with its sample held (``None``
+        when the memory for it is not granted)."""
+        sample = sample_bytes(self._runs)
+        if not self._hold(self._in_use() + sample):
+            return None
+        try:
+            return repeat_rate(sorted_hashes, self._runs)
+        finally:
+            self._trim()
+
+    def _start_partitioning(self) -> None:
+        """From now on input rows are set aside by hash (the table was just spilled)."""
         self._table = None
         self._trim()
-        limit = buffer_bytes(self._max_memory)
-        aside = held_bytes(self._max_memory, IO_COPIES)
-        if not self._hold(self._in_use() + aside):
+        # no table any more: larger chunks and a buffer per partition, as large as granted
+        plans = [(self._chunk_rows, self._scratch)]
+        if self._chunk_rows_arg is None:
+            assert self._layout is not None
+            plans.insert(0, partition_chunks(self._layout, len(self._needed), self._max_memory))
+        for chunk_rows, scratch in plans:
+            self._chunk_rows, self._scratch = chunk_rows, scratch
+            limit = buffer_bytes(self._max_memory)
+            while limit >= MIN_BUFFER_BYTES:
+                aside = held_bytes(limit, IO_COPIES)
+                if self._hold(self._in_use() + aside):
+                    break
+                limit //= 2
+            if limit >= MIN_BUFFER_BYTES:
+                break
+        else:
             raise MemoryLimitError(
-                f"{self.name} needs {format_size(aside)} to buffer its hash partitions but the "
-                f"memory manager granted less ({format_size(self.used)} held, max_memory "
-                f"{format_size(self._max_memory)})"
+                f"{self.name} needs {format_size(held_bytes(MIN_BUFFER_BYTES, IO_COPIES))} to "
+                f"buffer its hash partitions but the memory manager granted less "
+                f"({format_size(self.used)} held, max_memory {format_size(self._max_memory)})"
             )
         self._aside_bytes = aside
         self._partitions = PartitionWriter(self, limit)
@@ -414,6 +458,13 @@ class HashAggregator(MemoryConsumer):
         if start:
             cols = {k: c.slice(start, n) for k, c in cols.items()}
             hashes = None if hashes is None else hashes[start:n]
+        var_bytes = sum(c.data.nbytes for c in cols.values() if c.data is not None)
+        if var_bytes and not self._hold(self._in_use() + 2 * var_bytes):
+            raise MemoryLimitError(
+                f"{self.name} needs {format_size(2 * var_bytes)} more to set aside a chunk's "
+                f"{format_size(var_bytes)} of strings ({format_size(self.used)} held, "
+                f"max_memory {format_size(self._max_memory)})"
+            )
         if hashes is None:
             hashes = self._encode([cols[k] for k in self.keys]).hashes
         started = time.perf_counter()
@@ -425,6 +476,8 @@ class HashAggregator(MemoryConsumer):
             raise
         finally:
             self.metrics.spill_time_s += time.perf_counter() - started
+            if var_bytes and self._state != "closed":
+                self._trim()
         self.metrics.records_read += n - start
         self._rows_since_spill += n - start
 
@@ -442,6 +495,9 @@ class HashAggregator(MemoryConsumer):
         )
         child._spill_dirs = self._spill_dirs
         child._level = level
+        # what this aggregator and its own parents still hold is not the child's to plan with
+        child._max_memory = max(1, self._budget - self.task_memory_manager.memory_used)
+        child._budget = self._budget
         child._schema = self._schema
         child._layout = self._layout
         child._chunk_rows = self._chunk_rows
@@ -449,9 +505,11 @@ class HashAggregator(MemoryConsumer):
         child.run_rows = self.run_rows
         child.batch_var_bytes = self.batch_var_bytes
         child._io_bytes = self._io_bytes
-        child._floor = self._floor_planned
+        child._floor = max(
+            child._min_bytes(), min(INITIAL_MEMORY_THRESHOLD, child._max_memory // 16)
+        )
         child._scratch_planned = self._scratch_planned
-        child._floor_planned = self._floor_planned
+        child._floor_planned = child._floor
         return child
 
     def _absorb_child_metrics(self, child: HashAggregator) -> None:
@@ -469,12 +527,18 @@ class HashAggregator(MemoryConsumer):
 
     # ------------------------------------------------------------------ spilling
     def _spill_table(
-        self, reason: str, *, keep_arrays: bool = False, release_all: bool = False
+        self,
+        reason: str,
+        *,
+        keep_arrays: bool = False,
+        release_all: bool = False,
+        sorted_table: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> None:
         """Sort the table by hash, write it as a run and start again: emptied in place with
         ``keep_arrays`` (the table was full and more input will fill it again), small
         otherwise (the memory is wanted for something else: key bytes, a larger arena), or
-        with no table and all memory given back with ``release_all``."""
+        with no table and all memory given back with ``release_all``. ``sorted_table``: what
+        ``sort_by_hash`` returned, if the caller sorted it already."""
         table = self._table
         assert table is not None and table.num_groups > 0
         size = table.nbytes
@@ -486,7 +550,7 @@ class HashAggregator(MemoryConsumer):
             self.metrics.spill_count, "s" if self.metrics.spill_count > 1 else "", reason,
         )  # fmt: skip
         started = time.perf_counter()
-        hashes, slot_gids = table.sort_by_hash()
+        hashes, slot_gids = sorted_table if sorted_table is not None else table.sort_by_hash()
         try:
             path = write_table_run(self, table, hashes, slot_gids, 0)
         except BaseException:

@@ -50,8 +50,8 @@ def merge_blocks(
     if partitions is not None:
         runs.append(partitions)
     sources.extend(runs)
-    # the partitions' aggregators need memory while the merge runs: leave them half
-    limit = agg._max_memory // 2 if partitions is not None else None
+    # the partitions' aggregators need memory while the merge runs: leave them three quarters
+    limit = agg._max_memory // 4 if partitions is not None else None
     fan_in = _reserve_merge_memory(agg, len(runs), table_source, limit)
     metrics = agg.metrics
 

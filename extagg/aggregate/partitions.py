@@ -3,7 +3,9 @@
 A table that fills its budget while it barely reduces its input (fewer than
 :data:`PARTITION_BELOW` rows per group, e.g. 20 M rows over 1 M keys at 1/8 of the memory) would
 spill almost every row as a group, sorted, and merge them all back: most of the work for nothing.
-Instead the aggregator spills that table once and from then on sets its input rows aside, as they
+When such a table's keys also keep coming back — at least :data:`REPEAT_RATE` of them are already
+in earlier runs, so the same keys are being spilled over and over — the aggregator spills that
+table once more and from then on sets its input rows aside, as they
 are, in :data:`NUM_PARTITIONS` files by the next bits of their key hash (Grace hash aggregation,
 as DuckDB and PostgreSQL do). After the input, each partition is aggregated on its own by a child
 aggregator with the same budget — a sixteenth of the keys, so it usually fits in memory; if not,
@@ -12,6 +14,11 @@ the other, are one hash-ordered source for the aggregator's merge, so the result
 in the same order as without partitioning. A partition is always chosen by the top bits of the
 hash as the aggregator sees it; a child sees its hashes rotated left by 4 bits per level
 (:func:`rotate_left`), so its table and its own partitions use the bits that still differ.
+
+When keys do not come back (every row a new group, say), spilling sorted tables is the better
+plan: the merge then only concatenates, while aggregating a partition would rebuild a table as
+large as the partition. The repeat rate is measured on a sample: the hash range that the first
+batches of the last :data:`COMPARED_RUNS` runs share (their footers give it), a few thousand keys.
 
 Partition files are run files flagged unordered (column codec): the rows' key hashes, each input
 column's values (``v:<name>``, or its offsets and bytes) and its validity (``m:<name>``).
@@ -41,11 +48,15 @@ __all__ = [
     "MAX_LEVEL",
     "NUM_PARTITIONS",
     "PARTITION_BELOW",
+    "REPEAT_RATE",
     "PartitionSource",
     "PartitionWriter",
     "buffer_bytes",
     "held_bytes",
+    "MIN_BUFFER_BYTES",
     "partition_of",
+    "repeat_rate",
+    "sample_bytes",
     "rotate_left",
     "rotate_right",
 ]
@@ -54,13 +65,55 @@ log = logging.getLogger(__name__)
 
 PARTITION_BITS = 4
 NUM_PARTITIONS = 1 << PARTITION_BITS
-#: partition when a full table holds more than this fraction of the rows it has seen as groups
+#: a full table reduces its input too little when it came from fewer rows than this per group
 PARTITION_BELOW = 2.0
+#: ... and then partition once this fraction of its keys are already in earlier runs
+REPEAT_RATE = 0.2
+#: earlier runs a full table's keys are looked up in (their first batches)
+COMPARED_RUNS = 16
 #: partition at most this many levels deep (each level uses the next 4 bits of the hash)
 MAX_LEVEL = 8
 
 _VALUES = "v:"
 _VALID = "m:"
+
+
+def sample_bytes(runs: list[str]) -> int:
+    """Bytes :func:`repeat_rate` holds: the hashes of the first batch of each compared run."""
+    total = 0
+    for path in runs[-COMPARED_RUNS:]:
+        with RunReader(path) as reader:
+            if reader.batches:
+                total += 8 * reader.batches[0].count
+    return total
+
+
+def repeat_rate(sorted_hashes: np.ndarray, runs: list[str]) -> float | None:
+    """The fraction of a full table's keys (its hashes, sorted) that earlier runs already hold.
+
+    Estimated on the hash range the first batches of the last :data:`COMPARED_RUNS` runs all
+    cover: the table's keys in that range, looked up among those batches' hashes. ``None`` when
+    the sample is too small to tell (fewer than 64 of the table's keys in the range).
+    """
+    readers = [RunReader(path) for path in runs[-COMPARED_RUNS:]]
+    try:
+        readers = [r for r in readers if r.batches]
+        if not readers:
+            return None
+        bound = min(r.batches[0].max_hash for r in readers)
+        sample = sorted_hashes[: int(np.searchsorted(sorted_hashes, np.uint64(bound), "right"))]
+        if len(sample) < 64:
+            return None
+        seen = []
+        for reader in readers:
+            hashes = reader.read_block(0).hashes
+            seen.append(hashes[: int(np.searchsorted(hashes, np.uint64(bound), "right"))])
+        known = np.unique(np.concatenate(seen))
+        pos = np.minimum(np.searchsorted(known, sample), len(known) - 1)
+        return float(np.count_nonzero(known[pos] == sample)) / len(sample)
+    finally:
+        for reader in readers:
+            reader.close()
 
 
 def partition_of(hashes: np.ndarray) -> np.ndarray:
@@ -122,10 +175,14 @@ def buffer_bytes(max_memory: int) -> int:
     return max(16 << 10, max_memory // 40)
 
 
-def held_bytes(max_memory: int, io_copies: int) -> int:
-    """Memory a :class:`PartitionWriter` holds at most: a full buffer per partition plus the
-    copies that encoding and compressing one of them makes."""
-    return (NUM_PARTITIONS + io_copies) * buffer_bytes(max_memory)
+#: the smallest per-partition buffer worth writing from
+MIN_BUFFER_BYTES = 4 << 10
+
+
+def held_bytes(limit: int, io_copies: int) -> int:
+    """Memory a :class:`PartitionWriter` with buffers of ``limit`` bytes holds at most: a full
+    buffer per partition plus the copies that encoding and compressing one of them makes."""
+    return (NUM_PARTITIONS + io_copies) * limit
 
 
 class PartitionWriter:
@@ -148,10 +205,11 @@ class PartitionWriter:
         parts = partition_of(hashes)
         order = np.argsort(parts, kind="stable")
         bounds = np.searchsorted(parts[order], np.arange(NUM_PARTITIONS + 1), side="left")
+        grouped = rows_to_block(cols, hashes, order)  # one gather per column for all partitions
         for p in range(NUM_PARTITIONS):
             lo, hi = int(bounds[p]), int(bounds[p + 1])
             if lo < hi:
-                block = rows_to_block(cols, hashes, order[lo:hi])
+                block = _copy(grouped.slice(lo, hi))  # its own arrays: buffered for a while
                 self._pending[p].append(block)
                 self._pending_bytes[p] += block.nbytes()
                 if self._pending_bytes[p] >= self.limit:
@@ -203,6 +261,12 @@ class PartitionWriter:
         for path in self.paths:
             if path is not None:
                 self.owner._spill_dirs.remove(path)
+
+
+def _copy(block: ColumnBlock) -> ColumnBlock:
+    var = {name: (off.copy(), data.copy()) for name, (off, data) in block.var_columns.items()}
+    columns = {name: col.copy() for name, col in block.columns.items()}
+    return ColumnBlock(block.hashes.copy(), columns, var)
 
 
 def _same_columns(blocks: list[ColumnBlock]) -> list[ColumnBlock]:

@@ -92,16 +92,35 @@ def test_first_and_last_are_never_partitioned(spill_dir) -> None:
 
 
 def test_partitions_partition_again_when_they_do_not_fit(spill_dir, caplog) -> None:
-    table = _int_table(600_000, 500_000, seed=3, nulls=False)
+    rng = np.random.default_rng(3)
+    k = rng.integers(0, 200_000, 1_000_000)  # 12 500 keys per partition: more than 1 MiB holds
+    v = rng.random(len(k))
+    table = pa.table({"k": k, "v": v})
     aggs = {"n": ("*", "count"), "s": ("v", "sum")}
     with caplog.at_level(logging.INFO, logger=LOG):
-        got, partitioned, _ = _run(table, ["k"], aggs, "1m", spill_dir)
+        got, partitioned, _ = _run(table, ["k"], aggs, "1m", spill_dir, batch=50_000)
     assert partitioned
     assert "(level 1)" in caplog.text  # a partition's aggregator partitioned too
-    _check(table, ["k"], aggs, got)
-    in_memory, _, _ = _run(table, ["k"], aggs, "512m")
-    assert got.column("k").to_pylist() == in_memory.column("k").to_pylist()
+    keys, counts = np.unique(k, return_counts=True)
+    sums = np.bincount(k, weights=v)[keys]
+    order = np.argsort(got.column("k").to_numpy())
+    assert np.array_equal(got.column("k").to_numpy()[order], keys)
+    assert np.array_equal(got.column("n").to_numpy()[order], counts)
+    assert np.allclose(got.column("s").to_numpy()[order], sums, rtol=1e-12)
+    in_memory, _, _ = _run(table, ["k"], aggs, "512m", batch=50_000)
+    assert got.column("k").to_pylist() == in_memory.column("k").to_pylist()  # same order
     assert files_under(spill_dir) == []
+
+
+def test_distinct_keys_keep_spilling_sorted_tables(spill_dir, caplog) -> None:
+    # every row a new group: nothing comes back, so partitioning would only rebuild tables
+    rng = np.random.default_rng(7)
+    table = pa.table({"k": rng.permutation(200_000), "v": rng.random(200_000)})
+    with caplog.at_level(logging.INFO, logger=LOG):
+        got, partitioned, metrics = _run(table, ["k"], AGGS, "2m", spill_dir)
+    assert not partitioned and metrics.spill_count >= 3
+    assert "hash partitions" not in caplog.text
+    _check(table, ["k"], AGGS, got)
 
 
 @pytest.mark.parametrize("kind", ["str", "float", "two-keys"])
@@ -124,7 +143,7 @@ def test_other_key_types_partition_exactly(spill_dir, kind) -> None:
         cols = {"a": pa.array(base // 300), "b": pa.array(base % 300).cast(pa.int16()), "v": v}
         keys = ["a", "b"]
     table = pa.table(cols)
-    got, partitioned, _ = _run(table, keys, AGGS, "2m", spill_dir)
+    got, partitioned, _ = _run(table, keys, AGGS, "3m" if kind == "str" else "2m", spill_dir)
     assert partitioned
     _check(table, keys, AGGS, got)
 
