@@ -5,15 +5,16 @@ A table that fills its budget while it barely reduces its input (fewer than
 spill almost every row as a group, sorted, and merge them all back: most of the work for nothing.
 When such a table's keys also keep coming back — at least :data:`REPEAT_RATE` of them are already
 in earlier runs, so the same keys are being spilled over and over — the aggregator spills that
-table once more and from then on sets its input rows aside, as they
-are, in :data:`NUM_PARTITIONS` files by the next bits of their key hash (Grace hash aggregation,
-as DuckDB and PostgreSQL do). After the input, each partition is aggregated on its own by a child
-aggregator with the same budget — a sixteenth of the keys, so it usually fits in memory; if not,
-the child partitions again on the next hash bits. The children's outputs, one partition after
-the other, are one hash-ordered source for the aggregator's merge, so the result is the same and
-in the same order as without partitioning. A partition is always chosen by the top bits of the
-hash as the aggregator sees it; a child sees its hashes rotated left by 4 bits per level
-(:func:`rotate_left`), so its table and its own partitions use the bits that still differ.
+table once more and from then on sets its input rows aside, as they are, in
+:data:`NUM_PARTITIONS` files by the top bits of their key hash (Grace hash aggregation, as DuckDB
+and PostgreSQL do). After the input, each partition is aggregated on its own by a child
+aggregator that shares the memory manager (and plans with what the task has left): a sixteenth
+of the keys, so it usually fits in memory; if not, the child partitions again. The children's
+outputs, one partition after the other, are one hash-ordered source for the aggregator's merge,
+so the result is the same and in the same order as without partitioning. A partition is always
+chosen by the top bits of the hash as the aggregator sees it; a child sees its hashes rotated
+left by 4 bits per level (:func:`rotate_left`), so its table and its own partitions use the bits
+that still differ.
 
 When keys do not come back (every row a new group, say), spilling sorted tables is the better
 plan: the merge then only concatenates, while aggregating a partition would rebuild a table as
