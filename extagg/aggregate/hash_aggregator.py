@@ -441,12 +441,14 @@ class HashAggregator(MemoryConsumer):
                 limit //= 2
             if limit >= MIN_BUFFER_BYTES:
                 break
-        else:
-            raise MemoryLimitError(
-                f"{self.name} needs {format_size(held_bytes(MIN_BUFFER_BYTES, IO_COPIES))} to "
-                f"buffer its hash partitions but the memory manager granted less "
-                f"({format_size(self.used)} held, max_memory {format_size(self._max_memory)})"
-            )
+        else:  # not even the smallest buffers: go on spilling tables
+            log.info(
+                "%s cannot hold %s of partition buffers (%s held, max_memory %s); it keeps "
+                "spilling tables",
+                self.name, format_size(held_bytes(MIN_BUFFER_BYTES, IO_COPIES)),
+                format_size(self.used), format_size(self._max_memory),
+            )  # fmt: skip
+            return
         self._aside_bytes = aside
         self._partitions = PartitionWriter(self, limit)
 

@@ -191,3 +191,14 @@ def test_rotation_is_invertible_and_keeps_a_partitions_order(values, level) -> N
     assert np.array_equal(rotate_right(rotated, 4), part)
     assert np.array_equal(np.argsort(rotated, kind="stable"), np.argsort(part, kind="stable"))
     assert np.array_equal(rotate_right(rotate_left(hashes, 4 * level), 4 * level), hashes)
+
+
+def test_no_memory_for_partition_buffers_keeps_spilling_tables(spill_dir, monkeypatch) -> None:
+    import extagg.aggregate.hash_aggregator as module
+
+    monkeypatch.setattr(module, "held_bytes", lambda limit, copies: 1 << 40)  # never granted
+    table = _int_table(200_000, 100_000, seed=8)
+    got, partitioned, metrics = _run(table, ["k"], AGGS, "2m", spill_dir)
+    assert not partitioned and metrics.spill_count >= 3
+    _check(table, ["k"], AGGS, got)
+    assert files_under(spill_dir) == []
