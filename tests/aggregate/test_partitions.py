@@ -6,6 +6,7 @@ plain-Python reference, and with the same aggregation in memory (same groups, sa
 
 from __future__ import annotations
 
+import importlib
 import logging
 
 import numpy as np
@@ -194,8 +195,7 @@ def test_rotation_is_invertible_and_keeps_a_partitions_order(values, level) -> N
 
 
 def test_no_memory_for_partition_buffers_keeps_spilling_tables(spill_dir, monkeypatch) -> None:
-    import extagg.aggregate.hash_aggregator as module
-
+    module = importlib.import_module("extagg.aggregate.hash_aggregator")
     monkeypatch.setattr(module, "held_bytes", lambda limit, copies: 1 << 40)  # never granted
     table = _int_table(200_000, 100_000, seed=8)
     got, partitioned, metrics = _run(table, ["k"], AGGS, "2m", spill_dir)
