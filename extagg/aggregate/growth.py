@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from extagg._config import format_size
+from extagg.aggregate.partitioned import spill_or_partition
 from extagg.collection.typed_table import MAX_CAPACITY, TypedHashTable
 from extagg.errors import MemoryLimitError
 
@@ -47,7 +48,7 @@ def grow_or_spill(agg: HashAggregator, table: TypedHashTable) -> None:
         table.extend_groups(target)  # no memory to double: fill the slots we have further
         agg._trim()
         return
-    agg.spill_or_partition(table)
+    spill_or_partition(agg, table)
 
 
 def grow_arena_or_spill(agg: HashAggregator, table: TypedHashTable, needed: int) -> None:

@@ -8,7 +8,9 @@ refuses, the table is sorted by hash and written as a run file (the shared run-f
 column codec) and is emptied, keeping its arrays for the input still to come. ``results()``
 merges the in-memory table with every run through :mod:`extagg.merge`, combining states of
 equal keys in compiled kernels, and streams Arrow record batches in hash order (the same order
-whether or not anything spilled).
+whether or not anything spilled). A table that barely reduces its input while its keys keep
+coming back makes the aggregator partition the input instead (:mod:`.partitioned`,
+:mod:`.partitions`): each partition is aggregated afterwards by a child aggregator.
 
 Memory held = table arrays (exact) + chunk buffers (an upper bound per row) + one I/O batch
 (gathering and encoding a spill batch), never less than a floor of
@@ -37,25 +39,19 @@ from extagg._config import (
 from extagg.aggregate import functions as F
 from extagg.aggregate._sources import TableSource
 from extagg.aggregate.blocks import BlockLayout
-from extagg.aggregate.buffers import BATCH_VAR_BYTES, IO_COPIES, partition_chunks, plan_buffers
+from extagg.aggregate.buffers import BATCH_VAR_BYTES, IO_COPIES, plan_buffers
 from extagg.aggregate.columns import Column, iter_record_batches, to_columns
 from extagg.aggregate.growth import grow_arena_or_spill, grow_or_spill, make_room_for_key_bytes
 from extagg.aggregate.keys import EncodedKeys, KeyLayout
 from extagg.aggregate.merging import drain, merge_blocks
+from extagg.aggregate.partitioned import absorb_child_metrics, child_aggregator, set_aside
 from extagg.aggregate.partitions import (
-    MAX_LEVEL,
-    MIN_BUFFER_BYTES,
-    PARTITION_BELOW,
     PARTITION_BITS,
-    REPEAT_RATE,
     PartitionSource,
     PartitionWriter,
     buffer_bytes,
-    held_bytes,
-    repeat_rate,
     rotate_left,
     rotate_right,
-    sample_bytes,
 )
 from extagg.aggregate.runs import write_table_run
 from extagg.collection import _typed_kernels as TK
@@ -140,7 +136,6 @@ class HashAggregator(MemoryConsumer):
         self._max_memory = tmm.memory_manager.max_memory
         self._budget = self._max_memory  # the whole task's, which partitions' aggregators share
         self._chunk_rows_arg = chunk_rows
-        self._max_spill_bytes = cap
         self.metrics = SpillMetrics()
         self._lock = threading.RLock()
         self._needed = list(
@@ -323,7 +318,7 @@ class HashAggregator(MemoryConsumer):
         layout = self._layout
         assert layout is not None
         if self._partitions is not None:
-            self._set_aside(cols, n, 0)
+            set_aside(self, cols, n, 0)
             return
         table = self._ensure_table()
         key_cols = [cols[k] for k in self.keys]
@@ -347,7 +342,7 @@ class HashAggregator(MemoryConsumer):
                 grow_or_spill(self, table)
                 if self._partitions is not None:  # the rest of this chunk goes aside too
                     self.metrics.records_read += pos
-                    self._set_aside(cols, n, pos, enc.hashes)
+                    set_aside(self, cols, n, pos, enc.hashes)
                     self._trim()
                     return
             elif status == TK.ARENA_FULL:
@@ -376,156 +371,6 @@ class HashAggregator(MemoryConsumer):
             if col is not None and not whole:
                 col = col.slice(lo, hi)
             F.update(spec, [table.payload[i] for i in indexes], g, col, seq0 + lo)
-
-    # ------------------------------------------------------------------ partitioning
-    def spill_or_partition(self, table: TypedHashTable) -> None:
-        """The full table cannot grow: spill it, and partition the input from now on if it
-        barely reduces its input while its keys keep coming back (see
-        :mod:`extagg.aggregate.partitions`)."""
-        reason = "memory for growth not granted"
-        low_reduction = self._rows_since_spill < PARTITION_BELOW * table.num_groups
-        if not (
-            low_reduction
-            and self._runs
-            and self._order_free
-            and self._level < MAX_LEVEL
-            and self.force_spill_rows is None
-        ):
-            self._spill_table(reason, keep_arrays=True)
-            return
-        rows = self._rows_since_spill
-        hashes, gids = table.sort_by_hash()
-        try:
-            rate = self._repeat_rate(hashes)
-        except BaseException:
-            table.restore_after_sort()
-            raise
-        if rate is None or rate < REPEAT_RATE:
-            self._spill_table(reason, keep_arrays=True, sorted_table=(hashes, gids))
-            return
-        log.info(
-            "%s: its full table of %d groups came from %d rows and %.0f %% of its keys are in "
-            "earlier runs; setting the input aside in hash partitions from now on (level %d)",
-            self.name, table.num_groups, rows, 100 * rate, self._level,
-        )  # fmt: skip
-        self._spill_table(f"{reason}; partitioning from now on", sorted_table=(hashes, gids))
-        self._start_partitioning()
-
-    def _repeat_rate(self, sorted_hashes: np.ndarray) -> float | None:
-        """:func:`~extagg.aggregate.partitions.repeat_rate`, with its sample held (``None``
-        when the memory for it is not granted)."""
-        sample = sample_bytes(self._runs)
-        if not self._hold(self._in_use() + sample):
-            return None
-        try:
-            return repeat_rate(sorted_hashes, self._runs)
-        finally:
-            self._trim()
-
-    def _start_partitioning(self) -> None:
-        """From now on input rows are set aside by hash (the table was just spilled)."""
-        self._table = None
-        self._trim()
-        # no table any more: larger chunks and a buffer per partition, as large as granted
-        plans = [(self._chunk_rows, self._scratch)]
-        if self._chunk_rows_arg is None:
-            assert self._layout is not None
-            plans.insert(0, partition_chunks(self._layout, len(self._needed), self._max_memory))
-        for chunk_rows, scratch in plans:
-            self._chunk_rows, self._scratch = chunk_rows, scratch
-            limit = buffer_bytes(self._max_memory)
-            while limit >= MIN_BUFFER_BYTES:
-                aside = held_bytes(limit, IO_COPIES)
-                if self._hold(self._in_use() + aside):
-                    break
-                limit //= 2
-            if limit >= MIN_BUFFER_BYTES:
-                break
-        else:  # not even the smallest buffers: go on spilling tables
-            log.info(
-                "%s cannot hold %s of partition buffers (%s held, max_memory %s); it keeps "
-                "spilling tables",
-                self.name, format_size(held_bytes(MIN_BUFFER_BYTES, IO_COPIES)),
-                format_size(self.used), format_size(self._max_memory),
-            )  # fmt: skip
-            return
-        self._aside_bytes = aside
-        self._partitions = PartitionWriter(self, limit)
-
-    def _set_aside(
-        self, cols: dict[str, Column], n: int, start: int, hashes: np.ndarray | None = None
-    ) -> None:
-        """Write rows ``start..n`` of a chunk to their partitions."""
-        assert self._partitions is not None and self._layout is not None
-        if start:
-            cols = {k: c.slice(start, n) for k, c in cols.items()}
-            hashes = None if hashes is None else hashes[start:n]
-        var_bytes = sum(c.data.nbytes for c in cols.values() if c.data is not None)
-        if var_bytes and not self._hold(self._in_use() + 2 * var_bytes):
-            raise MemoryLimitError(
-                f"{self.name} needs {format_size(2 * var_bytes)} more to set aside a chunk's "
-                f"{format_size(var_bytes)} of strings ({format_size(self.used)} held, "
-                f"max_memory {format_size(self._max_memory)})"
-            )
-        if hashes is None:
-            hashes = self._encode([cols[k] for k in self.keys]).hashes
-        started = time.perf_counter()
-        try:
-            self._partitions.write(cols, hashes)
-        except BaseException:
-            # some rows of this chunk may be on disk and others not: nothing can be trusted
-            self.close()
-            raise
-        finally:
-            self.metrics.spill_time_s += time.perf_counter() - started
-            if var_bytes and self._state != "closed":
-                self._trim()
-        self.metrics.records_read += n - start
-        self._rows_since_spill += n - start
-
-    def _child(self, level: int) -> HashAggregator:
-        """An aggregator for one partition: same query, same memory manager and spill dirs."""
-        child = HashAggregator(
-            self.keys,
-            self._aggs,
-            memory_manager=self.task_memory_manager,
-            batch_size=self.batch_size,
-            fan_in=self.fan_in,
-            compression=self.compression,
-            chunk_rows=self._chunk_rows_arg,
-            name=f"{self.name}/p{level}",
-        )
-        child._spill_dirs = self._spill_dirs
-        child._level = level
-        # what this aggregator and its own parents still hold is not the child's to plan with
-        child._max_memory = max(1, self._budget - self.task_memory_manager.memory_used)
-        child._budget = self._budget
-        child._schema = self._schema
-        child._layout = self._layout
-        child._chunk_rows = self._chunk_rows
-        child._scratch = self._scratch_planned
-        child.run_rows = self.run_rows
-        child.batch_var_bytes = self.batch_var_bytes
-        child._io_bytes = self._io_bytes
-        child._floor = max(
-            child._min_bytes(), min(INITIAL_MEMORY_THRESHOLD, child._max_memory // 16)
-        )
-        child._scratch_planned = self._scratch_planned
-        child._floor_planned = child._floor
-        return child
-
-    def _absorb_child_metrics(self, child: HashAggregator) -> None:
-        m, c = self.metrics, child.metrics
-        m.spill_count += c.spill_count
-        m.num_spill_files += c.num_spill_files
-        m.memory_bytes_spilled += c.memory_bytes_spilled
-        m.disk_bytes_spilled += c.disk_bytes_spilled
-        m.raw_bytes_spilled += c.raw_bytes_spilled
-        m.spill_time_s += c.spill_time_s
-        m.merge_time_s += c.merge_time_s
-        m.merge_passes += c.merge_passes
-        m.merge_files += c.merge_files
-        m.peak_memory_bytes = max(m.peak_memory_bytes, c.peak_memory_bytes)
 
     # ------------------------------------------------------------------ spilling
     def _spill_table(
@@ -638,7 +483,7 @@ class HashAggregator(MemoryConsumer):
                 except BaseException:
                     writer.abort()
                     raise
-                partitions = PartitionSource(self, paths)
+                partitions = PartitionSource(self, paths, child_aggregator, absorb_child_metrics)
             self._scratch = 0  # no more chunks to fold: give back their buffers
             # reading a partition back holds one of its batches (stored, decompressed, decoded)
             self._aside_bytes = (

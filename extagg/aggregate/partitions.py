@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -293,8 +293,16 @@ class PartitionSource(BlockSource):
     when its last block has been handed out.
     """
 
-    def __init__(self, owner: HashAggregator, paths: list[str | None]) -> None:
+    def __init__(
+        self,
+        owner: HashAggregator,
+        paths: list[str | None],
+        make_child: Callable[[HashAggregator, int], HashAggregator],
+        child_done: Callable[[HashAggregator, HashAggregator], None],
+    ) -> None:
         self.owner = owner
+        self._make_child = make_child  # (owner, level) -> a fresh aggregator for a partition
+        self._child_done = child_done  # (owner, child) -> count the child's metrics
         self._paths = [p for p in paths if p is not None]
         self._child: HashAggregator | None = None
         self._blocks: Iterator[ColumnBlock] | None = None
@@ -314,7 +322,7 @@ class PartitionSource(BlockSource):
 
     def _start_child(self, path: str) -> None:
         owner = self.owner
-        child = owner._child(owner._level + 1)
+        child = self._make_child(owner, owner._level + 1)
         self._child = child
         started = time.perf_counter()
         assert owner._schema is not None
@@ -333,7 +341,7 @@ class PartitionSource(BlockSource):
     def _finish_child(self) -> None:
         child, self._child, self._blocks = self._child, None, None
         if child is not None:
-            self.owner._absorb_child_metrics(child)
+            self._child_done(self.owner, child)
             child.close()
 
     def next_min_hash(self) -> int | None:

@@ -32,7 +32,7 @@ AGGS = {
     "avg": ("v", "mean"),
     "var": ("v", "var"),
 }
-LOG = "extagg.aggregate.hash_aggregator"
+LOG = "extagg.aggregate"
 
 
 def _run(table: pa.Table, keys, aggs, memory, spill_dir=None, batch=20_000, **kw):
@@ -195,7 +195,7 @@ def test_rotation_is_invertible_and_keeps_a_partitions_order(values, level) -> N
 
 
 def test_no_memory_for_partition_buffers_keeps_spilling_tables(spill_dir, monkeypatch) -> None:
-    module = importlib.import_module("extagg.aggregate.hash_aggregator")
+    module = importlib.import_module("extagg.aggregate.partitioned")
     monkeypatch.setattr(module, "held_bytes", lambda limit, copies: 1 << 40)  # never granted
     table = _int_table(200_000, 100_000, seed=8)
     got, partitioned, metrics = _run(table, ["k"], AGGS, "2m", spill_dir)
