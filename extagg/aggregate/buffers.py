@@ -10,9 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from extagg.aggregate.blocks import BlockLayout
-from extagg.aggregate.merging import MERGE_COPIES
 
-__all__ = ["BATCH_VAR_BYTES", "IO_COPIES", "BufferPlan", "partition_chunks", "plan_buffers"]
+__all__ = [
+    "BATCH_VAR_BYTES",
+    "IO_COPIES",
+    "MERGE_COPIES",
+    "BufferPlan",
+    "partition_chunks",
+    "plan_buffers",
+]
 
 MAX_CHUNK_ROWS = 1 << 16
 MIN_CHUNK_ROWS = 1 << 10
@@ -20,6 +26,9 @@ MIN_CHUNK_ROWS = 1 << 10
 BATCH_VAR_BYTES = 1 << 20
 #: gathering, encoding and compressing one batch holds about this many copies of it
 IO_COPIES = 3
+#: merge buffers per source, in batches: its pending rows (up to about one and a half), their
+#: concatenation for the combine, the combine's scratch table (at most 37 bytes per row) and output
+MERGE_COPIES = 4
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from extagg._config import format_size
 from extagg.aggregate.partitioned import spill_or_partition
+from extagg.aggregate.runs import spill_table
 from extagg.collection.typed_table import MAX_CAPACITY, TypedHashTable
 from extagg.errors import MemoryLimitError
 
@@ -26,7 +27,7 @@ def make_room_for_key_bytes(agg: HashAggregator, var_bytes: int) -> None:
     assert agg._table is not None
     if not agg._hold(agg._in_use() + var_bytes):
         if agg._table.num_groups:
-            agg._spill_table("no memory for the key bytes of a chunk")
+            spill_table(agg, "no memory for the key bytes of a chunk")
         if not agg._hold(agg._in_use() + var_bytes):
             raise MemoryLimitError(
                 f"{agg.name} needs {format_size(var_bytes)} more for the key bytes of a chunk "
@@ -61,7 +62,7 @@ def grow_arena_or_spill(agg: HashAggregator, table: TypedHashTable, needed: int)
         agg._trim()
         return
     if table.num_groups:
-        agg._spill_table("memory for key bytes not granted")
+        spill_table(agg, "memory for key bytes not granted")
         return
     raise MemoryLimitError(
         f"{agg.name} cannot hold a key of {format_size(needed)}: growing the key arena "

@@ -19,10 +19,8 @@ Memory held = table arrays (exact) + chunk buffers (an upper bound per row) + on
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
-import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -43,17 +41,14 @@ from extagg.aggregate.buffers import BATCH_VAR_BYTES, IO_COPIES, plan_buffers
 from extagg.aggregate.columns import Column, iter_record_batches, to_columns
 from extagg.aggregate.growth import grow_arena_or_spill, grow_or_spill, make_room_for_key_bytes
 from extagg.aggregate.keys import EncodedKeys, KeyLayout
-from extagg.aggregate.merging import drain, merge_blocks
-from extagg.aggregate.partitioned import absorb_child_metrics, child_aggregator, set_aside
+from extagg.aggregate.merging import result_blocks
+from extagg.aggregate.partitioned import set_aside
 from extagg.aggregate.partitions import (
     PARTITION_BITS,
-    PartitionSource,
     PartitionWriter,
-    buffer_bytes,
     rotate_left,
-    rotate_right,
 )
-from extagg.aggregate.runs import write_table_run
+from extagg.aggregate.runs import spill_table
 from extagg.collection import _typed_kernels as TK
 from extagg.collection.typed_table import MIN_ARENA, MIN_CAPACITY, TypedHashTable
 from extagg.errors import MemoryLimitError
@@ -64,7 +59,6 @@ from extagg.memory import (
     resolve_task_memory_manager,
 )
 from extagg.metrics import SpillMetrics
-from extagg.spill.blocks import ColumnBlock
 from extagg.spill.tempdir import SpillDirs
 
 __all__ = ["HashAggregator"]
@@ -151,8 +145,6 @@ class HashAggregator(MemoryConsumer):
         self._io_bytes = 0  # bytes reserved for one spill batch
         self._aside_bytes = 0  # bytes reserved for the partition buffers
         self._floor = 0
-        self._scratch_planned = 0  # what the plan gave the chunk buffers and the floor
-        self._floor_planned = 0
         self._source: TableSource | None = None
         self._level = 0  # partitioning depth: 0 for the aggregator the caller made
         self._partitions: PartitionWriter | None = None
@@ -183,6 +175,11 @@ class HashAggregator(MemoryConsumer):
         keys = KeyLayout(self.keys, [c.kind for c in key_cols], [c.arrow_type for c in key_cols])
         self._layout = BlockLayout(keys, specs)
         self._schema = {n: (c.kind, c.arrow_type) for n, c in cols.items()}
+        self._plan()
+
+    def _plan(self) -> None:
+        """Size the chunk and I/O buffers and the floor for this aggregator's budget."""
+        assert self._layout is not None
         plan = plan_buffers(
             self._layout, len(self._needed), self._max_memory, self.batch_size,
             self._chunk_rows_arg,
@@ -193,8 +190,6 @@ class HashAggregator(MemoryConsumer):
         self.batch_var_bytes = plan.batch_var_bytes
         self._io_bytes = plan.io_bytes
         self._floor = max(self._min_bytes(), min(INITIAL_MEMORY_THRESHOLD, self._max_memory // 16))
-        self._scratch_planned = self._scratch
-        self._floor_planned = self._floor
 
     @property
     def io_batch_bytes(self) -> int:
@@ -311,7 +306,7 @@ class HashAggregator(MemoryConsumer):
                 and self._rows_since_spill >= self.force_spill_rows
             ):
                 if self._table is not None and self._table.num_groups:
-                    self._spill_table(f"forced every {self.force_spill_rows} rows")
+                    spill_table(self, f"forced every {self.force_spill_rows} rows")
                 self._rows_since_spill = 0
 
     def _update_chunk(self, cols: dict[str, Column], n: int) -> None:
@@ -373,52 +368,6 @@ class HashAggregator(MemoryConsumer):
             F.update(spec, [table.payload[i] for i in indexes], g, col, seq0 + lo)
 
     # ------------------------------------------------------------------ spilling
-    def _spill_table(
-        self,
-        reason: str,
-        *,
-        keep_arrays: bool = False,
-        release_all: bool = False,
-        sorted_table: tuple[np.ndarray, np.ndarray] | None = None,
-    ) -> None:
-        """Sort the table by hash, write it as a run and start again: emptied in place with
-        ``keep_arrays`` (the table was full and more input will fill it again), small
-        otherwise (the memory is wanted for something else: key bytes, a larger arena), or
-        with no table and all memory given back with ``release_all``. ``sorted_table``: what
-        ``sort_by_hash`` returned, if the caller sorted it already."""
-        table = self._table
-        assert table is not None and table.num_groups > 0
-        size = table.nbytes
-        self.metrics.spill_count += 1
-        log.info(
-            "Thread %d spilling in-memory aggregation table of %s (%d groups) to disk "
-            "(%d time%s so far; %s)",
-            threading.get_ident(), format_size(size), table.num_groups,
-            self.metrics.spill_count, "s" if self.metrics.spill_count > 1 else "", reason,
-        )  # fmt: skip
-        started = time.perf_counter()
-        hashes, slot_gids = sorted_table if sorted_table is not None else table.sort_by_hash()
-        try:
-            path = write_table_run(self, table, hashes, slot_gids, 0)
-        except BaseException:
-            table.restore_after_sort()
-            raise
-        finally:
-            self.metrics.spill_time_s += time.perf_counter() - started
-        del hashes, slot_gids
-        self._runs.append(path)
-        self.metrics.memory_bytes_spilled += size
-        self._rows_since_spill = 0
-        if release_all:
-            self._table = None
-            self.free_memory(self.used)
-        elif keep_arrays:
-            table.clear()
-            self._trim()
-        else:
-            table.reset()
-            self._trim()
-
     def spill(self, size: int, trigger: MemoryConsumer) -> int:
         """Spill because another consumer needs memory; returns the bytes freed."""
         if trigger is self or self._state == "closed":
@@ -430,8 +379,8 @@ class HashAggregator(MemoryConsumer):
             if self._source is not None:
                 self._source.spill_rest()
             elif self._state == "open" and self._table is not None and self._table.num_groups:
-                self._spill_table(
-                    f"requested by {getattr(trigger, 'name', trigger)}", release_all=True
+                spill_table(
+                    self, f"requested by {getattr(trigger, 'name', trigger)}", release_all=True
                 )
             else:
                 return 0
@@ -455,7 +404,7 @@ class HashAggregator(MemoryConsumer):
             if self._layout is None:
                 return
             layout = self._layout
-            for block in self._result_blocks():
+            for block in result_blocks(self):
                 for start in range(0, len(block), self.batch_size):
                     part = (
                         block.slice(start, start + self.batch_size)
@@ -466,46 +415,6 @@ class HashAggregator(MemoryConsumer):
                     yield layout.finish(part)
         finally:
             self.close()
-
-    def _result_blocks(self) -> Iterator[ColumnBlock]:
-        """Every group once, as combined blocks in hash order (the in-memory table, the runs
-        and the partitions merged)."""
-        with self._lock:
-            if self._table is not None:
-                self.metrics.peak_memory_bytes = max(self.metrics.peak_memory_bytes, self._in_use())
-                self._source = TableSource(self, self._table)
-                self._table = None
-            partitions = None
-            if self._partitions is not None:
-                writer, self._partitions = self._partitions, None
-                try:
-                    paths = writer.finish()
-                except BaseException:
-                    writer.abort()
-                    raise
-                partitions = PartitionSource(self, paths, child_aggregator, absorb_child_metrics)
-            self._scratch = 0  # no more chunks to fold: give back their buffers
-            # reading a partition back holds one of its batches (stored, decompressed, decoded)
-            self._aside_bytes = (
-                IO_COPIES * buffer_bytes(self._max_memory) if partitions is not None else 0
-            )
-            self._floor = 0
-            self._trim()
-        source = self._source
-        if not self._runs and partitions is None:
-            blocks = drain(source) if source is not None else _no_blocks()
-        elif not self._runs and source is None:
-            assert partitions is not None
-            blocks = drain(partitions)
-        else:
-            blocks = merge_blocks(self, source, partitions)
-        if not self._level:
-            yield from blocks
-            return
-        with contextlib.closing(blocks):  # a partition's groups, hashed as its parent sees them
-            for block in blocks:
-                hashes = rotate_right(block.hashes, PARTITION_BITS)
-                yield ColumnBlock(hashes, block.columns, block.var_columns)
 
     def _encode(self, key_cols: list[Column]) -> EncodedKeys:
         """Hash and canonicalise keys; a partition's aggregator rotates the hashes (see
@@ -563,7 +472,3 @@ class HashAggregator(MemoryConsumer):
 def _has_null_typed(rb: pa.RecordBatch, names: list[str]) -> bool:
     index = rb.schema.get_field_index
     return any(index(n) >= 0 and pa.types.is_null(rb.schema.field(n).type) for n in names)
-
-
-def _no_blocks() -> Iterator[ColumnBlock]:
-    yield from ()

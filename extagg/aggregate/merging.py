@@ -7,12 +7,21 @@ accounted memory for the merge buffers, whose size decides the fan-in.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from extagg._config import format_size
 from extagg.aggregate._sources import TableSource
+from extagg.aggregate.buffers import IO_COPIES, MERGE_COPIES
+from extagg.aggregate.partitioned import absorb_child_metrics, child_aggregator
+from extagg.aggregate.partitions import (
+    PARTITION_BITS,
+    PartitionSource,
+    buffer_bytes,
+    rotate_right,
+)
 from extagg.aggregate.runs import write_merged_run
 from extagg.errors import MemoryLimitError
 from extagg.merge import BlockSource, RunSource, merge_in_passes
@@ -21,11 +30,7 @@ from extagg.spill.blocks import ColumnBlock
 if TYPE_CHECKING:
     from extagg.aggregate.hash_aggregator import HashAggregator
 
-__all__ = ["MERGE_COPIES", "drain", "merge_blocks"]
-
-#: merge buffers per source, in batches: its pending rows (up to about one and a half), their
-#: concatenation for the combine, the combine's scratch table (at most 37 bytes per row) and output
-MERGE_COPIES = 4
+__all__ = ["drain", "merge_blocks", "result_blocks"]
 
 
 def drain(source: BlockSource) -> Iterator[ColumnBlock]:
@@ -101,3 +106,51 @@ def _reserve_merge_memory(
             f"{format_size(granted)} (max_memory {format_size(agg._max_memory)})"
         )
     return fan_in
+
+
+def result_blocks(agg: HashAggregator) -> Iterator[ColumnBlock]:
+    """Every group of ``agg`` once, as combined blocks in hash order: its in-memory table, its
+    runs and its partitions merged (a partition's aggregator hands its blocks hashed as its
+    parent sees them)."""
+    with agg._lock:
+        if agg._table is not None:
+            agg.metrics.peak_memory_bytes = max(agg.metrics.peak_memory_bytes, agg._in_use())
+            agg._source = TableSource(agg, agg._table)
+            agg._table = None
+        partitions = None
+        if agg._partitions is not None:
+            writer, agg._partitions = agg._partitions, None
+            try:
+                paths = writer.finish()
+            except BaseException:
+                writer.abort()
+                raise
+            partitions = PartitionSource(
+                agg, paths, child_aggregator, result_blocks, absorb_child_metrics
+            )
+        agg._scratch = 0  # no more chunks to fold: give back their buffers
+        # reading a partition back holds one of its batches (stored, decompressed, decoded)
+        agg._aside_bytes = (
+            IO_COPIES * buffer_bytes(agg._max_memory) if partitions is not None else 0
+        )
+        agg._floor = 0
+        agg._trim()
+    source = agg._source
+    if not agg._runs and partitions is None:
+        blocks = drain(source) if source is not None else _no_blocks()
+    elif not agg._runs and source is None:
+        assert partitions is not None
+        blocks = drain(partitions)
+    else:
+        blocks = merge_blocks(agg, source, partitions)
+    if not agg._level:
+        yield from blocks
+        return
+    with contextlib.closing(blocks):  # a partition's groups, hashed as its parent sees them
+        for block in blocks:
+            hashes = rotate_right(block.hashes, PARTITION_BITS)
+            yield ColumnBlock(hashes, block.columns, block.var_columns)
+
+
+def _no_blocks() -> Iterator[ColumnBlock]:
+    yield from ()

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from extagg._config import INITIAL_MEMORY_THRESHOLD, format_size
+from extagg._config import format_size
 from extagg.aggregate.buffers import IO_COPIES, partition_chunks
 from extagg.aggregate.columns import Column
 from extagg.aggregate.partitions import (
@@ -26,6 +26,7 @@ from extagg.aggregate.partitions import (
     repeat_rate,
     sample_bytes,
 )
+from extagg.aggregate.runs import spill_table
 from extagg.collection.typed_table import TypedHashTable
 from extagg.errors import MemoryLimitError
 
@@ -50,7 +51,7 @@ def spill_or_partition(agg: HashAggregator, table: TypedHashTable) -> None:
         and agg._level < MAX_LEVEL
         and agg.force_spill_rows is None
     ):
-        agg._spill_table(reason, keep_arrays=True)
+        spill_table(agg, reason, keep_arrays=True)
         return
     rows = agg._rows_since_spill
     hashes, gids = table.sort_by_hash()
@@ -60,14 +61,14 @@ def spill_or_partition(agg: HashAggregator, table: TypedHashTable) -> None:
         table.restore_after_sort()
         raise
     if rate is None or rate < REPEAT_RATE:
-        agg._spill_table(reason, keep_arrays=True, sorted_table=(hashes, gids))
+        spill_table(agg, reason, keep_arrays=True, sorted_table=(hashes, gids))
         return
     log.info(
         "%s: its full table of %d groups came from %d rows and %.0f %% of its keys are in "
         "earlier runs; setting the input aside in hash partitions from now on (level %d)",
         agg.name, table.num_groups, rows, 100 * rate, agg._level,
     )  # fmt: skip
-    agg._spill_table(f"{reason}; partitioning from now on", sorted_table=(hashes, gids))
+    spill_table(agg, f"{reason}; partitioning from now on", sorted_table=(hashes, gids))
     _start_partitioning(agg)
 
 
@@ -169,14 +170,7 @@ def child_aggregator(agg: HashAggregator, level: int) -> HashAggregator:
     child._budget = agg._budget
     child._schema = agg._schema
     child._layout = agg._layout
-    child._chunk_rows = agg._chunk_rows
-    child._scratch = agg._scratch_planned
-    child.run_rows = agg.run_rows
-    child.batch_var_bytes = agg.batch_var_bytes
-    child._io_bytes = agg._io_bytes
-    child._floor = max(child._min_bytes(), min(INITIAL_MEMORY_THRESHOLD, child._max_memory // 16))
-    child._scratch_planned = agg._scratch_planned
-    child._floor_planned = child._floor
+    child._plan()
     return child
 
 

@@ -298,10 +298,12 @@ class PartitionSource(BlockSource):
         owner: HashAggregator,
         paths: list[str | None],
         make_child: Callable[[HashAggregator, int], HashAggregator],
+        child_blocks: Callable[[HashAggregator], Iterator[ColumnBlock]],
         child_done: Callable[[HashAggregator, HashAggregator], None],
     ) -> None:
         self.owner = owner
         self._make_child = make_child  # (owner, level) -> a fresh aggregator for a partition
+        self._child_blocks = child_blocks  # child -> its combined blocks, in hash order
         self._child_done = child_done  # (owner, child) -> count the child's metrics
         self._paths = [p for p in paths if p is not None]
         self._child: HashAggregator | None = None
@@ -336,7 +338,7 @@ class PartitionSource(BlockSource):
             owner._spill_dirs.remove(path)
             owner.metrics.merge_time_s += time.perf_counter() - started
         log.debug("%s aggregated partition %s in child %s", owner.name, path, child.name)
-        self._blocks = child._result_blocks()
+        self._blocks = self._child_blocks(child)
 
     def _finish_child(self) -> None:
         child, self._child, self._blocks = self._child, None, None
