@@ -48,14 +48,16 @@ def plan_buffers(
     max_memory: int,
     batch_size: int,
     chunk_rows: int | None = None,
+    chunk_share: int = 64,
 ) -> BufferPlan:
-    """Size the buffers for ``max_memory``: a chunk's temporaries about 1/64 of it, run batches
-    small enough that a two-way merge fits in a sixteenth of it (``columns``: input columns
-    read; ``chunk_rows``: a fixed chunk size instead)."""
+    """Size the buffers for ``max_memory``: a chunk's temporaries about ``1/chunk_share`` of it
+    (1/64 next to a growing table; 1/8 for a partition's aggregator, which reads large
+    batches), run batches small enough that a two-way merge fits in a sixteenth of it
+    (``columns``: input columns read; ``chunk_rows``: a fixed chunk size instead)."""
     keys = layout.keys
     fixed = max(1, layout.fixed_row_bytes)
     per_row = keys.scratch_bytes(1, 0) + 16 * columns + 8
-    rows = max(1, chunk_rows or _pow2_clamp(max_memory // (64 * per_row)))
+    rows = max(1, chunk_rows or _pow2_clamp(max_memory // (chunk_share * per_row)))
     scratch = keys.scratch_bytes(rows, 0) + rows * (16 * columns + 8)
     run_rows = min(batch_size, max(64, max_memory // (32 * fixed * MERGE_COPIES)))
     batch_var_bytes = min(BATCH_VAR_BYTES, max(4096, max_memory // 64))

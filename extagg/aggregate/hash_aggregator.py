@@ -177,12 +177,12 @@ class HashAggregator(MemoryConsumer):
         self._schema = {n: (c.kind, c.arrow_type) for n, c in cols.items()}
         self._plan()
 
-    def _plan(self) -> None:
+    def _plan(self, chunk_share: int = 64) -> None:
         """Size the chunk and I/O buffers and the floor for this aggregator's budget."""
         assert self._layout is not None
         plan = plan_buffers(
             self._layout, len(self._needed), self._max_memory, self.batch_size,
-            self._chunk_rows_arg,
+            self._chunk_rows_arg, chunk_share,
         )  # fmt: skip
         self._chunk_rows = plan.chunk_rows
         self._scratch = plan.scratch_bytes

@@ -170,7 +170,7 @@ def child_aggregator(agg: HashAggregator, level: int) -> HashAggregator:
     child._budget = agg._budget
     child._schema = agg._schema
     child._layout = agg._layout
-    child._plan()
+    child._plan(chunk_share=8)  # it reads large partition batches: fewer, larger chunks
     return child
 
 
