@@ -375,7 +375,11 @@ def _compact_and_radix_sort(slots):
 
 @_jit
 def sort_hash_index(hashes, index):
-    """Sort ``(hashes[i], index[i])`` pairs in place by hash, ties by index."""
+    """Sort ``(hashes[i], index[i])`` pairs in place by hash, ties by index.
+
+    The radix sort that ``sort_slots`` falls back on and ``group_rows`` orders its groups with,
+    on two plain arrays: the entry point its tests compare with the reference (equal hashes,
+    the heap-sort path, large inputs)."""
     _sort_pairs(hashes, index, hashes.shape[0])
 
 
