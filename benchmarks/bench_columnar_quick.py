@@ -32,7 +32,7 @@ def make_data(rows: int, keys: int, seed: int = 7) -> tuple[np.ndarray, np.ndarr
 
 
 def run_once(key: np.ndarray, value: np.ndarray, batch: int, memory: str) -> dict:
-    from extagg.aggregate import HashAggregator
+    from extagg.columnar import HashAggregator
 
     started = time.perf_counter()
     agg = HashAggregator(keys="k", aggs={"s": ("v", "sum"), "n": ("*", "count")}, memory=memory)
@@ -71,7 +71,7 @@ def child(args: argparse.Namespace) -> None:
 def first_call(cache_dir: str) -> float:
     code = (
         "import time; t=time.perf_counter();"
-        "import numpy as np; from extagg.aggregate import aggregate;"
+        "import numpy as np; from extagg.columnar import aggregate;"
         "aggregate({'k': np.arange(1000) % 7, 'v': np.ones(1000)}, keys='k',"
         " aggs={'s': ('v', 'sum'), 'n': ('*', 'count')}, memory='64m');"
         "print(time.perf_counter() - t)"

@@ -10,11 +10,11 @@ Memory management lives in :mod:`extagg.memory`, the state store in :mod:`extagg
 PySpark integration in :mod:`extagg.spark`.
 """
 
-from extagg.aggregate.api import aggregate  # binds the name over the subpackage
-from extagg.aggregate.hash_aggregator import HashAggregator
-from extagg.aggregator import Aggregator
+from extagg.columnar.api import aggregate
+from extagg.columnar.hash_aggregator import HashAggregator
 from extagg.errors import CorruptFileError, ExtaggError, MemoryLimitError, SpillError
-from extagg.external_map import ExternalAppendOnlyMap
+from extagg.generic.aggregator import Aggregator
+from extagg.generic.external_map import ExternalAppendOnlyMap
 from extagg.hashing import stable_hash
 from extagg.metrics import SpillMetrics
 

@@ -16,8 +16,8 @@ import numpy as np
 from extagg._config import format_size, parse_size
 from extagg._progress import progress_bar, progress_enabled
 from extagg._sysinfo import current_rss, peak_rss, reset_peak_rss
-from extagg.aggregator import Aggregator
-from extagg.external_map import ExternalAppendOnlyMap
+from extagg.generic.aggregator import Aggregator
+from extagg.generic.external_map import ExternalAppendOnlyMap
 
 __all__ = ["run_demo"]
 
@@ -49,7 +49,7 @@ def generate_batches(records: int, keys: int, seed: int) -> Iterator[dict[str, n
 
 def run_columnar(records: int, keys: int, seed: int, budget: int) -> tuple[int, int, float]:
     """The same aggregation with the numba engine; prints its figures, returns the totals."""
-    from extagg.aggregate import HashAggregator
+    from extagg.columnar import HashAggregator
 
     aggs = {"n": ("*", "count"), "total": ("amount", "sum"), "hi": ("amount", "max")}
     started = time.perf_counter()

@@ -329,7 +329,7 @@ def test_disk_full_in_a_forced_spill_during_iteration_loses_nothing(
 ):
     """The unread rows stay in memory when their forced move to disk fails."""
     import extagg.spill.runfile as runfile
-    from extagg._memory_rows import UnsortedMemoryRows
+    from extagg.generic.memory_rows import UnsortedMemoryRows
 
     from .spill.test_runfile import FullDisk
 
@@ -505,7 +505,7 @@ def test_forced_spill_from_another_thread_during_iteration_repeats_nothing(
     thread must not go on taking rows from memory (they would be yielded twice)."""
     import threading
 
-    from extagg._memory_rows import UnsortedMemoryRows
+    from extagg.generic.memory_rows import UnsortedMemoryRows
 
     monkeypatch.setattr(UnsortedMemoryRows, "CHUNK", 500)
     tmm = task_memory_manager(UnifiedMemoryManager(max_memory="256m"), "race")

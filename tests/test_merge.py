@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from extagg.hashing import order_hashes
-from extagg.merge import (
+from extagg.merge.heap import (
     RunSource,
     SortedBlockSource,
     combine_object_pieces,

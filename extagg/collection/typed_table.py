@@ -1,6 +1,6 @@
 """The typed hash table: open addressing over typed key columns, loops compiled by numba.
 
-Keys arrive already canonicalised (see :mod:`extagg.aggregate.columns`): ``k`` 64-bit words per
+Keys arrive already canonicalised (see :mod:`extagg.columnar.columns`): ``k`` 64-bit words per
 row for the fixed-width key columns, a null bitmask per row, and at most one variable-length
 byte string per row (several string columns are packed into one). Groups are numbered densely
 in order of first appearance; their keys live in group-indexed arrays (``key_words``,

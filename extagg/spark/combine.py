@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from extagg._config import parse_size
-from extagg.aggregator import Aggregator
-from extagg.external_map import ExternalAppendOnlyMap
+from extagg.generic.aggregator import Aggregator
+from extagg.generic.external_map import ExternalAppendOnlyMap
 from extagg.hashing import stable_hash
 
 __all__ = [

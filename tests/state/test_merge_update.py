@@ -267,7 +267,7 @@ def test_merge_update_matches_colliding_keys_by_equality(tmp_path, mm):
 def test_merge_update_from_hash_aggregator_batches(tmp_path, force_spill_rows):
     import pyarrow as pa
 
-    from extagg.aggregate.hash_aggregator import HashAggregator
+    from extagg.columnar.hash_aggregator import HashAggregator
     from extagg.state import record_batch_pairs
 
     rng = random.Random(3)

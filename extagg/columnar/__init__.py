@@ -1,0 +1,12 @@
+"""extagg.columnar: the columnar engine (typed keys, compiled hash aggregation, spilling).
+
+``HashAggregator`` folds record batches into per-group aggregate states in a numba hash table,
+spills hash-sorted runs when the memory manager says no, and merges them; ``aggregate`` is the
+one-call form.
+"""
+
+from extagg.columnar.api import aggregate
+from extagg.columnar.functions import ALIASES, FUNCTIONS
+from extagg.columnar.hash_aggregator import HashAggregator
+
+__all__ = ["ALIASES", "FUNCTIONS", "HashAggregator", "aggregate"]

@@ -1,0 +1,53 @@
+"""Plain-Python references of :mod:`extagg.columnar._key_kernels`, for the tests."""
+
+from __future__ import annotations
+
+import math
+import struct
+
+import numpy as np
+
+
+def float_words(values, valid, out):
+    """Reference of ``float_words``."""
+    for i, x in enumerate(values.tolist()):
+        if len(valid) and not valid[i]:
+            out[i] = 0
+        elif math.isnan(x):
+            out[i] = 0x7FF8000000000000
+        elif x == 0.0:
+            out[i] = 0
+        else:
+            out[i] = struct.unpack("<Q", struct.pack("<d", float(x)))[0]
+
+
+def add_var_lengths(offsets, valid, prefix, lengths):
+    """Reference of ``add_var_lengths``."""
+    for i in range(len(lengths)):
+        size = 0 if (len(valid) and not valid[i]) else int(offsets[i + 1] - offsets[i])
+        lengths[i] += prefix + size
+
+
+def write_var(cursor, offsets, data, valid, prefix, blob):
+    """Reference of ``write_var``."""
+    for i in range(len(cursor)):
+        value = b"" if (len(valid) and not valid[i]) else bytes(data[offsets[i] : offsets[i + 1]])
+        piece = (struct.pack("<I", len(value)) if prefix else b"") + value
+        c = int(cursor[i])
+        blob[c : c + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
+        cursor[i] = c + len(piece)
+
+
+def unpack_var(blob_offsets, blob, index):
+    """Reference of ``unpack_var``."""
+    values = []
+    for i in range(len(blob_offsets) - 1):
+        c = int(blob_offsets[i])
+        for _ in range(index):
+            (size,) = struct.unpack_from("<I", bytes(blob[c : c + 4]))
+            c += 4 + size
+        (size,) = struct.unpack_from("<I", bytes(blob[c : c + 4]))
+        values.append(bytes(blob[c + 4 : c + 4 + size]))
+    out_off = np.zeros(len(values) + 1, dtype=np.int64)
+    out_off[1:] = np.cumsum([len(v) for v in values], dtype=np.int64)
+    return out_off, np.frombuffer(b"".join(values), dtype=np.uint8).copy()

@@ -1,0 +1,194 @@
+"""Plain-Python references of :mod:`extagg.columnar._kernels` (same names, same results).
+
+Written with Python integers and floats, for the tests: the 128-bit sums are plain Python
+integers split into words at the end.
+"""
+
+from __future__ import annotations
+
+import math
+
+_M64 = (1 << 64) - 1
+
+
+def _rows(gids, valid):
+    for i, g in enumerate(gids.tolist()):
+        if len(valid) and not valid[i]:
+            continue
+        yield i, g
+
+
+def count_rows(gids, n):
+    for g in gids.tolist():
+        n[g] += 1
+
+
+def count_valid(gids, valid, n):
+    for _i, g in _rows(gids, valid):
+        n[g] += 1
+
+
+def merge_add(out_gid, src, dst):
+    for i, g in enumerate(out_gid.tolist()):
+        dst[g] += src[i]
+
+
+def merge_or(out_gid, src, dst):
+    for i, g in enumerate(out_gid.tolist()):
+        if src[i]:
+            dst[g] = True
+
+
+def _get128(lo, hi, g):
+    return (int(hi[g]) << 64) + int(lo[g])
+
+
+def _set128(lo, hi, g, value):
+    lo[g] = value & _M64
+    high = value >> 64
+    hi[g] = ((high + (1 << 63)) & _M64) - (1 << 63)  # wraps like int64
+
+
+def sum_int(gids, values, valid, lo, hi, has):
+    for i, g in _rows(gids, valid):
+        _set128(lo, hi, g, _get128(lo, hi, g) + int(values[i]))
+        has[g] = True
+
+
+sum_uint = sum_int
+
+
+def merge_sum128(out_gid, slo, shi, dlo, dhi):
+    for i, g in enumerate(out_gid.tolist()):
+        _set128(dlo, dhi, g, _get128(dlo, dhi, g) + _get128(slo, shi, i))
+
+
+def _neumaier(s, c, g, x):
+    sv = float(s[g])
+    t = sv + x
+    if abs(sv) >= abs(x):
+        c[g] = float(c[g]) + ((sv - t) + x)
+    else:
+        c[g] = float(c[g]) + ((x - t) + sv)
+    s[g] = t
+
+
+def sum_float(gids, values, valid, s, c, has):
+    for i, g in _rows(gids, valid):
+        _neumaier(s, c, g, float(values[i]))
+        has[g] = True
+
+
+def merge_fsum(out_gid, ss, sc, ds, dc):
+    for i, g in enumerate(out_gid.tolist()):
+        sv, x = float(ds[g]), float(ss[i])
+        t = sv + x
+        err = (sv - t) + x if abs(sv) >= abs(x) else (x - t) + sv
+        dc[g] = float(dc[g]) + (err + float(sc[i]))
+        ds[g] = t
+
+
+def _greater(x, v):
+    x_nan = isinstance(x, float) and math.isnan(x)
+    v_nan = isinstance(v, float) and math.isnan(v)
+    return (not x_nan and not v_nan and x > v) or (x_nan and not v_nan)
+
+
+def _less(x, v):
+    x_nan = isinstance(x, float) and math.isnan(x)
+    v_nan = isinstance(v, float) and math.isnan(v)
+    return (not x_nan and not v_nan and x < v) or (v_nan and not x_nan)
+
+
+def _item(arr, i):
+    return arr[i].item()
+
+
+def min_update(gids, values, valid, v, has):
+    for i, g in _rows(gids, valid):
+        x = _item(values, i)
+        if not has[g] or _less(x, _item(v, g)):
+            v[g] = x
+            has[g] = True
+
+
+def max_update(gids, values, valid, v, has):
+    for i, g in _rows(gids, valid):
+        x = _item(values, i)
+        if not has[g] or _greater(x, _item(v, g)):
+            v[g] = x
+            has[g] = True
+
+
+def merge_min(out_gid, sv, shas, dv, dhas):
+    for i, g in enumerate(out_gid.tolist()):
+        if shas[i] and (not dhas[g] or _less(_item(sv, i), _item(dv, g))):
+            dv[g] = sv[i]
+            dhas[g] = True
+
+
+def merge_max(out_gid, sv, shas, dv, dhas):
+    for i, g in enumerate(out_gid.tolist()):
+        if shas[i] and (not dhas[g] or _greater(_item(sv, i), _item(dv, g))):
+            dv[g] = sv[i]
+            dhas[g] = True
+
+
+def first_update(gids, values, valid, seq_base, skip_nulls, v, seq, null):
+    for i, g in enumerate(gids.tolist()):
+        is_null = bool(len(valid)) and not valid[i]
+        if (skip_nulls and is_null) or seq[g] >= 0:
+            continue
+        seq[g] = seq_base + i
+        null[g] = is_null
+        if not is_null:
+            v[g] = values[i]
+
+
+def last_update(gids, values, valid, seq_base, skip_nulls, v, seq, null):
+    for i, g in enumerate(gids.tolist()):
+        is_null = bool(len(valid)) and not valid[i]
+        if skip_nulls and is_null:
+            continue
+        seq[g] = seq_base + i
+        null[g] = is_null
+        if not is_null:
+            v[g] = values[i]
+
+
+def merge_first(out_gid, sv, sseq, snull, dv, dseq, dnull):
+    for i, g in enumerate(out_gid.tolist()):
+        if sseq[i] >= 0 and (dseq[g] < 0 or sseq[i] < dseq[g]):
+            dseq[g], dnull[g], dv[g] = sseq[i], snull[i], sv[i]
+
+
+def merge_last(out_gid, sv, sseq, snull, dv, dseq, dnull):
+    for i, g in enumerate(out_gid.tolist()):
+        if sseq[i] > dseq[g]:
+            dseq[g], dnull[g], dv[g] = sseq[i], snull[i], sv[i]
+
+
+def var_update(gids, values, valid, n, mean, m2):
+    for i, g in _rows(gids, valid):
+        x = float(values[i])
+        c = int(n[g]) + 1
+        n[g] = c
+        d = x - float(mean[g])
+        mean[g] = float(mean[g]) + d / c
+        m2[g] = float(m2[g]) + d * (x - float(mean[g]))
+
+
+def merge_var(out_gid, sn, smean, sm2, dn, dmean, dm2):
+    for i, g in enumerate(out_gid.tolist()):
+        b = int(sn[i])
+        if b == 0:
+            continue
+        a = int(dn[g])
+        if a == 0:
+            dn[g], dmean[g], dm2[g] = b, smean[i], sm2[i]
+            continue
+        c = a + b
+        d = float(smean[i]) - float(dmean[g])
+        dmean[g] = float(dmean[g]) + d * b / c
+        dm2[g] = float(dm2[g]) + (float(sm2[i]) + d * d * (float(a) * b / c))
+        dn[g] = c

@@ -1,0 +1,38 @@
+"""``aggregate(...)``: batches in, one Arrow table out."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from extagg.columnar.columns import is_batch
+from extagg.columnar.hash_aggregator import HashAggregator
+
+__all__ = ["aggregate"]
+
+
+def aggregate(
+    source: Any,
+    keys: str | Sequence[str],
+    aggs: Mapping[str, tuple[str, str]],
+    **options: Any,
+) -> pa.Table:
+    """Group ``source`` by ``keys`` and compute ``aggs``; returns a ``pyarrow.Table``.
+
+    ``source`` is one batch (pyarrow RecordBatch or Table, pandas DataFrame, dict of NumPy
+    arrays), a ``pyarrow.RecordBatchReader``, or an iterable of batches. ``options`` go to
+    :class:`HashAggregator` (``memory``, ``memory_manager``, ``spill_dirs``, ...). Rows come in
+    hash order of the keys. With no input at all the key columns have Arrow type ``null``.
+    """
+    with HashAggregator(keys, aggs, **options) as agg:
+        batches: Iterable[Any] = [source] if is_batch(source) else source
+        for batch in batches:
+            agg.update(batch)
+        out = list(agg.results())
+        schema = agg.schema
+    if schema is None:
+        names = [keys] if isinstance(keys, str) else list(keys)
+        return pa.table({name: pa.array([], type=pa.null()) for name in [*names, *aggs]})
+    return pa.Table.from_batches(out, schema=schema)

@@ -1,0 +1,366 @@
+"""Hash partitioning for :class:`~extagg.columnar.HashAggregator` when its table cannot help.
+
+A table that fills its budget while it barely reduces its input (fewer than
+:data:`PARTITION_BELOW` rows per group, e.g. 20 M rows over 1 M keys at 1/8 of the memory) would
+spill almost every row as a group, sorted, and merge them all back: most of the work for nothing.
+When such a table's keys also keep coming back — at least :data:`REPEAT_RATE` of them are already
+in earlier runs, so the same keys are being spilled over and over — the aggregator spills that
+table once more and from then on sets its input rows aside, as they are, in
+:data:`NUM_PARTITIONS` files by the top bits of their key hash (Grace hash aggregation, as DuckDB
+and PostgreSQL do). After the input, each partition is aggregated on its own by a child
+aggregator that shares the memory manager (and plans with what the task has left): a sixteenth
+of the keys, so it usually fits in memory; if not, the child partitions again. The children's
+outputs, one partition after the other, are one hash-ordered source for the aggregator's merge,
+so the result is the same and in the same order as without partitioning. A partition is always
+chosen by the top bits of the hash as the aggregator sees it; a child sees its hashes rotated
+left by 4 bits per level (:func:`rotate_left`), so its table and its own partitions use the bits
+that still differ.
+
+When keys do not come back (every row a new group, say), spilling sorted tables is the better
+plan: the merge then only concatenates, while aggregating a partition would rebuild a table as
+large as the partition. The repeat rate is measured on a sample: the hash range that the first
+batches of the last :data:`COMPARED_RUNS` runs share (their footers give it), a few thousand keys.
+
+Partition files are run files flagged unordered (column codec): the rows' key hashes, each input
+column's values (``v:<name>``, or its offsets and bytes) and its validity (``m:<name>``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from extagg.collection import _typed_kernels as TK
+from extagg.columnar.columns import Column
+from extagg.merge.heap import BlockSource
+from extagg.spill.blocks import ColumnBlock
+from extagg.spill.codecs import COLUMN_CODEC
+from extagg.spill.runfile import RunReader, RunWriter
+
+if TYPE_CHECKING:
+    from extagg.columnar.hash_aggregator import HashAggregator
+
+__all__ = [
+    "MAX_LEVEL",
+    "NUM_PARTITIONS",
+    "PARTITION_BELOW",
+    "REPEAT_RATE",
+    "PartitionSource",
+    "PartitionWriter",
+    "buffer_bytes",
+    "held_bytes",
+    "MIN_BUFFER_BYTES",
+    "partition_of",
+    "repeat_rate",
+    "sample_bytes",
+    "rotate_left",
+    "rotate_right",
+]
+
+log = logging.getLogger(__name__)
+
+PARTITION_BITS = 4
+NUM_PARTITIONS = 1 << PARTITION_BITS
+#: a full table reduces its input too little when it came from fewer rows than this per group
+PARTITION_BELOW = 2.0
+#: ... and then partition once this fraction of its keys are already in earlier runs
+REPEAT_RATE = 0.2
+#: earlier runs a full table's keys are looked up in (their first batches)
+COMPARED_RUNS = 16
+#: partition at most this many levels deep (each level uses the next 4 bits of the hash)
+MAX_LEVEL = 8
+
+_VALUES = "v:"
+_VALID = "m:"
+
+
+def sample_bytes(runs: list[str]) -> int:
+    """Bytes :func:`repeat_rate` holds: the hashes of the first batch of each compared run."""
+    total = 0
+    for path in runs[-COMPARED_RUNS:]:
+        with RunReader(path) as reader:
+            if reader.batches:
+                total += 8 * reader.batches[0].count
+    return total
+
+
+def repeat_rate(sorted_hashes: np.ndarray, runs: list[str]) -> float | None:
+    """The fraction of a full table's keys (its hashes, sorted) that earlier runs already hold.
+
+    Estimated on the hash range the first batches of the last :data:`COMPARED_RUNS` runs all
+    cover: the table's keys in that range, looked up among those batches' hashes. ``None`` when
+    the sample is too small to tell (fewer than 64 of the table's keys in the range).
+    """
+    readers = [RunReader(path) for path in runs[-COMPARED_RUNS:]]
+    try:
+        readers = [r for r in readers if r.batches]
+        if not readers:
+            return None
+        bound = min(r.batches[0].max_hash for r in readers)
+        sample = sorted_hashes[: int(np.searchsorted(sorted_hashes, np.uint64(bound), "right"))]
+        if len(sample) < 64:
+            return None
+        seen = []
+        for reader in readers:
+            hashes = reader.read_block(0).hashes
+            seen.append(hashes[: int(np.searchsorted(hashes, np.uint64(bound), "right"))])
+        known = np.unique(np.concatenate(seen))
+        pos = np.minimum(np.searchsorted(known, sample), len(known) - 1)
+        return float(np.count_nonzero(known[pos] == sample)) / len(sample)
+    finally:
+        for reader in readers:
+            reader.close()
+
+
+def partition_of(hashes: np.ndarray) -> np.ndarray:
+    """The partition (0..15) of each hash: its top bits."""
+    return (hashes >> np.uint64(64 - PARTITION_BITS)).astype(np.uint8)
+
+
+def rotate_left(hashes: np.ndarray, bits: int) -> np.ndarray:
+    """Hashes rotated left by ``bits`` (a partition's hashes as its child aggregator sees them).
+
+    All hashes of a partition share their top bits; a child table probing with those bits would
+    crowd a sixteenth of its slots. Rotated, the next bits lead, and since the shared bits go to
+    the bottom the order among the partition's hashes is unchanged.
+    """
+    if bits % 64 == 0:
+        return hashes
+    b = np.uint64(bits % 64)
+    return (hashes << b) | (hashes >> (np.uint64(64) - b))
+
+
+def rotate_right(hashes: np.ndarray, bits: int) -> np.ndarray:
+    """The inverse of :func:`rotate_left`."""
+    return rotate_left(hashes, 64 - bits % 64)
+
+
+def rows_to_block(cols: dict[str, Column], hashes: np.ndarray, rows: np.ndarray) -> ColumnBlock:
+    """Rows ``rows`` of the input columns as a block (keyed by their hashes, not sorted)."""
+    columns: dict[str, np.ndarray] = {}
+    var: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for name, col in cols.items():
+        if col.is_var:
+            assert col.offsets is not None and col.data is not None
+            var[_VALUES + name] = TK.gather_var(col.offsets, col.data, rows)
+        else:
+            assert col.values is not None
+            columns[_VALUES + name] = col.values[rows]
+        if col.valid is not None:
+            columns[_VALID + name] = col.valid[rows]
+    return ColumnBlock(hashes[rows], columns, var)
+
+
+def block_to_columns(
+    block: ColumnBlock, schema: dict[str, tuple[str, pa.DataType]]
+) -> dict[str, Column]:
+    """The input columns a partition block holds (``schema``: name -> (kind, Arrow type))."""
+    out: dict[str, Column] = {}
+    for name, (kind, arrow_type) in schema.items():
+        valid = block.columns.get(_VALID + name)
+        if kind in ("string", "binary"):
+            offsets, data = block.var_columns[_VALUES + name]
+            out[name] = Column(name, kind, arrow_type, None, valid, offsets, data)
+        else:
+            out[name] = Column(name, kind, arrow_type, block.columns[_VALUES + name], valid)
+    return out
+
+
+def buffer_bytes(max_memory: int) -> int:
+    """Bytes of rows buffered per partition before they are written as one batch."""
+    return max(16 << 10, max_memory // 40)
+
+
+#: the smallest per-partition buffer worth writing from
+MIN_BUFFER_BYTES = 4 << 10
+
+
+def held_bytes(limit: int, io_copies: int) -> int:
+    """Memory a :class:`PartitionWriter` with buffers of ``limit`` bytes holds at most: a full
+    buffer per partition plus the copies that encoding and compressing one of them makes."""
+    return (NUM_PARTITIONS + io_copies) * limit
+
+
+class PartitionWriter:
+    """Sets input rows aside in one unordered run file per hash partition.
+
+    Rows are buffered per partition and written in batches of about ``limit`` bytes (small
+    batches would cost more per row to write and to read back than the rows themselves).
+    """
+
+    def __init__(self, owner: HashAggregator, limit: int) -> None:
+        self.owner = owner
+        self.limit = limit
+        self.paths: list[str | None] = [None] * NUM_PARTITIONS
+        self._writers: list[RunWriter | None] = [None] * NUM_PARTITIONS
+        self._pending: list[list[ColumnBlock]] = [[] for _ in range(NUM_PARTITIONS)]
+        self._pending_bytes = [0] * NUM_PARTITIONS
+
+    def write(self, cols: dict[str, Column], hashes: np.ndarray) -> None:
+        """Append every row of ``cols`` (keys hashed to ``hashes``) to its partition."""
+        parts = partition_of(hashes)
+        order = np.argsort(parts, kind="stable")
+        bounds = np.searchsorted(parts[order], np.arange(NUM_PARTITIONS + 1), side="left")
+        grouped = rows_to_block(cols, hashes, order)  # one gather per column for all partitions
+        for p in range(NUM_PARTITIONS):
+            lo, hi = int(bounds[p]), int(bounds[p + 1])
+            if lo < hi:
+                block = _copy(grouped.slice(lo, hi))  # its own arrays: buffered for a while
+                self._pending[p].append(block)
+                self._pending_bytes[p] += block.nbytes()
+                if self._pending_bytes[p] >= self.limit:
+                    self._flush(p)
+
+    def _flush(self, p: int) -> None:
+        blocks, self._pending[p], self._pending_bytes[p] = self._pending[p], [], 0
+        if blocks:
+            self._writer(p).write_block(ColumnBlock.concat(_same_columns(blocks)))
+
+    def _writer(self, p: int) -> RunWriter:
+        writer = self._writers[p]
+        if writer is None:
+            owner = self.owner
+            path = owner._spill_dirs.new_path("part")
+            writer = RunWriter(
+                path,
+                COLUMN_CODEC,
+                compression=owner.compression,
+                spill_dirs=owner._spill_dirs,
+                ordered=False,
+            )
+            self._writers[p] = writer
+            self.paths[p] = path
+        return writer
+
+    def finish(self) -> list[str | None]:
+        """Close every file; returns the path of each partition (``None``: no rows)."""
+        metrics = self.owner.metrics
+        for p in range(NUM_PARTITIONS):
+            self._flush(p)
+        for p, writer in enumerate(self._writers):
+            if writer is None:
+                continue
+            info = writer.finish()
+            self._writers[p] = None
+            metrics.disk_bytes_spilled += info.disk_bytes
+            metrics.raw_bytes_spilled += info.raw_bytes
+            metrics.num_spill_files += 1
+        return self.paths
+
+    def abort(self) -> None:
+        """Delete every partition file (after a failure or on close)."""
+        self._pending = [[] for _ in range(NUM_PARTITIONS)]
+        for p, writer in enumerate(self._writers):
+            if writer is not None:
+                writer.abort()
+                self._writers[p] = None
+        for path in self.paths:
+            if path is not None:
+                self.owner._spill_dirs.remove(path)
+
+
+def _copy(block: ColumnBlock) -> ColumnBlock:
+    var = {name: (off.copy(), data.copy()) for name, (off, data) in block.var_columns.items()}
+    columns = {name: col.copy() for name, col in block.columns.items()}
+    return ColumnBlock(block.hashes.copy(), columns, var)
+
+
+def _same_columns(blocks: list[ColumnBlock]) -> list[ColumnBlock]:
+    """Give every block the validity columns any of them has (all valid where missing)."""
+    masks = {name for b in blocks for name in b.columns if name.startswith(_VALID)}
+    if all(masks <= b.columns.keys() for b in blocks):
+        return blocks
+    out = []
+    for b in blocks:
+        columns = dict(b.columns)
+        for name in masks - columns.keys():
+            columns[name] = np.ones(len(b), dtype=np.bool_)
+        out.append(ColumnBlock(b.hashes, columns, b.var_columns))
+    return out
+
+
+class PartitionSource(BlockSource):
+    """The partitions aggregated one after the other, as one hash-ordered stream of blocks.
+
+    Partition ``p`` holds exactly the hashes whose bits at this level are ``p``, so the
+    children's outputs, each in hash order, follow each other in hash order too. A child is
+    created when its partition is first needed and closed (files deleted, memory released)
+    when its last block has been handed out.
+    """
+
+    def __init__(
+        self,
+        owner: HashAggregator,
+        paths: list[str | None],
+        make_child: Callable[[HashAggregator, int], HashAggregator],
+        child_blocks: Callable[[HashAggregator], Iterator[ColumnBlock]],
+        child_done: Callable[[HashAggregator, HashAggregator], None],
+    ) -> None:
+        self.owner = owner
+        self._make_child = make_child  # (owner, level) -> a fresh aggregator for a partition
+        self._child_blocks = child_blocks  # child -> its combined blocks, in hash order
+        self._child_done = child_done  # (owner, child) -> count the child's metrics
+        self._paths = [p for p in paths if p is not None]
+        self._child: HashAggregator | None = None
+        self._blocks: Iterator[ColumnBlock] | None = None
+        self._next: ColumnBlock | None = None
+
+    def _advance(self) -> ColumnBlock | None:
+        while self._next is None:
+            if self._blocks is not None:
+                self._next = next(self._blocks, None)
+                if self._next is not None:
+                    break
+                self._finish_child()
+            if not self._paths:
+                return None
+            self._start_child(self._paths.pop(0))
+        return self._next
+
+    def _start_child(self, path: str) -> None:
+        owner = self.owner
+        child = self._make_child(owner, owner._level + 1)
+        self._child = child
+        started = time.perf_counter()
+        assert owner._schema is not None
+        needed = {name: owner._schema[name] for name in owner._needed}
+        try:
+            with RunReader(path) as reader:
+                for i in range(len(reader.batches)):
+                    block: Any = reader.read_block(i)
+                    child._update_columns(block_to_columns(block, needed), len(block))
+        finally:
+            owner._spill_dirs.remove(path)
+            owner.metrics.merge_time_s += time.perf_counter() - started
+        log.debug("%s aggregated partition %s in child %s", owner.name, path, child.name)
+        self._blocks = self._child_blocks(child)
+
+    def _finish_child(self) -> None:
+        child, self._child, self._blocks = self._child, None, None
+        if child is not None:
+            self._child_done(self.owner, child)
+            child.close()
+
+    def next_min_hash(self) -> int | None:
+        block = self._advance()
+        return None if block is None else int(block.hashes[0])
+
+    def read_next(self) -> Any:
+        block = self._advance()
+        assert block is not None
+        self._next = None
+        return block
+
+    def close(self) -> None:
+        self._next = None
+        if self._blocks is not None and hasattr(self._blocks, "close"):
+            self._blocks.close()
+        self._finish_child()
+        for path in self._paths:
+            self.owner._spill_dirs.remove(path)
+        self._paths = []

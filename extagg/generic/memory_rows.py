@@ -1,0 +1,128 @@
+"""The in-memory part of an ExternalAppendOnlyMap while it is being iterated.
+
+Both kinds can move their unread rows to disk when another consumer forces a spill, and drop
+their references so the memory is really freed (Spark's SPARK-22713).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from extagg.hashing import order_hashes
+from extagg.merge.heap import RunSource, SortedBlockSource
+from extagg.spill.blocks import ObjectBlock, PermutedObjectBlock
+
+__all__ = ["SpillableMemorySource", "UnsortedMemoryRows"]
+
+
+class UnsortedMemoryRows:
+    """The in-memory map during an unordered iteration with no runs: insertion order.
+
+    A forced spill sorts the unread rows by hash and moves them to a run; the iteration then
+    continues from the run, so each key is still yielded exactly once.
+    """
+
+    CHUNK = 65_536
+
+    def __init__(self, owner: Any, keys: list[Any], values: list[Any]) -> None:
+        self.owner = owner
+        self.keys: list[Any] | None = keys
+        self.values: list[Any] | None = values
+        self.pos = 0
+        self.run: RunSource | None = None
+
+    def next_chunk(self) -> tuple[list[Any], list[Any]] | None:
+        """The next ``(keys, values)`` to hand out, or ``None`` at the end."""
+        with self.owner._lock:  # a forced spill from another thread must not see a torn read
+            return self._next_chunk()
+
+    def _next_chunk(self) -> tuple[list[Any], list[Any]] | None:
+        if self.run is not None:
+            if self.run.next_min_hash() is None:
+                return None
+            block = self.run.read_next()
+            return block.keys, block.values
+        if self.keys is None or self.values is None:
+            return None
+        if self.pos >= len(self.keys):
+            self.keys = self.values = None  # fully read: let the memory go
+            self.owner._release_down_to(0)
+            return None
+        start, self.pos = self.pos, min(self.pos + self.CHUNK, len(self.keys))
+        return self.keys[start : self.pos], self.values[start : self.pos]
+
+    def spill_rest(self, trigger: Any = None) -> bool:
+        """Sort the unread rows by key hash, write them as a run, drop the lists."""
+        with self.owner._lock:
+            return self._spill_rest(trigger)
+
+    def _spill_rest(self, trigger: Any) -> bool:
+        if self.run is not None or self.keys is None or self.values is None:
+            return False
+        if self.pos >= len(self.keys):
+            # everything was handed out (as copies): the lists are dead weight, free them now
+            self.keys = self.values = None
+            return True
+        hashes = order_hashes(self.keys[self.pos :])
+        order = np.argsort(hashes, kind="stable")
+        block = PermutedObjectBlock(hashes[order], order + self.pos, self.keys, self.values)
+        del hashes, order
+        # on a failed write (disk full) the rows stay here and the iteration goes on from memory
+        self.run = self.owner._move_to_run(block, trigger)
+        self.keys = self.values = None  # the block, and with it the lists, dies on return
+        return True
+
+    def close(self) -> None:
+        with self.owner._lock:
+            self.keys = self.values = None
+            if self.run is not None:
+                self.run.close()
+
+
+class SpillableMemorySource(SortedBlockSource):
+    """The sorted in-memory map during iteration; can move its unread rows to disk.
+
+    Reads and the move to disk hold the owner's lock: a forced spill from another thread must
+    never write rows the merge has already taken (they would be yielded twice).
+    """
+
+    def __init__(self, owner: Any, block: ObjectBlock | PermutedObjectBlock) -> None:
+        super().__init__(block, owner.batch_size)
+        self.owner = owner
+        self.run: RunSource | None = None
+
+    def next_min_hash(self) -> int | None:
+        with self.owner._lock:
+            if self.run is not None:
+                return self.run.next_min_hash()
+            h = super().next_min_hash()
+            if h is None and self.block is not None:
+                self.block = None  # fully read: let the memory go
+                self.owner._release_down_to(0)
+            return h
+
+    def read_next(self) -> Any:
+        with self.owner._lock:
+            if self.run is not None:
+                return self.run.read_next()
+            return super().read_next()
+
+    def spill_rest(self, trigger: Any = None) -> bool:
+        """Write the unread rows to a run and read from there; drop the in-memory block."""
+        with self.owner._lock:
+            if self.run is not None:
+                return False
+            rest = self.remaining()
+            if rest is None:
+                return False
+            self.run = self.owner._move_to_run(rest, trigger)
+            self.block = None
+            return True
+
+    def close(self) -> None:
+        with self.owner._lock:
+            super().close()
+            if self.run is not None:
+                self.run.close()

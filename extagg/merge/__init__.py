@@ -1,0 +1,1 @@
+"""extagg.merge: the external heap merge shared by both engines."""

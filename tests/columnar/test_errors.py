@@ -1,0 +1,137 @@
+"""Wrong input fails clearly: the error names the column, the type or the function."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from extagg.columnar import HashAggregator, aggregate
+
+AGG = {"n": ("*", "count")}
+
+
+def test_unknown_aggregate_function() -> None:
+    with pytest.raises(ValueError, match=r"unknown aggregate function 'median' for 'm'"):
+        HashAggregator("k", {"m": ("v", "median")}, memory="8m")
+
+
+def test_star_only_for_count() -> None:
+    with pytest.raises(ValueError, match=r"only count accepts '\*'"):
+        HashAggregator("k", {"s": ("*", "sum")}, memory="8m")
+
+
+@pytest.mark.parametrize("spec", [("v",), "sum", ("v", "sum", 1), (1, "sum")])
+def test_malformed_aggregate_spec(spec) -> None:
+    with pytest.raises(TypeError, match="'s'"):
+        HashAggregator("k", {"s": spec}, memory="8m")
+
+
+def test_output_name_clashes_with_key() -> None:
+    with pytest.raises(ValueError, match=r"\['k'\]"):
+        HashAggregator("k", {"k": ("*", "count")}, memory="8m")
+
+
+def test_missing_column_is_named() -> None:
+    with (
+        HashAggregator("user", {"s": ("amount", "sum")}, memory="8m") as agg,
+        pytest.raises(ValueError, match=r"column 'amount' is not in the batch"),
+    ):
+        agg.update({"user": np.arange(3), "amt": np.ones(3)})
+
+
+def test_unsupported_key_type_names_column_and_type() -> None:
+    batch = pa.table({"k": pa.array([[1], [2]]), "v": pa.array([1, 2])})
+    with pytest.raises(TypeError, match=r"column 'k' has unsupported type list<item: int64>"):
+        aggregate(batch, keys="k", aggs=AGG, memory="8m")
+
+
+def test_sum_of_strings_names_column_and_type() -> None:
+    batch = pa.table({"k": [1, 2], "name": ["a", "b"]})
+    with pytest.raises(TypeError, match=r"sum\('name'\).*column 'name' of type string"):
+        aggregate(batch, keys="k", aggs={"s": ("name", "sum")}, memory="8m")
+    with pytest.raises(TypeError, match=r"min\('name'\).*string"):
+        aggregate(batch, keys="k", aggs={"s": ("name", "min")}, memory="8m")
+    ts = pa.table({"k": [1], "t": pa.array([1], pa.timestamp("s"))})
+    with pytest.raises(TypeError, match=r"mean\('t'\).*timestamp\[s\]"):
+        aggregate(ts, keys="k", aggs={"m": ("t", "mean")}, memory="8m")
+
+
+def test_schema_change_between_updates() -> None:
+    with HashAggregator("k", {"s": ("v", "sum")}, memory="8m") as agg:
+        agg.update({"k": np.arange(3, dtype=np.int64), "v": np.ones(3)})
+        with pytest.raises(TypeError, match=r"column 'k' changed type.*int64.*int32"):
+            agg.update({"k": np.arange(3, dtype=np.int32), "v": np.ones(3)})
+        with pytest.raises(TypeError, match=r"column 'v' changed type.*double.*int64"):
+            agg.update({"k": np.arange(3, dtype=np.int64), "v": np.arange(3)})
+
+
+def test_string_and_large_string_batches_mix() -> None:
+    with HashAggregator("k", AGG, memory="8m") as agg:
+        agg.update(pa.table({"k": pa.array(["a", "b"], pa.string())}))
+        agg.update(pa.table({"k": pa.array(["a"], pa.large_string())}))
+        out = pa.Table.from_batches(list(agg.results()))
+    assert out.schema.field("k").type == pa.string()
+    assert sorted(out.to_pylist(), key=lambda r: r["k"]) == [
+        {"k": "a", "n": 2},
+        {"k": "b", "n": 1},
+    ]
+
+
+def test_integer_sum_overflow_is_reported_with_the_group() -> None:
+    batch = {"k": np.array([7, 7, 8]), "v": np.array([2**62, 2**62, 1], dtype=np.int64)}
+    with pytest.raises(OverflowError, match=r"sum of column 'v'.*9223372036854775808.*group 7"):
+        aggregate(batch, keys="k", aggs={"s": ("v", "sum")}, memory="8m")
+    unsigned = {"k": np.array([1, 1]), "v": np.array([2**63, 2**63], dtype=np.uint64)}
+    with pytest.raises(OverflowError, match="uint64"):
+        aggregate(unsigned, keys="k", aggs={"s": ("v", "sum")}, memory="8m")
+
+
+def test_not_a_batch() -> None:
+    with (
+        HashAggregator("k", AGG, memory="8m") as agg,
+        pytest.raises(TypeError, match="a batch must be"),
+    ):
+        agg.update([1, 2, 3])
+
+
+def test_columns_of_different_lengths() -> None:
+    with (
+        HashAggregator("k", AGG, memory="8m") as agg,
+        pytest.raises(ValueError, match=r"column 'v' has 2 rows"),
+    ):
+        agg.update({"k": np.arange(3), "v": np.arange(2)})
+
+
+def test_update_after_results_and_results_twice() -> None:
+    agg = HashAggregator("k", AGG, memory="8m")
+    agg.update({"k": np.arange(3)})
+    list(agg.results())
+    with pytest.raises(RuntimeError, match="update"):
+        agg.update({"k": np.arange(3)})
+    with pytest.raises(RuntimeError, match="only once"):
+        agg.results()
+
+
+def test_all_null_column_needs_a_type_first_but_not_later() -> None:
+    with HashAggregator("k", AGG, memory="8m") as agg:
+        with pytest.raises(TypeError, match=r"column 'k' holds only nulls"):
+            agg.update(pd.DataFrame({"k": [None, None]}))
+        agg.update(pd.DataFrame({"k": ["a", None]}))
+        agg.update(pd.DataFrame({"k": [None, None]}))  # null-typed chunk: takes the known type
+        rows = pa.Table.from_batches(list(agg.results())).to_pylist()
+    assert sorted(rows, key=lambda r: str(r["k"])) == [{"k": None, "n": 3}, {"k": "a", "n": 1}]
+
+
+def test_bad_options() -> None:
+    with pytest.raises(ValueError, match="fan_in"):
+        HashAggregator("k", AGG, memory="8m", fan_in=1)
+    with pytest.raises(ValueError, match="batch_size"):
+        HashAggregator("k", AGG, memory="8m", batch_size=0)
+    with pytest.raises(ValueError, match="force_spill_rows"):
+        HashAggregator("k", AGG, memory="8m", force_spill_rows=0)
+    with pytest.raises(ValueError, match="memory"):
+        HashAggregator("k", AGG, memory="lots")
+    with pytest.raises(ValueError, match="distinct"):
+        HashAggregator(["k", "k"], AGG, memory="8m")

@@ -1,0 +1,191 @@
+"""Memory: budgets are kept and accounted exactly, other consumers can make us spill, files go."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from extagg.columnar import HashAggregator
+from extagg.errors import MemoryLimitError, SpillError
+from extagg.memory import MemoryConsumer, UnifiedMemoryManager, task_memory_manager
+from tests.conftest import files_under
+
+AGGS = {"s": ("v", "sum"), "n": ("*", "count"), "hi": ("v", "max")}
+
+
+def _data(n: int, keys: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"k": rng.integers(0, keys, n), "v": rng.random(n)}
+
+
+def _expected(data: dict[str, np.ndarray]) -> dict[int, tuple[float, int]]:
+    order = np.argsort(data["k"], kind="stable")
+    keys, starts = np.unique(data["k"][order], return_index=True)
+    sums = np.add.reduceat(data["v"][order], starts)
+    counts = np.diff(np.append(starts, len(order)))
+    return {int(k): (float(s), int(c)) for k, s, c in zip(keys, sums, counts)}
+
+
+def _collect(batches) -> dict[int, tuple[float, int]]:
+    table = pa.Table.from_batches(list(batches))
+    return {r["k"]: (r["s"], r["n"]) for r in table.to_pylist()}
+
+
+def _assert_close(got, want) -> None:
+    assert set(got) == set(want)
+    for k, (s, n) in want.items():
+        assert got[k][1] == n and got[k][0] == pytest.approx(s, rel=1e-12)
+
+
+def test_small_budget_spills_and_stays_within_it(spill_dir) -> None:
+    data = _data(300_000, 100_000)
+    mm = UnifiedMemoryManager("4m")
+    with HashAggregator("k", AGGS, memory_manager=mm, spill_dirs=[str(spill_dir)]) as agg:
+        for start in range(0, 300_000, 50_000):
+            agg.update({c: a[start : start + 50_000] for c, a in data.items()})
+            assert agg.used <= mm.max_memory
+            # a table while it reduces its input, else its input partitioned (3 rows per key)
+            assert agg.used >= (agg._table.nbytes if agg._table is not None else agg._aside_bytes)
+        assert agg._partitions is not None
+        assert agg.metrics.spill_count >= 1
+        assert len(agg.spill_files) > agg.metrics.num_spill_files == agg.metrics.spill_count
+        _assert_close(_collect(agg.results()), _expected(data))
+        m = agg.metrics
+        assert m.peak_granted_bytes <= mm.max_memory
+        assert m.groups == 100_000 or m.groups == len(_expected(data))
+        assert m.disk_bytes_spilled > 0 and m.raw_bytes_spilled > 0 and m.spill_time_s > 0
+    assert agg.used == 0
+    assert files_under(spill_dir) == []
+
+
+def test_accounting_matches_live_numpy_memory() -> None:
+    data = _data(200_000, 150_000, seed=3)
+    tracemalloc.start()
+    try:
+        with HashAggregator("k", AGGS, memory="256m") as agg:
+            agg.update(data)
+            table = agg._table
+            arrays = [table.slots, table.key_words, table.key_nulls, table.meta, *table.payload]
+            live = sum(a.nbytes for a in arrays)
+            assert table.nbytes == live  # the table counts exactly what it allocated
+            del arrays
+            reserved = agg._scratch + agg._io_bytes
+            assert agg.used == max(agg._floor, table.nbytes + reserved)
+            snapshot_before = tracemalloc.get_traced_memory()[0]
+            agg._table = None  # drop the table: tracemalloc sees its bytes go
+            del table
+            freed = snapshot_before - tracemalloc.get_traced_memory()[0]
+            agg._table = None
+    finally:
+        tracemalloc.stop()
+    assert freed == pytest.approx(live, rel=0.05)
+
+
+def test_budget_below_minimum_raises_memory_limit_error() -> None:
+    with HashAggregator("k", AGGS, memory="32k") as agg:
+        with pytest.raises(MemoryLimitError, match=r"needs .* to start .* table of"):
+            agg.update(_data(10, 5))
+        assert agg.used == 0
+
+
+class Hog(MemoryConsumer):
+    """Another consumer of the same task that wants memory and cannot spill."""
+
+
+def test_another_consumer_makes_the_aggregator_spill(spill_dir) -> None:
+    mm = UnifiedMemoryManager("32m")
+    data = _data(200_000, 60_000, seed=5)
+    with HashAggregator("k", AGGS, memory_manager=mm, spill_dirs=[str(spill_dir)]) as agg:
+        agg.update({c: a[:100_000] for c, a in data.items()})
+        held = agg.used
+        assert held > 4 * 1024 * 1024 and agg.metrics.spill_count == 0
+        hog = Hog(task_memory_manager(mm))
+        granted = hog.acquire_memory(mm.max_memory - 4 * 1024 * 1024)
+        assert granted == mm.max_memory - 4 * 1024 * 1024
+        assert agg.used < held and agg.metrics.spill_count == 1 and agg._table is None
+        hog.free_memory(granted)
+        agg.update({c: a[100_000:] for c, a in data.items()})
+        _assert_close(_collect(agg.results()), _expected(data))
+        hog.close_memory()
+    assert files_under(spill_dir) == []
+
+
+def test_spill_requested_while_results_are_read(spill_dir) -> None:
+    mm = UnifiedMemoryManager("32m")
+    data = _data(120_000, 40_000, seed=9)
+    with HashAggregator("k", AGGS, memory_manager=mm, spill_dirs=[str(spill_dir)],
+                        force_spill_rows=50_000, batch_size=1000) as agg:  # fmt: skip
+        agg.update(data)
+        assert agg.metrics.spill_count == 2  # two runs on disk, the rest in memory
+        it = agg.results()
+        first = [next(it)]
+        held = agg.used
+        hog = Hog(task_memory_manager(mm))
+        hog.acquire_memory(mm.max_memory - agg.used + 1024 * 1024)
+        assert agg.used < held and agg.metrics.spill_count == 3
+        got = _collect(first + list(it))
+        hog.close_memory()
+    _assert_close(got, _expected(data))
+    assert files_under(spill_dir) == []
+
+
+def test_failed_spill_keeps_the_aggregator_usable(spill_dir) -> None:
+    data = _data(10_000, 3_000, seed=2)
+    with HashAggregator("k", AGGS, memory="16m", spill_dirs=[str(spill_dir)],
+                        force_spill_rows=5_000, max_spill_bytes=1) as agg:  # fmt: skip
+        with pytest.raises(SpillError, match="spill cap"):
+            agg.update(data)
+        assert files_under(spill_dir) == []
+        agg._table.check_invariants()
+        agg.force_spill_rows = None
+        got = _collect(agg.results())
+    first = {c: a[:5_000] for c, a in data.items()}  # the rows folded before the failure
+    _assert_close(got, _expected(first))
+
+
+def test_close_mid_iteration_removes_files_and_memory(spill_dir) -> None:
+    agg = HashAggregator("k", AGGS, memory="16m", spill_dirs=[str(spill_dir)],
+                         force_spill_rows=2_000, batch_size=100)  # fmt: skip
+    agg.update(_data(10_000, 5_000))
+    it = agg.results()
+    next(it)
+    assert files_under(spill_dir)
+    agg.close()
+    assert agg.used == 0 and files_under(spill_dir) == []
+    it.close()
+
+
+def test_generator_abandoned_cleans_up(spill_dir) -> None:
+    agg = HashAggregator("k", AGGS, memory="16m", spill_dirs=[str(spill_dir)],
+                         force_spill_rows=2_000)  # fmt: skip
+    agg.update(_data(10_000, 5_000))
+    it = agg.results()
+    next(it)
+    it.close()  # what happens when a consumer stops early and drops the iterator
+    assert agg.used == 0 and files_under(spill_dir) == []
+
+
+def test_a_long_key_after_a_full_table_spill(spill_dir) -> None:
+    # a table that filled its budget with short keys keeps its arrays when it spills; a key
+    # that then needs the memory for the arena makes it spill again and start small (with the
+    # arrays kept, a 1.5 MB key cannot fit next to them in 3 MiB: MemoryLimitError). Each short
+    # key comes three times in a row, so the tables reduce their input and are spilled (not
+    # partitioned).
+    short = [f"s{i}" for i in range(60_000)]
+    long = "L" * 1_500_000
+    mm = UnifiedMemoryManager("3m")
+    with HashAggregator(
+        "k", {"n": ("*", "count")}, memory_manager=mm, spill_dirs=[str(spill_dir)]
+    ) as agg:
+        agg.update(pa.table({"k": [k for k in short for _ in range(3)]}))
+        spills = agg.metrics.spill_count
+        assert spills >= 1 and agg._partitions is None  # full tables spilled, arrays kept
+        agg.update(pa.table({"k": [long, *short[:10]]}))
+        assert agg.metrics.spill_count > spills
+        got = {r["k"]: r["n"] for r in pa.Table.from_batches(list(agg.results())).to_pylist()}
+    want = dict.fromkeys(short, 3) | {long: 1} | dict.fromkeys(short[:10], 4)
+    assert got == want
+    assert files_under(spill_dir) == []

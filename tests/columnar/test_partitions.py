@@ -1,0 +1,204 @@
+"""Partitioning: a full table that barely reduces its input sets the input aside by hash.
+
+Each test checks that partitioning really happened (or did not) and compares the result with a
+plain-Python reference, and with the same aggregation in memory (same groups, same order).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import extagg.spill.runfile as runfile
+from extagg.columnar import HashAggregator
+from extagg.columnar.partitions import partition_of, rotate_left, rotate_right
+from extagg.errors import SpillError
+from tests.columnar.reference import assert_same_groups, reference_groupby, result_dict
+from tests.conftest import files_under
+from tests.spill.test_runfile import FullDisk
+
+AGGS = {
+    "n": ("*", "count"),
+    "nv": ("v", "count"),
+    "s": ("v", "sum"),
+    "lo": ("v", "min"),
+    "hi": ("v", "max"),
+    "avg": ("v", "mean"),
+    "var": ("v", "var"),
+}
+LOG = "extagg.columnar"
+
+
+def _run(table: pa.Table, keys, aggs, memory, spill_dir=None, batch=20_000, **kw):
+    dirs = None if spill_dir is None else [str(spill_dir)]
+    with HashAggregator(keys, aggs, memory=memory, spill_dirs=dirs, **kw) as agg:
+        for start in range(0, table.num_rows, batch):
+            agg.update(table.slice(start, batch))
+        partitioned = agg._partitions is not None
+        out = pa.Table.from_batches(list(agg.results()), schema=agg.schema)
+        return out, partitioned, agg.metrics
+
+
+def _int_table(rows: int, keys: int, seed: int = 0, nulls: bool = True) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    k = rng.integers(0, keys, rows)
+    v = rng.normal(0, 100, rows)
+    key_mask = (rng.random(rows) < 0.01) if nulls else None
+    v_mask = (rng.random(rows) < 0.05) if nulls else None
+    return pa.table({"k": pa.array(k, mask=key_mask), "v": pa.array(v, mask=v_mask)})
+
+
+def _check(table: pa.Table, keys, aggs, got: pa.Table) -> None:
+    want = reference_groupby(table.to_pydict(), keys, aggs)
+    assert_same_groups(result_dict(got, keys), want, rel=1e-7)
+
+
+def test_low_reduction_input_is_partitioned_and_exact(spill_dir, caplog) -> None:
+    table = _int_table(200_000, 100_000)  # 2 rows per key: a table of its budget reduces little
+    with caplog.at_level(logging.INFO, logger=LOG):
+        got, partitioned, metrics = _run(table, ["k"], AGGS, "2m", spill_dir)
+    assert partitioned
+    assert "hash partitions" in caplog.text
+    assert metrics.num_spill_files >= 16  # the table once, then the partitions
+    assert metrics.records_read == table.num_rows
+    _check(table, ["k"], AGGS, got)
+    in_memory, partitioned_again, _ = _run(table, ["k"], AGGS, "512m")
+    assert not partitioned_again
+    assert got.column("k").to_pylist() == in_memory.column("k").to_pylist()  # same order
+    assert files_under(spill_dir) == []
+
+
+def test_high_reduction_input_keeps_spilling_tables(spill_dir) -> None:
+    rng = np.random.default_rng(1)
+    k = np.repeat(rng.permutation(40_000), 8)  # 8 adjacent rows per key: tables reduce 8×
+    table = pa.table({"k": k, "v": rng.random(len(k))})
+    got, partitioned, metrics = _run(table, ["k"], AGGS, "1m", spill_dir)
+    assert not partitioned and metrics.spill_count >= 2
+    _check(table, ["k"], AGGS, got)
+
+
+def test_first_and_last_are_never_partitioned(spill_dir) -> None:
+    # they need every row's position; a partition's rows would be numbered again
+    table = _int_table(200_000, 100_000, seed=2)
+    aggs = {"f": ("v", "first"), "l": ("v", "last"), "n": ("*", "count")}
+    got, partitioned, metrics = _run(table, ["k"], aggs, "2m", spill_dir)
+    assert not partitioned and metrics.spill_count >= 2
+    _check(table, ["k"], aggs, got)
+
+
+def test_partitions_partition_again_when_they_do_not_fit(spill_dir, caplog) -> None:
+    rng = np.random.default_rng(3)
+    k = rng.integers(0, 200_000, 1_000_000)  # 12 500 keys per partition: more than 1 MiB holds
+    v = rng.random(len(k))
+    table = pa.table({"k": k, "v": v})
+    aggs = {"n": ("*", "count"), "s": ("v", "sum")}
+    with caplog.at_level(logging.INFO, logger=LOG):
+        got, partitioned, _ = _run(table, ["k"], aggs, "1m", spill_dir, batch=50_000)
+    assert partitioned
+    assert "(level 1)" in caplog.text  # a partition's aggregator partitioned too
+    keys, counts = np.unique(k, return_counts=True)
+    sums = np.bincount(k, weights=v)[keys]
+    order = np.argsort(got.column("k").to_numpy())
+    assert np.array_equal(got.column("k").to_numpy()[order], keys)
+    assert np.array_equal(got.column("n").to_numpy()[order], counts)
+    assert np.allclose(got.column("s").to_numpy()[order], sums, rtol=1e-12)
+    in_memory, _, _ = _run(table, ["k"], aggs, "512m", batch=50_000)
+    assert got.column("k").to_pylist() == in_memory.column("k").to_pylist()  # same order
+    assert files_under(spill_dir) == []
+
+
+def test_distinct_keys_keep_spilling_sorted_tables(spill_dir, caplog) -> None:
+    # every row a new group: nothing comes back, so partitioning would only rebuild tables
+    rng = np.random.default_rng(7)
+    table = pa.table({"k": rng.permutation(200_000), "v": rng.random(200_000)})
+    with caplog.at_level(logging.INFO, logger=LOG):
+        got, partitioned, metrics = _run(table, ["k"], AGGS, "2m", spill_dir)
+    assert not partitioned and metrics.spill_count >= 3
+    assert "hash partitions" not in caplog.text
+    _check(table, ["k"], AGGS, got)
+
+
+@pytest.mark.parametrize("kind", ["str", "float", "two-keys"])
+def test_other_key_types_partition_exactly(spill_dir, kind) -> None:
+    rng = np.random.default_rng(4)
+    n = 120_000
+    base = rng.integers(0, 60_000, n)
+    v = pa.array(rng.random(n), mask=rng.random(n) < 0.05)
+    if kind == "str":
+        cols = {"k": pa.array([f"key-{x}" for x in base], mask=base % 97 == 0), "v": v}
+        keys = ["k"]
+    elif kind == "float":
+        f = base.astype(np.float64) / 7
+        f[base % 50 == 0] = np.nan
+        f[base % 51 == 0] = -0.0
+        f[base % 52 == 0] = 0.0
+        cols = {"k": pa.array(f), "v": v}
+        keys = ["k"]
+    else:
+        cols = {"a": pa.array(base // 300), "b": pa.array(base % 300).cast(pa.int16()), "v": v}
+        keys = ["a", "b"]
+    table = pa.table(cols)
+    got, partitioned, _ = _run(table, keys, AGGS, "3m" if kind == "str" else "2m", spill_dir)
+    assert partitioned
+    _check(table, keys, AGGS, got)
+
+
+def test_disk_full_while_partitioning_fails_clearly_and_cleans_up(spill_dir, monkeypatch) -> None:
+    table = _int_table(300_000, 150_000, seed=5)
+    written = []
+
+    def opener(path):
+        written.append(path)
+        return FullDisk(path, 10_000 if "part-" in path else 1 << 40)
+
+    monkeypatch.setattr(runfile, "open_for_writing", opener)
+    agg = HashAggregator("k", AGGS, memory="2m", spill_dirs=[str(spill_dir)])
+    with pytest.raises(SpillError, match="No space left"):
+        for start in range(0, table.num_rows, 20_000):
+            agg.update(table.slice(start, 20_000))
+    assert any("part-" in p for p in written)
+    # some rows of the failed chunk may be on disk and others not: the aggregator is closed
+    with pytest.raises(RuntimeError, match=r"after results\(\) or close\(\)"):
+        agg.update(table.slice(0, 10))
+    assert agg.used == 0 and files_under(spill_dir) == []
+
+
+def test_closing_while_reading_partitions_removes_everything(spill_dir) -> None:
+    table = _int_table(300_000, 150_000, seed=6)
+    agg = HashAggregator("k", AGGS, memory="2m", spill_dirs=[str(spill_dir)], batch_size=1000)
+    for start in range(0, table.num_rows, 20_000):
+        agg.update(table.slice(start, 20_000))
+    assert agg._partitions is not None
+    it = agg.results()
+    next(it)
+    assert files_under(spill_dir)
+    it.close()
+    assert agg.used == 0 and files_under(spill_dir) == []
+
+
+@given(st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=50), st.integers(1, 15))
+def test_rotation_is_invertible_and_keeps_a_partitions_order(values, level) -> None:
+    hashes = np.array(values, dtype=np.uint64)
+    top = np.uint64(0xA) << np.uint64(60)
+    part = (hashes & ~(np.uint64(0xF) << np.uint64(60))) | top  # one partition's hashes
+    assert np.all(partition_of(part) == 0xA)
+    rotated = rotate_left(part, 4)
+    assert np.array_equal(rotate_right(rotated, 4), part)
+    assert np.array_equal(np.argsort(rotated, kind="stable"), np.argsort(part, kind="stable"))
+    assert np.array_equal(rotate_right(rotate_left(hashes, 4 * level), 4 * level), hashes)
+
+
+def test_no_memory_for_partition_buffers_keeps_spilling_tables(spill_dir, monkeypatch) -> None:
+    module = importlib.import_module("extagg.columnar.partitioned")
+    monkeypatch.setattr(module, "held_bytes", lambda limit, copies: 1 << 40)  # never granted
+    table = _int_table(200_000, 100_000, seed=8)
+    got, partitioned, metrics = _run(table, ["k"], AGGS, "2m", spill_dir)
+    assert not partitioned and metrics.spill_count >= 3
+    _check(table, ["k"], AGGS, got)
+    assert files_under(spill_dir) == []
