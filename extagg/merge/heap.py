@@ -16,12 +16,10 @@ import heapq
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
-from functools import reduce
 from typing import Any
 
 import numpy as np
 
-from extagg.spill.blocks import ObjectBlock
 from extagg.spill.runfile import RunReader, RunWriter
 from extagg.spill.tempdir import SpillDirs
 
@@ -32,7 +30,6 @@ __all__ = [
     "merge_sources",
     "merge_in_passes",
     "write_run_from",
-    "combine_object_pieces",
 ]
 
 log = logging.getLogger(__name__)
@@ -259,66 +256,3 @@ def write_run_from(
         writer.abort()
         raise
     return RunSource(path, owner=spill_dirs), info
-
-
-def combine_object_pieces(pieces: list[ObjectBlock], merge_combiners: Any) -> ObjectBlock:
-    """Merge hash-sorted pieces (keys unique within each) into one, combining equal keys.
-
-    Rows with equal hashes are compared with ``==``; only equal keys are combined, in source
-    order (``merge_combiners(earlier, later)``); colliding but unequal keys stay apart.
-    """
-    if len(pieces) == 1:
-        return pieces[0]
-    block = ObjectBlock.concat(pieces)
-    order = np.argsort(block.hashes, kind="stable")
-    hashes = block.hashes[order]
-    n = len(hashes)
-    same = hashes[1:] == hashes[:-1]
-    positions = order.tolist()
-    keys = list(map(block.keys.__getitem__, positions))
-    values = list(map(block.values.__getitem__, positions))
-    if not same.any():
-        return ObjectBlock(hashes, keys, values)
-    starts = np.flatnonzero(np.concatenate(([True], ~same)))
-    ends = np.append(starts[1:], n)
-    multi = ends - starts > 1
-    dropped: list[int] = []
-    drop = dropped.append
-    for s, e in zip(starts[multi].tolist(), ends[multi].tolist()):
-        ka = keys[s]
-        if e - s == 2:  # the common case: one key in two sources
-            kb = keys[s + 1]
-            if kb is ka or kb == ka:
-                values[s] = merge_combiners(values[s], values[s + 1])
-                drop(s + 1)
-        elif keys[s:e].count(ka) == e - s:  # one key in several sources
-            values[s] = reduce(merge_combiners, values[s:e])
-            dropped.extend(range(s + 1, e))
-        else:  # colliding hashes of unequal keys: combine each key with its equals only
-            _combine_colliding(keys, values, s, e, merge_combiners, dropped)
-    if not dropped:
-        return ObjectBlock(hashes, keys, values)
-    keep = np.ones(n, dtype=bool)
-    keep[dropped] = False
-    idx = np.flatnonzero(keep).tolist()
-    return ObjectBlock(
-        hashes[keep], list(map(keys.__getitem__, idx)), list(map(values.__getitem__, idx))
-    )
-
-
-def _combine_colliding(
-    keys: list[Any], values: list[Any], s: int, e: int, merge_combiners: Any, dropped: list[int]
-) -> None:
-    """Within rows ``s:e`` (equal hashes), fold each row into the first earlier equal key."""
-    alive = list(range(s, e))
-    while alive:
-        a, rest = alive[0], alive[1:]
-        ka = keys[a]
-        alive = []
-        for b in rest:
-            kb = keys[b]
-            if kb is ka or kb == ka:
-                values[a] = merge_combiners(values[a], values[b])
-                dropped.append(b)
-            else:
-                alive.append(b)
