@@ -218,10 +218,6 @@ class RunSet:
         """Delete one file of the spill dirs."""
         self.spill_dirs.remove(path)
 
-    def child(self) -> RunSet:
-        """An empty set in the same spill dirs (for a partition's aggregator)."""
-        return RunSet(self.spill_dirs, self.compression, SpillMetrics())
-
 
 class Spillable(MemoryConsumer, ABC):
     """Base class of a spillable collection; see the module docstring for the contract.
@@ -242,7 +238,6 @@ class Spillable(MemoryConsumer, ABC):
         max_spill_bytes: int | str | None = None,
         force_spill_every: int | None = None,
         name: str | None = None,
-        shared_runs: RunSet | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -258,21 +253,17 @@ class Spillable(MemoryConsumer, ABC):
         #: spill after this many records (Spark's ``numElementsForceSpillThreshold``; tests)
         self.force_spill_every = force_spill_every
         self.metrics = SpillMetrics()
-        if shared_runs is None:
-            cap = (
-                None
-                if max_spill_bytes is None
-                else parse_size(max_spill_bytes, name="max_spill_bytes")
-            )
-            dirs = (
-                list(spill_dirs)
-                if spill_dirs is not None and not isinstance(spill_dirs, str)
-                else spill_dirs
-            )
-            self.runs = RunSet(SpillDirs(dirs, max_spill_bytes=cap), compression, self.metrics)
-        else:  # a child sharing its parent's spill dirs: they are the parent's to clean up
-            self.runs = RunSet(shared_runs.spill_dirs, compression, self.metrics)
-        self._owns_spill_dirs = shared_runs is None
+        cap = (
+            None if max_spill_bytes is None else parse_size(max_spill_bytes, name="max_spill_bytes")
+        )
+        dirs = (
+            list(spill_dirs)
+            if spill_dirs is not None and not isinstance(spill_dirs, str)
+            else spill_dirs
+        )
+        #: the run files written and not yet merged
+        self.runs = RunSet(SpillDirs(dirs, max_spill_bytes=cap), compression, self.metrics)
+        self._owns_spill_dirs = True
         self.budget = MemoryBudget(self, self.metrics, tmm.memory_manager.max_memory)
         #: held while the collection changes; a forced spill from another thread waits for it
         self.lock = threading.RLock()
@@ -282,6 +273,12 @@ class Spillable(MemoryConsumer, ABC):
         #: bytes held for the collection (Spark's ``myMemoryThreshold``), default policy only
         self.threshold = 0
         self.initial_threshold = 0
+
+    def share_spill_dirs(self, runs: RunSet) -> None:
+        """Write runs into the spill dirs of ``runs`` (another Spillable's, e.g. a parent's,
+        which cleans them up: :meth:`close` then deletes only this one's files)."""
+        self.runs.spill_dirs = runs.spill_dirs
+        self._owns_spill_dirs = False
 
     # ------------------------------------------------------------------ the template
     def maybe_spill(self, current: int, reason: str = "memory not granted") -> bool:
@@ -386,7 +383,6 @@ class Spillable(MemoryConsumer, ABC):
         self,
         per_source: int,
         num_sources: int,
-        *,
         spill_rest: Callable[[], bool] | None = None,
         limit: int | None = None,
     ) -> tuple[int, int]:
@@ -435,6 +431,9 @@ class Spillable(MemoryConsumer, ABC):
             self.release_collection()
             if self._owns_spill_dirs:
                 self.runs.spill_dirs.cleanup()
+            else:
+                for path in self.runs.paths:
+                    self.runs.remove(path)
             self.runs.paths.clear()
             self.close_memory()
             self.threshold = 0

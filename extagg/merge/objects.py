@@ -2,7 +2,7 @@
 
 :func:`combine_object_pieces` is the ``combine`` that :func:`extagg.merge.heap.merge_sources`
 calls for :class:`~extagg.spill.blocks.ObjectBlock` sources (the columnar engine's combine is
-:meth:`extagg.columnar.blocks.BlockLayout.combine`, compiled).
+:meth:`extagg.columnar.layout.BlockLayout.combine`, compiled).
 """
 
 from __future__ import annotations
