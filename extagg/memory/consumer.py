@@ -104,10 +104,10 @@ class MemoryConsumer:
         with self._used_lock:
             held, self._used = self._used, 0
         self._tmm.release_execution_memory(held, self)
-        self._tmm._unregister(self)
+        self._tmm.unregister(self)
         return held
 
-    def _forget_memory(self) -> int:
+    def forget_memory(self) -> int:
         """Task clean-up released our memory wholesale: zero ``used``; returns what it was."""
         with self._used_lock:
             held, self._used = self._used, 0

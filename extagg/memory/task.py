@@ -24,17 +24,65 @@ import logging
 import threading
 import weakref
 from collections.abc import Hashable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from extagg.memory._util import check_bytes, describe_bytes
 from extagg.memory.unified import UnifiedMemoryManager, default_memory_manager
 
-if TYPE_CHECKING:
-    from extagg.memory.consumer import MemoryConsumer
-
-__all__ = ["TaskMemoryManager", "task_memory_manager"]
+__all__ = ["MemoryConsumer", "TaskMemoryManager", "task_managers", "task_memory_manager"]
 
 logger = logging.getLogger(__name__)
+
+
+class MemoryConsumer(Protocol):
+    """What a task manager needs of a consumer (:class:`extagg.memory.MemoryConsumer` is the
+    class to subclass; this protocol keeps ``task`` from importing ``consumer``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def used(self) -> int: ...
+
+    @property
+    def task_memory_manager(self) -> TaskMemoryManager: ...
+
+    def spill(self, size: int, trigger: MemoryConsumer) -> int: ...
+
+    def forget_memory(self) -> int: ...
+
+
+class _Registry:
+    """The task managers of one memory manager: by task id (those still referenced) and all
+    live ones (for reports)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.by_task: weakref.WeakValueDictionary[Hashable, TaskMemoryManager] = (
+            weakref.WeakValueDictionary()
+        )
+        self.all: weakref.WeakSet[TaskMemoryManager] = weakref.WeakSet()
+
+
+_registries: weakref.WeakKeyDictionary[UnifiedMemoryManager, _Registry] = (
+    weakref.WeakKeyDictionary()
+)
+_registries_lock = threading.Lock()
+
+
+def _registry(mm: UnifiedMemoryManager) -> _Registry:
+    with _registries_lock:
+        registry = _registries.get(mm)
+        if registry is None:
+            registry = _registries[mm] = _Registry()
+        return registry
+
+
+def task_managers(mm: UnifiedMemoryManager) -> list[TaskMemoryManager]:
+    """Every live TaskMemoryManager of ``mm`` (for reports)."""
+    registry = _registry(mm)
+    with registry.lock:
+        return list(registry.all)
 
 
 class _HeldBytes:
@@ -70,11 +118,12 @@ class TaskMemoryManager:
         self._spill_depth = 0  # > 0 while this task's lock owner runs a spill()
         self._held = _HeldBytes()
         finaliser = weakref.finalize(
-            self, memory_manager._defer_leaked_release, self._task_id, self._held
+            self, memory_manager.defer_leaked_release, self._task_id, self._held
         )
         finaliser.atexit = False
-        with memory_manager._registry_lock:
-            memory_manager._all_task_managers.add(self)
+        registry = _registry(memory_manager)
+        with registry.lock:
+            registry.all.add(self)
 
     @property
     def memory_manager(self) -> UnifiedMemoryManager:
@@ -133,7 +182,7 @@ class TaskMemoryManager:
         Returns the bytes released; more than 0 means a consumer leaked memory (logged).
         Covers everything ``task_id`` holds, also through other task managers of the same id.
         """
-        same_task = [t for t in self._mm.task_managers() if t._task_id == self._task_id]
+        same_task = [t for t in task_managers(self._mm) if t.task_id == self._task_id]
         consumers: list[MemoryConsumer] = []
         for tmm in {id(t): t for t in [self, *same_task]}.values():
             with tmm._state_lock:
@@ -141,7 +190,7 @@ class TaskMemoryManager:
                 tmm._consumers.clear()
             with tmm._held.lock:
                 tmm._held.value = 0
-        leaks = [(c.name, leaked) for c in consumers if (leaked := c._forget_memory())]
+        leaks = [(c.name, leaked) for c in consumers if (leaked := c.forget_memory())]
         released = self._mm.release_all_execution_memory_for_task(self._task_id)
         if released or leaks:
             logger.warning(
@@ -221,7 +270,8 @@ class TaskMemoryManager:
             )
         return freed
 
-    def _unregister(self, consumer: MemoryConsumer) -> None:
+    def unregister(self, consumer: MemoryConsumer) -> None:
+        """Forget ``consumer`` (it closed); it registers again when it next acquires."""
         with self._state_lock:
             self._consumers.pop(id(consumer), None)
 
@@ -252,11 +302,12 @@ def task_memory_manager(
     elif not isinstance(mm, UnifiedMemoryManager):
         raise TypeError(f"mm must be a UnifiedMemoryManager or None, not {type(mm).__name__}")
     key = threading.get_ident() if task_id is None else task_id
-    with mm._registry_lock:
-        tmm = mm._task_managers.get(key)
+    registry = _registry(mm)
+    with registry.lock:
+        tmm = registry.by_task.get(key)
     if tmm is not None:
         return tmm
     created = TaskMemoryManager(mm, key)
-    with mm._registry_lock:
-        tmm = mm._task_managers.setdefault(key, created)
+    with registry.lock:
+        tmm = registry.by_task.setdefault(key, created)
     return tmm

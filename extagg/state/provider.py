@@ -116,7 +116,7 @@ class StateStoreProvider:
 
     def get_store(self, version: int) -> StateStore:
         """A writable store holding ``version``; its ``commit()`` writes ``version + 1``."""
-        return StateStore(self, self._load(version))
+        return StateStore(self, self._load(version), self._commit_changes)
 
     def get_read_store(self, version: int) -> ReadStateStore:
         """A read-only store holding ``version``."""
