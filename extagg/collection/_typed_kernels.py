@@ -13,8 +13,9 @@ tests compare the two.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from extagg._numba import jit
 
 __all__ = [
     "DONE",
@@ -31,7 +32,7 @@ __all__ = [
     "take_groups",
 ]
 
-_jit = numba.njit(cache=True, nogil=True)
+_jit = jit()
 
 DONE = 0
 TABLE_FULL = 1

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from extagg.collection.typed_table import TypedHashTable
 from extagg.columnar.layout import BlockLayout
+from extagg.errors import UsageError
 from extagg.metrics import SpillMetrics
 from extagg.spillable import MemoryBudget, RunSet
 
@@ -52,7 +53,7 @@ class TableState:
     def layout(self) -> BlockLayout:
         """The block layout (known once the first batch gave the column types)."""
         if self.layout_or_none is None:
-            raise RuntimeError(f"{self.name}: no layout before the first batch")
+            raise UsageError(f"{self.name}: no layout before the first batch")
         return self.layout_or_none
 
     @property

@@ -14,7 +14,8 @@ SPARK-35486, SPARK-36933):
   task may have taken the memory first, so the loop retries).
 
 ``spill`` runs outside the memory manager's lock, holding only this task manager's re-entrant
-lock. A spill may call ``free_memory`` but must not acquire memory (``RuntimeError``).
+lock. A spill may call ``free_memory`` but must not acquire memory (``UsageError``, a
+``RuntimeError``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import weakref
 from collections.abc import Hashable
 from typing import Protocol
 
+from extagg.errors import UsageError
 from extagg.memory._util import check_bytes, describe_bytes
 from extagg.memory.unified import UnifiedMemoryManager, default_memory_manager
 
@@ -156,7 +158,7 @@ class TaskMemoryManager:
             return 0
         with self._acquire_lock:
             if self._spill_depth:
-                raise RuntimeError(
+                raise UsageError(
                     f"{consumer.name} asked for {required} bytes from inside a spill() of task "
                     f"{self._task_id!r}: spill() may free memory but must not acquire it"
                 )
