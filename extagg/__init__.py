@@ -19,6 +19,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from extagg.errors import (
+    BadKeyError,
     CorruptFileError,
     DestroyedError,
     ExtaggError,
@@ -73,6 +74,7 @@ _LAZY = {
 
 __all__ = [
     "Aggregator",
+    "BadKeyError",
     "CommittedBatchUnavailableError",
     "CorruptFileError",
     "DestroyedError",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 __all__ = [
+    "BadKeyError",
     "CorruptFileError",
     "DestroyedError",
     "ExtaggError",
@@ -87,3 +88,25 @@ class DestroyedError(UsageError, AssertionError):
 
     Also an ``AssertionError``, as Spark's ``AppendOnlyMap`` asserts it.
     """
+
+
+class BadKeyError(ExtaggError, TypeError):
+    """A record's key cannot be grouped: hashing or comparing it raised, or its type cannot
+    keep its identity through a spill (see ``docs/how-it-works.md``, "Key identity").
+
+    ``index`` is the record's position in the input of the call that failed (0-based), ``key``
+    the key; the cause is chained (``__cause__``). The records before it were folded; it and
+    the records after it were not.
+    """
+
+    def __init__(self, index: int, key: object, reason: str) -> None:
+        super().__init__(index, key, reason)
+        self.index = index
+        self.key = key
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return (
+            f"record {self.index}: {self.reason}; the {self.index} records before it were "
+            "folded, it and the records after it were not"
+        )

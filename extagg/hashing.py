@@ -209,23 +209,46 @@ def order_hash(key: Hashable) -> int:
 
     Other hashable objects fall back so that keys Python holds equal still hash equal: numbers
     of other types (``Decimal``, ``Fraction``, NumPy scalars) hash by value as the equal int or
-    float, tuples fold their elements' order hashes, and anything else (user classes) uses its
-    own ``__hash__`` mixed to 64 bits — consistent within a process, which is all a spill needs,
-    and deterministic whenever that ``__hash__`` is.
+    float, tuples fold their elements' order hashes, subclasses of the built-in types that
+    define their own ``__eq__`` or ``__hash__`` (a case-insensitive ``str``) and anything else
+    (user classes) use their own ``__hash__`` mixed to 64 bits — consistent within a process,
+    which is all a spill needs, and deterministic whenever that ``__hash__`` is.
     """
-    try:
-        return stable_hash(key)
-    except TypeError:
+    kind = type(key)
+    if kind is tuple:
+        if set(map(type, key)) <= _PLAIN_TYPES:
+            return _hash_tuple(key)
         return _fallback_hash(key)
+    if kind in _PLAIN_TYPES or _by_value(kind):
+        try:
+            return stable_hash(key)
+        except TypeError:
+            pass
+    return _fallback_hash(key)
+
+
+_PLAIN_TYPES = frozenset({int, bool, float, str, bytes, type(None)})
+_BUILTIN_BASES = (bool, int, float, str, bytes, tuple)
+
+
+def _by_value(kind: type) -> bool:
+    """Whether keys of ``kind`` (a subclass) compare as their built-in base does (NumPy's
+    scalars do, though they define their own ``__eq__``)."""
+    if kind.__module__ == "numpy":
+        return True
+    for base in _BUILTIN_BASES:
+        if issubclass(kind, base):
+            return kind.__eq__ is base.__eq__ and kind.__hash__ is base.__hash__
+    return True
 
 
 def _fallback_hash(key: Any) -> int:
-    if isinstance(key, tuple):
+    if isinstance(key, tuple) and (type(key) is tuple or _by_value(type(key))):
         h = fmix64((len(key) ^ TUPLE_TAG ^ SEED64) & M64)
         for element in key:
             h = fmix64(((h * GOLDEN) & M64) ^ order_hash(element))
         return h
-    if isinstance(key, Number):
+    if isinstance(key, Number) and _by_value(type(key)):
         try:
             as_int = int(key)  # type: ignore[call-overload]
             if key == as_int:
@@ -243,10 +266,9 @@ def _fallback_hash(key: Any) -> int:
 
 def order_hashes(keys: Sequence[Hashable]) -> np.ndarray:
     """:func:`order_hash` of every key, as a ``uint64`` array."""
-    try:
+    if set(map(type, keys)) <= _PLAIN_TYPES:
         return hash_objects(keys)
-    except TypeError:
-        return np.fromiter((order_hash(k) for k in keys), dtype=np.uint64, count=len(keys))
+    return np.fromiter((order_hash(k) for k in keys), dtype=np.uint64, count=len(keys))
 
 
 def partition_of(key: Any, num_partitions: int) -> int:

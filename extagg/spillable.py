@@ -32,14 +32,18 @@ engine, so no helper imports the class that calls it.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any, Self
 
 from extagg._config import DEFAULT_BATCH_SIZE, DEFAULT_FAN_IN, format_size, parse_size
-from extagg.errors import MemoryLimitError, UsageError
+from extagg._interrupts import deferred_interrupts
+from extagg.errors import MemoryLimitError, SpillError, UsageError
 from extagg.memory import (
     MemoryConsumer,
     TaskMemoryManager,
@@ -75,11 +79,16 @@ class MemoryBudget:
         max_memory: int,
         usage: Callable[[], int] | None = None,
     ) -> None:
-        self.consumer = consumer
+        # a proxy: the engine holds its budget, a strong reference back would make a cycle
+        # and keep a dropped engine (its files, its grant) alive until the cyclic GC runs
+        self.consumer: MemoryConsumer = weakref.proxy(consumer)
         self.metrics = metrics
         self.max_memory = max_memory
         self.floor = 0
-        self.usage: Callable[[], int] = usage if usage is not None else (lambda: consumer.used)
+        self.usage: Callable[[], int] = usage if usage is not None else self._consumer_used
+
+    def _consumer_used(self) -> int:
+        return self.consumer.used
 
     @property
     def used(self) -> int:
@@ -167,10 +176,18 @@ class RunSet:
             path, codec, compression=self.compression, spill_dirs=self.spill_dirs, ordered=ordered
         )
 
-    def write(self, prefix: str, codec: BatchCodec, write: Callable[[RunWriter], None]) -> str:
+    def write(
+        self,
+        prefix: str,
+        codec: BatchCodec,
+        write: Callable[[RunWriter], None],
+        committed: Callable[[], None] | None = None,
+    ) -> str:
         """Write one run with ``write(writer)`` and add it; returns its path.
 
-        On any failure the partial file is removed and the error propagates.
+        On any failure the partial file is removed and the error propagates. Adding the run
+        and ``committed()`` (the engine forgets the rows it wrote) happen together, with
+        Ctrl-C held back: an interrupt never leaves the rows both in a run and in memory.
         """
         writer = self.new_writer(prefix, codec)
         try:
@@ -179,9 +196,12 @@ class RunSet:
         except BaseException:
             writer.abort()
             raise
-        self.count(info)
-        self.metrics.num_spill_files += 1
-        self.paths.append(writer.path)
+        with deferred_interrupts():
+            self.count(info)
+            self.metrics.num_spill_files += 1
+            self.paths.append(writer.path)
+            if committed is not None:
+                committed()
         return writer.path
 
     def write_merged(
@@ -273,6 +293,9 @@ class Spillable(MemoryConsumer, ABC):
         #: bytes held for the collection (Spark's ``myMemoryThreshold``), default policy only
         self.threshold = 0
         self.initial_threshold = 0
+        #: the error that stopped this engine taking input (a failed spill), if any
+        self.failure: BaseException | None = None
+        self._created_at = _caller_outside_extagg()
 
     def share_spill_dirs(self, runs: RunSet) -> None:
         """Write runs into the spill dirs of ``runs`` (another Spillable's, e.g. a parent's,
@@ -294,7 +317,11 @@ class Spillable(MemoryConsumer, ABC):
         if self.collection_is_empty():
             self.elements_read = 0
             return False
-        self.spill_collection(current, reason)
+        try:
+            self.spill_collection(current, reason)
+        except (SpillError, MemoryLimitError) as err:
+            self.fail(err)
+            raise
         self.elements_read = 0
         self.release_after_spill()
         return True
@@ -367,10 +394,34 @@ class Spillable(MemoryConsumer, ABC):
         )
 
     # ------------------------------------------------------------------ reading
+    def fail(self, error: BaseException) -> None:
+        """Stop taking input because of ``error`` (a spill that failed: folding on would grow
+        past the grant). Reading what was folded and :meth:`close` still work."""
+        if self.failure is None:
+            self.failure = error
+            log.warning("%s stops taking input after: %s", self.name, error)
+
     def check_open(self, action: str) -> None:
-        """Raise :class:`~extagg.errors.UsageError` unless records may still be folded."""
+        """Raise :class:`~extagg.errors.UsageError` unless records may still be folded, or
+        the error of :meth:`fail` again (same type) if the engine stopped taking input."""
         if self.phase != OPEN:
             raise UsageError(action)
+        failure = self.failure
+        if failure is not None:
+            message = (
+                f"{self.name} takes no more input after an earlier {type(failure).__name__}: "
+                f"{failure} (what was folded before it can still be read; close() it)"
+            )
+            again: BaseException
+            if isinstance(failure, SpillError):
+                again = SpillError(
+                    message, directory=failure.directory, bytes_needed=failure.bytes_needed
+                )
+            elif isinstance(failure, MemoryLimitError):
+                again = MemoryLimitError(message)
+            else:
+                again = UsageError(message)
+            raise again from failure
 
     def begin_reading(self, message: str) -> None:
         """Enter the reading phase (once): raise :class:`~extagg.errors.UsageError` with
@@ -451,6 +502,38 @@ class Spillable(MemoryConsumer, ABC):
 
     def __del__(self) -> None:
         try:
+            if self.phase == CLOSED:
+                return
+            held = self.used
+            files = list(self.runs.paths) if self._owns_spill_dirs else []
+            size = 0
+            for path in files:
+                try:
+                    size += os.path.getsize(path)
+                except OSError:
+                    pass
             self.close()
+            if held or files:
+                log.warning(
+                    "%s was dropped without close(): released %s of memory grant and %d run "
+                    "file%s (%s) in %s; created at %s",
+                    self.name,
+                    format_size(held),
+                    len(files),
+                    "" if len(files) == 1 else "s",
+                    format_size(size),
+                    ", ".join(sorted({os.path.dirname(p) for p in files})) or "no spill dir",
+                    self._created_at,
+                )
         except Exception:  # pragma: no cover - interpreter shutdown
             pass
+
+
+def _caller_outside_extagg() -> str:
+    """``file:line`` of the first frame outside extagg that leads here (cheap: a few frames)."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("extagg."):
+        frame = frame.f_back
+    if frame is None:
+        return "unknown"
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"

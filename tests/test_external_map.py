@@ -305,7 +305,7 @@ def test_unserialisable_value_raises_spill_error_and_map_stays_usable(spill_dir)
     emap.close()
 
 
-def test_disk_full_raises_names_directory_and_map_stays_usable(spill_dir, monkeypatch):
+def test_disk_full_raises_names_directory_and_map_stops_taking_input(spill_dir, monkeypatch):
     import extagg.spill.runfile as runfile
 
     from .spill.test_runfile import FullDisk
@@ -317,9 +317,15 @@ def test_disk_full_raises_names_directory_and_map_stays_usable(spill_dir, monkey
         emap.insert_all((i, 1) for i in range(100, 200))
     assert str(spill_dir) in str(err.value) and err.value.bytes_needed > 0
     assert files_under(spill_dir) == []
-    monkeypatch.undo()  # space is back: a later spill succeeds and nothing consumed was lost
-    emap.insert_all((i, 1) for i in range(300))
-    assert dict(emap.iterator()) == {i: (2 if i < 200 else 1) for i in range(300)}
+    monkeypatch.undo()  # space is back, but the map folded nothing past its grant: it says so
+    with pytest.raises(
+        SpillError, match="takes no more input after an earlier SpillError"
+    ) as again:
+        emap.insert(300, 1)
+    assert again.value.__cause__ is err.value
+    # exactly the records counted were folded (the chunk of the failed spill was not)
+    assert emap.metrics.records_read == 100
+    assert dict(emap.iterator()) == {i: 1 for i in range(100)}
     assert files_under(spill_dir) == []
 
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from extagg.collection import _kernels
 from extagg.collection._kernels import NEW
+from extagg.errors import BadKeyError
 
 __all__ = ["UNCREATED", "BatchFoldMixin", "hash_batch", "hash_key", "int_tag"]
 
@@ -40,6 +41,28 @@ def unhashable_error(key: Any, err: TypeError) -> TypeError:
     return TypeError(
         f"unhashable key of type {type(key).__name__}: AppendOnlyMap keys must be hashable ({err})"
     )
+
+
+def key_error(index: int, key: Any, err: BaseException, doing: str = "hashing it") -> BadKeyError:
+    """The :class:`~extagg.errors.BadKeyError` of record ``index`` whose key failed."""
+    kind = type(key).__name__
+    if doing == "hashing it" and isinstance(err, TypeError):
+        reason = f"unhashable key of type {kind}: AppendOnlyMap keys must be hashable ({err})"
+    else:
+        reason = f"key of type {kind}: {doing} raised {type(err).__name__}: {err}"
+    failure = BadKeyError(index, key, reason)
+    failure.__cause__ = err
+    return failure
+
+
+def first_hash_failure(keys: Sequence[Any]) -> tuple[int, BaseException] | None:
+    """The first key whose ``hash()`` raises, with its exception (``None`` if all hash)."""
+    for i, key in enumerate(keys):
+        try:
+            hash(key)
+        except Exception as err:
+            return i, err
+    return None
 
 
 def hash_key(key: Any) -> int:
@@ -78,28 +101,36 @@ def hash_batch(keys: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
             return ints, tags.view(np.uint8)
     try:
         hashes = np.fromiter(map(hash, keys), dtype=np.int64, count=n)
-    except TypeError as err:
-        for key in keys:
-            try:
-                hash(key)
-            except TypeError as key_err:
-                raise unhashable_error(key, key_err) from err
-        raise
+    except Exception as err:
+        failure = first_hash_failure(keys)
+        if failure is None:
+            raise
+        index, key_err = failure
+        raise key_error(index, keys[index], key_err) from err
     return hashes, np.zeros(n, dtype=np.uint8)
 
 
-def first_mismatch(table_keys: list[Any], entries: list[int], keys: Sequence[Any]) -> int:
-    """Index of the first record whose entry's key differs from its own (``len`` if none)."""
+def first_mismatch(
+    table_keys: list[Any], entries: list[int], keys: Sequence[Any]
+) -> tuple[int, BaseException | None]:
+    """Index of the first record whose entry's key differs from its own (``len`` if none),
+    and the exception if comparing them raised (a key's ``__eq__``)."""
     if len(entries) > 1:
         stored = operator.itemgetter(*entries)(table_keys)
     else:
         stored = (table_keys[entries[0]],)
-    if stored == tuple(keys):  # element-wise identity-or-== in C
-        return len(entries)
+    try:
+        if stored == tuple(keys):  # element-wise identity-or-== in C
+            return len(entries), None
+    except Exception:
+        pass
     for i, (a, b) in enumerate(zip(stored, keys)):
-        if not (a is b or a == b):
-            return i
-    return len(entries)
+        try:
+            if not (a is b or a == b):
+                return i, None
+        except Exception as err:
+            return i, err
+    return len(entries), None
 
 
 class BatchFoldMixin:
@@ -114,6 +145,7 @@ class BatchFoldMixin:
     _grow_threshold: int
     _shift: int
     _mask: int
+    _folded: int
 
     def fold(
         self,
@@ -125,20 +157,31 @@ class BatchFoldMixin:
         """Fold records ``(keys[i], values[i])`` in order into the map (Spark's combineByKey).
 
         A new key gets ``create_combiner(value)``, a present one ``merge_value(old, value)``:
-        exactly these calls, in record order. If a combiner raises, the records before it stay
-        folded and the map stays consistent. Pass lists (or tuples) for speed.
+        exactly these calls, in record order. If a combiner raises, or a key cannot be hashed or
+        compared (:class:`~extagg.errors.BadKeyError`, naming the record), the records before it
+        stay folded, it and the ones after it are not, and the map stays consistent;
+        :attr:`last_fold_count` says how many were folded. Pass lists (or tuples) for speed.
         """
         self._check_valid()
+        self._folded = 0
         n = len(keys)
         if len(values) != n:
             raise ValueError(f"fold needs one value per key: got {n} keys, {len(values)} values")
         if n == 0:
             return
-        hashes, tags = hash_batch(keys)
+        try:
+            hashes, tags = hash_batch(keys)
+        except BadKeyError as failure:
+            if failure.index:  # fold the records before the bad key, then report it
+                self.fold(keys[: failure.index], values[: failure.index], create_combiner,
+                          merge_value)  # fmt: skip
+            self._folded = failure.index
+            raise
         entries = np.empty(n, dtype=np.int64)
         status = np.empty(n, dtype=np.uint8)
         start = 0
         while start < n:
+            self._folded = start
             size_before = self._size
             stop, self._size, unconfirmed = _kernels.probe_batch(
                 self._table,
@@ -172,6 +215,13 @@ class BatchFoldMixin:
             except BaseException:  # a combiner, a key's __eq__, or an interrupt
                 self._drop_uncreated(size_before)
                 raise
+        self._folded = n
+
+    @property
+    def last_fold_count(self) -> int:
+        """Records of the last :meth:`fold` call that were folded (all of them unless it
+        raised; then exactly those before the failing record)."""
+        return self._folded
 
     def _drop_uncreated(self, size_before: int) -> None:
         """Drop the entries the kernel added whose key or combiner is missing.
@@ -218,31 +268,43 @@ class BatchFoldMixin:
             table_keys.extend([chunk_keys[i] for i in new_positions])
             table_values.extend([UNCREATED] * added)
         end = count
+        eq_error: BaseException | None = None
         if unconfirmed:
-            end = first_mismatch(table_keys, chunk_entries, chunk_keys)
+            end, eq_error = first_mismatch(table_keys, chunk_entries, chunk_keys)
             if end < count:
                 self._truncate(size_before + bisect.bisect_left(new_positions, end))
-        chunk_values = values[start : start + end]
+        chunk_values = iter(values[start : start + end])
         if end > 1:  # gather in C first: the loop then finds the entries in cache
             operator.itemgetter(*(chunk_entries if end == count else chunk_entries[:end]))(
                 table_values
             )
-        if added:
-            is_new = NEW
-            for e, st, v in zip(chunk_entries, chunk_status.tolist(), chunk_values):
-                if st == is_new:
-                    table_values[e] = create_combiner(v)
-                else:
+        try:
+            if added:
+                is_new = NEW
+                for e, st, v in zip(chunk_entries, chunk_status.tolist(), chunk_values):
+                    if st == is_new:
+                        table_values[e] = create_combiner(v)
+                    else:
+                        table_values[e] = merge_value(table_values[e], v)
+            else:
+                for e, v in zip(chunk_entries, chunk_values):
                     table_values[e] = merge_value(table_values[e], v)
-        else:
-            for e, v in zip(chunk_entries, chunk_values):
-                table_values[e] = merge_value(table_values[e], v)
+        except BaseException:
+            # the failing record was taken from the iterator: the ones before it are folded
+            self._folded = start + end - operator.length_hint(chunk_values) - 1
+            raise
         self._after_updates(end)
         if end == count:
             return start + count
         record = start + end
+        self._folded = record
         key, value, h = keys[record], values[record], int(hashes[record])
-        entry = self._locate(key, h)
+        if eq_error is not None:
+            raise key_error(record, key, eq_error, "comparing it with an equal-hash key")
+        try:
+            entry = self._locate(key, h)
+        except Exception as err:
+            raise key_error(record, key, err, "comparing it with an equal-hash key") from err
         if entry >= 0:
             table_values[entry] = merge_value(table_values[entry], value)
         else:

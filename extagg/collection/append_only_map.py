@@ -77,6 +77,7 @@ class AppendOnlyMap(BatchFoldMixin):
     __slots__ = (
         "_capacity",
         "_destroyed",
+        "_folded",
         "_grow_threshold",
         "_hashes",
         "_keys",
@@ -104,6 +105,7 @@ class AppendOnlyMap(BatchFoldMixin):
                 f"(must be between 1 and {limit})"
             )
         self._destroyed = False
+        self._folded = 0
         self._size = 0
         self._keys: list[Any] = []
         self._values: list[Any] = []

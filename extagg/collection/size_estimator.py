@@ -19,12 +19,14 @@ import sys
 import types
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 __all__ = [
     "DEFAULT_SAMPLE_SIZE",
+    "EntriesEstimate",
+    "estimate_entries",
     "allocated_size",
     "estimate_size",
     "estimate_entries_size",
@@ -145,20 +147,51 @@ def estimate_size(obj: Any) -> int:
     return _deep_size_all([obj], set())
 
 
-def estimate_entries_size(
+class EntriesEstimate(NamedTuple):
+    """What :func:`estimate_entries` found: the estimated bytes of all entries, and the
+    largest entry it measured (its bytes and position; ``-1`` for an empty table)."""
+
+    total: int
+    largest: int
+    largest_index: int
+
+
+def estimate_entries(
     keys: Sequence[Any], values: Sequence[Any], sample_size: int = DEFAULT_SAMPLE_SIZE
-) -> int:
+) -> EntriesEstimate:
     """Deep size of the entries ``(keys[i], values[i])`` of a dense table, without the lists.
 
-    With at most ``sample_size`` entries every entry is measured; otherwise ``len(keys)`` times
-    the mean deep size of ``sample_size`` evenly spaced entries (objects shared by sampled
-    entries counted once), so the cost is O(sample), not O(entries).
+    With at most ``sample_size`` entries every entry is measured; otherwise ``sample_size``
+    evenly spaced entries are, and their mean is scaled to ``len(keys)`` entries (objects
+    shared by sampled entries counted once), so the cost is O(sample), not O(entries). One
+    sampled entry larger than all the others together is an outlier, not a sample of many
+    like it: it is counted once and only the rest is scaled (a single 200 MB value among
+    small ones would otherwise count ``len / sample_size`` times).
     """
     n = len(keys)
     if n == 0:
-        return 0
+        return EntriesEstimate(0, 0, -1)
+    picks = range(n) if n <= sample_size else [(j * n) // sample_size for j in range(sample_size)]
+    seen: set[int] = set()
+    total = largest = 0
+    largest_at = -1
+    for i in picks:
+        size = _deep_size_all([keys[i], values[i]], seen)
+        total += size
+        if size > largest:
+            largest, largest_at = size, i
     if n <= sample_size:
-        return _deep_size_all([*keys, *values], set())
-    picks = [(j * n) // sample_size for j in range(sample_size)]
-    sample = [keys[i] for i in picks] + [values[i] for i in picks]
-    return int(_deep_size_all(sample, set()) * n / sample_size)
+        return EntriesEstimate(total, largest, largest_at)
+    rest = total - largest
+    if largest > rest:
+        scaled = largest + rest * (n - 1) / (sample_size - 1)
+    else:
+        scaled = total * n / sample_size
+    return EntriesEstimate(int(scaled), largest, largest_at)
+
+
+def estimate_entries_size(
+    keys: Sequence[Any], values: Sequence[Any], sample_size: int = DEFAULT_SAMPLE_SIZE
+) -> int:
+    """:func:`estimate_entries`' total: the estimated bytes of a dense table's entries."""
+    return estimate_entries(keys, values, sample_size).total

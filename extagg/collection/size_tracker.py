@@ -17,7 +17,7 @@ from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
 from extagg.collection.append_only_map import DEFAULT_CAPACITY, AppendOnlyMap
-from extagg.collection.size_estimator import estimate_entries_size
+from extagg.collection.size_estimator import estimate_entries
 
 __all__ = ["SAMPLE_GROWTH_RATE", "Sample", "SizeTracker", "SizeTrackingAppendOnlyMap"]
 
@@ -115,10 +115,11 @@ class SizeTrackingAppendOnlyMap(AppendOnlyMap):
     :func:`~extagg.collection.size_estimator.estimate_entries_size`).
     """
 
-    __slots__ = ("_tracker",)
+    __slots__ = ("_largest", "_tracker")
 
     def __init__(self, initial_capacity: int = DEFAULT_CAPACITY) -> None:
         super().__init__(initial_capacity)
+        self._largest: tuple[int, Any] = (0, None)
         self._tracker = SizeTracker(self._measure_size)
 
     def _measure_size(self) -> int:
@@ -130,7 +131,15 @@ class SizeTrackingAppendOnlyMap(AppendOnlyMap):
             + getsizeof(self._keys)
             + getsizeof(self._values)
         )
-        return table + estimate_entries_size(self._keys, self._values)
+        entries = estimate_entries(self._keys, self._values)
+        if entries.largest_index >= 0:
+            self._largest = (entries.largest, self._keys[entries.largest_index])
+        return table + entries.total
+
+    @property
+    def largest_entry(self) -> tuple[int, Any]:
+        """``(bytes, key)`` of the largest entry (key and value) the last sample measured."""
+        return self._largest
 
     def update(self, key: Hashable, value: Any) -> None:
         super().update(key, value)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from itertools import chain, islice
 from typing import Any
 
@@ -28,9 +28,12 @@ from extagg._config import (
     env_int,
     format_size,
 )
+from extagg._interrupts import deferred_interrupts
 from extagg.collection import SizeTrackingAppendOnlyMap
 from extagg.collection.append_only_map import SORT_BYTES_PER_ENTRY
+from extagg.errors import BadKeyError, MemoryLimitError
 from extagg.generic.aggregator import Aggregator
+from extagg.generic.keys import canonical_keys
 from extagg.generic.memory_rows import SpillableMemorySource, UnsortedMemoryRows
 from extagg.generic.merge_phase import OBJECT_EXPANSION, merged_pairs
 from extagg.memory import MemoryConsumer, TaskMemoryManager, UnifiedMemoryManager
@@ -102,6 +105,8 @@ class ExternalAppendOnlyMap(Spillable):
         self._map: SizeTrackingAppendOnlyMap | None = SizeTrackingAppendOnlyMap()
         self._row_bytes = 64  # in-memory bytes of one row, as last measured
         self._reading: SpillableMemorySource | UnsortedMemoryRows | None = None
+        #: the rows of a spill not yet committed (put back into the map if it fails)
+        self._unspilled: tuple[list[Any], list[Any]] | None = None
         every = self.force_spill_every
         self._chunk = CHUNK if every is None else min(CHUNK, every)
 
@@ -113,54 +118,108 @@ class ExternalAppendOnlyMap(Spillable):
     def insert_all(self, pairs: Iterable[tuple[Hashable, Any]]) -> None:
         """Fold every ``(key, value)`` pair of ``pairs`` (any iterable, consumed lazily).
 
-        If a spill fails (``SpillError``: disk full, spill cap, a combiner that cannot be
-        pickled), every record taken from ``pairs`` so far is in the map and the map stays
-        usable: continue with the rest of the records, do not insert those again.
+        Nothing is lost and nothing is half-applied: whatever ends the call (a key that cannot
+        be grouped — :class:`~extagg.errors.BadKeyError` naming its record index —, a combiner
+        that raises, a failed spill, Ctrl-C), the records folded are exactly the first ones of
+        ``pairs``, and ``metrics.records_read`` grew by their number; the rest were not folded
+        (some may have been taken from the iterable). Records are folded in chunks; Ctrl-C
+        during a chunk is held back until the chunk is folded. After a ``SpillError`` (disk
+        full, spill cap, a combiner that cannot be pickled) the map takes no more input (it
+        would grow past its grant): it raises again at once; what was folded can still be read.
         """
         self.check_open(INSERT_AFTER_ITERATOR)
         aggregator = self.aggregator
         create, merge = aggregator.create_combiner, aggregator.merge_value
         it = iter(pairs)
         chunk_size = self._chunk
+        offset = 0  # records of ``pairs`` folded so far
         while True:
             chunk = list(islice(it, chunk_size))
             if not chunk:
                 return
+            failure: BaseException | None = None
             try:
                 keys, values = zip(*chunk)
             except (TypeError, ValueError):
-                raise TypeError(_bad_pairs_message(chunk)) from None
-            with self.lock:
-                self.check_open(INSERT_AFTER_ITERATOR)
+                bad = _first_bad_pair(chunk)
+                failure = TypeError(_bad_pairs_message(chunk[bad], offset + bad))
+                chunk = chunk[:bad]
+                keys, values = zip(*chunk) if chunk else ((), ())
+            key_list = list(keys)
+            try:
+                canonical_keys(key_list, offset)
+            except BadKeyError as err:
+                failure = err
+                del key_list[err.index - offset :]
+                values = values[: len(key_list)]
+            if key_list:
+                self._fold_chunk(key_list, values, create, merge, offset)
+            if failure is not None:
+                raise failure
+            offset += len(key_list)
+
+    def _fold_chunk(
+        self,
+        keys: list[Any],
+        values: Sequence[Any],
+        create: Callable[[Any], Any],
+        merge: Callable[[Any, Any], Any],
+        offset: int,
+    ) -> None:
+        """Fold one chunk (after a spill if the map has outgrown its grant), all or — on an
+        error — exactly the records before the failing one; Ctrl-C waits for the end."""
+        with self.lock:
+            self.check_open(INSERT_AFTER_ITERATOR)
+            self._restore_unspilled()
+            current = self._map
+            assert current is not None
+            estimate = current.estimate_size()
+            if estimate > self.metrics.peak_memory_bytes:
+                self.metrics.peak_memory_bytes = estimate
+            # a spill sorts the map first: its working memory is part of what we hold
+            estimate += SORT_BYTES_PER_ENTRY * (len(current) + len(keys))
+            if len(current) + len(keys) > current.grow_threshold:
+                # this chunk may double the table: ask for the new arrays before they exist
+                estimate += current.growth_bytes()
+            if self.maybe_spill(estimate):
                 current = self._map
                 assert current is not None
-                estimate = current.estimate_size()
-                if estimate > self.metrics.peak_memory_bytes:
-                    self.metrics.peak_memory_bytes = estimate
-                # a spill sorts the map first: its working memory is part of what we hold
-                estimate += SORT_BYTES_PER_ENTRY * (len(current) + len(keys))
-                if len(current) + len(keys) > current.grow_threshold:
-                    # this chunk may double the table: ask for the new arrays before they exist
-                    estimate += current.growth_bytes()
+            with deferred_interrupts():
                 try:
-                    if self.maybe_spill(estimate):
-                        current = self._map
-                except BaseException:
-                    # the spill failed and the map was rebuilt: keep the records already taken
-                    # from the iterable, so everything consumed so far is in the map
-                    assert self._map is not None
-                    self._map.fold(keys, values, create, merge)
-                    self.elements_read += len(keys)
-                    self.metrics.records_read += len(keys)
+                    current.fold(keys, values, create, merge)
+                except BadKeyError as err:
+                    err.index += offset
                     raise
-                assert current is not None
-                current.fold(keys, values, create, merge)
-                self.elements_read += len(keys)
-                self.metrics.records_read += len(keys)
+                except BaseException as err:
+                    at = offset + current.last_fold_count
+                    err.add_note(
+                        f"raised while folding record {at} of the input into {self.name}; "
+                        f"the {at} records before it are folded, it and the rest are not"
+                    )
+                    raise
+                finally:
+                    done = current.last_fold_count
+                    self.elements_read += done
+                    self.metrics.records_read += done
+            self._check_largest_entry(current)
+
+    def _check_largest_entry(self, current: SizeTrackingAppendOnlyMap) -> None:
+        """A record larger than the whole budget can never be spilled and merged: say so now
+        (and take no more input), not at the merge after reading everything."""
+        size, key = current.largest_entry
+        if size > self.budget.max_memory:
+            error = MemoryLimitError(
+                f"{self.name}: the record of key {key!r:.60} holds {format_size(size)} "
+                f"(key and combiner, estimated), more than the whole budget of "
+                f"{format_size(self.budget.max_memory)}; it was folded, but could never be "
+                "merged after a spill: give the map more memory"
+            )
+            self.fail(error)
+            raise error
 
     # ------------------------------------------------------------------ Spillable hooks
     def collection_is_empty(self) -> bool:
-        return not self._map
+        return not self._map and self._unspilled is None
 
     def spill_collection(self, size: int, reason: str) -> None:
         """Sort the current map by key hash and write it as a run; on failure keep it."""
@@ -174,7 +233,7 @@ class ExternalAppendOnlyMap(Spillable):
         if self._reading is not None:
             if not self._reading.spill_rest(trigger):
                 return 0
-        elif self._map:
+        elif self._restore_unspilled() or self._map:
             estimate = self._map.estimate_size()
             self.log_spill("in-memory map", estimate, _forced_by(trigger))
             self._spill_current_map(estimate)
@@ -189,6 +248,7 @@ class ExternalAppendOnlyMap(Spillable):
 
     def release_collection(self) -> None:
         self._map = None
+        self._unspilled = None
         if self._reading is not None:
             self._reading.close()
 
@@ -208,20 +268,41 @@ class ExternalAppendOnlyMap(Spillable):
         self.release_down_to(0)
 
     def _spill_current_map(self, estimate: int) -> None:
-        """Sort the current map by key hash and write it as a run; on failure keep it."""
+        """Sort the current map by key hash and write it as a run; on failure keep it.
+
+        The sorted rows stay referenced by the map (``_unspilled``) until the run is
+        committed, so an interrupt at any point loses nothing: a failed write puts them back
+        at once, and if a second interrupt stops that, the next call puts them back."""
         assert self._map is not None
         started = time.perf_counter()
-        hashes, order, keys, values = self._map.destructive_sort_order()
-        self._map = SizeTrackingAppendOnlyMap()
+        with deferred_interrupts():
+            hashes, order, keys, values = self._map.destructive_sort_order()
+            self._map = SizeTrackingAppendOnlyMap()
+            self._unspilled = (keys, values)
         try:
-            self._write_run(PermutedObjectBlock(hashes, order, keys, values))
+            self._write_run(
+                PermutedObjectBlock(hashes, order, keys, values), self._forget_unspilled
+            )
         except BaseException:
             del hashes, order
-            self._map = _rebuild_map(keys, values)
+            self._restore_unspilled()
             raise
         finally:
             self.metrics.spill_time_s += time.perf_counter() - started
         log.debug("spilled %d keys (%s estimated)", len(keys), format_size(estimate))
+
+    def _forget_unspilled(self) -> None:
+        self._unspilled = None
+
+    def _restore_unspilled(self) -> None:
+        """Put the rows of a spill that did not complete back into the map."""
+        pending = self._unspilled
+        if pending is None or self._map is None:
+            return
+        with deferred_interrupts():
+            keys, values = pending
+            self._map.fold(keys, values, _identity, self.aggregator.merge_combiners)
+            self._unspilled = None
 
     def _batch_rows(self, block: ObjectBlock | PermutedObjectBlock | None = None) -> int:
         """Rows per run batch: ``batch_size``, fewer when rows are big, so that the merge can
@@ -232,9 +313,15 @@ class ExternalAppendOnlyMap(Spillable):
         target = max(64 * 1024, self.budget.max_memory // (4 * self.fan_in))
         return max(16, min(self.batch_size, target // self._row_bytes))
 
-    def _write_run(self, block: ObjectBlock | PermutedObjectBlock) -> str:
+    def _write_run(
+        self,
+        block: ObjectBlock | PermutedObjectBlock,
+        committed: Callable[[], None] | None = None,
+    ) -> str:
         rows = self._batch_rows(block)
-        return self.runs.write("map", OBJECT_CODEC, lambda writer: writer.write_sorted(block, rows))
+        return self.runs.write(
+            "map", OBJECT_CODEC, lambda writer: writer.write_sorted(block, rows), committed
+        )
 
     # ------------------------------------------------------------------ iterating
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
@@ -247,8 +334,20 @@ class ExternalAppendOnlyMap(Spillable):
         (the merge order). When nothing spilled they come in insertion order — also
         deterministic, and free — unless ``ordered=True`` asks for key-hash order always (what
         :meth:`extagg.state.StateStoreProvider.merge_update` needs).
+
+        Ctrl-C while the iteration is being set up closes the map (it never leaves a map
+        destroyed by its sort but still in use).
         """
+        try:
+            with deferred_interrupts():
+                return self._start_iteration(ordered)
+        except KeyboardInterrupt:
+            self.close()
+            raise
+
+    def _start_iteration(self, ordered: bool) -> Iterator[tuple[Any, Any]]:
         with self.lock:
+            self._restore_unspilled()
             self.begin_reading(ITERATOR_TWICE)
             current = self._map
             assert current is not None
@@ -340,28 +439,26 @@ class ExternalAppendOnlyMap(Spillable):
         )
 
 
-def _rebuild_map(keys: list[Any], values: list[Any]) -> SizeTrackingAppendOnlyMap:
-    """Put the rows of a failed spill back into a fresh map, so the map stays usable."""
-    rebuilt = SizeTrackingAppendOnlyMap()
-    for key, value in zip(keys, values):
-        rebuilt.update(key, value)
-    return rebuilt
+def _identity(combiner: Any) -> Any:
+    return combiner
 
 
 def _forced_by(trigger: Any) -> str:
     return f"forced by {getattr(trigger, 'name', trigger)}"
 
 
-def _bad_pairs_message(chunk: list[Any]) -> str:
-    for item in chunk:
-        if not isinstance(item, tuple) or len(item) != 2:
-            try:
-                if len(item) == 2:
-                    continue
-            except TypeError:
-                pass
-            return (
-                "insert_all expects (key, value) pairs; got an item of type "
-                f"{type(item).__name__}: {item!r:.80}"
-            )
-    return "insert_all expects (key, value) pairs"
+def _first_bad_pair(chunk: list[Any]) -> int:
+    """Index of the first item that does not unpack as a ``(key, value)`` pair."""
+    for i, item in enumerate(chunk):
+        try:
+            _key, _value = item
+        except (TypeError, ValueError):
+            return i
+    return len(chunk)
+
+
+def _bad_pairs_message(item: Any, index: int) -> str:
+    return (
+        f"insert_all expects (key, value) pairs; record {index} is an item of type "
+        f"{type(item).__name__}: {item!r:.80} (the records before it were folded)"
+    )

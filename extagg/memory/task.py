@@ -116,7 +116,9 @@ class TaskMemoryManager:
         self._task_id = threading.get_ident() if task_id is None else task_id
         self._acquire_lock = threading.RLock()  # serialises acquisitions and spills
         self._state_lock = threading.Lock()  # guards the consumer registry only
-        self._consumers: dict[int, MemoryConsumer] = {}  # registration order
+        # registration order; weak, so that a consumer dropped without close() is freed (and
+        # its finaliser releases its memory) at once, not when the cyclic GC finds it
+        self._consumers: dict[int, weakref.ref[MemoryConsumer]] = {}
         self._spill_depth = 0  # > 0 while this task's lock owner runs a spill()
         self._held = _HeldBytes()
         finaliser = weakref.finalize(
@@ -139,7 +141,7 @@ class TaskMemoryManager:
     def consumers(self) -> list[MemoryConsumer]:
         """The registered consumers (those that acquired memory and are not closed)."""
         with self._state_lock:
-            return list(self._consumers.values())
+            return [c for ref in self._consumers.values() if (c := ref()) is not None]
 
     @property
     def memory_used(self) -> int:
@@ -167,7 +169,9 @@ class TaskMemoryManager:
                 got = self._spill_until_granted(required, got, consumer)
             self._held.add(got)
             with self._state_lock:
-                self._consumers.setdefault(id(consumer), consumer)
+                ref = self._consumers.get(id(consumer))
+                if ref is None or ref() is not consumer:
+                    self._consumers[id(consumer)] = weakref.ref(consumer)
             return got
 
     def release_execution_memory(self, size: int, consumer: MemoryConsumer) -> None:
@@ -187,8 +191,8 @@ class TaskMemoryManager:
         same_task = [t for t in task_managers(self._mm) if t.task_id == self._task_id]
         consumers: list[MemoryConsumer] = []
         for tmm in {id(t): t for t in [self, *same_task]}.values():
+            consumers.extend(tmm.consumers)
             with tmm._state_lock:
-                consumers.extend(tmm._consumers.values())
                 tmm._consumers.clear()
             with tmm._held.lock:
                 tmm._held.value = 0

@@ -15,7 +15,7 @@ import numpy as np
 
 from extagg.spill.blocks import ObjectBlock
 
-__all__ = ["combine_object_pieces"]
+__all__ = ["combine_object_pieces", "same_key"]
 
 MergeCombiners = Callable[[Any, Any], Any]
 
@@ -49,7 +49,7 @@ def combine_object_pieces(
         ka = keys[s]
         if e - s == 2:  # the common case: one key in two sources
             kb = keys[s + 1]
-            if kb is ka or kb == ka:
+            if kb is ka or kb == ka or same_key(ka, kb):
                 values[s] = merge_combiners(values[s], values[s + 1])
                 drop(s + 1)
         elif keys[s:e].count(ka) == e - s:  # one key in several sources
@@ -83,8 +83,19 @@ def _combine_colliding(
         alive = []
         for b in rest:
             kb = keys[b]
-            if kb is ka or kb == ka:
+            if kb is ka or kb == ka or same_key(ka, kb):
                 values[a] = merge_combiners(values[a], values[b])
                 dropped.append(b)
             else:
                 alive.append(b)
+
+
+def same_key(a: Any, b: Any) -> bool:
+    """Whether two keys found unequal by ``==`` are one group anyway: both float NaN, or
+    tuples equal element-wise with NaN equal to NaN (the generic engine makes every NaN key
+    one group, :mod:`extagg.generic.keys`; unpickled copies of its NaN are new objects)."""
+    if isinstance(a, float):
+        return isinstance(b, float) and a != a and b != b
+    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
+        return all(x is y or x == y or same_key(x, y) for x, y in zip(a, b))
+    return False

@@ -8,6 +8,7 @@ import weakref
 
 import pytest
 
+from extagg import BadKeyError
 from extagg.collection import AppendOnlyMap
 from extagg.collection.append_only_map import (
     DESTROYED_MESSAGE,
@@ -359,12 +360,14 @@ class _EqFails(FixedHashObject):
     __hash__ = FixedHashObject.__hash__
 
 
-def test_fold_key_comparison_failure_leaves_the_map_unchanged():
+def test_fold_key_comparison_failure_keeps_the_records_before_it():
     m = AppendOnlyMap()
     m.update(_EqFails(1, 5), "stored")
-    with pytest.raises(ArithmeticError):
-        m.fold(["new", 7, _EqFails(2, 5)], [1, 2, 3], sum_create, sum_merge)
-    assert len(m) == 1
+    with pytest.raises(BadKeyError, match="record 2: key of type _EqFails") as err:
+        m.fold(["new", 7, _EqFails(2, 5), "after"], [1, 2, 3, 4], sum_create, sum_merge)
+    assert err.value.index == 2 and isinstance(err.value.__cause__, ArithmeticError)
+    assert m.last_fold_count == 2
+    assert len(m) == 3 and m.get("new") == 1 and m.get(7) == 2 and "after" not in m
     m.check_invariants()
 
 
@@ -384,7 +387,21 @@ def test_unhashable_keys_name_their_type_everywhere():
         m.change_value(bytearray(b"x"), lambda had, old: 1)
     with pytest.raises(TypeError, match="unhashable key of type list"):
         [1] in m  # noqa: B015
-    assert dict(m.items()) == {"a": 1}  # the batch is hashed before anything is folded
+    assert dict(m.items()) == {"a": 1, "b": 1}  # the records before the bad key are folded
+
+
+def test_a_key_whose_hash_raises_keeps_the_records_before_it():
+    class HashFails:
+        def __hash__(self) -> int:
+            raise ValueError("no hash today")
+
+    m = AppendOnlyMap()
+    keys = [*range(500), HashFails(), *range(500, 1000)]
+    with pytest.raises(BadKeyError, match=r"record 500:.*ValueError: no hash today") as err:
+        m.fold(keys, [1] * len(keys), sum_create, sum_merge)
+    assert isinstance(err.value, TypeError) and isinstance(err.value.__cause__, ValueError)
+    assert m.last_fold_count == 500 and dict(m.items()) == {k: 1 for k in range(500)}
+    m.check_invariants()
 
 
 # -- iteration and destructive sort ---------------------------------------------------------------
