@@ -9,6 +9,13 @@ Every ``_kernels``-style module compiles its functions with :func:`jit`:
   bit for bit and keep IEEE NaN/inf semantics, which fast-math reassociation would break;
 * ``boundscheck`` left to numba's ``NUMBA_BOUNDSCHECK`` environment variable (off by default,
   for speed): set ``NUMBA_BOUNDSCHECK=1`` to debug a kernel with checked indexing.
+
+numba fills global registries (boxing, lowering) the first time it is imported and the first
+time its CPU target is used; Ctrl-C in the middle leaves them half-filled, and every later
+compile in the process fails (``KeyError: duplicate registration for UnicodeType``). So this
+module imports numba and initialises its CPU target once, with Ctrl-C held back until done
+(:class:`extagg._interrupts.deferred_interrupts`): an interrupt then arrives after the load,
+and the next call simply works.
 """
 
 from __future__ import annotations
@@ -16,7 +23,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import numba
+from extagg._interrupts import deferred_interrupts
+
+with deferred_interrupts():
+    import numba
+    from numba.core.registry import cpu_target
+
+    cpu_target.target_context.refresh()  # numba's lowering registries, loaded exactly once
 
 __all__ = ["CACHE", "FASTMATH", "NOGIL", "jit"]
 

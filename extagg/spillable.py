@@ -189,12 +189,19 @@ class RunSet:
         and ``committed()`` (the engine forgets the rows it wrote) happen together, with
         Ctrl-C held back: an interrupt never leaves the rows both in a run and in memory.
         """
-        writer = self.new_writer(prefix, codec)
+        path = self.spill_dirs.new_path(prefix)
+        writer: RunWriter | None = None
         try:
+            writer = RunWriter(
+                path, codec, compression=self.compression, spill_dirs=self.spill_dirs
+            )
             write(writer)
             info = writer.finish()
         except BaseException:
-            writer.abort()
+            if writer is not None:
+                writer.abort()
+            else:  # the header's write was interrupted: the writer never existed
+                self.spill_dirs.remove(path)
             raise
         with deferred_interrupts():
             self.count(info)

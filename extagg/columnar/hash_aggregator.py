@@ -56,7 +56,7 @@ from extagg.columnar.partition_files import (
 from extagg.columnar.partitioning import set_aside, spill_or_partition, start_partitioning
 from extagg.columnar.runs import spill_table
 from extagg.columnar.state import TableState
-from extagg.errors import MemoryLimitError
+from extagg.errors import MemoryLimitError, SpillError
 from extagg.memory import MemoryConsumer, TaskMemoryManager, UnifiedMemoryManager
 from extagg.spill.blocks import ColumnBlock
 from extagg.spillable import OPEN, Spillable
@@ -242,22 +242,29 @@ class HashAggregator(Spillable):
 
     # ------------------------------------------------------------------ updating
     def update(self, batch: Any) -> None:
-        """Fold one batch (pyarrow RecordBatch/Table, pandas DataFrame or dict of arrays)."""
+        """Fold one batch (pyarrow RecordBatch/Table, pandas DataFrame or dict of arrays).
+
+        After a ``SpillError`` (disk full, spill cap) the aggregator takes no more input: the
+        next call raises again at once, naming the original error."""
         with self.lock:
             self.check_open(f"{self.name}: update() after results() or close()")
             st = self.table_state
             chunk = st.chunk_rows if st.layout_or_none is not None else None
-            for rb in iter_record_batches(batch, chunk):
-                if self._schema is None:
-                    if rb.num_rows == 0 and _has_null_typed(rb, self._needed):
-                        continue  # nothing to learn the types from, nothing to aggregate
-                    cols = to_columns(rb, self._needed)
-                    self._init_schema(cols)
-                else:
-                    known = {name: t for name, (_kind, t) in self._schema.items()}
-                    cols = to_columns(rb, self._needed, known)
-                    self._check_schema(cols)
-                self._update_columns(cols, rb.num_rows)
+            try:
+                for rb in iter_record_batches(batch, chunk):
+                    if self._schema is None:
+                        if rb.num_rows == 0 and _has_null_typed(rb, self._needed):
+                            continue  # nothing to learn the types from, nothing to aggregate
+                        cols = to_columns(rb, self._needed)
+                        self._init_schema(cols)
+                    else:
+                        known = {name: t for name, (_kind, t) in self._schema.items()}
+                        cols = to_columns(rb, self._needed, known)
+                        self._check_schema(cols)
+                    self._update_columns(cols, rb.num_rows)
+            except SpillError as err:
+                self.fail(err)  # folding on would grow past the grant: take no more input
+                raise
 
     def _update_columns(self, cols: dict[str, Column], n: int) -> None:
         """Fold ``n`` rows of checked input columns, chunk by chunk."""

@@ -139,7 +139,7 @@ class ExternalAppendOnlyMap(Spillable):
                 return
             failure: BaseException | None = None
             try:
-                keys, values = zip(*chunk)
+                keys, values = zip(*chunk, strict=True)
             except (TypeError, ValueError):
                 bad = _first_bad_pair(chunk)
                 failure = TypeError(_bad_pairs_message(chunk[bad], offset + bad))
