@@ -253,6 +253,9 @@ class Spillable(MemoryConsumer, ABC):
     default :meth:`should_spill`.
     """
 
+    #: dropped without close(), it deletes its files and gives back its grant (``__del__``)
+    releases_when_dropped = True
+
     def __init__(
         self,
         memory: int | str | None = None,

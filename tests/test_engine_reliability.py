@@ -275,6 +275,41 @@ def test_sigint_fuzzing_loses_nothing_and_applies_whole_chunks(spill_dir):
     assert files_under(spill_dir) == []
 
 
+def test_sigint_fuzzing_of_the_hash_aggregator_loses_nothing(spill_dir):
+    rng = np.random.default_rng(15)
+    keys = rng.integers(0, 20_000, 400_000)
+    agg = HashAggregator(
+        "k",
+        {"n": ("*", "count"), "s": ("v", "sum")},
+        memory="8m",
+        spill_dirs=[spill_dir],
+        chunk_rows=4096,
+        force_spill_rows=50_000,
+    )
+    interrupted = 0
+    with Interrupter(seed=2, low=0.001, high=0.006) as fuzz:
+        done = False
+        while not done:
+            try:
+                try:
+                    pos = agg.metrics.records_read
+                    agg.update(pa.record_batch({"k": keys[pos:], "v": keys[pos:] % 7}))
+                    done = True
+                except KeyboardInterrupt:
+                    interrupted += 1
+            except KeyboardInterrupt:
+                interrupted += 1
+    interrupted += _settle()
+    assert fuzz.count > 5 and interrupted > 5
+    assert agg.metrics.records_read == len(keys)
+    out = pa.Table.from_batches(list(agg.results())).to_pydict()
+    counts = np.bincount(keys, minlength=20_000)
+    sums = np.bincount(keys, weights=keys % 7, minlength=20_000)
+    got = dict(zip(out["k"], zip(out["n"], out["s"])))
+    assert got == {k: (int(counts[k]), int(sums[k])) for k in np.flatnonzero(counts).tolist()}
+    assert files_under(spill_dir) == []
+
+
 def test_interrupt_while_a_failed_spill_is_put_back_loses_nothing(spill_dir, monkeypatch):
     """Ctrl-C breaks a spill's write; a second Ctrl-C arrives while the rows go back."""
     import extagg.spill.runfile as runfile

@@ -35,6 +35,7 @@ from extagg._config import (
     INITIAL_MEMORY_THRESHOLD,
     format_size,
 )
+from extagg._interrupts import deferred_interrupts
 from extagg.collection import _typed_kernels as TK
 from extagg.collection.typed_table import MIN_ARENA, MIN_CAPACITY, TypedHashTable
 from extagg.columnar import functions as F
@@ -281,12 +282,16 @@ class HashAggregator(Spillable):
                 if (start == 0 and stop == n)
                 else {k: c.slice(start, stop) for k, c in cols.items()}
             )
-            self._update_chunk(part, stop - start)
+            # a chunk is folded whole (keys placed, every aggregate updated, rows counted, a
+            # spill it needs written and the table emptied) before a Ctrl-C is raised:
+            # ``metrics.records_read`` counts exactly the rows folded
+            with deferred_interrupts():
+                self._update_chunk(part, stop - start)
+                if every is not None and st.rows_since_spill >= every:
+                    if st.table is not None and st.table.num_groups:
+                        spill_table(st, f"forced every {every} rows")
+                    st.rows_since_spill = 0
             start = stop
-            if every is not None and st.rows_since_spill >= every:
-                if st.table is not None and st.table.num_groups:
-                    spill_table(st, f"forced every {every} rows")
-                st.rows_since_spill = 0
 
     def _update_chunk(self, cols: dict[str, Column], n: int) -> None:
         st = self.table_state

@@ -35,6 +35,11 @@ class MemoryConsumer:
     ``name`` defaults to the class name and a counter (``"ExternalAppendOnlyMap-3"``).
     """
 
+    #: True for a consumer whose finaliser gives its memory back (:class:`extagg.Spillable`):
+    #: its task manager then holds it weakly, so dropping it without ``close()`` frees it at
+    #: once. A plain consumer is held until it closes, so its memory can still be spilled.
+    releases_when_dropped = False
+
     def __init__(
         self, task_memory_manager: TaskMemoryManager | None = None, name: str | None = None
     ) -> None:

@@ -116,9 +116,10 @@ class TaskMemoryManager:
         self._task_id = threading.get_ident() if task_id is None else task_id
         self._acquire_lock = threading.RLock()  # serialises acquisitions and spills
         self._state_lock = threading.Lock()  # guards the consumer registry only
-        # registration order; weak, so that a consumer dropped without close() is freed (and
-        # its finaliser releases its memory) at once, not when the cyclic GC finds it
-        self._consumers: dict[int, weakref.ref[MemoryConsumer]] = {}
+        # registration order; a consumer whose finaliser releases its memory
+        # (``releases_when_dropped``) is held weakly, so that dropping it without close()
+        # frees it (files, grant) at once, not when the cyclic GC finds it
+        self._consumers: dict[int, MemoryConsumer | weakref.ref[MemoryConsumer]] = {}
         self._spill_depth = 0  # > 0 while this task's lock owner runs a spill()
         self._held = _HeldBytes()
         finaliser = weakref.finalize(
@@ -141,7 +142,7 @@ class TaskMemoryManager:
     def consumers(self) -> list[MemoryConsumer]:
         """The registered consumers (those that acquired memory and are not closed)."""
         with self._state_lock:
-            return [c for ref in self._consumers.values() if (c := ref()) is not None]
+            return [c for ref in self._consumers.values() if (c := _live(ref)) is not None]
 
     @property
     def memory_used(self) -> int:
@@ -170,8 +171,12 @@ class TaskMemoryManager:
             self._held.add(got)
             with self._state_lock:
                 ref = self._consumers.get(id(consumer))
-                if ref is None or ref() is not consumer:
-                    self._consumers[id(consumer)] = weakref.ref(consumer)
+                if ref is None or _live(ref) is not consumer:
+                    self._consumers[id(consumer)] = (
+                        weakref.ref(consumer)
+                        if getattr(consumer, "releases_when_dropped", False)
+                        else consumer
+                    )
             return got
 
     def release_execution_memory(self, size: int, consumer: MemoryConsumer) -> None:
@@ -293,6 +298,10 @@ class TaskMemoryManager:
             f"TaskMemoryManager(task_id={self._task_id!r}, consumers={len(self._consumers)}, "
             f"memory_used={self._held.value})"
         )
+
+
+def _live(ref: MemoryConsumer | weakref.ref[MemoryConsumer]) -> MemoryConsumer | None:
+    return ref() if isinstance(ref, weakref.ref) else ref
 
 
 def task_memory_manager(
