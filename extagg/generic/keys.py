@@ -111,11 +111,10 @@ def canonical_keys(keys: Sequence[Any], offset: int = 0) -> list[Any]:
     if kinds <= _PLAIN:
         return out
     if kinds == {tuple}:
-        elements = list(chain.from_iterable(out))
-        inner = set(map(type, elements))
+        inner = set(map(type, chain.from_iterable(out)))
         if inner <= _PLAIN:
             return out
-        if inner <= _PLAIN_OR_FLOAT and not any(x != x for x in elements):
+        if inner <= _PLAIN_OR_FLOAT and not any(x != x for x in chain.from_iterable(out)):
             return out
     elif kinds <= _PLAIN_OR_FLOAT and not any(x != x for x in out):
         return out
