@@ -424,9 +424,23 @@ def test_peak_memory_of_a_huge_value_is_within_30_percent(spill_dir):
         held = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    estimate = emap._map.estimate_size()
+    emap.iterator()  # records the map's estimate as its peak
+    estimate = emap.metrics.peak_memory_bytes
     emap.close()
     assert 0.7 * held <= estimate <= 1.3 * held, (estimate, held)
+
+
+def test_a_huge_record_missed_by_the_sample_fails_at_its_spill(spill_dir):
+    """Among many entries the size sample may miss one huge record; its spill then shows that
+    the merge could never hold it, and the map says so at once."""
+    emap = ExternalAppendOnlyMap(SUM, memory="32m", spill_dirs=[spill_dir], force_spill_every=1024)
+    pairs = [(i, 1) for i in range(1000)] + [("huge", b"x" * (6 << 20))] + [(-1, 1)] * 23
+    with pytest.raises(MemoryLimitError, match="merging it will need"):
+        emap.insert_all(pairs + [(i, 1) for i in range(1024)])
+    with pytest.raises(MemoryLimitError, match="takes no more input"):
+        emap.insert(5, 1)
+    emap.close()
+    assert files_under(spill_dir) == []
 
 
 # -- 5. errors at the earliest moment ------------------------------------------------------------

@@ -226,6 +226,19 @@ class ExternalAppendOnlyMap(Spillable):
         self.log_spill("in-memory map", size)
         self._spill_current_map(size)
         self.metrics.memory_bytes_spilled += size
+        self._check_mergeable()
+
+    def _check_mergeable(self) -> None:
+        """The merge holds two decoded batches at least: if the largest batch written (one
+        huge record) makes that exceed the budget, it can never succeed — say so now."""
+        need = 2 * OBJECT_EXPANSION * self.runs.max_batch_bytes
+        if need > self.budget.max_memory:
+            raise MemoryLimitError(
+                f"{self.name} spilled a batch of {format_size(self.runs.max_batch_bytes)} "
+                f"(a record too large for this budget): merging it will need "
+                f"{format_size(need)} for two read buffers, more than the whole budget of "
+                f"{format_size(self.budget.max_memory)}; give the map more memory"
+            )
 
     def force_spill(self, trigger: MemoryConsumer) -> int:
         """Spill the current map, or — when iteration has started — the part of it not yet
