@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["ExtaggError", "SpillError", "CorruptFileError", "MemoryLimitError"]
+__all__ = [
+    "ExtaggError",
+    "SpillError",
+    "CorruptFileError",
+    "MemoryLimitError",
+    "BudgetError",
+]
 
 
 class ExtaggError(Exception):
@@ -56,3 +62,15 @@ class CorruptFileError(ExtaggError, ValueError):
 
 class MemoryLimitError(ExtaggError, MemoryError):
     """The memory manager could not grant the memory a consumer needs, even after spilling."""
+
+
+class BudgetError(ExtaggError, ValueError):
+    """A memory budget an engine cannot work with (below its working minimum).
+
+    ``budget`` is the rejected number of bytes, ``minimum`` the smallest the engine accepts.
+    """
+
+    def __init__(self, message: str, *, budget: int, minimum: int) -> None:
+        super().__init__(message)
+        self.budget = budget
+        self.minimum = minimum
