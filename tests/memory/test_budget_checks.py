@@ -79,9 +79,9 @@ def test_zero_budget_is_rejected_naming_it() -> None:
 
 def test_a_shared_manager_below_the_minimum_is_rejected_too() -> None:
     mm = UnifiedMemoryManager("64k")  # a manager alone may be tiny (accounting tests use 1000)
-    with pytest.raises(BudgetError, match="max_memory of 64.0 KiB"):
+    with pytest.raises(BudgetError, match=r"max_memory of 64\.0 KiB"):
         ExternalAppendOnlyMap(SUM, memory_manager=mm)
-    with pytest.raises(BudgetError, match="max_memory of 64.0 KiB"):
+    with pytest.raises(BudgetError, match=r"max_memory of 64\.0 KiB"):
         HashAggregator("k", {"n": ("v", "sum")}, memory_manager=mm)
 
 
