@@ -23,12 +23,38 @@ from pathlib import Path
 from extagg._config import env_size
 from extagg.errors import SpillError
 
-__all__ = ["SpillDirs", "resolve_spill_dirs"]
+__all__ = [
+    "SpillDirs",
+    "resolve_spill_dirs",
+    "note_run_id",
+    "expected_run_id",
+    "forget_run_id",
+]
 
 log = logging.getLogger(__name__)
 
 _process_dirs: dict[tuple[int, str], str] = {}
 _process_lock = threading.Lock()
+#: run-file path -> the random id its writer put in its header (see extagg.spill.runfile)
+_run_ids: dict[str, bytes] = {}
+_run_ids_lock = threading.Lock()
+
+
+def note_run_id(path: str, run_id: bytes) -> None:
+    """Remember that the run file at ``path`` must carry ``run_id`` (until it is removed)."""
+    with _run_ids_lock:
+        _run_ids[os.path.abspath(path)] = run_id
+
+
+def expected_run_id(path: str) -> bytes | None:
+    """The id the run file at ``path`` was written with in this process, if it was."""
+    with _run_ids_lock:
+        return _run_ids.get(os.path.abspath(path))
+
+
+def forget_run_id(path: str) -> None:
+    with _run_ids_lock:
+        _run_ids.pop(os.path.abspath(path), None)
 
 
 def resolve_spill_dirs(dirs: Sequence[str | os.PathLike[str]] | str | None = None) -> list[str]:
@@ -134,6 +160,7 @@ class SpillDirs:
         """Delete ``path`` (if it exists) and stop tracking it."""
         with self._lock:
             self._files.pop(path, None)
+        forget_run_id(path)
         try:
             os.unlink(path)
         except FileNotFoundError:
