@@ -21,7 +21,7 @@ from typing import Any
 from extagg.state.codec import KEY_CODEC, VALUE_CODEC, VALUE_CODEC_PICKLE
 from extagg.state.conf import StateStoreConf
 from extagg.state.errors import StateStoreError
-from extagg.state.files import AtomicFile, list_state_files
+from extagg.state.files import AtomicFile, list_state_files, remove_stale_temp_files
 from extagg.state.provider import DEFAULT_STORE_NAME, StateStoreProvider
 
 __all__ = ["Checkpoint", "Operator", "OperatorMetadata", "check_store_name"]
@@ -141,6 +141,16 @@ class Checkpoint:
         self.path = os.path.abspath(os.fspath(path))
         self.state_dir = os.path.join(self.path, "state")
         self.commits_dir = os.path.join(self.path, "commits")
+        self.remove_stale_temp_files()
+
+    def remove_stale_temp_files(self) -> list[str]:
+        """Remove the temp files writers killed mid-commit left in ``commits/`` and in the
+        operators' ``_metadata/`` (each store directory is cleaned when its provider opens it).
+        Returns the removed paths."""
+        removed = remove_stale_temp_files(self.commits_dir)
+        for operator_id in self.operator_ids():
+            removed += remove_stale_temp_files(os.path.dirname(self.metadata_path(operator_id)))
+        return removed
 
     def __repr__(self) -> str:
         return f"Checkpoint({self.path!r})"
