@@ -58,10 +58,10 @@ _process_dirs: dict[tuple[int, str], str] = {}
 _dir_files: dict[str, int] = {}
 #: bases whose orphans this process has removed already
 _swept: set[str] = set()
-_process_lock = threading.Lock()
+_process_lock = threading.RLock()  # re-entrant: a finaliser may remove files mid-call
 #: run-file path -> the random id its writer put in its header (see extagg.spill.runfile)
 _run_ids: dict[str, bytes] = {}
-_run_ids_lock = threading.Lock()
+_run_ids_lock = threading.RLock()
 #: every SpillDirs of this process, so a forked child can disown its parent's files
 _owners: weakref.WeakSet[SpillDirs] = weakref.WeakSet()
 
@@ -209,8 +209,8 @@ def _after_fork_in_child() -> None:
     """A forked child owns none of its parent's folders or files: start afresh (new locks too,
     in case another thread of the parent held one at the fork)."""
     global _process_lock, _run_ids_lock
-    _process_lock = threading.Lock()
-    _run_ids_lock = threading.Lock()
+    _process_lock = threading.RLock()
+    _run_ids_lock = threading.RLock()
     _process_dirs.clear()
     _dir_files.clear()
     _swept.clear()

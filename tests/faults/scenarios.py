@@ -31,8 +31,12 @@ STATE_CONF = StateStoreConf(
 STATE_KEYS = 40
 
 
+#: read at import: the suite's autouse fixture clears EXTAGG_* variables before each test
+SCALE = int(os.environ.get("EXTAGG_FAULT_SCALE", "1"))
+
+
 def scale() -> int:
-    return int(os.environ.get("EXTAGG_FAULT_SCALE", "1"))
+    return SCALE
 
 
 # ------------------------------------------------------------------------------ engines
@@ -194,7 +198,7 @@ def check_state(root: str, expect_version: int | None, expect_batch: int | None)
 
 
 if __name__ == "__main__":  # the children of the kill loops
-    kind, target = sys.argv[1], sys.argv[2]
+    kind, target, SCALE = sys.argv[1], sys.argv[2], int(sys.argv[3])
     budget = UnifiedMemoryManager("64m", wait_timeout=5)
     if kind == "state":
         print("ready", flush=True)

@@ -23,6 +23,7 @@ from extagg.state import Checkpoint
 
 from . import scenarios as sc
 
+#: read at import: the suite's autouse fixture clears EXTAGG_* variables before each test
 KILLS = int(os.environ.get("EXTAGG_FAULTS", "5"))
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _child(kind: str, target: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.faults.scenarios", kind, str(target)],
+        [sys.executable, "-m", "tests.faults.scenarios", kind, str(target), str(sc.SCALE)],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
