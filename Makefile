@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test lint format bench bench-columnar clean java
+.PHONY: setup demo test lint format bench bench-columnar clean java faults
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "extagg needs Python >= 3.10")'
@@ -28,6 +28,14 @@ test: $(STAMP) java
 	$(VENV)/bin/ruff check extagg tests benchmarks
 	$(VENV)/bin/ruff format --check extagg tests benchmarks
 	$(PY) -m pytest -q
+
+## faults: the fault-injection suites, larger than in CI: every write/fsync/rename of bigger
+## workloads failed in turn, and FAULTS SIGKILLs per workload (counts in faults-report.json)
+FAULTS ?= 100
+FAULT_SCALE ?= 3
+faults: $(STAMP)
+	EXTAGG_FAULTS=$(FAULTS) EXTAGG_FAULT_SCALE=$(FAULT_SCALE) EXTAGG_FAULT_REPORT=faults-report.json \
+		$(PY) -m pytest tests/faults -q
 
 lint:
 	$(VENV)/bin/ruff check extagg tests benchmarks

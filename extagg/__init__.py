@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from extagg.errors import (
     BadKeyError,
+    BudgetError,
     CorruptFileError,
     DestroyedError,
     ExtaggError,
@@ -75,6 +76,7 @@ _LAZY = {
 __all__ = [
     "Aggregator",
     "BadKeyError",
+    "BudgetError",
     "CommittedBatchUnavailableError",
     "CorruptFileError",
     "DestroyedError",

@@ -69,6 +69,10 @@ def parse_size(value: int | str, *, name: str = "size", allow_zero: bool = False
         size = int(value)
     elif isinstance(value, str):
         match = _SIZE_RE.match(value)
+        if not match and value.strip().startswith("-"):
+            raise ValueError(
+                f"invalid {name} {value!r}: negative size (a size is a number of bytes >= 0)"
+            )
         if not match:
             raise ValueError(
                 f"invalid {name} {value!r}: expected a number with an optional unit "
@@ -82,7 +86,7 @@ def parse_size(value: int | str, *, name: str = "size", allow_zero: bool = False
     else:
         raise TypeError(f"{name} must be a byte count or a size string, not {type(value).__name__}")
     if size < 0:
-        raise ValueError(f"invalid {name} {value!r}: must not be negative")
+        raise ValueError(f"invalid {name} {value!r}: negative size (must not be negative)")
     if size == 0 and not allow_zero:
         raise ValueError(f"invalid {name} {value!r}: must be greater than zero")
     return size

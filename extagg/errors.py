@@ -11,6 +11,7 @@ import os
 
 __all__ = [
     "BadKeyError",
+    "BudgetError",
     "CorruptFileError",
     "DestroyedError",
     "ExtaggError",
@@ -110,3 +111,15 @@ class BadKeyError(ExtaggError, TypeError):
             f"record {self.index}: {self.reason}; the {self.index} records before it were "
             "folded, it and the records after it were not"
         )
+
+
+class BudgetError(ExtaggError, ValueError):
+    """A memory budget an engine cannot work with (below its working minimum).
+
+    ``budget`` is the rejected number of bytes, ``minimum`` the smallest the engine accepts.
+    """
+
+    def __init__(self, message: str, *, budget: int, minimum: int) -> None:
+        super().__init__(message)
+        self.budget = budget
+        self.minimum = minimum

@@ -15,14 +15,20 @@ This layer knows nothing of maps or files.
 from extagg.memory.consumer import MemoryConsumer
 from extagg.memory.pools import ExecutionMemoryPool, MemoryPool, StorageMemoryPool
 from extagg.memory.report import format_report, report
-from extagg.memory.resolve import resolve_task_memory_manager
+from extagg.memory.resolve import (
+    ENGINE_MIN_BUDGET,
+    check_engine_budget,
+    resolve_task_memory_manager,
+)
 from extagg.memory.sizing import (
     DEFAULT_MEMORY_FRACTION,
     MEMORY_ENV,
     RESERVED_SYSTEM_MEMORY,
     available_memory,
+    cap_to_machine,
     cgroup_memory_available,
     default_memory_budget,
+    machine_memory_limit,
     resolve_memory_budget,
 )
 from extagg.memory.store import MemoryStore
@@ -37,6 +43,7 @@ from extagg.memory.unified import (
 
 __all__ = [
     "DEFAULT_MEMORY_FRACTION",
+    "ENGINE_MIN_BUDGET",
     "DEFAULT_WAIT_TIMEOUT",
     "MEMORY_ENV",
     "RESERVED_SYSTEM_MEMORY",
@@ -49,10 +56,13 @@ __all__ = [
     "TaskMemoryManager",
     "UnifiedMemoryManager",
     "available_memory",
+    "cap_to_machine",
     "cgroup_memory_available",
+    "check_engine_budget",
     "default_memory_budget",
     "default_memory_manager",
     "format_report",
+    "machine_memory_limit",
     "report",
     "resolve_memory_budget",
     "resolve_task_memory_manager",

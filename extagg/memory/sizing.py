@@ -44,6 +44,8 @@ __all__ = [
     "available_memory",
     "default_memory_budget",
     "resolve_memory_budget",
+    "machine_memory_limit",
+    "cap_to_machine",
 ]
 
 logger = logging.getLogger(__name__)
@@ -119,6 +121,55 @@ def default_memory_budget(
         )
         return MIN_DEFAULT_BUDGET
     return budget
+
+
+def machine_memory_limit(
+    cgroup_root: PathLike = CGROUP_ROOT, proc_cgroup: PathLike = PROC_SELF_CGROUP
+) -> int:
+    """The most memory this process could ever get: physical memory, lowered to the smallest
+    cgroup limit on the way to the root (the limit itself, not what is still free under it)."""
+    limit = int(psutil.virtual_memory().total)
+    root = Path(cgroup_root)
+    if (root / "cgroup.controllers").exists():
+        base, relative, limit_file = root, _own_cgroup_path(proc_cgroup, ""), "memory.max"
+    elif (root / "memory").is_dir():
+        base = root / "memory"
+        relative, limit_file = _own_cgroup_path(proc_cgroup, "memory"), "memory.limit_in_bytes"
+    else:
+        return limit
+    for directory in _ancestors(base, relative):
+        value = _read_number(directory / limit_file)
+        if value is not None and value < _UNLIMITED:
+            limit = min(limit, value)
+    return limit
+
+
+def cap_to_machine(
+    budget: int,
+    *,
+    name: str = "max_memory",
+    cgroup_root: PathLike = CGROUP_ROOT,
+    proc_cgroup: PathLike = PROC_SELF_CGROUP,
+) -> int:
+    """``budget``, clamped (with a warning naming both figures) to :func:`machine_memory_limit`.
+
+    A budget the machine cannot give only postpones the failure to the kernel's OOM killer, so
+    it is lowered at construction, where the warning is next to the line that set it.
+    """
+    limit = machine_memory_limit(cgroup_root, proc_cgroup)
+    if budget <= limit:
+        return budget
+    logger.warning(
+        "%s of %s (%d bytes) is more than this machine and its cgroup can give, %s (%d bytes): "
+        "using %s",
+        name,
+        format_size(budget),
+        budget,
+        format_size(limit),
+        limit,
+        format_size(limit),
+    )
+    return limit
 
 
 def resolve_memory_budget(

@@ -34,7 +34,7 @@ from extagg._config import format_size, parse_size
 from extagg.errors import MemoryLimitError
 from extagg.memory._util import check_bytes, describe_bytes, resolve_task_id
 from extagg.memory.pools import ExecutionMemoryPool, StorageMemoryPool
-from extagg.memory.sizing import resolve_memory_budget
+from extagg.memory.sizing import cap_to_machine, resolve_memory_budget
 from extagg.memory.store import MemoryStore
 
 __all__ = [
@@ -65,7 +65,7 @@ class UnifiedMemoryManager:
         storage_fraction: float = 0.5,
         wait_timeout: float | None = None,
     ) -> None:
-        self._max_memory = parse_size(max_memory, name="max_memory")
+        self._max_memory = cap_to_machine(parse_size(max_memory, name="max_memory"))
         self._storage_fraction = _check_fraction(storage_fraction)
         self._wait_timeout = _resolve_wait_timeout(wait_timeout)
         self._storage_region_size = int(self._max_memory * self._storage_fraction)

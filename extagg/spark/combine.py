@@ -19,6 +19,7 @@ from extagg._config import parse_size
 from extagg.generic.aggregator import Aggregator
 from extagg.generic.external_map import ExternalAppendOnlyMap
 from extagg.hashing import stable_hash
+from extagg.memory import check_engine_budget
 
 __all__ = [
     "combine_by_key",
@@ -137,6 +138,9 @@ def combine_by_key(
         if memory is not None
         else worker_memory(rdd.context.getConf())
     )
+    # on the driver, before any task: a budget the maps cannot work with fails here, not on
+    # every executor after its input was read
+    check_engine_budget(int(budget * 0.9), name="memory (90% of it, the map side's budget)")
     if num_partitions is None:
         num_partitions = rdd.getNumPartitions()
     local = combine_partition(

@@ -2,8 +2,8 @@
 
 Layout (all integers little-endian)::
 
-    header   16 bytes   magic b"EXTAGRUN" | u16 format version | u8 batch codec |
-                        u8 compression | u32 flags (bit 0: unordered)
+    header   32 bytes   magic b"EXTAGRUN" | u16 format version | u8 batch codec |
+                        u8 compression | u32 flags (bit 0: unordered) | 16-byte run id
     batch 0  ...        codec payload, compressed independently (LZ4 block) or stored raw
     batch 1  ...
     footer   52 bytes per batch: u64 offset | u64 stored length | u64 raw length | u64 rows |
@@ -16,12 +16,19 @@ input rows a partitioning aggregation sets aside; then each batch's hash range i
 A reader needs nothing but the file: the trailer locates the footer, the footer gives each batch's
 byte range, row count and hash range (which the merge uses to decide what to read next without
 decoding). Every batch is decodable on its own and checked by CRC-32 before it is decompressed.
+
+The run id is random, made by the writer, which returns it in :class:`RunFile` and registers it
+with the spill directories for the file's path; a reader of that path checks it (or an id it is
+given), so a run file replaced by another valid run — another map's, or an older one of the same
+map — is a :class:`~extagg.errors.CorruptFileError`, not silently merged. Version 1 files (no id)
+are rejected like any unknown version.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import secrets
 import struct
 import zlib
 from dataclasses import dataclass
@@ -32,16 +39,18 @@ import numpy as np
 
 from extagg.errors import CorruptFileError, SpillError
 from extagg.spill.codecs import BatchCodec, codec_by_id
-from extagg.spill.tempdir import SpillDirs
+from extagg.spill.tempdir import SpillDirs, expected_run_id, forget_run_id, note_run_id
 
 __all__ = ["RunWriter", "RunReader", "RunFile", "BatchInfo", "COMPRESSIONS"]
 
 MAGIC = b"EXTAGRUN"
 END_MAGIC = b"EXTAGEND"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: bytes of the random id in the header
+RUN_ID_BYTES = 16
 COMPRESSIONS = {"none": 0, "lz4": 1}
 _COMPRESSION_NAMES = {v: k for k, v in COMPRESSIONS.items()}
-_HEADER = struct.Struct("<8sHBBI")
+_HEADER = struct.Struct("<8sHBBI16s")
 _ENTRY = struct.Struct("<QQQQQQI")
 _TRAILER = struct.Struct("<QIQI8s")
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
@@ -77,11 +86,16 @@ class RunFile:
     disk_bytes: int
     raw_bytes: int
     max_batch_bytes: int = 0
+    #: the random id in the header (what a reader of ``path`` expects)
+    run_id: bytes = b""
 
 
 class RunWriter:
     """Writes one run file. Blocks must arrive sorted by hash, non-decreasing across calls,
     unless ``ordered`` is false (then the file is flagged unordered).
+
+    ``run_id`` (16 bytes) fixes the header's id, for byte-identical files; by default it is random.
+    Files are byte-identical for the same input apart from that id (bytes 16-31).
 
     On a full disk the partial file is removed and :class:`~extagg.errors.SpillError` names the
     directory and the bytes needed; any other failure also removes the file.
@@ -95,6 +109,7 @@ class RunWriter:
         compression: str = "lz4",
         spill_dirs: SpillDirs | None = None,
         ordered: bool = True,
+        run_id: bytes | None = None,
     ) -> None:
         if compression not in COMPRESSIONS:
             raise ValueError(
@@ -111,6 +126,10 @@ class RunWriter:
         self._last_hash = -1
         self._file: Any = None
         self._offset = 0
+        #: random identity of this run, written in the header and checked by readers
+        self.run_id = secrets.token_bytes(RUN_ID_BYTES) if run_id is None else run_id
+        if len(self.run_id) != RUN_ID_BYTES:
+            raise ValueError(f"a run id is {RUN_ID_BYTES} bytes, got {len(self.run_id)}")
         self._open()
 
     def _open(self) -> None:
@@ -120,11 +139,13 @@ class RunWriter:
             self.codec.codec_id,
             COMPRESSIONS[self.compression],
             0 if self.ordered else FLAG_UNORDERED,
+            self.run_id,
         )
         try:
             self._file = open_for_writing(self.path)
         except OSError as exc:
             self._fail(exc, len(header))
+        note_run_id(self.path, self.run_id)
         self._write(header)
 
     def _write(self, data: bytes) -> None:
@@ -218,6 +239,7 @@ class RunWriter:
             self._offset,
             self._raw_bytes,
             max((e.raw_length for e in self._entries), default=0),
+            self.run_id,
         )
 
     def abort(self) -> None:
@@ -231,6 +253,7 @@ class RunWriter:
         if self._spill_dirs is not None:
             self._spill_dirs.remove(self.path)
         else:
+            forget_run_id(self.path)
             try:
                 os.unlink(self.path)
             except FileNotFoundError:
@@ -248,11 +271,13 @@ class RunReader:
     """Reads a run file batch by batch; validates everything it reads.
 
     Any truncation, bit flip or foreign file raises :class:`~extagg.errors.CorruptFileError`
-    naming the file, the offset and the reason.
+    naming the file, the offset and the reason. ``run_id`` is the id the file must carry;
+    without it, the id its writer registered for ``path`` in this process (if any).
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, run_id: bytes | None = None) -> None:
         self.path = path
+        self._expected_id = run_id if run_id is not None else expected_run_id(path)
         try:
             self._fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
@@ -278,11 +303,24 @@ class RunReader:
         self.file_size = size
         if size < _HEADER.size + _TRAILER.size:
             raise self._corrupt(0, f"file is too short to be an extagg run file ({size} bytes)")
-        magic, version, codec_id, compression, flags = _HEADER.unpack(self._pread(_HEADER.size, 0))
+        magic, version, codec_id, compression, flags, run_id = _HEADER.unpack(
+            self._pread(_HEADER.size, 0)
+        )
         if magic != MAGIC:
             raise self._corrupt(0, f"not an extagg run file (magic {magic!r})")
         if version != FORMAT_VERSION:
-            raise self._corrupt(8, f"unsupported run-file format version {version}")
+            raise self._corrupt(
+                8,
+                f"unsupported run-file format version {version} "
+                f"(this extagg reads {FORMAT_VERSION})",
+            )
+        if self._expected_id is not None and run_id != self._expected_id:
+            raise self._corrupt(
+                16,
+                f"run id {run_id.hex()} is not the {self._expected_id.hex()} its writer gave it: "
+                "the file was replaced by another run",
+            )
+        self.run_id = run_id
         try:
             self.codec = codec_by_id(codec_id)
         except KeyError:

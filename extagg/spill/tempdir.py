@@ -1,11 +1,23 @@
 """Spill directories: where run files live, and making sure they go away.
 
-Each process gets its own subdirectory (``extagg-<pid>-<token>``) in every spill directory, so
-concurrent jobs on one machine never share files. Directories come from the ``spill_dirs``
-argument, else ``EXTAGG_SPILL_DIR`` (several separated by ``os.pathsep``), else the system temp
-directory; files are handed out round-robin across them. Every file is tracked by the
-:class:`SpillDirs` that created it and removed by :meth:`SpillDirs.cleanup`; the per-process
-subdirectories are removed at interpreter exit.
+Each process gets its own subdirectory ``extagg-<pid>-<start>-<host>`` in every spill directory
+(``<start>``: the process's start time in hundredths of a second since the epoch; ``<host>``: 8 hex
+digits of the host name's stable hash), so concurrent jobs on one machine never share files and a
+folder names the exact process that owns it. Directories come from the ``spill_dirs`` argument,
+else ``EXTAGG_SPILL_DIR`` (several separated by ``os.pathsep``), else the system temp directory;
+files are handed out round-robin across them. Every file is tracked by the :class:`SpillDirs`
+that created it and removed by :meth:`SpillDirs.cleanup`.
+
+Nothing is left behind, even by a process killed with SIGKILL:
+
+* the per-process folder is created lazily, with the first spill file, and removed as soon as the
+  last file in it is (so a forked worker that exits through ``os._exit`` leaves nothing), and at
+  interpreter exit;
+* the first time a process uses a spill directory it removes the folders of this host's extagg
+  processes that are gone — their pid no longer exists, or it was reused (the process with that
+  pid started at another time) — as Spark's ``DiskBlockManager`` cleans its own;
+* a forked child re-derives its folder (``os.register_at_fork``): it never writes into, nor
+  removes, its parent's.
 """
 
 from __future__ import annotations
@@ -13,22 +25,132 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import re
 import secrets
 import shutil
+import socket
 import tempfile
 import threading
+import weakref
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
+
+import psutil
 
 from extagg._config import env_size
 from extagg.errors import SpillError
 
-__all__ = ["SpillDirs", "resolve_spill_dirs"]
+__all__ = [
+    "SpillDirs",
+    "resolve_spill_dirs",
+    "note_run_id",
+    "expected_run_id",
+    "forget_run_id",
+    "process_dir_name",
+    "remove_orphans",
+]
 
 log = logging.getLogger(__name__)
 
+#: (pid, base) -> this process's folder in ``base``; and how many tracked files each folder holds
 _process_dirs: dict[tuple[int, str], str] = {}
-_process_lock = threading.Lock()
+_dir_files: dict[str, int] = {}
+#: bases whose orphans this process has removed already
+_swept: set[str] = set()
+_process_lock = threading.RLock()  # re-entrant: a finaliser may remove files mid-call
+#: run-file path -> the random id its writer put in its header (see extagg.spill.runfile)
+_run_ids: dict[str, bytes] = {}
+_run_ids_lock = threading.RLock()
+#: every SpillDirs of this process, so a forked child can disown its parent's files
+_owners: weakref.WeakSet[SpillDirs] = weakref.WeakSet()
+
+_FOLDER_RE = re.compile(r"^extagg-(\d+)-(\d+)-([0-9a-f]{8})$")
+#: folders of extagg before start times were recorded: ``extagg-<pid>-<8 hex>``
+_LEGACY_FOLDER_RE = re.compile(r"^extagg-(\d+)-([0-9a-f]{8})$")
+
+
+def _host_tag() -> str:
+    return f"{zlib.crc32(socket.gethostname().encode()):08x}"
+
+
+def _start_time(pid: int) -> int | None:
+    """When process ``pid`` started, in hundredths of a second; None if there is no such process."""
+    try:
+        return round(psutil.Process(pid).create_time() * 100)
+    except psutil.NoSuchProcess:
+        return None
+
+
+def process_dir_name(pid: int | None = None) -> str:
+    """The name of process ``pid``'s (default: this one's) folder in a spill directory."""
+    pid = os.getpid() if pid is None else pid
+    start = _start_time(pid)
+    if start is None:
+        raise ValueError(f"no process {pid}")
+    return f"extagg-{pid}-{start}-{_host_tag()}"
+
+
+def _is_orphan(name: str, host: str) -> bool:
+    match = _FOLDER_RE.match(name)
+    if match is not None:
+        pid, start, tag = int(match[1]), int(match[2]), match[3]
+        if tag != host:  # another machine's (a shared disk): its processes are not ours to judge
+            return False
+        try:
+            actual = _start_time(pid)
+        except psutil.Error:  # cannot tell (access denied): keep it
+            return False
+        # psutil rounds the boot time: allow a hundredth of a second either way
+        return actual is None or abs(actual - start) > 1
+    legacy = _LEGACY_FOLDER_RE.match(name)
+    return legacy is not None and not psutil.pid_exists(int(legacy[1]))
+
+
+def remove_orphans(base: str | os.PathLike[str]) -> list[str]:
+    """Remove the folders in ``base`` of this host's extagg processes that no longer exist.
+
+    Returns the paths removed. Called once per process and spill directory, on first use.
+    """
+    base = os.fspath(base)
+    host = _host_tag()
+    removed = []
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.name.startswith("extagg-") or not entry.is_dir(follow_symlinks=False):
+            continue
+        if _is_orphan(entry.name, host):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            if not os.path.exists(entry.path):
+                removed.append(entry.path)
+    if removed:
+        log.info(
+            "Removed %d spill folder(s) of extagg processes that are gone from %s: %s",
+            len(removed),
+            base,
+            ", ".join(os.path.basename(p) for p in removed),
+        )
+    return removed
+
+
+def note_run_id(path: str, run_id: bytes) -> None:
+    """Remember that the run file at ``path`` must carry ``run_id`` (until it is removed)."""
+    with _run_ids_lock:
+        _run_ids[os.path.abspath(path)] = run_id
+
+
+def expected_run_id(path: str) -> bytes | None:
+    """The id the run file at ``path`` was written with in this process, if it was."""
+    with _run_ids_lock:
+        return _run_ids.get(os.path.abspath(path))
+
+
+def forget_run_id(path: str) -> None:
+    with _run_ids_lock:
+        _run_ids.pop(os.path.abspath(path), None)
 
 
 def resolve_spill_dirs(dirs: Sequence[str | os.PathLike[str]] | str | None = None) -> list[str]:
@@ -41,15 +163,19 @@ def resolve_spill_dirs(dirs: Sequence[str | os.PathLike[str]] | str | None = Non
     return [os.path.abspath(os.fspath(d)) for d in dirs]
 
 
-def _process_subdir(base: str) -> str:
-    """This process's private subdirectory of ``base`` (created on first use)."""
+def _acquire_subdir(base: str) -> str:
+    """This process's folder in ``base`` (created now if needed), counted as holding one more
+    file until :func:`_release_subdir`."""
     pid = os.getpid()
     with _process_lock:
         path = _process_dirs.get((pid, base))
         if path is None or not os.path.isdir(path):
             try:
                 os.makedirs(base, exist_ok=True)
-                path = os.path.join(base, f"extagg-{pid}-{secrets.token_hex(4)}")
+                if base not in _swept:
+                    _swept.add(base)
+                    remove_orphans(base)
+                path = os.path.join(base, process_dir_name(pid))
                 os.makedirs(path, exist_ok=True)
             except OSError as exc:
                 raise SpillError(
@@ -58,7 +184,42 @@ def _process_subdir(base: str) -> str:
                     errno=exc.errno,
                 ) from exc
             _process_dirs[(pid, base)] = path
+        _dir_files[path] = _dir_files.get(path, 0) + 1
         return path
+
+
+def _release_subdir(path: str) -> None:
+    """One file fewer in folder ``path``; the folder goes when it holds none."""
+    with _process_lock:
+        left = _dir_files.get(path, 0) - 1
+        if left > 0:
+            _dir_files[path] = left
+            return
+        _dir_files.pop(path, None)
+        for key, value in list(_process_dirs.items()):
+            if value == path:
+                del _process_dirs[key]
+        try:
+            os.rmdir(path)
+        except OSError:  # not empty (a file someone else put there) or already gone
+            pass
+
+
+def _after_fork_in_child() -> None:
+    """A forked child owns none of its parent's folders or files: start afresh (new locks too,
+    in case another thread of the parent held one at the fork)."""
+    global _process_lock, _run_ids_lock
+    _process_lock = threading.RLock()
+    _run_ids_lock = threading.RLock()
+    _process_dirs.clear()
+    _dir_files.clear()
+    _swept.clear()
+    _run_ids.clear()
+    for owner in list(_owners):
+        owner._disown()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @atexit.register
@@ -91,13 +252,19 @@ class SpillDirs:
         self._next = 0
         self._files: dict[str, int] = {}
         self._lock = threading.Lock()
+        _owners.add(self)
+
+    def _disown(self) -> None:
+        """In a forked child: the files tracked so far are the parent's, not ours to remove."""
+        self._lock = threading.Lock()
+        self._files = {}
 
     def new_path(self, prefix: str = "run") -> str:
         """A fresh file path in the next directory; the file is tracked until removed."""
         with self._lock:
             base = self.dirs[self._next % len(self.dirs)]
             self._next += 1
-            path = os.path.join(_process_subdir(base), f"{prefix}-{secrets.token_hex(8)}.run")
+            path = os.path.join(_acquire_subdir(base), f"{prefix}-{secrets.token_hex(8)}.run")
             self._files[path] = 0
             return path
 
@@ -133,13 +300,16 @@ class SpillDirs:
     def remove(self, path: str) -> None:
         """Delete ``path`` (if it exists) and stop tracking it."""
         with self._lock:
-            self._files.pop(path, None)
+            tracked = self._files.pop(path, None) is not None
+        forget_run_id(path)
         try:
             os.unlink(path)
         except FileNotFoundError:
             pass
         except OSError as exc:  # pragma: no cover - depends on the filesystem
             log.warning("Error deleting spill file %s: %s", path, exc)
+        if tracked:
+            _release_subdir(os.path.dirname(path))
 
     def cleanup(self) -> None:
         """Delete every file this owner created and still tracks."""

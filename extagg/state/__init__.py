@@ -28,6 +28,7 @@ from extagg.state.checkpoint import Checkpoint, Operator, OperatorMetadata
 from extagg.state.conf import StateStoreConf, StateStoreMetrics
 from extagg.state.errors import (
     CommittedBatchUnavailableError,
+    ConcurrentCommitError,
     StateFileNotFoundError,
     StateSourceConflictError,
     StateSourceError,
@@ -58,6 +59,7 @@ __all__ = [
     "StateSourceError",
     "StateSourceOptionError",
     "StateStore",
+    "ConcurrentCommitError",
     "StateStoreCommitError",
     "StateStoreConf",
     "StateStoreError",

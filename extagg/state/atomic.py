@@ -6,6 +6,12 @@ a writer killed outright leaves it behind, and :func:`remove_stale_temp_files` (
 provider opens a directory and by maintenance) deletes the temp files of dead writers. A
 re-commit replaces the old file (``os.replace``); the directory is fsynced after the rename and
 the renamed file's existence is checked (SPARK-18342, SPARK-40826).
+
+Writers can be fenced: ``commit(expected=...)`` publishes only if the final name is still in the
+state the writer saw when it started — absent (``None``: the file is created with ``os.link``,
+which fails if the name exists, as HDFS's ``create(overwrite=false)`` does) or the very file it
+saw (a :func:`file_identity`; checked just before the rename). Otherwise :class:`FencedError`
+(a ``FileExistsError``) is raised and nothing is published.
 """
 
 from __future__ import annotations
@@ -20,7 +26,14 @@ import time
 import uuid
 from typing import BinaryIO
 
-__all__ = ["AtomicFile", "remove_stale_temp_files", "STALE_TEMP_SECONDS"]
+__all__ = [
+    "AtomicFile",
+    "FencedError",
+    "file_identity",
+    "remove_stale_temp_files",
+    "STALE_TEMP_SECONDS",
+    "ANY",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +44,26 @@ STALE_TEMP_SECONDS = 24 * 3600
 
 _active_temp_files: set[str] = set()
 _active_lock = threading.Lock()
+
+#: ``commit(expected=ANY)``: replace whatever is there (no fencing)
+ANY = object()
+#: link(2) errors meaning "this filesystem has no hard links", not "the name exists"
+_NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK}
+
+FileIdentity = tuple[int, int, int, int]
+
+
+class FencedError(FileExistsError):
+    """Another writer published the file first (or replaced the one this writer saw)."""
+
+
+def file_identity(path: str | os.PathLike[str]) -> FileIdentity | None:
+    """What distinguishes the file now at ``path`` from any later one (``None``: no file)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 def _fsync_directory(directory: str) -> None:
@@ -90,24 +123,59 @@ class AtomicFile:
             raise _describe_os_error(exc, self.directory, len(data)) from exc
         self.bytes_written += len(data)
 
-    def commit(self) -> None:
-        """Flush, fsync, close and rename the temp file over :attr:`path`; then fsync the dir."""
+    def commit(self, expected: object = ANY) -> None:
+        """Flush, fsync, close and rename the temp file over :attr:`path`; then fsync the dir.
+
+        ``expected``: :data:`ANY` replaces any file; ``None`` publishes only if there is none;
+        a :func:`file_identity` only if that file is still there (else :class:`FencedError`).
+        """
         try:
             handle = self._open()
             handle.flush()
             os.fsync(handle.fileno())
             handle.close()
-            os.replace(self.temp_path, self.path)  # type: ignore[arg-type]
+            temp = self.temp_path
+            assert temp is not None
+            if expected is None:
+                self._link_new(temp)
+            else:
+                if expected is not ANY and file_identity(self.path) != expected:
+                    raise FencedError(
+                        errno.EEXIST,
+                        f"{self.path} was replaced by another writer since this one started",
+                        self.path,
+                    )
+                os.replace(temp, self.path)
             if not os.path.exists(self.path):  # SPARK-40826: never assume a rename worked
                 raise OSError(errno.ENOENT, f"{self.path} does not exist after renaming")
         except BaseException as exc:
             self.cancel()
-            if isinstance(exc, OSError):
+            if isinstance(exc, OSError) and not isinstance(exc, FencedError):
                 raise _describe_os_error(exc, self.directory, self.bytes_written) from exc
             raise
         self._forget_temp()
         self.closed = True
         _fsync_directory(self.directory)
+
+    def _link_new(self, temp: str) -> None:
+        """Publish ``temp`` as :attr:`path` only if no file has that name (atomic)."""
+        try:
+            os.link(temp, self.path)
+        except FileExistsError:
+            raise FencedError(
+                errno.EEXIST, f"{self.path} was created by another writer first", self.path
+            ) from None
+        except OSError as exc:
+            if exc.errno not in _NO_LINKS:
+                raise
+            # no hard links here: check, then rename (a narrow race remains on such filesystems)
+            if os.path.lexists(self.path):
+                raise FencedError(
+                    errno.EEXIST, f"{self.path} was created by another writer first", self.path
+                ) from None
+            os.replace(temp, self.path)
+            return
+        os.unlink(temp)
 
     def cancel(self) -> None:
         """Close and delete the temp file; the final file is left as it was. Idempotent."""

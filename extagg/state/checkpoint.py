@@ -20,8 +20,8 @@ from typing import Any
 
 from extagg.state.codec import KEY_CODEC, VALUE_CODEC, VALUE_CODEC_PICKLE
 from extagg.state.conf import StateStoreConf
-from extagg.state.errors import StateStoreError
-from extagg.state.files import AtomicFile, list_state_files
+from extagg.state.errors import StateStoreCommitError, StateStoreError
+from extagg.state.files import AtomicFile, list_state_files, remove_stale_temp_files
 from extagg.state.provider import DEFAULT_STORE_NAME, StateStoreProvider
 
 __all__ = ["Checkpoint", "Operator", "OperatorMetadata", "check_store_name"]
@@ -127,11 +127,16 @@ class OperatorMetadata:
             raise ValueError(f"invalid operator metadata {path}: {exc}") from exc
 
     def write(self, path: str) -> None:
-        """Write atomically (temp file + rename)."""
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        target = AtomicFile(path)
-        target.write(self.to_json().encode("utf-8"))
-        target.commit()
+        """Write atomically (temp file + rename); ``StateStoreCommitError`` names the file."""
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            target = AtomicFile(path)
+            target.write(self.to_json().encode("utf-8"))
+            target.commit()
+        except OSError as exc:
+            raise StateStoreCommitError(
+                f"cannot write operator metadata {path}: {exc.strerror or exc}"
+            ) from exc
 
 
 class Checkpoint:
@@ -141,6 +146,16 @@ class Checkpoint:
         self.path = os.path.abspath(os.fspath(path))
         self.state_dir = os.path.join(self.path, "state")
         self.commits_dir = os.path.join(self.path, "commits")
+        self.remove_stale_temp_files()
+
+    def remove_stale_temp_files(self) -> list[str]:
+        """Remove the temp files writers killed mid-commit left in ``commits/`` and in the
+        operators' ``_metadata/`` (each store directory is cleaned when its provider opens it).
+        Returns the removed paths."""
+        removed = remove_stale_temp_files(self.commits_dir)
+        for operator_id in self.operator_ids():
+            removed += remove_stale_temp_files(os.path.dirname(self.metadata_path(operator_id)))
+        return removed
 
     def __repr__(self) -> str:
         return f"Checkpoint({self.path!r})"
@@ -253,10 +268,17 @@ class Checkpoint:
                             f"committed version {version} "
                             f"({os.path.join(listing.directory, f'{version}.delta')} is missing)"
                         )
-        os.makedirs(self.commits_dir, exist_ok=True)
-        target = AtomicFile(os.path.join(self.commits_dir, str(batch_id)))
-        target.write(json.dumps({"batch_id": batch_id, "version": 1}).encode("utf-8"))
-        target.commit()
+        path = os.path.join(self.commits_dir, str(batch_id))
+        try:
+            os.makedirs(self.commits_dir, exist_ok=True)
+            target = AtomicFile(path)
+            target.write(json.dumps({"batch_id": batch_id, "version": 1}).encode("utf-8"))
+            target.commit()
+        except OSError as exc:  # the batch stays uncommitted; the commit can be retried
+            raise StateStoreCommitError(
+                f"cannot commit batch {batch_id} of {self.path}: writing {path} failed: "
+                f"{exc.strerror or exc}"
+            ) from exc
         logger.info("Committed batch %d of %s", batch_id, self.path)
 
     def committed_batches(self) -> list[int]:

@@ -41,6 +41,7 @@ __all__ = [
     "key_hash_prefix",
     "key_hash_of",
     "CANONICAL_NAN",
+    "canonical_key",
     "decoding",
 ]
 
@@ -253,6 +254,22 @@ def decode_key(data: bytes) -> Any:
     if len(data) < 9:
         raise ValueError(f"an encoded key has at least 9 bytes, got {len(data)}")
     return decode_value(data, False, 8)
+
+
+def canonical_key(key: Any) -> Any:
+    """``key`` with every float NaN in it (also inside tuples) replaced by :data:`CANONICAL_NAN`.
+
+    NaN is not equal to itself, so a dict holds as many NaN keys as NaN objects; the encoding
+    has one NaN, so the disk holds one. Keys going into the state store's in-memory versions
+    are made canonical so both agree (every NaN object is the same key, the one on disk).
+    """
+    if type(key) is float:
+        return CANONICAL_NAN if key != key else key
+    if type(key) is tuple:
+        items = tuple(canonical_key(item) for item in key)
+        if any(a is not b for a, b in zip(items, key)):
+            return items
+    return key
 
 
 def key_hash_of(data: bytes) -> int:

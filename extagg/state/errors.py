@@ -17,6 +17,7 @@ __all__ = [
     "UnexpectedVersionError",
     "StateFileNotFoundError",
     "StateStoreCommitError",
+    "ConcurrentCommitError",
     "StateSourceError",
     "StateSourceOptionError",
     "StateSourceConflictError",
@@ -53,6 +54,19 @@ class StateStoreCommitError(StateStoreError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, error_class="CANNOT_WRITE_STATE_STORE.CANNOT_COMMIT")
+
+
+class ConcurrentCommitError(StateStoreCommitError, FileExistsError):
+    """Another writer committed the same version first: this writer's changes were not published
+    (its cached copy of the version was dropped). ``path`` names the version's file."""
+
+    def __init__(self, message: str, *, path: str, version: int) -> None:
+        super().__init__(message)
+        self.path = path
+        self.version = version
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class StateSourceError(ExtaggError, ValueError):

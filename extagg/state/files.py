@@ -33,7 +33,7 @@ from typing import BinaryIO
 import lz4.frame
 
 from extagg.errors import CorruptFileError
-from extagg.state.atomic import AtomicFile, remove_stale_temp_files
+from extagg.state.atomic import ANY, AtomicFile, remove_stale_temp_files
 
 __all__ = [
     "DELTA",
@@ -174,8 +174,9 @@ class StateFileWriter:
             data = self._compressor.compress(data)
         self._file.write(out + data if out else data)
 
-    def commit(self) -> FileStats:
-        """Write the end marker and trailer and atomically publish the file."""
+    def commit(self, expected: object = ANY) -> FileStats:
+        """Write the end marker and trailer and atomically publish the file (``expected``: see
+        :meth:`AtomicFile.commit`; fences concurrent writers of one version)."""
         try:
             self._buffer += _EOF_MARK
             self._buffer += _S_Q.pack(self.records)
@@ -193,7 +194,7 @@ class StateFileWriter:
             if self._compressor is not None:
                 body = self._compressor.compress(body) + self._compressor.flush()
             self._file.write(out + body)
-            self._file.commit()
+            self._file.commit(expected)
         except BaseException:
             self.cancel()
             raise

@@ -21,10 +21,17 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from extagg.errors import CorruptFileError
+from extagg.state.atomic import FencedError, file_identity
 from extagg.state.cache import LoadedVersion, VersionCache
 from extagg.state.codec import decode_key, decode_value, decoding, encode_value
 from extagg.state.conf import StateStoreConf, StateStoreMetrics
-from extagg.state.errors import StateStoreCommitError, StateStoreError, UnexpectedVersionError
+from extagg.state.errors import (
+    ConcurrentCommitError,
+    StateStoreCommitError,
+    StateStoreError,
+    UnexpectedVersionError,
+)
 from extagg.state.files import (
     DELTA,
     SNAPSHOT,
@@ -35,7 +42,7 @@ from extagg.state.files import (
     remove_stale_temp_files,
 )
 from extagg.state.store import ReadStateStore, StateStore
-from extagg.state.streams import files_for_version, missing_file_error, open_version
+from extagg.state.streams import Record, files_for_version, missing_file_error, open_version
 from extagg.state.update import stream_update
 
 __all__ = ["StateStoreProvider", "DEFAULT_STORE_NAME"]
@@ -115,8 +122,17 @@ class StateStoreProvider:
         return self.list_files().latest_version
 
     def get_store(self, version: int) -> StateStore:
-        """A writable store holding ``version``; its ``commit()`` writes ``version + 1``."""
-        return StateStore(self, self._load(version), self._commit_changes)
+        """A writable store holding ``version``; its ``commit()`` writes ``version + 1``.
+
+        The commit is fenced: if ``version + 1`` did not exist when the store was opened, the
+        commit creates it or fails with :class:`ConcurrentCommitError` (another writer committed
+        it meanwhile); if it existed (a retried batch), the commit replaces that very file only.
+        """
+        self._check_version(version)
+        expected = file_identity(self._path(version + 1, DELTA))
+        return StateStore(
+            self, self._load(version), self._commit_changes, expected_delta=expected
+        )
 
     def get_read_store(self, version: int) -> ReadStateStore:
         """A read-only store holding ``version``."""
@@ -155,20 +171,29 @@ class StateStoreProvider:
         )
         base = self._cache.newest_at_or_below(version - 1)
         listing = self.list_files()
-        start, paths = files_for_version(
-            listing, version, repr(self), 0 if base is None else base.version
-        )
-        if base is not None and start == base.version:
-            loaded = self._replay(base, paths, version)
-        else:
+        from_version = 0 if base is None else base.version
+        start, paths = files_for_version(listing, version, repr(self), from_version)
+        skip: set[int] = set()
+        while True:
+            if base is not None and start == base.version:
+                loaded = self._replay(base, paths, version)
+                break
             mapping: dict[Any, Any] = {}
             encoded = 0
             allow_pickle = self.allow_pickle
-            with decoding(self.directory):
-                for key, value in open_version(paths, repr(self), self.conf.fan_in):
-                    mapping[decode_key(key)] = decode_value(value, allow_pickle)
-                    encoded += len(key) + len(value)
+            try:
+                with decoding(self.directory):
+                    for key, value in open_version(paths, repr(self), self.conf.fan_in):
+                        mapping[decode_key(key)] = decode_value(value, allow_pickle)
+                        encoded += len(key) + len(value)
+            except CorruptFileError as exc:
+                chain = self._fallback_chain(listing, version, from_version, skip, exc)
+                if chain is None:
+                    raise
+                start, paths = chain
+                continue
             loaded = LoadedVersion(version, mapping, encoded)
+            break
         with self._lock:
             self._cache.put(loaded)
             self._set_current(version, len(loaded.mapping), loaded.encoded_bytes)
@@ -201,13 +226,69 @@ class StateStoreProvider:
         return LoadedVersion(version, mapping, encoded)
 
     def iter_version(self, version: int) -> Iterator[tuple[Any, Any]]:
-        """Stream ``(key, value)`` of ``version`` in file order without loading it."""
+        """Stream ``(key, value)`` of ``version`` in file order without loading it.
+
+        A corrupt snapshot found before the first row is returned (a bad header or first block)
+        is replaced by an older snapshot plus deltas when they exist (with a warning)."""
         self._check_version(version)
-        _start, paths = files_for_version(self.list_files(), version, repr(self))
+        listing = self.list_files()
         allow_pickle = self.allow_pickle
+        records = self._open_records(listing, version)
         with decoding(self.directory):
-            for key, value in open_version(paths, repr(self), self.conf.fan_in):
-                yield decode_key(key), decode_value(value, allow_pickle)
+            try:
+                for key, value in records:
+                    yield decode_key(key), decode_value(value, allow_pickle)
+            finally:
+                records.close()
+
+    def _open_records(self, listing: StateFileListing, version: int) -> Iterator[Record]:
+        """The live records of ``version``, its first one already read: a snapshot whose
+        header or first block is corrupt is skipped for an older chain (if there is one)."""
+        skip: set[int] = set()
+        _start, paths = files_for_version(listing, version, repr(self))
+        while True:
+            records = open_version(paths, repr(self), self.conf.fan_in)
+            try:
+                first = next(records, None)
+            except CorruptFileError as exc:
+                records.close()
+                chain = self._fallback_chain(listing, version, 0, skip, exc)
+                if chain is None:
+                    raise
+                _start, paths = chain
+                continue
+            return _chained(first, records)
+
+    def _fallback_chain(
+        self,
+        listing: StateFileListing,
+        version: int,
+        from_version: int,
+        skip: set[int],
+        exc: CorruptFileError,
+    ) -> tuple[int, list[str]] | None:
+        """After ``exc`` in a snapshot: the files that rebuild ``version`` without it, or None
+        (the corrupt file is not a snapshot, or the deltas an older chain needs are gone)."""
+        bad = next((v for v, path in listing.snapshots.items() if path == exc.path), None)
+        if bad is None or bad in skip:
+            return None
+        skip.add(bad)
+        try:
+            start, paths = files_for_version(listing, version, repr(self), from_version, skip)
+        except StateStoreError:
+            return None
+        logger.warning(
+            "Snapshot %s of %r is corrupt (%s): rebuilding version %d from %s and deltas "
+            "%d..%d instead",
+            exc.path,
+            self,
+            exc.reason,
+            version,
+            f"the snapshot of version {start}" if start in listing.snapshots else "nothing",
+            start + 1,
+            version,
+        )
+        return start, paths
 
     def _set_current(self, version: int, num_keys: int, encoded_bytes: int) -> None:
         with self._lock:
@@ -225,8 +306,12 @@ class StateStoreProvider:
         base: dict[Any, Any],
         changes: dict[Any, tuple[bytes, bytes | None, Any]],
         encoded_bytes: int,
+        expected: object = None,
     ) -> int:
-        """Write a store's changes as ``version + 1`` and cache the new version."""
+        """Write a store's changes as ``version + 1`` and cache the new version.
+
+        ``expected``: the identity of ``version + 1``'s delta when the store was opened (``None``:
+        there was none), which the commit fences on."""
         self._check_open()
         new_version = version + 1
         delta = StateFileWriter(self._path(new_version, DELTA), DELTA, self.conf.compression)
@@ -234,13 +319,16 @@ class StateStoreProvider:
         try:
             for key_bytes, value_bytes, _value in sorted(changes.values(), key=_first):
                 delta.write(key_bytes, value_bytes)
-            # a re-commit: the old snapshot of this version must not outlive its delta. Removed
-            # just before the new delta is published; meanwhile the old delta still rebuilds the
-            # old version, so a crash in between leaves a consistent (old) version.
-            self._remove_stale_snapshot(new_version)
-            stats = delta.commit()
+            if expected is not None:
+                # a re-commit: the old snapshot of this version must not outlive its delta.
+                # Removed just before the new delta is published; meanwhile the old delta still
+                # rebuilds the old version, so a crash in between leaves a consistent version.
+                self._remove_stale_snapshot(new_version)
+            stats = delta.commit(expected)
         except BaseException as exc:
             delta.cancel()
+            if isinstance(exc, FencedError):
+                raise self._fenced(new_version, exc) from exc
             if isinstance(exc, Exception):
                 raise StateStoreCommitError(
                     f"Error committing version {new_version} into {self!r}: error writing "
@@ -257,6 +345,23 @@ class StateStoreProvider:
                 self._cache.put(LoadedVersion(new_version, new_mapping, encoded_bytes))
             self._set_current(new_version, num_keys, encoded_bytes)
         return new_version
+
+    def _fenced(self, version: int, exc: FencedError) -> ConcurrentCommitError:
+        """The error for a commit another writer beat; this provider's cache forgets
+        ``version`` and later ones, so it serves the winner's files from now on."""
+        with self._lock:
+            self._cache.invalidate_from(version)
+        path = self._path(version, DELTA)
+        logger.warning("Lost the race to commit version %d of %r: %s", version, self, exc)
+        return ConcurrentCommitError(
+            f"[CANNOT_WRITE_STATE_STORE.CANNOT_COMMIT] Version {version} of {self!r} was "
+            f"committed by another writer while this one was writing it ({exc.strerror}); "
+            f"this writer's changes were not published and {path} is the other writer's. "
+            f"Load version {version} to continue from it, or open version {version - 1} again "
+            "to retry the batch (which replaces it).",
+            path=path,
+            version=version,
+        )
 
     def _remove_stale_snapshot(self, version: int) -> None:
         """Delete ``version``'s snapshot left by an earlier commit of the same version."""
@@ -285,10 +390,12 @@ class StateStoreProvider:
         if not callable(merge_combiners):
             raise TypeError("merge_combiners must be callable")
         new_version = version + 1
+        expected = file_identity(self._path(new_version, DELTA))  # fences the commit
         listing = self.list_files()
-        start, paths = files_for_version(listing, version, repr(self))
+        start, _paths = files_for_version(listing, version, repr(self))
         due = new_version - start > self.conf.min_deltas_for_snapshot
         due = due or new_version in listing.snapshots  # a re-commit replaces a stale snapshot
+        old_records = self._open_records(listing, version)
         compression = self.conf.compression
         delta = StateFileWriter(self._path(new_version, DELTA), DELTA, compression)
         snapshot = (
@@ -296,17 +403,19 @@ class StateStoreProvider:
             if due
             else None
         )
-        old_records = open_version(paths, repr(self), self.conf.fan_in)
         try:
             stats = stream_update(
                 old_records, pairs, merge_combiners, delta, snapshot, self.allow_pickle
             )
-            self._remove_stale_snapshot(new_version)  # never let it outlive the new delta
-            delta.commit()
+            if expected is not None:
+                self._remove_stale_snapshot(new_version)  # never let it outlive the new delta
+            delta.commit(expected)
         except BaseException as exc:
             delta.cancel()
             if snapshot is not None:
                 snapshot.cancel()
+            if isinstance(exc, FencedError):
+                raise self._fenced(new_version, exc) from exc
             if isinstance(exc, OSError):
                 raise StateStoreCommitError(
                     f"Error committing version {new_version} into {self!r}: error writing "
@@ -418,6 +527,19 @@ class StateStoreProvider:
 
 
 _MISSING = object()
+
+
+def _chained(first: Record | None, rest: Iterator[Record]) -> Iterator[Record]:
+    """``first`` (unless None: the stream was empty) followed by ``rest``; closing it closes
+    ``rest``."""
+    try:
+        if first is not None:
+            yield first
+        yield from rest
+    finally:
+        close = getattr(rest, "close", None)
+        if close is not None:
+            close()
 
 
 def _first(item: tuple[bytes, Any, Any]) -> bytes:

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Hashable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from extagg.state.codec import decode_value, encode_key, encode_value
+from extagg.state.codec import canonical_key, decode_value, encode_key, encode_value
 from extagg.state.conf import StateStoreMetrics
 from extagg.state.errors import StateStoreError
 
@@ -26,10 +26,11 @@ if TYPE_CHECKING:
 
 __all__ = ["CommitChanges", "ReadStateStore", "StateStore", "StoreOwner"]
 
-#: ``(version, base mapping, changes, encoded bytes) -> new version``: writes a store's
-#: changes as ``version + 1`` (the provider's commit, handed to the stores it makes)
+#: ``(version, base mapping, changes, encoded bytes, expected identity of the new delta) -> new
+#: version``: writes a store's changes as ``version + 1``, fenced against a concurrent writer
+#: (the provider's commit, handed to the stores it makes)
 CommitChanges = Callable[
-    [int, dict[Any, Any], dict[Any, tuple[bytes, bytes | None, Any]], int], int
+    [int, dict[Any, Any], dict[Any, tuple[bytes, bytes | None, Any]], int, object], int
 ]
 
 
@@ -83,7 +84,7 @@ class ReadStateStore:
         return decode_value(encode_value(value))
 
     def _lookup(self, key: Hashable) -> Any:
-        return self._base.get(key, _MISSING)
+        return self._base.get(canonical_key(key), _MISSING)
 
     def get(self, key: Hashable, default: Any = None) -> Any:
         """The value of ``key``, or ``default`` when the key is absent."""
@@ -168,9 +169,18 @@ class StateStore(ReadStateStore):
     abort raises :class:`StateStoreError`. As a context manager it aborts unless committed.
     """
 
-    def __init__(self, provider: StoreOwner, loaded: LoadedVersion, commit: CommitChanges) -> None:
+    def __init__(
+        self,
+        provider: StoreOwner,
+        loaded: LoadedVersion,
+        commit: CommitChanges,
+        *,
+        expected_delta: object = None,
+    ) -> None:
         super().__init__(provider, loaded)
         self._commit = commit
+        #: identity of ``version + 1``'s delta when opened (None: absent): fences the commit
+        self._expected_delta = expected_delta
         # key -> (encoded key, encoded value or None for a delete, value object or None)
         self._changes: dict[Any, tuple[bytes, bytes | None, Any]] = {}
         self._size = len(self._base)
@@ -178,6 +188,7 @@ class StateStore(ReadStateStore):
         self._state = UPDATING
 
     def _lookup(self, key: Hashable) -> Any:
+        key = canonical_key(key)
         change = self._changes.get(key)
         if change is None:
             return self._base.get(key, _MISSING)
@@ -213,6 +224,7 @@ class StateStore(ReadStateStore):
     def put(self, key: Hashable, value: Any) -> None:
         """Set ``key`` to ``value`` (encoded now; ``TypeError`` names an unsupported type)."""
         self._check("put")
+        key = canonical_key(key)  # every NaN is one key, as on disk
         if value is None:
             raise ValueError(f"Cannot put a null value (key {key!r}) into {self!r}")
         new_key = encode_key(key)
@@ -234,6 +246,7 @@ class StateStore(ReadStateStore):
     def remove(self, key: Hashable) -> None:
         """Remove ``key``; a key that is not there is ignored (no delete is recorded)."""
         self._check("remove")
+        key = canonical_key(key)
         if self._lookup(key) is _MISSING:
             return
         key_bytes, in_base = self._touch(key)
@@ -250,7 +263,7 @@ class StateStore(ReadStateStore):
         """Write the changes as ``version + 1`` (atomically) and return the new version."""
         self._check("commit")
         new_version = self._commit(
-            self.version, self._base, self._changes, self._bytes
+            self.version, self._base, self._changes, self._bytes, self._expected_delta
         )  # on failure the store stays updating: commit again, or abort
         self._state = COMMITTED
         return new_version

@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 import logging
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 
 from extagg._config import DEFAULT_FAN_IN
 from extagg.spill.tempdir import SpillDirs
@@ -114,13 +114,18 @@ def missing_file_error(path: str, label: str, kind: str = "delta") -> StateFileN
 
 
 def files_for_version(
-    listing: StateFileListing, version: int, label: str, start_version: int = 0
+    listing: StateFileListing,
+    version: int,
+    label: str,
+    start_version: int = 0,
+    skip: Collection[int] = (),
 ) -> tuple[int, list[str]]:
     """The files that rebuild ``version``: the newest snapshot at or below it, then the deltas.
 
     With ``start_version`` > 0 the chain starts at that version's state instead (the caller
     holds it, e.g. cached): returns ``(base, paths)`` where ``base`` is the version the first
     path's records apply to (0 or the start version) or the snapshot's own version.
+    Snapshots of the versions in ``skip`` (found corrupt) are not used.
     Raises :class:`StateFileNotFoundError` naming the first missing delta.
     """
     if version < 0:
@@ -133,7 +138,10 @@ def files_for_version(
         error = missing_file_error(os.path.join(listing.directory, f"{version}.delta"), label)
         error.args = (f"{error.args[0]} The latest version is {listing.latest_version}.",)
         raise error
-    snapshot = max((v for v in listing.snapshots if start_version < v <= version), default=None)
+    snapshot = max(
+        (v for v in listing.snapshots if start_version < v <= version and v not in skip),
+        default=None,
+    )
     base = start_version if snapshot is None else snapshot
     paths = [] if snapshot is None else [listing.snapshots[snapshot]]
     for delta_version in range(base + 1, version + 1):

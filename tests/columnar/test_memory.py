@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from extagg.columnar import HashAggregator
-from extagg.errors import MemoryLimitError, SpillError
+from extagg.errors import BudgetError, SpillError
 from extagg.memory import MemoryConsumer, UnifiedMemoryManager, task_memory_manager
 from tests.conftest import files_under
 
@@ -88,11 +88,9 @@ def test_accounting_matches_live_numpy_memory() -> None:
     assert freed == pytest.approx(live, rel=0.05)
 
 
-def test_budget_below_minimum_raises_memory_limit_error() -> None:
-    with HashAggregator("k", AGGS, memory="32k") as agg:
-        with pytest.raises(MemoryLimitError, match=r"needs .* to start .* table of"):
-            agg.update(_data(10, 5))
-        assert agg.used == 0
+def test_budget_below_minimum_is_rejected_at_construction() -> None:
+    with pytest.raises(BudgetError, match=r"32.0 KiB \(32768 bytes\) is below .* minimum"):
+        HashAggregator("k", AGGS, memory="32k")
 
 
 class Hog(MemoryConsumer):

@@ -87,3 +87,11 @@ def test_unsupported_key_type_fails_the_job_clearly(spark_context):
     rdd = spark_context.parallelize([(frozenset([1]), 1)], 1)
     with pytest.raises(Exception, match="frozenset"):
         combine_by_key(rdd, create, merge_value, merge_combiners, memory="4m").collect()
+
+
+def test_a_budget_below_the_engines_minimum_fails_on_the_driver(spark_context):
+    from extagg import BudgetError
+
+    rdd = spark_context.parallelize([(1, 1)], 1)
+    with pytest.raises(BudgetError, match=r"90% of it.*below the engines' working minimum"):
+        combine_by_key(rdd, create, merge_value, merge_combiners, memory="1m")

@@ -218,4 +218,11 @@ def test_same_input_same_bytes(tmp_path):
     block = object_block([f"k{i}" for i in range(100)], list(range(100)))
     write_run(tmp_path / "a.run", block)
     write_run(tmp_path / "b.run", block)
-    assert (tmp_path / "a.run").read_bytes() == (tmp_path / "b.run").read_bytes()
+    a, b = (tmp_path / "a.run").read_bytes(), (tmp_path / "b.run").read_bytes()
+    assert a[16:32] != b[16:32]  # each run has its own random id ...
+    assert a[:16] + a[32:] == b[:16] + b[32:]  # ... and nothing else differs
+    for name in ("c.run", "d.run"):
+        with RunWriter(str(tmp_path / name), OBJECT_CODEC, run_id=b"\x01" * 16) as writer:
+            writer.write_sorted(block, 1000)
+            writer.finish()
+    assert (tmp_path / "c.run").read_bytes() == (tmp_path / "d.run").read_bytes()

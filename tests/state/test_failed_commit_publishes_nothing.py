@@ -24,11 +24,11 @@ def provider(tmp_path):
 def fail_delta_commits(monkeypatch):
     original = atomic.AtomicFile.commit
 
-    def failing(self):
+    def failing(self, *args):
         if self.path.endswith(".delta"):
             self.cancel()
             raise OSError(errno.ENOSPC, "No space left on device (injected)")
-        return original(self)
+        return original(self, *args)
 
     monkeypatch.setattr(atomic.AtomicFile, "commit", failing)
 

@@ -1,0 +1,271 @@
+"""Writers of one version are fenced (the second fails clearly, nobody's cache diverges); a corrupt
+newest snapshot falls back to an older snapshot and deltas; temp files of killed commits in
+``commits/`` go on the next open; the writer cache keeps one NaN key, as the disk does."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from operator import add
+from pathlib import Path
+
+import pytest
+
+from extagg.errors import CorruptFileError
+from extagg.memory import UnifiedMemoryManager
+from extagg.state import Checkpoint, StateStoreConf, StateStoreProvider
+from extagg.state.errors import ConcurrentCommitError, StateStoreCommitError
+
+from .conftest import commit_version, state_files, temp_files
+
+
+def _provider(directory: Path, **conf: int) -> StateStoreProvider:
+    return StateStoreProvider(
+        str(directory),
+        conf=StateStoreConf(**conf),
+        memory_manager=UnifiedMemoryManager("64m", wait_timeout=5),
+    )
+
+
+# ------------------------------------------------------------------------------ fencing
+def test_the_second_writer_of_a_version_fails_and_serves_the_winners(tmp_path: Path) -> None:
+    a, b = _provider(tmp_path), _provider(tmp_path)
+    commit_version(a, 0, {"x": 1})
+    mine, theirs = a.get_store(1), b.get_store(1)
+    mine.put("x", 2)
+    theirs.put("x", 3)
+    theirs.put("y", 1)
+    assert mine.commit() == 2
+    with pytest.raises(ConcurrentCommitError, match=r"Version 2 of .* was committed by another"):
+        theirs.commit()
+    assert dict(b.get_read_store(2).items()) == {"x": 2}  # the loser serves the winner's version
+    assert dict(a.get_read_store(2).items()) == {"x": 2}
+    assert state_files(tmp_path) == ["1.delta", "2.delta"]
+    assert temp_files(tmp_path) == []
+    a.close()
+    b.close()
+
+
+def test_the_fence_error_is_a_commit_error_and_a_file_exists_error(tmp_path: Path) -> None:
+    a, b = _provider(tmp_path), _provider(tmp_path)
+    late = b.get_store(0)
+    late.put("k", 1)
+    commit_version(a, 0, {"k": 0})
+    with pytest.raises(StateStoreCommitError) as info:
+        late.commit()
+    error = info.value
+    assert isinstance(error, ConcurrentCommitError) and isinstance(error, FileExistsError)
+    assert error.path == os.path.join(str(tmp_path), "1.delta") and error.version == 1
+    assert error.error_class == "CANNOT_WRITE_STATE_STORE.CANNOT_COMMIT"
+
+
+def test_merge_update_is_fenced_against_a_commit_made_while_it_streams(tmp_path: Path) -> None:
+    a, b = _provider(tmp_path), _provider(tmp_path)
+    commit_version(a, 0, {1: 1})
+
+    def pairs():  # another process commits version 2 while this merge is under way
+        commit_version(b, 1, {1: 100})
+        yield 2, 5
+
+    with pytest.raises(ConcurrentCommitError):
+        a.merge_update(1, pairs(), add)
+    assert dict(a.get_read_store(2).items()) == {1: 100}
+    assert temp_files(tmp_path) == []
+
+
+def test_a_retried_batch_still_replaces_its_version_but_two_retries_are_fenced(
+    tmp_path: Path,
+) -> None:
+    a, b = _provider(tmp_path), _provider(tmp_path)
+    commit_version(a, 0, {"k": 0})
+    commit_version(a, 1, {"k": 1})
+    assert commit_version(a, 1, {"k": 11}) == 2  # a retried batch: replaces version 2
+    first, second = a.get_store(1), b.get_store(1)
+    first.put("k", 21)
+    second.put("k", 22)
+    first.commit()
+    with pytest.raises(ConcurrentCommitError, match="replaced by another writer"):
+        second.commit()
+    fresh = _provider(tmp_path)
+    assert dict(fresh.get_read_store(2).items()) == {"k": 21}
+    assert dict(b.get_read_store(2).items()) == {"k": 21}
+
+
+RACER = textwrap.dedent(
+    """
+    import os, sys, time
+    from extagg.memory import UnifiedMemoryManager
+    from extagg.state import StateStoreProvider
+    from extagg.state.errors import ConcurrentCommitError
+    directory, name, go = sys.argv[1], sys.argv[2], sys.argv[3]
+    provider = StateStoreProvider(directory, memory_manager=UnifiedMemoryManager("64m"))
+    store = provider.get_store(1)
+    for i in range(2000):
+        store.put((name, i), i)
+    print("ready", flush=True)
+    while not os.path.exists(go):
+        time.sleep(0.001)
+    try:
+        print("won", store.commit(), flush=True)
+    except ConcurrentCommitError as exc:
+        assert len(provider.get_read_store(2)) == 2001, "the loser must see the winner's version"
+        print("lost", flush=True)
+    """
+)
+
+
+def test_two_processes_committing_the_same_version_one_wins(tmp_path: Path) -> None:
+    directory = tmp_path / "store"
+    commit_version(_provider(directory), 0, {"base": 0})
+    go = tmp_path / "go"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACER, str(directory), name, str(go)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("p", "q")
+    ]
+    for proc in procs:
+        assert proc.stdout.readline().strip() == "ready"
+    go.write_text("go")
+    outcomes = sorted(proc.communicate(timeout=60)[0].split()[0] for proc in procs)
+    assert [proc.returncode for proc in procs] == [0, 0]
+    assert outcomes == ["lost", "won"]
+    fresh = _provider(directory)
+    state = dict(fresh.get_read_store(2).items())
+    assert len(state) == 2001 and len({key[0] for key in state if key != "base"}) == 1
+    assert temp_files(directory) == []
+
+
+# ------------------------------------------------------------------ corrupt snapshots
+def _history(directory: Path) -> tuple[StateStoreProvider, dict]:
+    """Versions 1..6 with snapshots of 3 and 6; returns the provider and version 6's state."""
+    provider = _provider(directory, min_deltas_for_snapshot=2, min_versions_to_retain=10)
+    state: dict = {}
+    for version in range(6):
+        puts = {version: version, "last": version, (version, "x"): -version}
+        commit_version(provider, version, puts, removes=[version - 2] if version >= 2 else [])
+        state.update(puts)
+        state.pop(version - 2, None)
+        if version in (2, 5):
+            provider.do_maintenance()
+    assert {"3.snapshot", "6.snapshot"} <= set(state_files(directory))
+    provider.close()
+    return provider, state
+
+
+def _corrupt(path: Path, where: str) -> None:
+    data = bytearray(path.read_bytes())
+    index = 3 if where == "header" else len(data) - 6
+    data[index] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("where", ["header", "body"])
+def test_a_corrupt_newest_snapshot_falls_back_to_an_older_one(
+    tmp_path: Path, where: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, state = _history(tmp_path)
+    bad = tmp_path / "6.snapshot"
+    _corrupt(bad, where)
+    with caplog.at_level(logging.WARNING, logger="extagg.state"):
+        fresh = _provider(tmp_path)
+        assert dict(fresh.get_read_store(6).items()) == state
+        assert dict(_provider(tmp_path).iter_version(6)) == state
+        assert fresh.merge_update(6, [("new", 1)], add) == 7
+    assert dict(_provider(tmp_path).get_read_store(7).items()) == {**state, "new": 1}
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings and all(str(bad) in w and "corrupt" in w for w in warnings)
+    assert "the snapshot of version 3 and deltas 4..6" in warnings[0]
+
+
+def test_a_corrupt_snapshot_without_an_older_chain_is_still_an_error(tmp_path: Path) -> None:
+    _history(tmp_path)
+    for version in (1, 2, 4):
+        os.unlink(tmp_path / f"{version}.delta")  # what cleanup would have removed
+    _corrupt(tmp_path / "6.snapshot", "header")
+    with pytest.raises(CorruptFileError) as info:
+        _provider(tmp_path).get_read_store(6)
+    assert info.value.path == str(tmp_path / "6.snapshot")
+
+
+# ------------------------------------------------------------------ killed commits
+KILLED_COMMIT = textwrap.dedent(
+    """
+    import os, sys, time
+    from extagg.state import Checkpoint
+    real_fsync = os.fsync
+    def hang(fd):
+        print("fsync", flush=True)
+        time.sleep(600)
+    os.fsync = hang
+    Checkpoint(sys.argv[1]).commit(0)
+    """
+)
+
+
+def test_temp_files_of_a_commit_killed_in_commits_dir_go_on_the_next_open(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "ckpt"
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_COMMIT, str(checkpoint)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout.readline().strip() == "fsync"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    left = temp_files(checkpoint / "commits")
+    assert len(left) == 1, "the killed commit leaves its temp file"
+    opened = Checkpoint(checkpoint)
+    assert temp_files(checkpoint) == []
+    assert opened.committed_batches() == []
+    opened.commit(0)
+    assert opened.committed_batches() == [0]
+
+
+def test_temp_files_of_a_killed_metadata_write_go_on_the_next_open(tmp_path: Path) -> None:
+    checkpoint = Checkpoint(tmp_path / "ckpt")
+    checkpoint.operator(0, name="op", num_partitions=1)
+    meta_dir = os.path.dirname(checkpoint.metadata_path(0))
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stale = os.path.join(meta_dir, f".metadata.{_host()}-{child.pid}-0123456789abcdef.tmp")
+    Path(stale).write_bytes(b"partial")
+    child.kill()
+    child.wait()
+    Checkpoint(tmp_path / "ckpt")
+    assert not os.path.exists(stale)
+
+
+def _host() -> str:
+    import socket
+
+    return socket.gethostname().replace(".", "_").replace("-", "_") or "host"
+
+
+# ------------------------------------------------------------------ NaN keys
+def test_the_writer_cache_holds_one_nan_key_as_the_disk_does(tmp_path: Path) -> None:
+    provider = _provider(tmp_path)
+    store = provider.get_store(0)
+    store.put(float("nan"), 1)
+    store.put(float("nan"), 2)  # another NaN object: the same key on disk
+    store.put((1, float("nan")), "a")
+    store.put((1, float("nan")), "b")
+    assert len(store) == 2
+    assert store.commit() == 1
+    cached = dict(provider.get_read_store(1).items())
+    on_disk = dict(_provider(tmp_path).get_read_store(1).items())
+    assert len(cached) == len(on_disk) == 2
+    assert provider.get_read_store(1).get(float("nan")) == 2
+    assert provider.get_read_store(1).get((1, math.nan)) == "b"
+    follow = provider.get_store(1)
+    follow.remove(float("nan"))
+    follow.commit()
+    for source in (provider, _provider(tmp_path)):
+        [(key, value)] = list(source.get_read_store(2).items())
+        assert key[0] == 1 and math.isnan(key[1]) and value == "b"
