@@ -32,6 +32,8 @@ def aggregate(
             agg.update(batch)
         out = list(agg.results())
         schema = agg.schema
+    if schema is None and out:  # a global aggregate of no input: its one row
+        return pa.Table.from_batches(out)
     if schema is None:
         names = [keys] if isinstance(keys, str) else list(keys)
         return pa.table({name: pa.array([], type=pa.null()) for name in [*names, *aggs]})

@@ -38,7 +38,7 @@ from extagg.collection import _typed_kernels as TK
 from extagg.collection.typed_table import MIN_ARENA, MIN_CAPACITY, TypedHashTable
 from extagg.columnar import functions as F
 from extagg.columnar._sources import TableSource
-from extagg.columnar.blocks import BlockLayout
+from extagg.columnar.blocks import BlockLayout, global_row_untyped
 from extagg.columnar.buffers import BATCH_VAR_BYTES, IO_COPIES, plan_buffers
 from extagg.columnar.columns import Column, iter_record_batches, to_columns
 from extagg.columnar.growth import grow_arena_or_spill, grow_or_spill, make_room_for_key_bytes
@@ -321,7 +321,7 @@ class HashAggregator(MemoryConsumer):
         if var_bytes:
             make_room_for_key_bytes(self, var_bytes)
             table = self._ensure_table()
-        enc = self._encode(key_cols)
+        enc = self._encode(key_cols, n)
         gids = np.empty(n, dtype=np.int64)
         seq0 = self.metrics.records_read
         pos = 0
@@ -402,8 +402,11 @@ class HashAggregator(MemoryConsumer):
     def _results(self) -> Iterator[pa.RecordBatch]:
         try:
             if self._layout is None:
+                if not self.keys:  # a global aggregate of no input at all: one row
+                    yield global_row_untyped(self._requests)
                 return
             layout = self._layout
+            groups_before = self.metrics.groups
             for block in result_blocks(self):
                 for start in range(0, len(block), self.batch_size):
                     part = (
@@ -413,14 +416,17 @@ class HashAggregator(MemoryConsumer):
                     )
                     self.metrics.groups += len(part)
                     yield layout.finish(part)
+            if not self.keys and self.metrics.groups == groups_before:
+                self.metrics.groups += 1  # a global aggregate has one row, even of no input
+                yield layout.finish(layout.initial_block(1))
         finally:
             self.close()
 
-    def _encode(self, key_cols: list[Column]) -> EncodedKeys:
-        """Hash and canonicalise keys; a partition's aggregator rotates the hashes (see
-        :func:`~extagg.columnar.partitions.rotate_left`)."""
+    def _encode(self, key_cols: list[Column], n: int | None = None) -> EncodedKeys:
+        """Hash and canonicalise keys (``n`` rows: needed without key columns); a partition's
+        aggregator rotates the hashes (see :func:`~extagg.columnar.partitions.rotate_left`)."""
         assert self._layout is not None
-        enc = self._layout.keys.encode(key_cols)
+        enc = self._layout.keys.encode(key_cols, n)
         if self._level:
             enc.hashes = rotate_left(enc.hashes, PARTITION_BITS * self._level)
         return enc

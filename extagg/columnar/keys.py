@@ -74,9 +74,16 @@ class KeyLayout:
             per_row += 16 + 4 * len(self.var)
         return rows * per_row + (var_bytes if self.has_var else 0)
 
-    def encode(self, cols: Sequence[Column]) -> EncodedKeys:
-        """Hashes, words, null bits and packed bytes of the key columns ``cols``."""
-        n = len(cols[0]) if cols else 0
+    def encode(self, cols: Sequence[Column], n: int | None = None) -> EncodedKeys:
+        """Hashes, words, null bits and packed bytes of the key columns ``cols``.
+
+        ``n`` is the number of rows, needed when there are no key columns (a global aggregate:
+        every row has the key ``()``, hashed as ``stable_hash(())``).
+        """
+        if cols:
+            n = len(cols[0])
+        elif n is None:
+            raise ValueError("encode() needs the row count when there are no key columns")
         return EncodedKeys(
             self._hashes(cols, n), self._words(cols, n), self._nulls(cols, n), *self._var(cols, n)
         )
