@@ -12,7 +12,13 @@ PySpark integration in :mod:`extagg.spark`.
 
 from extagg.columnar.api import aggregate
 from extagg.columnar.hash_aggregator import HashAggregator
-from extagg.errors import CorruptFileError, ExtaggError, MemoryLimitError, SpillError
+from extagg.errors import (
+    CorruptFileError,
+    ExtaggError,
+    MemoryLimitError,
+    SpillError,
+    SumOverflowError,
+)
 from extagg.generic.aggregator import Aggregator
 from extagg.generic.external_map import ExternalAppendOnlyMap
 from extagg.hashing import stable_hash
@@ -26,6 +32,7 @@ __all__ = [
     "HashAggregator",
     "MemoryLimitError",
     "SpillError",
+    "SumOverflowError",
     "SpillMetrics",
     "aggregate",
     "stable_hash",

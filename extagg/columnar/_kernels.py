@@ -275,3 +275,42 @@ def merge_var(out_gid, sn, smean, sm2, dn, dmean, dm2):
         dmean[g] += d * b / c
         dm2[g] += sm2[i] + d * d * (np.float64(a) * b / c)
         dn[g] = c
+
+
+# -- decimals of more than 18 digits: (n, 2) int64 words in, 192-bit sums ---------------------
+
+
+@_jit
+def sum_dec128(gids, values, valid, lo, mid, hi, has):
+    """decimal128 values (``values[i, 0]`` low word, ``values[i, 1]`` signed high word) into
+    192-bit sums (``lo``, ``mid`` unsigned, ``hi`` signed): exact for any number of rows."""
+    has_mask = valid.shape[0] > 0
+    for i in range(gids.shape[0]):
+        if has_mask and not valid[i]:
+            continue
+        g = gids[i]
+        vlo = np.uint64(values[i, 0])
+        vhi = values[i, 1]
+        old = lo[g]
+        new = old + vlo
+        lo[g] = new
+        m_old = mid[g]
+        t = m_old + np.uint64(vhi)
+        t2 = t + np.uint64(new < old)
+        mid[g] = t2
+        hi[g] += (np.int64(-1) if vhi < 0 else np.int64(0)) + np.int64(t < m_old) + np.int64(t2 < t)
+        has[g] = True
+
+
+@_jit
+def merge_sum192(out_gid, slo, smid, shi, dlo, dmid, dhi):
+    for i in range(out_gid.shape[0]):
+        g = out_gid[i]
+        old = dlo[g]
+        new = old + slo[i]
+        dlo[g] = new
+        m_old = dmid[g]
+        t = m_old + smid[i]
+        t2 = t + np.uint64(new < old)
+        dmid[g] = t2
+        dhi[g] += shi[i] + np.int64(t < m_old) + np.int64(t2 < t)

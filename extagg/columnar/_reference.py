@@ -192,3 +192,27 @@ def merge_var(out_gid, sn, smean, sm2, dn, dmean, dm2):
         dmean[g] = float(dmean[g]) + d * b / c
         dm2[g] = float(dm2[g]) + (float(sm2[i]) + d * d * (float(a) * b / c))
         dn[g] = c
+
+
+def _get192(lo, mid, hi, g):
+    return (int(hi[g]) << 128) + (int(mid[g]) << 64) + int(lo[g])
+
+
+def _set192(lo, mid, hi, g, value):
+    lo[g] = value & _M64
+    mid[g] = (value >> 64) & _M64
+    high = value >> 128
+    hi[g] = ((high + (1 << 63)) & _M64) - (1 << 63)  # wraps like int64
+
+
+def sum_dec128(gids, values, valid, lo, mid, hi, has):
+    for i, g in _rows(gids, valid):
+        value = (int(values[i, 1]) << 64) + (int(values[i, 0]) & _M64)
+        _set192(lo, mid, hi, g, _get192(lo, mid, hi, g) + value)
+        has[g] = True
+
+
+def merge_sum192(out_gid, slo, smid, shi, dlo, dmid, dhi):
+    for i, g in enumerate(out_gid.tolist()):
+        total = _get192(dlo, dmid, dhi, g) + _get192(slo, smid, shi, i)
+        _set192(dlo, dmid, dhi, g, total)

@@ -164,7 +164,7 @@ class BlockLayout:
             except F.SumOverflowError as exc:
                 key = [k[exc.row].as_py() for k in keys]
                 shown = key[0] if len(key) == 1 else tuple(key)
-                raise OverflowError(f"{exc} (group {shown!r})") from None
+                raise F.SumOverflowError(f"{exc} (group {shown!r})", exc.row) from None
         return pa.RecordBatch.from_arrays([*keys, *aggs], names=self.output_names)
 
     def initial_block(self, rows: int) -> ColumnBlock:

@@ -25,6 +25,9 @@ __all__ = [
     "Column",
     "KINDS",
     "column_kind",
+    "DECIMAL64_DIGITS",
+    "decimal_array",
+    "is_decimal64",
     "is_batch",
     "iter_record_batches",
     "to_columns",
@@ -32,7 +35,16 @@ __all__ = [
 ]
 
 #: kind of every supported Arrow type family
-KINDS = ("int", "uint", "float", "bool", "temporal", "string", "binary")
+KINDS = ("int", "uint", "float", "bool", "temporal", "decimal", "string", "binary")
+
+#: decimals of at most this many digits are held as their unscaled ``int64`` value; wider ones
+#: as ``(n, 2)`` ``int64`` words (low word as unsigned, high word signed: Arrow's decimal128)
+DECIMAL64_DIGITS = 18
+
+
+def is_decimal64(arrow_type: pa.DataType) -> bool:
+    """A decimal column whose unscaled values fit ``int64`` (at most 18 digits)."""
+    return pa.types.is_decimal(arrow_type) and arrow_type.precision <= DECIMAL64_DIGITS
 
 
 @dataclass
@@ -97,6 +109,8 @@ def column_kind(arrow_type: pa.DataType) -> str | None:
         return "float"
     if t.is_temporal(arrow_type) and not t.is_interval(arrow_type):
         return "temporal"
+    if t.is_decimal128(arrow_type):
+        return "decimal"
     if t.is_string(arrow_type) or t.is_large_string(arrow_type) or _is_view(arrow_type, "string"):
         return "string"
     if t.is_binary(arrow_type) or t.is_large_binary(arrow_type) or _is_view(arrow_type, "binary"):
@@ -210,6 +224,38 @@ def _fixed_values(arr: pa.Array, dtype: np.dtype) -> np.ndarray:
     return np.frombuffer(buf, dtype=dtype)[arr.offset : arr.offset + len(arr)]
 
 
+def _decimal_values(arr: pa.Array) -> np.ndarray:
+    """Unscaled values: ``int64`` (up to 18 digits: the low words, one compact copy) or the
+    ``(n, 2)`` ``int64`` words of each decimal128 (zero-copy)."""
+    n = len(arr)
+    buf = arr.buffers()[1]
+    words = (
+        np.zeros((n, 2), dtype=np.int64)
+        if buf is None
+        else np.frombuffer(buf, dtype=np.int64).reshape(-1, 2)[arr.offset : arr.offset + n]
+    )
+    if is_decimal64(arr.type):
+        return np.ascontiguousarray(words[:, 0])
+    return words
+
+
+def decimal_array(
+    arrow_type: pa.DataType, lo: np.ndarray, hi: np.ndarray, mask: np.ndarray | None
+) -> pa.Array:
+    """A decimal128 array from the low (unsigned or signed) and high (signed) 64-bit words of
+    its unscaled values; ``mask`` marks nulls."""
+    n = len(lo)
+    words = np.empty((n, 2), dtype=np.int64)
+    words[:, 0] = lo.view(np.int64) if lo.dtype == np.uint64 else lo
+    words[:, 1] = hi.view(np.int64) if hi.dtype == np.uint64 else hi
+    validity = None
+    nulls = 0
+    if mask is not None and mask.any():
+        validity = pa.py_buffer(np.packbits(~mask, bitorder="little"))
+        nulls = int(mask.sum())
+    return pa.Array.from_buffers(arrow_type, n, [validity, pa.py_buffer(words)], null_count=nulls)
+
+
 _TEMPORAL_STORAGE = {32: (pa.int32(), np.dtype(np.int32)), 64: (pa.int64(), np.dtype(np.int64))}
 
 
@@ -233,6 +279,8 @@ def to_column(name: str, arr: pa.Array) -> Column:
     if kind == "temporal":
         storage, dtype = _TEMPORAL_STORAGE[arrow_type.bit_width]
         return Column(name, kind, arrow_type, _fixed_values(arr.view(storage), dtype), valid)
+    if kind == "decimal":
+        return Column(name, kind, arrow_type, _decimal_values(arr), valid)
     # variable length
     if not (pa.types.is_large_string(arrow_type) or pa.types.is_large_binary(arrow_type)):
         target = pa.large_string() if kind == "string" else pa.large_binary()

@@ -166,6 +166,7 @@ class HashAggregator(MemoryConsumer):
                 "float",
                 "bool",
                 "temporal",
+                "decimal",
                 "string",
                 "binary",
             ):

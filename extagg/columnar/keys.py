@@ -16,7 +16,7 @@ import pyarrow as pa
 from extagg import _hash_kernels as H
 from extagg.collection.typed_table import null_mask_dtype
 from extagg.columnar import _key_kernels as KK
-from extagg.columnar.columns import Column
+from extagg.columnar.columns import Column, decimal_array, is_decimal64
 
 __all__ = ["KeyLayout", "EncodedKeys", "WORD_PREFIX", "NULLS_COLUMN", "VAR_COLUMN"]
 
@@ -24,7 +24,7 @@ WORD_PREFIX = "k"
 NULLS_COLUMN = "knull"
 VAR_COLUMN = "kvar"
 
-_BIJECTIVE_KINDS = ("int", "uint", "bool", "temporal")
+_BIJECTIVE_KINDS = ("int", "uint", "bool", "temporal", "decimal")
 _EMPTY_BOOL = np.zeros(0, dtype=np.bool_)
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
 _EMPTY_U8 = np.zeros(0, dtype=np.uint8)
@@ -52,6 +52,13 @@ class KeyLayout:
     """How the key columns (names, kinds, Arrow types) map to words and packed bytes."""
 
     def __init__(self, names: Sequence[str], kinds: Sequence[str], types: Sequence[pa.DataType]):
+        for name, kind, arrow_type in zip(names, kinds, types):
+            if kind == "decimal" and not is_decimal64(arrow_type):
+                raise TypeError(
+                    f"key column {name!r} has type {arrow_type}: decimal keys of more than 18 "
+                    "digits are not supported yet (cast the column to a narrower decimal or "
+                    "to a string)"
+                )
         self.names = list(names)
         self.kinds = list(kinds)
         self.types = list(types)
@@ -178,7 +185,7 @@ def _hash_column(col: Column, out: np.ndarray) -> None:
     elif kind == "bool":
         assert col.values is not None
         H.hash_uint_column(col.values.view(np.uint8), valid, out)
-    else:  # int, temporal storage
+    else:  # int, temporal storage, decimal's unscaled int64
         H.hash_int_column(col.values, valid, out)
 
 
@@ -189,7 +196,7 @@ def _column_words(col: Column) -> np.ndarray:
         out = np.empty(len(values), dtype=np.uint64)
         KK.float_words(values, _valid(col), out)
         return out
-    if col.kind in ("int", "temporal"):
+    if col.kind in ("int", "temporal", "decimal"):
         words = values.astype(np.int64, copy=False).view(np.uint64)
     else:  # uint, bool
         words = values.astype(np.uint64, copy=False)
@@ -209,6 +216,8 @@ def _fixed_array(
     if kind == "uint":
         return pa.array(words.astype(arrow_type.to_pandas_dtype()), type=arrow_type, mask=mask)
     signed = words.view(np.int64)
+    if kind == "decimal":
+        return decimal_array(arrow_type, signed, signed >> np.int64(63), mask)
     if kind == "int":
         return pa.array(signed.astype(arrow_type.to_pandas_dtype()), type=arrow_type, mask=mask)
     storage = pa.int32() if arrow_type.bit_width == 32 else pa.int64()
