@@ -7,7 +7,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from extagg.columnar.columns import is_batch
+from extagg.columnar.columns import dataset_batches, is_batch, is_dataset
 from extagg.columnar.hash_aggregator import HashAggregator
 
 __all__ = ["aggregate"]
@@ -22,12 +22,19 @@ def aggregate(
     """Group ``source`` by ``keys`` and compute ``aggs``; returns a ``pyarrow.Table``.
 
     ``source`` is one batch (pyarrow RecordBatch or Table, pandas DataFrame, dict of NumPy
-    arrays), a ``pyarrow.RecordBatchReader``, or an iterable of batches. ``options`` go to
+    arrays), a ``pyarrow.RecordBatchReader``, a ``pyarrow.dataset.Dataset`` (its batches are
+    scanned with only the columns the query reads) or an iterable of batches. ``options`` go to
     :class:`HashAggregator` (``memory``, ``memory_manager``, ``spill_dirs``, ...). Rows come in
     hash order of the keys. With no input at all the key columns have Arrow type ``null``.
     """
     with HashAggregator(keys, aggs, **options) as agg:
-        batches: Iterable[Any] = [source] if is_batch(source) else source
+        batches: Iterable[Any]
+        if is_batch(source):
+            batches = [source]
+        elif is_dataset(source):
+            batches = dataset_batches(source, agg.input_columns)
+        else:
+            batches = source
         for batch in batches:
             agg.update(batch)
         out = list(agg.results())

@@ -29,6 +29,8 @@ __all__ = [
     "decimal_array",
     "is_decimal64",
     "is_batch",
+    "is_dataset",
+    "dataset_batches",
     "iter_record_batches",
     "to_columns",
     "type_name",
@@ -128,6 +130,28 @@ def _is_view(arrow_type: pa.DataType, what: str) -> bool:
 def is_batch(obj: Any) -> bool:
     """Whether ``obj`` is one batch (as opposed to an iterable of batches)."""
     return isinstance(obj, (pa.RecordBatch, pa.Table, Mapping)) or _is_dataframe(obj)
+
+
+def is_dataset(obj: Any) -> bool:
+    """Whether ``obj`` is a ``pyarrow.dataset.Dataset`` (without importing pyarrow.dataset)."""
+    module = type(obj).__module__
+    if not module.startswith("pyarrow._dataset"):
+        return False
+    import pyarrow.dataset as ds
+
+    return isinstance(obj, ds.Dataset)
+
+
+def dataset_batches(dataset: Any, columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
+    """The record batches of a ``pyarrow.dataset.Dataset``, reading only ``columns``.
+
+    A column the dataset does not have raises ``ValueError`` naming it and the columns it has.
+    """
+    names = dataset.schema.names
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise ValueError(f"column {missing[0]!r} is not in the dataset; it has columns {names}")
+    return iter(dataset.to_batches(columns=list(columns)))
 
 
 def iter_record_batches(batch: Any, max_rows: int | None = None) -> Iterator[pa.RecordBatch]:

@@ -152,6 +152,11 @@ class HashAggregator(MemoryConsumer):
 
     # ------------------------------------------------------------------ schema
     @property
+    def input_columns(self) -> list[str]:
+        """The input columns the query reads (keys, then aggregated columns)."""
+        return list(self._needed)
+
+    @property
     def schema(self) -> pa.Schema | None:
         """The output schema (known after the first ``update``)."""
         if self._layout is None:
