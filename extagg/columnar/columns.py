@@ -6,10 +6,13 @@ variable-length values (strings, binary) as ``int64`` offsets starting at 0 plus
 arena, with an optional boolean validity mask. The original Arrow type is kept so results come
 back with the type that went in.
 
-Null conventions: Arrow nulls are nulls; pandas input goes through ``pyarrow.RecordBatch.
-from_pandas``, so a pandas NaN is a null (pandas' own convention); in a dict of NumPy arrays a
-float NaN is a value (one NaN group) and only masked entries (``numpy.ma``), ``None`` in object
-arrays and NaT are nulls.
+Null conventions, one rule for every container (Spark's and DuckDB's): a float NaN is a value
+(it is counted, sums to NaN, all NaNs are one group) and only a missing value is a null: Arrow
+nulls; in pandas ``pd.NA``/``None`` (nullable dtypes such as ``Float64``/``Int64``/``string``,
+object columns) and ``NaT``; in a dict of NumPy arrays masked entries (``numpy.ma``), ``None``
+in object arrays and NaT. A plain ``float64`` pandas column therefore keeps its NaNs as values,
+unlike pandas' own ``groupby`` — use a nullable ``Float64`` column for missing numbers. (In a
+pandas column of strings or objects NaN can only mean "missing", so it is a null there.)
 """
 
 from __future__ import annotations
@@ -169,7 +172,7 @@ def iter_record_batches(batch: Any, max_rows: int | None = None) -> Iterator[pa.
         for rb in batches:
             yield from _sliced(rb, max_rows)
     elif _is_dataframe(batch):  # whole frame at once: column types inferred from every row
-        yield from iter_record_batches(pa.Table.from_pandas(batch, preserve_index=False), max_rows)
+        yield from _sliced(_record_batch_from_pandas(batch), max_rows)
     elif isinstance(batch, Mapping):
         yield from _sliced(_record_batch_from_mapping(batch), max_rows)
     else:
@@ -191,6 +194,29 @@ def _sliced(rb: pa.RecordBatch, max_rows: int | None) -> Iterator[pa.RecordBatch
 def _is_dataframe(obj: Any) -> bool:
     module = type(obj).__module__
     return module.startswith("pandas") and type(obj).__name__ == "DataFrame"
+
+
+def _record_batch_from_pandas(frame: Any) -> pa.RecordBatch:
+    """A DataFrame's columns as Arrow arrays: NaN in NumPy float columns stays a value, pandas'
+    missing markers (``pd.NA``, ``None``, ``NaT``, NaN in object/string columns) are nulls."""
+    arrays = []
+    for i in range(frame.shape[1]):
+        series = frame.iloc[:, i]
+        dtype = series.dtype
+        try:
+            if isinstance(dtype, np.dtype) and dtype.kind == "f":
+                values = series.to_numpy()
+                if values.dtype == np.float16:
+                    values = values.astype(np.float32)
+                arrays.append(pa.array(values, from_pandas=False))
+            else:
+                arrays.append(pa.array(series, from_pandas=True))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
+            raise TypeError(
+                f"column {frame.columns[i]!r} of pandas dtype {dtype} cannot be converted: {exc}"
+            ) from exc
+    names = [str(name) for name in frame.columns]
+    return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
 def _record_batch_from_mapping(batch: Mapping[str, Any]) -> pa.RecordBatch:
