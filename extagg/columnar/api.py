@@ -8,6 +8,7 @@ from typing import Any
 import pyarrow as pa
 
 from extagg.columnar.columns import dataset_batches, is_batch, is_dataset
+from extagg.columnar.distinct import DistinctAggregator, has_distinct
 from extagg.columnar.hash_aggregator import HashAggregator
 
 __all__ = ["aggregate"]
@@ -27,7 +28,8 @@ def aggregate(
     :class:`HashAggregator` (``memory``, ``memory_manager``, ``spill_dirs``, ...). Rows come in
     hash order of the keys. With no input at all the key columns have Arrow type ``null``.
     """
-    with HashAggregator(keys, aggs, **options) as agg:
+    factory = DistinctAggregator if has_distinct(aggs) else HashAggregator
+    with factory(keys, aggs, **options) as agg:
         batches: Iterable[Any]
         if is_batch(source):
             batches = [source]

@@ -33,6 +33,7 @@ from extagg.errors import SumOverflowError
 __all__ = [
     "FUNCTIONS",
     "ALIASES",
+    "DISTINCT_FUNCTIONS",
     "AggregateRequest",
     "AggregateSpec",
     "StateField",
@@ -48,7 +49,10 @@ FUNCTIONS = (
     "count", "sum", "mean", "min", "max", "first", "last", "first_non_null", "last_non_null",
     "var", "var_pop", "std", "std_pop",
 )  # fmt: skip
+#: aggregates computed by a second group-by (:mod:`extagg.columnar.distinct`), not in one table
+DISTINCT_FUNCTIONS = ("count_distinct",)
 ALIASES = {
+    "nunique": "count_distinct",
     "avg": "mean",
     "variance": "var",
     "var_samp": "var",
@@ -109,8 +113,9 @@ class AggregateSpec:
     output_type: pa.DataType
 
 
-def parse_aggs(aggs: Mapping[str, Any]) -> list[AggregateRequest]:
-    """Check ``{output: (column, function)}`` and canonicalise the function names."""
+def parse_aggs(aggs: Mapping[str, Any], distinct: bool = False) -> list[AggregateRequest]:
+    """Check ``{output: (column, function)}`` and canonicalise the function names
+    (``distinct``: accept :data:`DISTINCT_FUNCTIONS` too)."""
     if not isinstance(aggs, Mapping) or not aggs:
         raise TypeError(
             'aggs must be a non-empty dict like {"total": ("amount", "sum"), "n": ("*", "count")}'
@@ -125,8 +130,13 @@ def parse_aggs(aggs: Mapping[str, Any]) -> list[AggregateRequest]:
         if not isinstance(column, str) or not isinstance(func, str):
             raise TypeError(f"aggregate {output!r}: column and function must be strings: {spec!r}")
         name = ALIASES.get(func.lower(), func.lower())
-        if name not in FUNCTIONS:
-            known = ", ".join(sorted((*FUNCTIONS, *ALIASES)))
+        if name in DISTINCT_FUNCTIONS and not distinct:
+            raise ValueError(
+                f"aggregate {output!r}: {func} is a two-level group-by that HashAggregator does "
+                "not do alone; use extagg.aggregate() or extagg.columnar.DistinctAggregator"
+            )
+        if name not in FUNCTIONS and name not in DISTINCT_FUNCTIONS:
+            known = ", ".join(sorted((*FUNCTIONS, *DISTINCT_FUNCTIONS, *ALIASES)))
             raise ValueError(f"unknown aggregate function {func!r} for {output!r}; known: {known}")
         if column == "*" and name != "count":
             raise ValueError(f"aggregate {output!r}: only count accepts '*', not {func!r}")
