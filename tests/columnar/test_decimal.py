@@ -192,10 +192,36 @@ def test_mean_rounds_half_up_away_from_zero() -> None:
         assert got == [decimal.Decimal(sign) / 10**10]
 
 
-def test_wide_decimal_keys_not_supported_say_so() -> None:
-    table = pa.table({"k": pa.array([1], pa.decimal128(20, 0)), "v": pa.array([1], pa.int8())})
-    with pytest.raises(TypeError, match=r"key column 'k'.*more than 18 digits"):
-        aggregate(table, keys="k", aggs={"n": ("*", "count")})
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_wide_decimal_keys_with_other_keys_and_spills(data) -> None:
+    """decimal(38, s) keys take two key words; alone and beside a string and an int key."""
+    pool = data.draw(st.lists(st.one_of(st.none(), _unscaled(38)), min_size=1, max_size=6))
+    n = data.draw(st.integers(0, 80))
+    raw = [data.draw(st.sampled_from(pool)) for _ in range(n)]
+    tags = [data.draw(st.sampled_from([None, "a", "bb"])) for _ in range(n)]
+    dtype = pa.decimal128(38, 3)
+    values = [None if u is None else decimal.Decimal(u).scaleb(-3, CTX) for u in raw]
+    table = pa.table(
+        {
+            "d": pa.array(values, dtype),
+            "t": pa.array(tags, pa.string()),
+            "i": pa.array(range(n), pa.int64()),
+        }
+    )
+    for keys in (["d"], ["t", "d", "i"], ["d", "t"]):
+        want: dict = {}
+        for row in table.to_pylist():
+            key = tuple(row[k] for k in keys)
+            want.setdefault(key, [0, 0])
+            want[key][0] += 1
+            want[key][1] += row["i"]
+        for options in ({}, {"force_spill_rows": 5, "batch_size": 2, "fan_in": 2}):
+            aggs = {"n": ("*", "count"), "s": ("i", "sum")}
+            got = aggregate(table, keys=keys, aggs=aggs, **options)
+            assert got.schema.field("d").type == dtype
+            rows = {tuple(r[k] for k in keys): [r["n"], r["s"]] for r in got.to_pylist()}
+            assert rows == want
 
 
 def test_decimal_variance_is_float() -> None:
