@@ -5,7 +5,7 @@ spills hash-sorted runs when the memory manager says no, and merges them; ``aggr
 one-call form.
 """
 
-from extagg.columnar.api import aggregate
+from extagg.columnar.api import aggregate, make_aggregator
 from extagg.columnar.distinct import DistinctAggregator
 from extagg.columnar.functions import ALIASES, DISTINCT_FUNCTIONS, FUNCTIONS
 from extagg.columnar.hash_aggregator import HashAggregator
@@ -17,4 +17,5 @@ __all__ = [
     "DistinctAggregator",
     "HashAggregator",
     "aggregate",
+    "make_aggregator",
 ]

@@ -11,7 +11,19 @@ from extagg.columnar.columns import dataset_batches, is_batch, is_dataset
 from extagg.columnar.distinct import DistinctAggregator, has_distinct
 from extagg.columnar.hash_aggregator import HashAggregator
 
-__all__ = ["aggregate"]
+__all__ = ["aggregate", "make_aggregator"]
+
+
+def make_aggregator(
+    keys: str | Sequence[str], aggs: Mapping[str, tuple[str, str]], **options: Any
+) -> HashAggregator | DistinctAggregator:
+    """The aggregator for a query: a :class:`HashAggregator`, or a
+    :class:`~extagg.columnar.distinct.DistinctAggregator` when ``aggs`` has a
+    ``count_distinct``. Both have ``update``, ``results``, ``close``, ``schema``, ``metrics``
+    and ``input_columns``; ``options`` as for :class:`HashAggregator`."""
+    if has_distinct(aggs):
+        return DistinctAggregator(keys, aggs, **options)
+    return HashAggregator(keys, aggs, **options)
 
 
 def aggregate(
@@ -28,8 +40,7 @@ def aggregate(
     :class:`HashAggregator` (``memory``, ``memory_manager``, ``spill_dirs``, ...). Rows come in
     hash order of the keys. With no input at all the key columns have Arrow type ``null``.
     """
-    factory = DistinctAggregator if has_distinct(aggs) else HashAggregator
-    with factory(keys, aggs, **options) as agg:
+    with make_aggregator(keys, aggs, **options) as agg:
         batches: Iterable[Any]
         if is_batch(source):
             batches = [source]
