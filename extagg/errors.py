@@ -64,16 +64,17 @@ class CorruptFileError(ExtaggError, ValueError):
         super().__init__(f"corrupt file {self.path}{where}: {reason}")
 
 
-class MemoryLimitError(ExtaggError, MemoryError):
-    """The memory manager could not grant the memory a consumer needs, even after spilling."""
-
-
 class SumOverflowError(ExtaggError, OverflowError):
-    """An integer sum does not fit its result type; ``row`` is the offending result row."""
+    """An exact sum (integer or decimal) does not fit its result type; the message names the
+    aggregate, the column and the group. ``row`` is the offending result row of its batch."""
 
-    def __init__(self, message: str, row: int) -> None:
+    def __init__(self, message: str, row: int = -1) -> None:
         super().__init__(message)
         self.row = row
+
+
+class MemoryLimitError(ExtaggError, MemoryError):
+    """The memory manager could not grant the memory a consumer needs, even after spilling."""
 
 
 class UsageError(ExtaggError, RuntimeError):

@@ -6,10 +6,13 @@ variable-length values (strings, binary) as ``int64`` offsets starting at 0 plus
 arena, with an optional boolean validity mask. The original Arrow type is kept so results come
 back with the type that went in.
 
-Null conventions: Arrow nulls are nulls; pandas input goes through ``pyarrow.RecordBatch.
-from_pandas``, so a pandas NaN is a null (pandas' own convention); in a dict of NumPy arrays a
-float NaN is a value (one NaN group) and only masked entries (``numpy.ma``), ``None`` in object
-arrays and NaT are nulls.
+Null conventions, one rule for every container (Spark's and DuckDB's): a float NaN is a value
+(it is counted, sums to NaN, all NaNs are one group) and only a missing value is a null: Arrow
+nulls; in pandas ``pd.NA``/``None`` (nullable dtypes such as ``Float64``/``Int64``/``string``,
+object columns) and ``NaT``; in a dict of NumPy arrays masked entries (``numpy.ma``), ``None``
+in object arrays and NaT. A plain ``float64`` pandas column therefore keeps its NaNs as values,
+unlike pandas' own ``groupby`` — use a nullable ``Float64`` column for missing numbers. (In a
+pandas column of strings or objects NaN can only mean "missing", so it is a null there.)
 """
 
 from __future__ import annotations
@@ -25,14 +28,28 @@ __all__ = [
     "Column",
     "KINDS",
     "column_kind",
+    "DECIMAL64_DIGITS",
+    "decimal_array",
+    "is_decimal64",
     "is_batch",
+    "is_dataset",
+    "dataset_batches",
     "iter_record_batches",
     "to_columns",
     "type_name",
 ]
 
 #: kind of every supported Arrow type family
-KINDS = ("int", "uint", "float", "bool", "temporal", "string", "binary")
+KINDS = ("int", "uint", "float", "bool", "temporal", "decimal", "string", "binary")
+
+#: decimals of at most this many digits are held as their unscaled ``int64`` value; wider ones
+#: as ``(n, 2)`` ``int64`` words (low word as unsigned, high word signed: Arrow's decimal128)
+DECIMAL64_DIGITS = 18
+
+
+def is_decimal64(arrow_type: pa.DataType) -> bool:
+    """A decimal column whose unscaled values fit ``int64`` (at most 18 digits)."""
+    return pa.types.is_decimal(arrow_type) and arrow_type.precision <= DECIMAL64_DIGITS
 
 
 @dataclass
@@ -97,6 +114,8 @@ def column_kind(arrow_type: pa.DataType) -> str | None:
         return "float"
     if t.is_temporal(arrow_type) and not t.is_interval(arrow_type):
         return "temporal"
+    if t.is_decimal128(arrow_type):
+        return "decimal"
     if t.is_string(arrow_type) or t.is_large_string(arrow_type) or _is_view(arrow_type, "string"):
         return "string"
     if t.is_binary(arrow_type) or t.is_large_binary(arrow_type) or _is_view(arrow_type, "binary"):
@@ -116,6 +135,28 @@ def is_batch(obj: Any) -> bool:
     return isinstance(obj, (pa.RecordBatch, pa.Table, Mapping)) or _is_dataframe(obj)
 
 
+def is_dataset(obj: Any) -> bool:
+    """Whether ``obj`` is a ``pyarrow.dataset.Dataset`` (without importing pyarrow.dataset)."""
+    module = type(obj).__module__
+    if not module.startswith("pyarrow._dataset"):
+        return False
+    import pyarrow.dataset as ds
+
+    return isinstance(obj, ds.Dataset)
+
+
+def dataset_batches(dataset: Any, columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
+    """The record batches of a ``pyarrow.dataset.Dataset``, reading only ``columns``.
+
+    A column the dataset does not have raises ``ValueError`` naming it and the columns it has.
+    """
+    names = dataset.schema.names
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise ValueError(f"column {missing[0]!r} is not in the dataset; it has columns {names}")
+    return iter(dataset.to_batches(columns=list(columns)))
+
+
 def iter_record_batches(batch: Any, max_rows: int | None = None) -> Iterator[pa.RecordBatch]:
     """The record batches of one input batch, each at most ``max_rows`` rows (zero-copy slices).
 
@@ -131,7 +172,7 @@ def iter_record_batches(batch: Any, max_rows: int | None = None) -> Iterator[pa.
         for rb in batches:
             yield from _sliced(rb, max_rows)
     elif _is_dataframe(batch):  # whole frame at once: column types inferred from every row
-        yield from iter_record_batches(pa.Table.from_pandas(batch, preserve_index=False), max_rows)
+        yield from _sliced(_record_batch_from_pandas(batch), max_rows)
     elif isinstance(batch, Mapping):
         yield from _sliced(_record_batch_from_mapping(batch), max_rows)
     else:
@@ -153,6 +194,29 @@ def _sliced(rb: pa.RecordBatch, max_rows: int | None) -> Iterator[pa.RecordBatch
 def _is_dataframe(obj: Any) -> bool:
     module = type(obj).__module__
     return module.startswith("pandas") and type(obj).__name__ == "DataFrame"
+
+
+def _record_batch_from_pandas(frame: Any) -> pa.RecordBatch:
+    """A DataFrame's columns as Arrow arrays: NaN in NumPy float columns stays a value, pandas'
+    missing markers (``pd.NA``, ``None``, ``NaT``, NaN in object/string columns) are nulls."""
+    arrays = []
+    for i in range(frame.shape[1]):
+        series = frame.iloc[:, i]
+        dtype = series.dtype
+        try:
+            if isinstance(dtype, np.dtype) and dtype.kind == "f":
+                values = series.to_numpy()
+                if values.dtype == np.float16:
+                    values = values.astype(np.float32)
+                arrays.append(pa.array(values, from_pandas=False))
+            else:
+                arrays.append(pa.array(series, from_pandas=True))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
+            raise TypeError(
+                f"column {frame.columns[i]!r} of pandas dtype {dtype} cannot be converted: {exc}"
+            ) from exc
+    names = [str(name) for name in frame.columns]
+    return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
 def _record_batch_from_mapping(batch: Mapping[str, Any]) -> pa.RecordBatch:
@@ -210,6 +274,38 @@ def _fixed_values(arr: pa.Array, dtype: np.dtype) -> np.ndarray:
     return np.frombuffer(buf, dtype=dtype)[arr.offset : arr.offset + len(arr)]
 
 
+def _decimal_values(arr: pa.Array) -> np.ndarray:
+    """Unscaled values: ``int64`` (up to 18 digits: the low words, one compact copy) or the
+    ``(n, 2)`` ``int64`` words of each decimal128 (zero-copy)."""
+    n = len(arr)
+    buf = arr.buffers()[1]
+    words = (
+        np.zeros((n, 2), dtype=np.int64)
+        if buf is None
+        else np.frombuffer(buf, dtype=np.int64).reshape(-1, 2)[arr.offset : arr.offset + n]
+    )
+    if is_decimal64(arr.type):
+        return np.ascontiguousarray(words[:, 0])
+    return words
+
+
+def decimal_array(
+    arrow_type: pa.DataType, lo: np.ndarray, hi: np.ndarray, mask: np.ndarray | None
+) -> pa.Array:
+    """A decimal128 array from the low (unsigned or signed) and high (signed) 64-bit words of
+    its unscaled values; ``mask`` marks nulls."""
+    n = len(lo)
+    words = np.empty((n, 2), dtype=np.int64)
+    words[:, 0] = lo.view(np.int64) if lo.dtype == np.uint64 else lo
+    words[:, 1] = hi.view(np.int64) if hi.dtype == np.uint64 else hi
+    validity = None
+    nulls = 0
+    if mask is not None and mask.any():
+        validity = pa.py_buffer(np.packbits(~mask, bitorder="little"))
+        nulls = int(mask.sum())
+    return pa.Array.from_buffers(arrow_type, n, [validity, pa.py_buffer(words)], null_count=nulls)
+
+
 _TEMPORAL_STORAGE = {32: (pa.int32(), np.dtype(np.int32)), 64: (pa.int64(), np.dtype(np.int64))}
 
 
@@ -233,6 +329,8 @@ def to_column(name: str, arr: pa.Array) -> Column:
     if kind == "temporal":
         storage, dtype = _TEMPORAL_STORAGE[arrow_type.bit_width]
         return Column(name, kind, arrow_type, _fixed_values(arr.view(storage), dtype), valid)
+    if kind == "decimal":
+        return Column(name, kind, arrow_type, _decimal_values(arr), valid)
     # variable length
     if not (pa.types.is_large_string(arrow_type) or pa.types.is_large_binary(arrow_type)):
         target = pa.large_string() if kind == "string" else pa.large_binary()

@@ -7,10 +7,13 @@ compiled kernels of :mod:`extagg.columnar._kernels` (or any module with the same
 as the plain-Python :mod:`extagg.columnar._reference`) and hold no per-row loops.
 
 Result types follow Spark SQL: ``count`` is ``int64``; ``sum`` of integers or bools is
-``int64`` (``uint64`` for ``uint64`` input) and raises :class:`SumOverflowError` when the exact
-sum does not fit; ``sum`` of floats, ``mean``, ``var``/``std`` are ``float64``; ``min``,
-``max``, ``first`` and ``last`` keep the input type. A group with no non-null input gets a
-null (``var``/``std`` need two values, ``var_pop``/``std_pop`` one).
+``int64`` and raises :class:`SumOverflowError` when the exact sum does not fit; ``sum`` of
+``uint64`` is ``decimal128(38, 0)`` (exact, as DuckDB's ``HUGEINT``); ``sum`` of
+``decimal(p, s)`` is ``decimal(min(38, p + 10), s)`` and ``mean`` of it ``decimal(min(38, p +
+4), min(38, s + 4))`` (exact, rounded half up); ``sum`` of floats, ``mean`` of numbers and
+``var``/``std`` are ``float64``; ``min``, ``max``, ``first`` and ``last`` keep the input type.
+A group with no non-null input gets a null (``var``/``std`` need two values,
+``var_pop``/``std_pop`` one).
 """
 
 from __future__ import annotations
@@ -24,12 +27,13 @@ import numpy as np
 import pyarrow as pa
 
 from extagg.columnar import _kernels
-from extagg.columnar.columns import Column
+from extagg.columnar.columns import Column, decimal_array, is_decimal64
 from extagg.errors import SumOverflowError
 
 __all__ = [
     "FUNCTIONS",
     "ALIASES",
+    "DISTINCT_FUNCTIONS",
     "AggregateRequest",
     "AggregateSpec",
     "StateField",
@@ -45,7 +49,10 @@ FUNCTIONS = (
     "count", "sum", "mean", "min", "max", "first", "last", "first_non_null", "last_non_null",
     "var", "var_pop", "std", "std_pop",
 )  # fmt: skip
+#: aggregates computed by a second group-by (:mod:`extagg.columnar.distinct`), not in one table
+DISTINCT_FUNCTIONS = ("count_distinct",)
 ALIASES = {
+    "nunique": "count_distinct",
     "avg": "mean",
     "variance": "var",
     "var_samp": "var",
@@ -55,8 +62,8 @@ ALIASES = {
     "stddev_pop": "std_pop",
     "size": "count",
 }
-_NUMERIC = ("int", "uint", "float", "bool")
-_ORDERED = ("int", "uint", "float", "bool", "temporal")
+_NUMERIC = ("int", "uint", "float", "bool", "decimal")
+_ORDERED = ("int", "uint", "float", "bool", "temporal", "decimal")
 _ALL = (*_ORDERED, "string", "binary")
 _ACCEPTS = {
     "count": _ALL,
@@ -71,6 +78,10 @@ _I64 = np.dtype(np.int64)
 _U64 = np.dtype(np.uint64)
 _F64 = np.dtype(np.float64)
 _BOOL = np.dtype(np.bool_)
+
+
+#: Spark's largest decimal precision
+MAX_PRECISION = 38
 
 
 @dataclass(frozen=True)
@@ -102,8 +113,9 @@ class AggregateSpec:
     output_type: pa.DataType
 
 
-def parse_aggs(aggs: Mapping[str, Any]) -> list[AggregateRequest]:
-    """Check ``{output: (column, function)}`` and canonicalise the function names."""
+def parse_aggs(aggs: Mapping[str, Any], distinct: bool = False) -> list[AggregateRequest]:
+    """Check ``{output: (column, function)}`` and canonicalise the function names
+    (``distinct``: accept :data:`DISTINCT_FUNCTIONS` too)."""
     if not isinstance(aggs, Mapping) or not aggs:
         raise TypeError(
             'aggs must be a non-empty dict like {"total": ("amount", "sum"), "n": ("*", "count")}'
@@ -118,8 +130,13 @@ def parse_aggs(aggs: Mapping[str, Any]) -> list[AggregateRequest]:
         if not isinstance(column, str) or not isinstance(func, str):
             raise TypeError(f"aggregate {output!r}: column and function must be strings: {spec!r}")
         name = ALIASES.get(func.lower(), func.lower())
-        if name not in FUNCTIONS:
-            known = ", ".join(sorted((*FUNCTIONS, *ALIASES)))
+        if name in DISTINCT_FUNCTIONS and not distinct:
+            raise ValueError(
+                f"aggregate {output!r}: {func} is a two-level group-by that HashAggregator does "
+                "not do alone; use extagg.aggregate() or extagg.columnar.DistinctAggregator"
+            )
+        if name not in FUNCTIONS and name not in DISTINCT_FUNCTIONS:
+            known = ", ".join(sorted((*FUNCTIONS, *DISTINCT_FUNCTIONS, *ALIASES)))
             raise ValueError(f"unknown aggregate function {func!r} for {output!r}; known: {known}")
         if column == "*" and name != "count":
             raise ValueError(f"aggregate {output!r}: only count accepts '*', not {func!r}")
@@ -146,8 +163,42 @@ def resolve(request: AggregateRequest, column: Column | None) -> AggregateSpec:
             f"column {request.column!r} of type {arrow_type}; {func} needs {need}"
         )
     value_dtype = None if column.values is None else column.values.dtype
+    if kind == "decimal":
+        family, states, out_type = _decimal_layout(func, arrow_type)
+        if family:
+            return AggregateSpec(
+                request.output, func, request.column, family, arrow_type, states, out_type
+            )
     family, states, out_type = _layout(func, kind, arrow_type, value_dtype)
     return AggregateSpec(request.output, func, request.column, family, arrow_type, states, out_type)
+
+
+def _decimal_layout(
+    func: str, arrow_type: pa.DataType
+) -> tuple[str, tuple[StateField, ...], pa.DataType]:
+    """Exact sums and means of decimals (Spark's result types); other functions: ``""``."""
+    p, s = arrow_type.precision, arrow_type.scale
+    narrow = is_decimal64(arrow_type)
+    has = StateField("has", _BOOL, False)
+    if narrow:  # unscaled int64 values, 128-bit sums
+        words: tuple[StateField, ...] = (StateField("lo", _U64, 0), StateField("hi", _I64, 0))
+    else:  # 128-bit values, 192-bit sums
+        words = (StateField("lo", _U64, 0), StateField("mid", _U64, 0), StateField("hi", _I64, 0))
+    suffix = "" if narrow else "128"
+    if func == "sum":
+        out = pa.decimal128(min(MAX_PRECISION, p + 10), s)
+        return f"sum_dec{suffix}", (*words, has), out
+    if func == "mean":
+        out = pa.decimal128(min(MAX_PRECISION, p + 4), min(MAX_PRECISION, s + 4))
+        return f"mean_dec{suffix}", (*words, has, StateField("n", _I64, 0)), out
+    if not narrow and func in ("min", "max"):
+        value = (StateField("lo", _I64, 0), StateField("hi", _I64, 0))
+        return f"{func}_dec128", (*value, has), arrow_type
+    if not narrow and func.startswith(("first", "last")):
+        value = (StateField("lo", _I64, 0), StateField("hi", _I64, 0))
+        seq = (StateField("seq", _I64, -1), StateField("null", _BOOL, False))
+        return f"{func}_dec128", (*value, *seq), arrow_type
+    return "", (), arrow_type
 
 
 def _layout(
@@ -167,7 +218,7 @@ def _layout(
         if kind == "float":
             return "sum_float", fsum, pa.float64()
         if big_unsigned:
-            return "sum_uint", sum128, pa.uint64()
+            return "sum_uint", sum128, pa.decimal128(MAX_PRECISION, 0)
         return "sum_int", sum128, pa.int64()
     if func == "mean":
         if kind == "float":
@@ -209,8 +260,21 @@ def update(
         kernels.count_valid(gids, valid, states[0])
         return
     values = column.values
-    if family in ("sum_int", "mean_int"):
+    if column.kind == "decimal" and family == "var":
+        values = decimal_floats(column)
+    if family.endswith("_dec128") and not family.startswith(("sum", "mean")):
+        base = family[: -len("_dec128")]
+        if base in ("min", "max"):
+            kernels.minmax_dec128(gids, values, valid, base == "max", *states)
+        else:
+            skip = base.endswith("non_null")
+            kernels.seq_dec128(gids, values, valid, seq_base, skip, base.startswith("last"),
+                               *states)  # fmt: skip
+        return
+    if family in ("sum_int", "mean_int", "sum_dec", "mean_dec"):
         kernels.sum_int(gids, values, valid, states[0], states[1], states[2])
+    elif family in ("sum_dec128", "mean_dec128"):
+        kernels.sum_dec128(gids, values, valid, states[0], states[1], states[2], states[3])
     elif family in ("sum_uint", "mean_uint"):
         kernels.sum_uint(gids, values, valid, states[0], states[1], states[2])
     elif family in ("sum_float", "mean_float"):
@@ -242,14 +306,25 @@ def merge(
 ) -> None:
     """Fold partial states ``src`` (one row per partial) into output groups ``dst``."""
     family = spec.family
+    if family.endswith("_dec128") and not family.startswith(("sum", "mean")):
+        base = family[: -len("_dec128")]
+        if base in ("min", "max"):
+            kernels.merge_minmax_dec128(out_gid, base == "max", *src, *dst)
+        else:
+            kernels.merge_seq_dec128(out_gid, base.startswith("last"), *src, *dst)
+        return
     if family in ("count", "count_star"):
         kernels.merge_add(out_gid, src[0], dst[0])
     elif family.startswith(("sum", "mean")):
+        has = 2
         if family.endswith("float"):
             kernels.merge_fsum(out_gid, src[0], src[1], dst[0], dst[1])
+        elif family.endswith("dec128"):
+            kernels.merge_sum192(out_gid, src[0], src[1], src[2], dst[0], dst[1], dst[2])
+            has = 3
         else:
             kernels.merge_sum128(out_gid, src[0], src[1], dst[0], dst[1])
-        kernels.merge_or(out_gid, src[2], dst[2])
+        kernels.merge_or(out_gid, src[has], dst[has])
         if family.startswith("mean"):
             kernels.merge_add(out_gid, src[-1], dst[-1])
     elif family == "min":
@@ -284,8 +359,107 @@ def _fsum(s: np.ndarray, c: np.ndarray) -> np.ndarray:
         return np.where(np.isfinite(s), s + c, s)
 
 
+def decimal_floats(column: Column) -> np.ndarray:
+    """A decimal column's values as ``float64`` (for variance, as Spark casts to double)."""
+    values = column.values
+    assert values is not None
+    scale = 10.0**column.arrow_type.scale
+    if values.ndim == 1:
+        return values.astype(np.float64) / scale
+    big = values[:, 1].astype(np.float64) * 18446744073709551616.0
+    return (big + values[:, 0].view(np.uint64).astype(np.float64)) / scale
+
+
+def _words_to_ints(words: Sequence[np.ndarray], rows: np.ndarray) -> list[int]:
+    """Python ints of multi-word (low first, last word signed) values at ``rows``."""
+    out = []
+    for r in rows.tolist():
+        value = int(words[-1][r])
+        for w in reversed(words[:-1]):
+            value = (value << 64) | int(w[r])
+        out.append(value)
+    return out
+
+
+def _check_digits(
+    spec: AggregateSpec, words: Sequence[np.ndarray], has: np.ndarray, what: str = "sum"
+) -> None:
+    """Raise :class:`SumOverflowError` for the first group whose exact value (in ``words``)
+    needs more digits than the result type's precision."""
+    digits = spec.output_type.precision
+    limit = 10**digits
+    lo = words[0]
+    if len(words) == 2:  # 128 bits: small values checked in NumPy
+        fits64 = words[1] == (lo.view(np.int64) >> np.int64(63))
+        suspects = has & ~fits64
+        if digits < 19:
+            signed = lo.view(np.int64)
+            suspects |= has & fits64 & ((signed >= limit) | (signed <= -limit))
+        rows = np.flatnonzero(suspects)
+    else:
+        rows = np.flatnonzero(has)
+    for r, value in zip(rows.tolist(), _words_to_ints(words, rows)):
+        if abs(value) >= limit:
+            raise SumOverflowError(
+                f"decimal overflow in aggregate {spec.output!r}: {what} of column "
+                f"{spec.column!r} ({spec.arrow_type}) has more than {digits} digits, the "
+                f"precision of its result type {spec.output_type}",
+                r,
+            )
+
+
+def _decimal_mean(spec: AggregateSpec, words: Sequence[np.ndarray], n: np.ndarray) -> pa.Array:
+    """``sum / n`` at the result scale, rounded half up (away from zero on ties, as Spark)."""
+    shift = spec.output_type.scale - spec.arrow_type.scale
+    factor = 10**shift
+    m = len(n)
+    q_lo = np.zeros(m, dtype=np.int64)
+    empty = n == 0
+    lo = words[0].view(np.int64)
+    # fast path: the sum fits int64 with room for the factor
+    fast = ~empty
+    if len(words) == 2:
+        fast &= words[1] == (lo >> np.int64(63))
+    else:
+        fast &= (words[2] == (words[1].view(np.int64) >> np.int64(63))) & (
+            words[1].view(np.int64) == (lo >> np.int64(63))
+        )
+    bound = np.int64((2**63 - 1) // factor)
+    fast &= (lo <= bound) & (lo >= -bound)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        scaled = np.abs(lo) * np.int64(factor)
+        safe_n = np.where(empty, 1, n)
+        quotient, remainder = np.divmod(scaled, safe_n)
+        quotient += (2 * remainder >= safe_n).astype(np.int64)
+    q_lo[fast] = np.where(lo < 0, -quotient, quotient)[fast]
+    q_hi = q_lo >> np.int64(63)
+    slow = np.flatnonzero(~fast & ~empty)
+    if len(slow):
+        q_lo = q_lo.copy()
+        digits_limit = 10**spec.output_type.precision
+        for r, total in zip(slow.tolist(), _words_to_ints(words, slow)):
+            count = int(n[r])
+            q, rem = divmod(abs(total) * factor, count)
+            q += 2 * rem >= count
+            q = -q if total < 0 else q
+            if abs(q) >= digits_limit:
+                raise SumOverflowError(
+                    f"decimal overflow in aggregate {spec.output!r}: mean of column "
+                    f"{spec.column!r} ({spec.arrow_type}) has more than "
+                    f"{spec.output_type.precision} digits at scale {spec.output_type.scale} "
+                    f"(result type {spec.output_type})",
+                    r,
+                )
+            q_lo[r] = np.uint64(q & 0xFFFFFFFFFFFFFFFF).view(np.int64)
+            q_hi[r] = q >> 64
+    return decimal_array(spec.output_type, q_lo, q_hi, empty)
+
+
 def _typed(values: np.ndarray, arrow_type: pa.DataType, mask: np.ndarray) -> pa.Array:
     mask_or_none = mask if mask.any() else None
+    if pa.types.is_decimal(arrow_type):
+        signed = values.view(np.int64)
+        return decimal_array(arrow_type, signed, signed >> np.int64(63), mask_or_none)
     if pa.types.is_temporal(arrow_type):
         storage = pa.int32() if arrow_type.bit_width == 32 else pa.int64()
         return pa.array(values, type=storage, mask=mask_or_none).view(arrow_type)
@@ -297,9 +471,26 @@ def finalize(spec: AggregateSpec, states: Sequence[np.ndarray]) -> pa.Array:
     family = spec.family
     if family in ("count", "count_star"):
         return pa.array(states[0], type=pa.int64())
-    if family in ("sum_int", "sum_uint"):
+    if family == "sum_uint":
         lo, hi, has = states
-        unsigned = family == "sum_uint"
+        _check_digits(spec, [lo, hi], has)
+        return decimal_array(spec.output_type, lo, hi, ~has)
+    if family in ("sum_dec", "sum_dec128"):
+        *words, has = states
+        _check_digits(spec, words, has)
+        return decimal_array(spec.output_type, words[0], words[1], ~has)
+    if family in ("min_dec128", "max_dec128"):
+        lo, hi, has = states
+        return decimal_array(spec.output_type, lo, hi, ~has)
+    if family.endswith("_dec128") and not family.startswith(("sum", "mean")):
+        lo, hi, seq, null = states
+        return decimal_array(spec.output_type, lo, hi, (seq < 0) | null)
+    if family in ("mean_dec", "mean_dec128"):
+        *words, _has, n = states
+        return _decimal_mean(spec, words, n)
+    if family == "sum_int":
+        lo, hi, has = states
+        unsigned = False
         bad = np.flatnonzero(has & ~_sum128_fits(lo, hi, unsigned))
         if len(bad):
             row = int(bad[0])
@@ -309,8 +500,7 @@ def finalize(spec: AggregateSpec, states: Sequence[np.ndarray]) -> pa.Array:
                 f"({spec.arrow_type}) is {exact}, outside the range of {spec.output_type}",
                 row,
             )
-        values = lo if unsigned else lo.view(np.int64)
-        return _typed(values, spec.output_type, ~has)
+        return _typed(lo.view(np.int64), spec.output_type, ~has)
     if family == "sum_float":
         return _typed(_fsum(states[0], states[1]), pa.float64(), ~states[2])
     if family in ("mean_int", "mean_uint"):

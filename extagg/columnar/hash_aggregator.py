@@ -44,7 +44,7 @@ from extagg.columnar.buffers import BATCH_VAR_BYTES, IO_COPIES, partition_chunks
 from extagg.columnar.columns import Column, iter_record_batches, to_columns
 from extagg.columnar.growth import grow_arena_or_spill, try_grow
 from extagg.columnar.keys import EncodedKeys, KeyLayout
-from extagg.columnar.layout import BlockLayout
+from extagg.columnar.layout import GLOBAL_HASHES, BlockLayout, global_row_untyped
 from extagg.columnar.merging import result_blocks
 from extagg.columnar.partition_files import (
     MAX_LEVEL,
@@ -151,6 +151,11 @@ class HashAggregator(Spillable):
 
     # ------------------------------------------------------------------ schema
     @property
+    def input_columns(self) -> list[str]:
+        """The input columns the query reads (keys, then aggregated columns)."""
+        return list(self._needed)
+
+    @property
     def schema(self) -> pa.Schema | None:
         """The output schema (known after the first ``update``)."""
         layout = self.table_state.layout_or_none
@@ -166,6 +171,7 @@ class HashAggregator(Spillable):
                 "float",
                 "bool",
                 "temporal",
+                "decimal",
                 "string",
                 "binary",
             ):
@@ -304,7 +310,7 @@ class HashAggregator(Spillable):
         if var_bytes:
             self._make_room_for_key_bytes(var_bytes)
             table = self._ensure_table()
-        enc = self._encode(key_cols)
+        enc = self._encode(key_cols, n)
         gids = np.empty(n, dtype=np.int64)
         seq0 = self.metrics.records_read
         pos = 0
@@ -459,15 +465,23 @@ class HashAggregator(Spillable):
     # ------------------------------------------------------------------ results
     def results(self) -> Iterator[pa.RecordBatch]:
         """Every group once, as Arrow record batches in hash order. Destructive; call once."""
+        return (batch for _hashes, batch in self.hashed_results())
+
+    def hashed_results(self) -> Iterator[tuple[np.ndarray, pa.RecordBatch]]:
+        """:meth:`results` with each batch's key hashes (``uint64``, ascending): two
+        aggregators over the same groups can be joined on them as their batches stream."""
         with self.lock:
             self.begin_reading(f"{self.name}: results() can be called only once, before close()")
         return self._results()
 
-    def _results(self) -> Iterator[pa.RecordBatch]:
+    def _results(self) -> Iterator[tuple[np.ndarray, pa.RecordBatch]]:
         try:
             layout = self.table_state.layout_or_none
             if layout is None:
+                if not self.keys:  # a global aggregate of no input at all: one row
+                    yield GLOBAL_HASHES, global_row_untyped(self._requests)
                 return
+            groups_before = self.metrics.groups
             for block in self._blocks():
                 for start in range(0, len(block), self.batch_size):
                     part = (
@@ -476,7 +490,11 @@ class HashAggregator(Spillable):
                         else block
                     )
                     self.metrics.groups += len(part)
-                    yield layout.finish(part)
+                    yield part.hashes, layout.finish(part)
+            if not self.keys and self.metrics.groups == groups_before:
+                self.metrics.groups += 1  # a global aggregate has one row, even of no input
+                block = layout.initial_block(1)
+                yield block.hashes, layout.finish(block)
         finally:
             self.close()
 
@@ -519,11 +537,11 @@ class HashAggregator(Spillable):
             st, self._source, partitions, self.reserve_merge_memory, self.io_batch_bytes
         )
 
-    def _encode(self, key_cols: list[Column]) -> EncodedKeys:
-        """Hash and canonicalise keys; a partition's aggregator rotates the hashes (see
-        :func:`~extagg.columnar.partition_files.rotate_left`)."""
+    def _encode(self, key_cols: list[Column], n: int | None = None) -> EncodedKeys:
+        """Hash and canonicalise keys (``n`` rows: needed without key columns); a partition's
+        aggregator rotates the hashes (see :func:`~extagg.columnar.partition_files.rotate_left`)."""
         level = self.table_state.level
-        enc = self.table_state.layout.keys.encode(key_cols)
+        enc = self.table_state.layout.keys.encode(key_cols, n)
         if level:
             enc.hashes = rotate_left(enc.hashes, PARTITION_BITS * level)
         return enc

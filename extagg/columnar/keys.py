@@ -16,7 +16,7 @@ import pyarrow as pa
 from extagg import _hash_kernels as H
 from extagg.collection.typed_table import null_mask_dtype
 from extagg.columnar import _key_kernels as KK
-from extagg.columnar.columns import Column
+from extagg.columnar.columns import Column, decimal_array, is_decimal64
 
 __all__ = ["KeyLayout", "EncodedKeys", "WORD_PREFIX", "NULLS_COLUMN", "VAR_COLUMN"]
 
@@ -24,7 +24,7 @@ WORD_PREFIX = "k"
 NULLS_COLUMN = "knull"
 VAR_COLUMN = "kvar"
 
-_BIJECTIVE_KINDS = ("int", "uint", "bool", "temporal")
+_BIJECTIVE_KINDS = ("int", "uint", "bool", "temporal", "decimal")
 _EMPTY_BOOL = np.zeros(0, dtype=np.bool_)
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
 _EMPTY_U8 = np.zeros(0, dtype=np.uint8)
@@ -57,13 +57,21 @@ class KeyLayout:
         self.types = list(types)
         self.fixed = [i for i, k in enumerate(self.kinds) if k not in ("string", "binary")]
         self.var = [i for i, k in enumerate(self.kinds) if k in ("string", "binary")]
-        self.num_words = len(self.fixed)
+        #: words per fixed-width key column: two for a decimal of more than 18 digits
+        self.widths = [
+            2 if self.kinds[i] == "decimal" and not is_decimal64(self.types[i]) else 1
+            for i in self.fixed
+        ]
+        self.word_start = [int(x) for x in np.cumsum([0, *self.widths])[:-1]]
+        self.num_words = sum(self.widths)
         self.has_var = bool(self.var)
         self.packed = len(self.var) > 1
         self.null_dtype = null_mask_dtype(len(self.names))
         #: one integer-like key column: its hash, fmix64(word ^ seed), is a bijection of its
         #: word, so the table may match keys by hash alone (see ``TypedHashTable.hash_is_key``)
-        self.hash_is_key = len(self.kinds) == 1 and self.kinds[0] in _BIJECTIVE_KINDS
+        self.hash_is_key = (
+            len(self.kinds) == 1 and self.kinds[0] in _BIJECTIVE_KINDS and self.num_words == 1
+        )
 
     # -- encoding ----------------------------------------------------------------------------
 
@@ -74,9 +82,16 @@ class KeyLayout:
             per_row += 16 + 4 * len(self.var)
         return rows * per_row + (var_bytes if self.has_var else 0)
 
-    def encode(self, cols: Sequence[Column]) -> EncodedKeys:
-        """Hashes, words, null bits and packed bytes of the key columns ``cols``."""
-        n = len(cols[0]) if cols else 0
+    def encode(self, cols: Sequence[Column], n: int | None = None) -> EncodedKeys:
+        """Hashes, words, null bits and packed bytes of the key columns ``cols``.
+
+        ``n`` is the number of rows, needed when there are no key columns (a global aggregate:
+        every row has the key ``()``, hashed as ``stable_hash(())``).
+        """
+        if cols:
+            n = len(cols[0])
+        elif n is None:
+            raise ValueError("encode() needs the row count when there are no key columns")
         return EncodedKeys(
             self._hashes(cols, n), self._words(cols, n), self._nulls(cols, n), *self._var(cols, n)
         )
@@ -97,8 +112,8 @@ class KeyLayout:
         if self.num_words == 1:
             return _column_words(cols[self.fixed[0]]).reshape(n, 1)
         words = np.empty((n, self.num_words), dtype=np.uint64)
-        for w, i in enumerate(self.fixed):
-            words[:, w] = _column_words(cols[i])
+        for w, i, width in zip(self.word_start, self.fixed, self.widths):
+            words[:, w : w + width] = _column_words(cols[i]).reshape(n, width)
         return words
 
     def _nulls(self, cols: Sequence[Column], n: int) -> np.ndarray:
@@ -154,7 +169,14 @@ class KeyLayout:
                     off, data = var_offsets, var_data
                 out.append(_var_array(kind, arrow_type, m, off, data, mask))
             else:
-                col_words = np.ascontiguousarray(words[:, self.fixed.index(j)])
+                at = self.fixed.index(j)
+                start, width = self.word_start[at], self.widths[at]
+                if width == 2:  # a wide decimal: low and high words
+                    lo = np.ascontiguousarray(words[:, start])
+                    hi = np.ascontiguousarray(words[:, start + 1]).view(np.int64)
+                    out.append(decimal_array(arrow_type, lo, hi, mask))
+                    continue
+                col_words = np.ascontiguousarray(words[:, start])
                 out.append(_fixed_array(kind, arrow_type, col_words, mask))
         return out
 
@@ -171,7 +193,19 @@ def _hash_column(col: Column, out: np.ndarray) -> None:
     elif kind == "bool":
         assert col.values is not None
         H.hash_uint_column(col.values.view(np.uint8), valid, out)
-    else:  # int, temporal storage
+    elif kind == "decimal" and col.values is not None and col.values.ndim == 2:
+        # a wide decimal hashes as stable_hash((low word, high word)) (signed words)
+        n = len(out)
+        acc = H.tuple_hash_start(2, n)
+        tmp = np.empty(n, dtype=np.uint64)
+        for w in range(2):
+            H.hash_int_column(np.ascontiguousarray(col.values[:, w]), _EMPTY_BOOL, tmp)
+            H.tuple_hash_mix(acc, tmp)
+        if col.valid is not None:
+            H.hash_int_column(np.zeros(n, np.int64), col.valid, tmp)  # nulls hash as None
+            acc = np.where(col.valid, acc, tmp)
+        out[:] = acc
+    else:  # int, temporal storage, decimal's unscaled int64
         H.hash_int_column(col.values, valid, out)
 
 
@@ -182,7 +216,12 @@ def _column_words(col: Column) -> np.ndarray:
         out = np.empty(len(values), dtype=np.uint64)
         KK.float_words(values, _valid(col), out)
         return out
-    if col.kind in ("int", "temporal"):
+    if values.ndim == 2:  # a wide decimal's two words
+        words = values.view(np.uint64)
+        if col.valid is not None:
+            words = np.where(col.valid[:, None], words, np.uint64(0))
+        return words
+    if col.kind in ("int", "temporal", "decimal"):
         words = values.astype(np.int64, copy=False).view(np.uint64)
     else:  # uint, bool
         words = values.astype(np.uint64, copy=False)
@@ -202,6 +241,8 @@ def _fixed_array(
     if kind == "uint":
         return pa.array(words.astype(arrow_type.to_pandas_dtype()), type=arrow_type, mask=mask)
     signed = words.view(np.int64)
+    if kind == "decimal":
+        return decimal_array(arrow_type, signed, signed >> np.int64(63), mask)
     if kind == "int":
         return pa.array(signed.astype(arrow_type.to_pandas_dtype()), type=arrow_type, mask=mask)
     storage = pa.int32() if arrow_type.bit_width == 32 else pa.int64()

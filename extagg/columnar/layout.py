@@ -19,6 +19,7 @@ from extagg.collection.typed_table import TypedHashTable
 from extagg.columnar import functions as F
 from extagg.columnar.keys import NULLS_COLUMN, VAR_COLUMN, WORD_PREFIX, KeyLayout
 from extagg.errors import SumOverflowError
+from extagg.hashing import stable_hash
 from extagg.spill.blocks import ColumnBlock
 
 __all__ = ["BlockLayout", "state_column"]
@@ -167,6 +168,19 @@ class BlockLayout:
                 raise SumOverflowError(f"{exc} (group {shown!r})", exc.row) from None
         return pa.RecordBatch.from_arrays([*keys, *aggs], names=self.output_names)
 
+    def initial_block(self, rows: int) -> ColumnBlock:
+        """``rows`` groups with no input folded in (all keys null, states at their fill values):
+        what a global aggregate of no rows finishes (count 0, sum null, as SQL)."""
+        hashes = np.full(rows, GLOBAL_HASHES[0], dtype=np.uint64)
+        columns = {
+            f"{WORD_PREFIX}{j}": np.zeros(rows, np.uint64) for j in range(self.keys.num_words)
+        }
+        columns[NULLS_COLUMN] = np.zeros(rows, dtype=self.keys.null_dtype)
+        for i, f in enumerate(self.state_fields):
+            columns[state_column(i)] = np.full(rows, f.fill, dtype=f.dtype)
+        var = {VAR_COLUMN: (np.zeros(rows + 1, np.int64), _EMPTY_U8)} if self.keys.has_var else {}
+        return ColumnBlock(hashes, columns, var)
+
     def empty_batch(self) -> pa.RecordBatch:
         return pa.RecordBatch.from_arrays(
             [pa.array([], type=t) for t in self.output_types()], names=self.output_names
@@ -174,6 +188,17 @@ class BlockLayout:
 
     def output_types(self) -> list[pa.DataType]:
         return [*self.keys.types, *(s.output_type for s in self.specs)]
+
+
+#: the key hash of a global aggregate's one group (its key is the empty tuple)
+GLOBAL_HASHES = np.array([stable_hash(())], dtype=np.uint64)
+
+
+def global_row_untyped(requests: Sequence[F.AggregateRequest]) -> pa.RecordBatch:
+    """The one row of a global aggregate that saw no input, its column types unknown: counts
+    are 0 (``int64``), everything else null (Arrow type ``null``)."""
+    arrays = [pa.array([0], pa.int64()) if r.func == "count" else pa.nulls(1) for r in requests]
+    return pa.RecordBatch.from_arrays(arrays, names=[r.output for r in requests])
 
 
 def _rows_within(table: TypedHashTable, slot_gids: np.ndarray, limit: int) -> int:

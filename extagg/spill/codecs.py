@@ -89,7 +89,10 @@ def _unpicklable_row(block: ObjectBlock, exc: Exception) -> SpillError:
 class ColumnCodec(BatchCodec):
     """``u32 n | n × u64 hashes | u32 ncols | per column: kind, name, dtype, arrays``.
 
-    Fixed columns store one array; variable columns store their offsets and data arrays.
+    Fixed columns (kind ``F``) store one array; wide fixed columns (kind ``W``: ``n × width``
+    values per row, e.g. the two words of a decimal128) store ``u32 width`` and one array;
+    variable columns (``V``) store their offsets and data arrays. A reader that does not know a
+    kind rejects the batch (it names the kind), so files with wide columns are never misread.
     Decoding is zero-copy views over the decompressed payload.
     """
 
@@ -100,7 +103,11 @@ class ColumnCodec(BatchCodec):
         parts = [_U32.pack(len(block.hashes)), np.ascontiguousarray(block.hashes, "<u8").tobytes()]
         parts.append(_U32.pack(len(block.columns) + len(block.var_columns)))
         for name, col in block.columns.items():
-            parts.extend(self._header(b"F", name))
+            if col.ndim == 2:
+                parts.extend(self._header(b"W", name))
+                parts.append(_U32.pack(col.shape[1]))
+            else:
+                parts.extend(self._header(b"F", name))
             parts.extend(self._array(col))
         for name, (offsets, data) in block.var_columns.items():
             parts.extend(self._header(b"V", name))
@@ -138,6 +145,12 @@ class ColumnCodec(BatchCodec):
             if kind == b"F":
                 arr, pos = self._read_array(view, pos)
                 columns[name] = arr
+            elif kind == b"W":
+                (width,) = _U32.unpack_from(view, pos)
+                arr, pos = self._read_array(view, pos + 4)
+                if width == 0 or len(arr) % width:
+                    raise ValueError(f"wide column {name!r} of {len(arr)} values, width {width}")
+                columns[name] = arr.reshape(-1, width)
             elif kind == b"V":
                 offsets, pos = self._read_array(view, pos)
                 data, pos = self._read_array(view, pos)

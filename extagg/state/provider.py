@@ -130,9 +130,7 @@ class StateStoreProvider:
         """
         self._check_version(version)
         expected = file_identity(self._path(version + 1, DELTA))
-        return StateStore(
-            self, self._load(version), self._commit_changes, expected_delta=expected
-        )
+        return StateStore(self, self._load(version), self._commit_changes, expected_delta=expected)
 
     def get_read_store(self, version: int) -> ReadStateStore:
         """A read-only store holding ``version``."""

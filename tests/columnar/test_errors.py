@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import decimal
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
 
+from extagg import SumOverflowError
 from extagg.columnar import HashAggregator, aggregate
 
 AGG = {"n": ("*", "count")}
@@ -83,9 +86,12 @@ def test_integer_sum_overflow_is_reported_with_the_group() -> None:
     batch = {"k": np.array([7, 7, 8]), "v": np.array([2**62, 2**62, 1], dtype=np.int64)}
     with pytest.raises(OverflowError, match=r"sum of column 'v'.*9223372036854775808.*group 7"):
         aggregate(batch, keys="k", aggs={"s": ("v", "sum")}, memory="8m")
+    with pytest.raises(SumOverflowError, match="group 7"):  # the extagg error class
+        aggregate(batch, keys="k", aggs={"s": ("v", "sum")}, memory="8m")
+    # uint64 sums are decimal128(38, 0): 2**64 is no overflow
     unsigned = {"k": np.array([1, 1]), "v": np.array([2**63, 2**63], dtype=np.uint64)}
-    with pytest.raises(OverflowError, match="uint64"):
-        aggregate(unsigned, keys="k", aggs={"s": ("v", "sum")}, memory="8m")
+    out = aggregate(unsigned, keys="k", aggs={"s": ("v", "sum")}, memory="8m")
+    assert out.column("s").to_pylist() == [decimal.Decimal(2**64)]
 
 
 def test_not_a_batch() -> None:

@@ -1,6 +1,7 @@
 """HashAggregator against pandas' groupby on random DataFrames (pandas input path too).
 
-pandas conventions mapped to ours: a NaN in a pandas float column is a null; ``sum`` uses
+pandas conventions mapped to ours: missing values are ``pd.NA`` in nullable columns (a NaN in
+a plain float column is a value for us, see ``test_nan_rule``); ``sum`` uses
 ``min_count=1`` (an all-null group sums to null); pandas' ``first``/``last`` skip nulls, so
 they are compared with ``first_non_null``/``last_non_null``; a missing pandas result (NaN)
 equals our null.
@@ -12,6 +13,7 @@ import math
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -64,7 +66,7 @@ def test_matches_pandas_groupby(spill, data, tmp_path) -> None:
         {
             "user": pd.array(users, dtype="Int64"),
             "day": pd.Series(days, dtype="string"),
-            "v": pd.Series([np.nan if v is None else v for v in values], dtype="float64"),
+            "v": pd.array(values, dtype="Float64"),
             "w": pd.array(ints, dtype="Int64"),
         }
     )
@@ -77,3 +79,59 @@ def test_matches_pandas_groupby(spill, data, tmp_path) -> None:
     for key, want in theirs.items():
         for name, value in want.items():
             assert values_match(ours[key][name], value, rel=1e-9), (key, name, ours[key], value)
+
+
+NAN_AGGS = {"n": ("*", "count"), "c": ("v", "count"), "s": ("v", "sum"), "hi": ("v", "max")}
+
+
+def _nan_rule_result(batch) -> dict:
+    out = aggregate(batch, keys=["k"], aggs=NAN_AGGS).to_pylist()
+    return {
+        ("nan" if isinstance(r["k"], float) and math.isnan(r["k"]) else r["k"]): {
+            name: ("nan" if isinstance(v, float) and math.isnan(v) else v)
+            for name, v in r.items()
+            if name != "k"
+        }
+        for r in out
+    }
+
+
+def test_nan_rule_is_the_same_for_every_container() -> None:
+    """NaN is a value (counted, sums to NaN, one key group; -0.0 == 0.0); null is null."""
+    keys = [1.0, math.nan, -0.0, 0.0, math.nan, 1.0, None]
+    values = [math.nan, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    want = {
+        1.0: {"n": 2, "c": 2, "s": "nan", "hi": "nan"},
+        "nan": {"n": 2, "c": 2, "s": 5.0, "hi": 4.0},
+        0.0: {"n": 2, "c": 2, "s": 5.0, "hi": 3.0},
+        None: {"n": 1, "c": 1, "s": 6.0, "hi": 6.0},
+    }
+    key_mask = np.array([k is None for k in keys])
+    plain_keys = np.array([0.0 if k is None else k for k in keys])
+    containers = {
+        "numpy": {"k": np.ma.masked_array(plain_keys, key_mask), "v": np.array(values)},
+        "arrow": pa.table({"k": pa.array(plain_keys, mask=key_mask), "v": pa.array(values)}),
+        "pandas arrow-backed": pd.DataFrame(
+            {
+                "k": pd.Series(
+                    pa.array(plain_keys, mask=key_mask), dtype=pd.ArrowDtype(pa.float64())
+                ),
+                "v": np.array(values),
+            }
+        ),
+    }
+    for name, batch in containers.items():
+        assert _nan_rule_result(batch) == want, name
+    # plain float64 pandas columns (no nulls possible): NaN keys and values are values
+    plain = pd.DataFrame({"k": plain_keys[:-1], "v": np.array(values[:-1])})
+    assert _nan_rule_result(plain) == {k: v for k, v in want.items() if k is not None}
+    # a plain float64 pandas column: NaN stays a value (not pandas' convention: documented)
+    frame = pd.DataFrame({"k": np.array([1.0, 1.0, 2.0]), "v": np.array([math.nan, 1.0, 2.0])})
+    got = _nan_rule_result(frame)
+    assert got[1.0] == {"n": 2, "c": 2, "s": "nan", "hi": "nan"}
+    # pd.NA / None are nulls in nullable and object columns
+    nullable = pd.DataFrame({"k": [1, 1], "v": pd.array([pd.NA, 2.5], dtype="Float64")})
+    assert _nan_rule_result(nullable) == {1: {"n": 2, "c": 1, "s": 2.5, "hi": 2.5}}
+    obj = pd.DataFrame({"k": [1, 1], "v": pd.Series([None, "x"], dtype=object)})
+    out = aggregate(obj, keys=["k"], aggs={"c": ("v", "count")}).to_pylist()
+    assert out == [{"k": 1, "c": 1}]
