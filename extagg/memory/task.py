@@ -31,12 +31,12 @@ from extagg.errors import UsageError
 from extagg.memory._util import check_bytes, describe_bytes
 from extagg.memory.unified import UnifiedMemoryManager, default_memory_manager
 
-__all__ = ["MemoryConsumer", "TaskMemoryManager", "task_managers", "task_memory_manager"]
+__all__ = ["Consumer", "TaskMemoryManager", "task_managers", "task_memory_manager"]
 
 logger = logging.getLogger(__name__)
 
 
-class MemoryConsumer(Protocol):
+class Consumer(Protocol):
     """What a task manager needs of a consumer (:class:`extagg.memory.MemoryConsumer` is the
     class to subclass; this protocol keeps ``task`` from importing ``consumer``)."""
 
@@ -49,7 +49,7 @@ class MemoryConsumer(Protocol):
     @property
     def task_memory_manager(self) -> TaskMemoryManager: ...
 
-    def spill(self, size: int, trigger: MemoryConsumer) -> int: ...
+    def spill(self, size: int, trigger: Consumer) -> int: ...
 
     def forget_memory(self) -> int: ...
 
@@ -116,7 +116,7 @@ class TaskMemoryManager:
         self._task_id = threading.get_ident() if task_id is None else task_id
         self._acquire_lock = threading.RLock()  # serialises acquisitions and spills
         self._state_lock = threading.Lock()  # guards the consumer registry only
-        self._consumers: dict[int, MemoryConsumer] = {}  # registration order
+        self._consumers: dict[int, Consumer] = {}  # registration order
         self._spill_depth = 0  # > 0 while this task's lock owner runs a spill()
         self._held = _HeldBytes()
         finaliser = weakref.finalize(
@@ -136,7 +136,7 @@ class TaskMemoryManager:
         return self._task_id
 
     @property
-    def consumers(self) -> list[MemoryConsumer]:
+    def consumers(self) -> list[Consumer]:
         """The registered consumers (those that acquired memory and are not closed)."""
         with self._state_lock:
             return list(self._consumers.values())
@@ -146,7 +146,7 @@ class TaskMemoryManager:
         """Bytes granted through this task manager and not released."""
         return self._held.value
 
-    def acquire_execution_memory(self, required: int, consumer: MemoryConsumer) -> int:
+    def acquire_execution_memory(self, required: int, consumer: Consumer) -> int:
         """Grant up to ``required`` bytes to ``consumer``, spilling consumers if short.
 
         Returns the bytes granted (0 <= granted <= required); the consumer is registered.
@@ -170,7 +170,7 @@ class TaskMemoryManager:
                 self._consumers.setdefault(id(consumer), consumer)
             return got
 
-    def release_execution_memory(self, size: int, consumer: MemoryConsumer) -> None:
+    def release_execution_memory(self, size: int, consumer: Consumer) -> None:
         """Return ``size`` bytes of ``consumer`` (never takes the acquire lock)."""
         size = check_bytes(size, "size")
         self._check_owner(consumer)
@@ -185,7 +185,7 @@ class TaskMemoryManager:
         Covers everything ``task_id`` holds, also through other task managers of the same id.
         """
         same_task = [t for t in task_managers(self._mm) if t.task_id == self._task_id]
-        consumers: list[MemoryConsumer] = []
+        consumers: list[Consumer] = []
         for tmm in {id(t): t for t in [self, *same_task]}.values():
             with tmm._state_lock:
                 consumers.extend(tmm._consumers.values())
@@ -204,12 +204,12 @@ class TaskMemoryManager:
         return released
 
     # ------------------------------------------------------------------ internals
-    def _spill_until_granted(self, required: int, got: int, requester: MemoryConsumer) -> int:
+    def _spill_until_granted(self, required: int, got: int, requester: Consumer) -> int:
         """Spark's spill loop; returns the new ``got``. Caller holds the acquire lock.
 
         If a spill (or a re-acquire) raises, everything granted to this request is released.
         """
-        groups: dict[int, list[MemoryConsumer]] = {}
+        groups: dict[int, list[Consumer]] = {}
         for candidate in self.consumers:
             used = candidate.used
             if used > 0:
@@ -235,7 +235,7 @@ class TaskMemoryManager:
             raise
         return got
 
-    def _spill(self, victim: MemoryConsumer, size: int, trigger: MemoryConsumer) -> int:
+    def _spill(self, victim: Consumer, size: int, trigger: Consumer) -> int:
         """Call ``victim.spill``; returns the bytes its ``used`` actually dropped."""
         before = victim.used
         logger.debug(
@@ -272,12 +272,12 @@ class TaskMemoryManager:
             )
         return freed
 
-    def unregister(self, consumer: MemoryConsumer) -> None:
+    def unregister(self, consumer: Consumer) -> None:
         """Forget ``consumer`` (it closed); it registers again when it next acquires."""
         with self._state_lock:
             self._consumers.pop(id(consumer), None)
 
-    def _check_owner(self, consumer: MemoryConsumer) -> None:
+    def _check_owner(self, consumer: Consumer) -> None:
         if consumer.task_memory_manager is not self:
             raise ValueError(
                 f"consumer {consumer.name} belongs to task "
