@@ -47,9 +47,9 @@ def _layer_of(module: str) -> int | None:
     best: tuple[int, int] | None = None  # (prefix length, layer index)
     for index, (_layer, prefixes) in enumerate(LAYERS):
         for prefix in prefixes:
-            if module == prefix or module.startswith(prefix + "."):
-                if best is None or len(prefix) > best[0]:
-                    best = (len(prefix), index)
+            matches = module == prefix or module.startswith(prefix + ".")
+            if matches and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), index)
     return None if best is None else best[1]
 
 
