@@ -152,7 +152,8 @@ def test_another_consumer_forces_the_spill_through_the_base(spill_dir) -> None:
 
 def test_merge_memory_that_cannot_be_granted_is_a_memory_limit_error(spill_dir) -> None:
     mm = UnifiedMemoryManager("1m")
-    with GroupByKey(memory_manager=mm, spill_dirs=[str(spill_dir)]) as g:
-        with pytest.raises(MemoryLimitError, match="cannot merge 3 sorted runs"):
-            g.reserve_merge_memory(mm.max_memory, 3)
+    g = GroupByKey(memory_manager=mm, spill_dirs=[str(spill_dir)])
+    with g, pytest.raises(MemoryLimitError, match="cannot merge 3 sorted runs"):
+        g.reserve_merge_memory(mm.max_memory, 3)
+    assert g.closed and mm.execution_memory_used == 0
     assert files_under(spill_dir) == []
