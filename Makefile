@@ -23,10 +23,11 @@ java:
 demo: $(STAMP)
 	$(PY) -m extagg demo
 
-## test: lint and every test, slow and PySpark ones included
+## test: lint, type check and every test, slow and PySpark ones included
 test: $(STAMP) java
 	$(VENV)/bin/ruff check extagg tests benchmarks
 	$(VENV)/bin/ruff format --check extagg tests benchmarks
+	$(PY) -m mypy
 	$(PY) -m pytest -q
 
 ## faults: the fault-injection suites, larger than in CI: every write/fsync/rename of bigger
@@ -39,6 +40,7 @@ faults: $(STAMP)
 
 lint:
 	$(VENV)/bin/ruff check extagg tests benchmarks
+	$(PY) -m mypy
 format:
 	$(VENV)/bin/ruff format extagg tests benchmarks
 	$(VENV)/bin/ruff check --fix extagg tests benchmarks

@@ -39,18 +39,19 @@ import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Generic, TypeVar
 
 from extagg._config import DEFAULT_BATCH_SIZE, DEFAULT_FAN_IN, format_size, parse_size
 from extagg._interrupts import deferred_interrupts
 from extagg.errors import MemoryLimitError, SpillError, UsageError
 from extagg.memory import (
+    Consumer,
     MemoryConsumer,
     TaskMemoryManager,
     UnifiedMemoryManager,
     resolve_task_memory_manager,
 )
-from extagg.merge.heap import BlockSource, RunSource, write_run_from
+from extagg.merge.heap import BlockSource, HashedRows, RunSource, write_run_from
 from extagg.metrics import SpillMetrics
 from extagg.spill.codecs import BatchCodec
 from extagg.spill.runfile import RunFile, RunWriter
@@ -61,6 +62,10 @@ __all__ = ["MemoryBudget", "RunSet", "Spillable"]
 log = logging.getLogger(__name__)
 
 OPEN, READING, CLOSED = "open", "reading", "closed"
+
+_S = TypeVar("_S", bound="Spillable[Any]")
+#: the engine's block type (what its run files hold and its merge combines)
+B = TypeVar("B", bound=HashedRows)
 
 
 class MemoryBudget:
@@ -143,7 +148,7 @@ class MemoryBudget:
         return f"{format_size(self.consumer.used)} held, max_memory {format_size(self.max_memory)}"
 
 
-class RunSet:
+class RunSet(Generic[B]):
     """The run files an engine has written and not yet merged, in a :class:`SpillDirs`.
 
     Writing counts the bytes in ``metrics`` and remembers the largest decoded batch
@@ -212,8 +217,8 @@ class RunSet:
         return writer.path
 
     def write_merged(
-        self, blocks: Iterator[Any], codec: BatchCodec, batch_rows: int
-    ) -> BlockSource:
+        self, blocks: Iterator[B], codec: BatchCodec, batch_rows: int
+    ) -> BlockSource[B]:
         """Write an intermediate merge's output as a run; returns a source over it."""
         source, info = write_run_from(
             blocks,
@@ -227,16 +232,16 @@ class RunSet:
         self.metrics.merge_files += 1
         return source
 
-    def source(self, path: str) -> RunSource:
+    def source(self, path: str) -> RunSource[B]:
         """A merge source over ``path`` that deletes the file when done."""
         return RunSource(path, owner=self.spill_dirs)
 
-    def detach(self, path: str) -> RunSource:
+    def detach(self, path: str) -> RunSource[B]:
         """Take ``path`` out of the set: a source now owns (and deletes) it."""
         self.paths.remove(path)
         return self.source(path)
 
-    def take_sources(self) -> list[BlockSource]:
+    def take_sources(self) -> list[BlockSource[B]]:
         """Sources over every run, which now own the files; the set is left empty."""
         paths, self.paths = self.paths, []
         return [self.source(p) for p in paths]
@@ -246,7 +251,7 @@ class RunSet:
         self.spill_dirs.remove(path)
 
 
-class Spillable(MemoryConsumer, ABC):
+class Spillable(MemoryConsumer, ABC, Generic[B]):
     """Base class of a spillable collection; see the module docstring for the contract.
 
     Subclasses set ``initial_threshold`` (Spark's ``initialMemoryThreshold``) if they use the
@@ -292,7 +297,9 @@ class Spillable(MemoryConsumer, ABC):
             else spill_dirs
         )
         #: the run files written and not yet merged
-        self.runs = RunSet(SpillDirs(dirs, max_spill_bytes=cap), compression, self.metrics)
+        self.runs: RunSet[B] = RunSet(
+            SpillDirs(dirs, max_spill_bytes=cap), compression, self.metrics
+        )
         self._owns_spill_dirs = True
         self.budget = MemoryBudget(self, self.metrics, tmm.memory_manager.max_memory)
         #: held while the collection changes; a forced spill from another thread waits for it
@@ -307,7 +314,7 @@ class Spillable(MemoryConsumer, ABC):
         self.failure: BaseException | None = None
         self._created_at = _caller_outside_extagg()
 
-    def share_spill_dirs(self, runs: RunSet) -> None:
+    def share_spill_dirs(self, runs: RunSet[Any]) -> None:
         """Write runs into the spill dirs of ``runs`` (another Spillable's, e.g. a parent's,
         which cleans them up: :meth:`close` then deletes only this one's files)."""
         self.runs.spill_dirs = runs.spill_dirs
@@ -367,7 +374,7 @@ class Spillable(MemoryConsumer, ABC):
         again empty; on failure keep it usable and raise."""
 
     @abstractmethod
-    def force_spill(self, trigger: MemoryConsumer) -> int:
+    def force_spill(self, trigger: Consumer) -> int:
         """Free memory for another consumer (the lock is held); returns the bytes freed."""
 
     @abstractmethod
@@ -375,7 +382,7 @@ class Spillable(MemoryConsumer, ABC):
         """Drop the collection and close whatever reads it (from :meth:`close`)."""
 
     # ------------------------------------------------------------------ forced spill
-    def spill(self, size: int, trigger: MemoryConsumer) -> int:
+    def spill(self, size: int, trigger: Consumer) -> int:
         """Free memory because another consumer asked (Spark's ``Spillable.spill``)."""
         if trigger is self or self.phase == CLOSED:
             return 0
@@ -499,7 +506,7 @@ class Spillable(MemoryConsumer, ABC):
             self.close_memory()
             self.threshold = 0
 
-    def __enter__(self) -> Self:
+    def __enter__(self: _S) -> _S:
         return self
 
     def __exit__(

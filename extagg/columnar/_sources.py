@@ -18,7 +18,7 @@ __all__ = ["TableSource"]
 log = logging.getLogger(__name__)
 
 
-class TableSource(BlockSource):
+class TableSource(BlockSource[ColumnBlock]):
     """The aggregator's final table, sorted by hash, handed out a batch at a time.
 
     Holds the table's memory (counted in ``st.source_bytes``) until every group has been read
@@ -35,7 +35,7 @@ class TableSource(BlockSource):
         self.hashes: np.ndarray | None = hashes
         self.gids: np.ndarray | None = gids
         self.pos = 0
-        self.run: RunSource | None = None
+        self.run: RunSource[ColumnBlock] | None = None
 
     def next_min_hash(self) -> int | None:
         with self.st.lock:

@@ -306,7 +306,10 @@ def decimal_array(
     return pa.Array.from_buffers(arrow_type, n, [validity, pa.py_buffer(words)], null_count=nulls)
 
 
-_TEMPORAL_STORAGE = {32: (pa.int32(), np.dtype(np.int32)), 64: (pa.int64(), np.dtype(np.int64))}
+_TEMPORAL_STORAGE: dict[int, tuple[pa.DataType, np.dtype]] = {
+    32: (pa.int32(), np.dtype(np.int32)),
+    64: (pa.int64(), np.dtype(np.int64)),
+}
 
 
 def to_column(name: str, arr: pa.Array) -> Column:

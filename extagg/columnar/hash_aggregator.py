@@ -58,7 +58,7 @@ from extagg.columnar.partitioning import set_aside, spill_or_partition, start_pa
 from extagg.columnar.runs import spill_table
 from extagg.columnar.state import TableState
 from extagg.errors import MemoryLimitError, SpillError
-from extagg.memory import MemoryConsumer, TaskMemoryManager, UnifiedMemoryManager
+from extagg.memory import Consumer, TaskMemoryManager, UnifiedMemoryManager
 from extagg.spill.blocks import ColumnBlock
 from extagg.spillable import OPEN, Spillable
 
@@ -67,7 +67,7 @@ __all__ = ["HashAggregator"]
 log = logging.getLogger(__name__)
 
 
-class HashAggregator(Spillable):
+class HashAggregator(Spillable[ColumnBlock]):
     """Spillable hash aggregation of record batches (see the module docstring).
 
     ``keys`` are the grouping columns; ``aggs`` maps output names to ``(column, function)``
@@ -438,7 +438,7 @@ class HashAggregator(Spillable):
     def spill_collection(self, size: int, reason: str) -> None:
         spill_table(self.table_state, reason)
 
-    def force_spill(self, trigger: MemoryConsumer) -> int:
+    def force_spill(self, trigger: Consumer) -> int:
         """Spill because another consumer needs memory; returns the bytes freed."""
         before = self.used
         if self._source is not None:

@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from extagg.collection import _typed_kernels as TK
 from extagg.collection.typed_table import TypedHashTable
+from extagg.columnar import _kernels
 from extagg.columnar import functions as F
 from extagg.columnar.keys import NULLS_COLUMN, VAR_COLUMN, WORD_PREFIX, KeyLayout
 from extagg.errors import SumOverflowError
@@ -142,7 +143,7 @@ class BlockLayout:
         var = {}
         if VAR_COLUMN in block.var_columns:
             var[VAR_COLUMN] = TK.gather_var(var_off, var_data, rows)
-        kernels = self.kernels or F._kernels
+        kernels = self.kernels or _kernels
         for spec, indexes in zip(self.specs, self.state_index):
             src = [block.columns[state_column(i)] for i in indexes]
             dst = [np.full(groups, f.fill, dtype=f.dtype) for f in spec.states]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 
 from extagg.columnar._sources import TableSource
 from extagg.columnar.buffers import MERGE_COPIES
@@ -27,7 +27,7 @@ __all__ = ["ReserveMerge", "drain", "merge_blocks", "result_blocks"]
 ReserveMerge = Callable[[int, int, Callable[[], bool] | None, int | None], tuple[int, int]]
 
 
-def drain(source: BlockSource) -> Iterator[ColumnBlock]:
+def drain(source: BlockSource[ColumnBlock]) -> Generator[ColumnBlock, None, None]:
     """Every block of one source (no merging needed)."""
     try:
         while source.next_min_hash() is not None:
@@ -39,14 +39,14 @@ def drain(source: BlockSource) -> Iterator[ColumnBlock]:
 def merge_blocks(
     st: TableState,
     table_source: TableSource | None,
-    partitions: BlockSource | None,
+    partitions: BlockSource[ColumnBlock] | None,
     reserve: ReserveMerge,
     io_batch_bytes: int,
-) -> Iterator[ColumnBlock]:
+) -> Generator[ColumnBlock, None, None]:
     """Merge the in-memory table, the runs and the partitions (one source that aggregates them
     one after the other); combined blocks in hash order."""
     layout = st.layout
-    sources: list[BlockSource] = [] if table_source is None else [table_source]
+    sources: list[BlockSource[ColumnBlock]] = [] if table_source is None else [table_source]
     runs = st.runs.take_sources()
     if partitions is not None:
         runs.append(partitions)
@@ -78,13 +78,14 @@ def merge_blocks(
 def result_blocks(
     st: TableState,
     table_source: TableSource | None,
-    partitions: BlockSource | None,
+    partitions: BlockSource[ColumnBlock] | None,
     reserve: ReserveMerge,
     io_batch_bytes: int,
 ) -> Iterator[ColumnBlock]:
     """Every group once, as combined blocks in hash order: the sorted in-memory table, the runs
     and the partitions merged (a partition's aggregator hands its blocks hashed as its parent
     sees them)."""
+    blocks: Generator[ColumnBlock, None, None]
     if not st.runs and partitions is None:
         blocks = drain(table_source) if table_source is not None else _no_blocks()
     elif not st.runs and table_source is None:
@@ -101,5 +102,5 @@ def result_blocks(
             yield ColumnBlock(hashes, block.columns, block.var_columns)
 
 
-def _no_blocks() -> Iterator[ColumnBlock]:
+def _no_blocks() -> Generator[ColumnBlock, None, None]:
     yield from ()

@@ -117,7 +117,8 @@ def repeat_rate(sorted_hashes: np.ndarray, runs: list[str]) -> float | None:
 
 def partition_of(hashes: np.ndarray) -> np.ndarray:
     """The partition (0..15) of each hash: its top bits."""
-    return (hashes >> np.uint64(64 - PARTITION_BITS)).astype(np.uint8)
+    parts: np.ndarray = (hashes >> np.uint64(64 - PARTITION_BITS)).astype(np.uint8)
+    return parts
 
 
 def rotate_left(hashes: np.ndarray, bits: int) -> np.ndarray:
@@ -130,7 +131,8 @@ def rotate_left(hashes: np.ndarray, bits: int) -> np.ndarray:
     if bits % 64 == 0:
         return hashes
     b = np.uint64(bits % 64)
-    return (hashes << b) | (hashes >> (np.uint64(64) - b))
+    rotated: np.ndarray = (hashes << b) | (hashes >> (np.uint64(64) - b))
+    return rotated
 
 
 def rotate_right(hashes: np.ndarray, bits: int) -> np.ndarray:
@@ -191,7 +193,7 @@ class PartitionWriter:
     batches would cost more per row to write and to read back than the rows themselves).
     """
 
-    def __init__(self, runs: RunSet, limit: int) -> None:
+    def __init__(self, runs: RunSet[ColumnBlock], limit: int) -> None:
         self.runs = runs
         self.limit = limit
         self.paths: list[str | None] = [None] * NUM_PARTITIONS
@@ -286,7 +288,7 @@ class PartitionAggregator(Protocol):
 Child = TypeVar("Child", bound=PartitionAggregator)
 
 
-class PartitionSource(BlockSource, Generic[Child]):
+class PartitionSource(BlockSource[ColumnBlock], Generic[Child]):
     """The partitions aggregated one after the other, as one hash-ordered stream of blocks.
 
     Partition ``p`` holds exactly the hashes whose bits at this level are ``p``, so the
@@ -301,7 +303,7 @@ class PartitionSource(BlockSource, Generic[Child]):
     def __init__(
         self,
         paths: list[str | None],
-        runs: RunSet,
+        runs: RunSet[ColumnBlock],
         schema: dict[str, tuple[str, pa.DataType]],
         *,
         name: str,

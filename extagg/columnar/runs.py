@@ -48,7 +48,7 @@ def write_table_run(
     return st.runs.write("agg", COLUMN_CODEC, write)
 
 
-def write_merged_run(st: TableState, blocks: Iterator[ColumnBlock]) -> BlockSource:
+def write_merged_run(st: TableState, blocks: Iterator[ColumnBlock]) -> BlockSource[ColumnBlock]:
     """Write the output of an intermediate merge pass as a run; returns a source over it."""
     return st.runs.write_merged(blocks, COLUMN_CODEC, st.run_rows)
 

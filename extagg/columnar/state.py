@@ -16,6 +16,7 @@ from extagg.collection.typed_table import TypedHashTable
 from extagg.columnar.layout import BlockLayout
 from extagg.errors import UsageError
 from extagg.metrics import SpillMetrics
+from extagg.spill.blocks import ColumnBlock
 from extagg.spillable import MemoryBudget, RunSet
 
 __all__ = ["TableState"]
@@ -32,7 +33,7 @@ class TableState:
 
     name: str
     budget: MemoryBudget
-    runs: RunSet
+    runs: RunSet[ColumnBlock]
     metrics: SpillMetrics
     lock: threading.RLock
     #: partitioning depth: 0 for the aggregator the caller made, 1 for its partitions' ...

@@ -36,7 +36,7 @@ from extagg.generic.aggregator import Aggregator
 from extagg.generic.keys import canonical_keys
 from extagg.generic.memory_rows import SpillableMemorySource, UnsortedMemoryRows
 from extagg.generic.merge_phase import OBJECT_EXPANSION, merged_pairs
-from extagg.memory import MemoryConsumer, TaskMemoryManager, UnifiedMemoryManager
+from extagg.memory import Consumer, TaskMemoryManager, UnifiedMemoryManager
 from extagg.merge.heap import BlockSource, RunSource
 from extagg.spill.blocks import ObjectBlock, PermutedObjectBlock
 from extagg.spill.codecs import OBJECT_CODEC
@@ -54,7 +54,7 @@ INSERT_AFTER_ITERATOR = "Cannot insert new elements into a map after calling ite
 ITERATOR_TWICE = "ExternalAppendOnlyMap.iterator is destructive and should only be called once."
 
 
-class ExternalAppendOnlyMap(Spillable):
+class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
     """A spillable map of key → combiner with Spark's ``combineByKey`` semantics.
 
     ``memory`` (bytes or a size string like ``"64m"``) gives the map a budget of its own;
@@ -240,7 +240,7 @@ class ExternalAppendOnlyMap(Spillable):
                 f"{format_size(self.budget.max_memory)}; give the map more memory"
             )
 
-    def force_spill(self, trigger: MemoryConsumer) -> int:
+    def force_spill(self, trigger: Consumer) -> int:
         """Spill the current map, or — when iteration has started — the part of it not yet
         read, and drop the reference to it. Returns the bytes released."""
         if self._reading is not None:
@@ -265,7 +265,9 @@ class ExternalAppendOnlyMap(Spillable):
         if self._reading is not None:
             self._reading.close()
 
-    def _move_to_run(self, block: ObjectBlock | PermutedObjectBlock, trigger: Any) -> RunSource:
+    def _move_to_run(
+        self, block: ObjectBlock | PermutedObjectBlock, trigger: Consumer | str | None
+    ) -> RunSource[ObjectBlock]:
         """Write the unread, hash-sorted rows of the iteration to a run (a forced spill)."""
         self.log_spill(
             "in-memory map", self.threshold, _forced_by("the merge" if trigger is None else trigger)
@@ -396,7 +398,7 @@ class ExternalAppendOnlyMap(Spillable):
     def _merged(self, memory_source: SpillableMemorySource) -> Iterator[Iterator[tuple[Any, Any]]]:
         """The merge of the sorted map and every run; closes everything when done, on error
         and when the consumer stops early."""
-        sources: list[BlockSource] = [memory_source]
+        sources: list[BlockSource[ObjectBlock]] = [memory_source]
         with self.lock:  # a forced spill from another thread may be moving rows to a run
             sources += self.runs.take_sources()
         merge_memory = 0

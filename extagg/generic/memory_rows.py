@@ -13,13 +13,16 @@ from typing import Any
 import numpy as np
 
 from extagg.hashing import order_hashes
+from extagg.memory import Consumer
 from extagg.merge.heap import RunSource, SortedBlockSource
 from extagg.spill.blocks import ObjectBlock, PermutedObjectBlock
 
-__all__ = ["MoveToRun", "SpillableMemorySource", "UnsortedMemoryRows"]
+__all__ = ["MoveToRun", "SpillableMemorySource", "Trigger", "UnsortedMemoryRows"]
 
+#: who asked for a spill: another consumer, a description, or None (the merge itself)
+Trigger = Consumer | str | None
 #: ``(unread rows sorted by hash, trigger) -> a source over the run they were written to``
-MoveToRun = Callable[[PermutedObjectBlock | ObjectBlock, Any], RunSource]
+MoveToRun = Callable[[PermutedObjectBlock | ObjectBlock, Trigger], RunSource[ObjectBlock]]
 
 
 class UnsortedMemoryRows:
@@ -46,7 +49,7 @@ class UnsortedMemoryRows:
         self.keys: list[Any] | None = keys
         self.values: list[Any] | None = values
         self.pos = 0
-        self.run: RunSource | None = None
+        self.run: RunSource[ObjectBlock] | None = None
 
     def next_chunk(self) -> tuple[list[Any], list[Any]] | None:
         """The next ``(keys, values)`` to hand out, or ``None`` at the end."""
@@ -68,12 +71,12 @@ class UnsortedMemoryRows:
         start, self.pos = self.pos, min(self.pos + self.CHUNK, len(self.keys))
         return self.keys[start : self.pos], self.values[start : self.pos]
 
-    def spill_rest(self, trigger: Any = None) -> bool:
+    def spill_rest(self, trigger: Trigger = None) -> bool:
         """Sort the unread rows by key hash, write them as a run, drop the lists."""
         with self.lock:
             return self._spill_rest(trigger)
 
-    def _spill_rest(self, trigger: Any) -> bool:
+    def _spill_rest(self, trigger: Trigger) -> bool:
         if self.run is not None or self.keys is None or self.values is None:
             return False
         if self.pos >= len(self.keys):
@@ -96,7 +99,7 @@ class UnsortedMemoryRows:
                 self.run.close()
 
 
-class SpillableMemorySource(SortedBlockSource):
+class SpillableMemorySource(SortedBlockSource[ObjectBlock]):
     """The sorted in-memory map during iteration; can move its unread rows to disk.
 
     Reads and the move to disk hold the map's lock: a forced spill from another thread must
@@ -116,7 +119,7 @@ class SpillableMemorySource(SortedBlockSource):
         self.lock = lock
         self.move_to_run = move_to_run
         self.release = release
-        self.run: RunSource | None = None
+        self.run: RunSource[ObjectBlock] | None = None
 
     def next_min_hash(self) -> int | None:
         with self.lock:
@@ -128,13 +131,13 @@ class SpillableMemorySource(SortedBlockSource):
                 self.release()
             return h
 
-    def read_next(self) -> Any:
+    def read_next(self) -> ObjectBlock:
         with self.lock:
             if self.run is not None:
                 return self.run.read_next()
             return super().read_next()
 
-    def spill_rest(self, trigger: Any = None) -> bool:
+    def spill_rest(self, trigger: Trigger = None) -> bool:
         """Write the unread rows to a run and read from there; drop the in-memory block."""
         with self.lock:
             if self.run is not None:
@@ -142,6 +145,7 @@ class SpillableMemorySource(SortedBlockSource):
             rest = self.remaining()
             if rest is None:
                 return False
+            assert isinstance(rest, (ObjectBlock, PermutedObjectBlock))
             self.run = self.move_to_run(rest, trigger)
             self.block = None
             return True

@@ -27,11 +27,11 @@ OBJECT_EXPANSION = 4
 
 
 def merged_pairs(
-    sources: Sequence[BlockSource],
+    sources: Sequence[BlockSource[ObjectBlock]],
     merge_combiners: MergeCombiners,
     *,
     fan_in: int,
-    runs: RunSet,
+    runs: RunSet[ObjectBlock],
     batch_rows: Callable[[], int],
     metrics: SpillMetrics,
 ) -> Iterator[Iterator[tuple[Any, Any]]]:
@@ -44,7 +44,7 @@ def merged_pairs(
     def on_pass(number: int, _runs: int) -> None:
         metrics.merge_passes = number
 
-    def write_run(blocks: Iterator[ObjectBlock]) -> BlockSource:
+    def write_run(blocks: Iterator[ObjectBlock]) -> BlockSource[ObjectBlock]:
         return runs.write_merged(blocks, OBJECT_CODEC, batch_rows())
 
     started = time.perf_counter()

@@ -32,7 +32,7 @@ from extagg.memory.sizing import (
     resolve_memory_budget,
 )
 from extagg.memory.store import MemoryStore
-from extagg.memory.task import TaskMemoryManager, task_managers, task_memory_manager
+from extagg.memory.task import Consumer, TaskMemoryManager, task_managers, task_memory_manager
 from extagg.memory.unified import (
     DEFAULT_WAIT_TIMEOUT,
     WAIT_TIMEOUT_ENV,
@@ -48,6 +48,7 @@ __all__ = [
     "MEMORY_ENV",
     "RESERVED_SYSTEM_MEMORY",
     "WAIT_TIMEOUT_ENV",
+    "Consumer",
     "ExecutionMemoryPool",
     "MemoryConsumer",
     "MemoryPool",

@@ -27,7 +27,7 @@ def report(mm: UnifiedMemoryManager | None = None) -> dict[str, Any]:
         for tmm in task_managers(mm)
         for consumer in tmm.consumers
     ]
-    consumers.sort(key=lambda c: (-c["used"], c["name"]))
+    consumers.sort(key=lambda c: (-int(c["used"]), str(c["name"])))
     snapshot["tasks"] = [
         {"task_id": _json_id(task_id), "bytes": held}
         for task_id, held in sorted(tasks.items(), key=lambda item: -item[1])

@@ -31,12 +31,12 @@ from extagg.errors import UsageError
 from extagg.memory._util import check_bytes, describe_bytes
 from extagg.memory.unified import UnifiedMemoryManager, default_memory_manager
 
-__all__ = ["MemoryConsumer", "TaskMemoryManager", "task_managers", "task_memory_manager"]
+__all__ = ["Consumer", "TaskMemoryManager", "task_managers", "task_memory_manager"]
 
 logger = logging.getLogger(__name__)
 
 
-class MemoryConsumer(Protocol):
+class Consumer(Protocol):
     """What a task manager needs of a consumer (:class:`extagg.memory.MemoryConsumer` is the
     class to subclass; this protocol keeps ``task`` from importing ``consumer``)."""
 
@@ -49,7 +49,7 @@ class MemoryConsumer(Protocol):
     @property
     def task_memory_manager(self) -> TaskMemoryManager: ...
 
-    def spill(self, size: int, trigger: MemoryConsumer) -> int: ...
+    def spill(self, size: int, trigger: Consumer) -> int: ...
 
     def forget_memory(self) -> int: ...
 
@@ -119,7 +119,7 @@ class TaskMemoryManager:
         # registration order; a consumer whose finaliser releases its memory
         # (``releases_when_dropped``) is held weakly, so that dropping it without close()
         # frees it (files, grant) at once, not when the cyclic GC finds it
-        self._consumers: dict[int, MemoryConsumer | weakref.ref[MemoryConsumer]] = {}
+        self._consumers: dict[int, Consumer | weakref.ref[Consumer]] = {}
         self._spill_depth = 0  # > 0 while this task's lock owner runs a spill()
         self._held = _HeldBytes()
         finaliser = weakref.finalize(
@@ -139,7 +139,7 @@ class TaskMemoryManager:
         return self._task_id
 
     @property
-    def consumers(self) -> list[MemoryConsumer]:
+    def consumers(self) -> list[Consumer]:
         """The registered consumers (those that acquired memory and are not closed)."""
         with self._state_lock:
             return [c for ref in self._consumers.values() if (c := _live(ref)) is not None]
@@ -149,7 +149,7 @@ class TaskMemoryManager:
         """Bytes granted through this task manager and not released."""
         return self._held.value
 
-    def acquire_execution_memory(self, required: int, consumer: MemoryConsumer) -> int:
+    def acquire_execution_memory(self, required: int, consumer: Consumer) -> int:
         """Grant up to ``required`` bytes to ``consumer``, spilling consumers if short.
 
         Returns the bytes granted (0 <= granted <= required); the consumer is registered.
@@ -179,7 +179,7 @@ class TaskMemoryManager:
                     )
             return got
 
-    def release_execution_memory(self, size: int, consumer: MemoryConsumer) -> None:
+    def release_execution_memory(self, size: int, consumer: Consumer) -> None:
         """Return ``size`` bytes of ``consumer`` (never takes the acquire lock)."""
         size = check_bytes(size, "size")
         self._check_owner(consumer)
@@ -194,7 +194,7 @@ class TaskMemoryManager:
         Covers everything ``task_id`` holds, also through other task managers of the same id.
         """
         same_task = [t for t in task_managers(self._mm) if t.task_id == self._task_id]
-        consumers: list[MemoryConsumer] = []
+        consumers: list[Consumer] = []
         for tmm in {id(t): t for t in [self, *same_task]}.values():
             consumers.extend(tmm.consumers)
             with tmm._state_lock:
@@ -213,12 +213,12 @@ class TaskMemoryManager:
         return released
 
     # ------------------------------------------------------------------ internals
-    def _spill_until_granted(self, required: int, got: int, requester: MemoryConsumer) -> int:
+    def _spill_until_granted(self, required: int, got: int, requester: Consumer) -> int:
         """Spark's spill loop; returns the new ``got``. Caller holds the acquire lock.
 
         If a spill (or a re-acquire) raises, everything granted to this request is released.
         """
-        groups: dict[int, list[MemoryConsumer]] = {}
+        groups: dict[int, list[Consumer]] = {}
         for candidate in self.consumers:
             used = candidate.used
             if used > 0:
@@ -244,7 +244,7 @@ class TaskMemoryManager:
             raise
         return got
 
-    def _spill(self, victim: MemoryConsumer, size: int, trigger: MemoryConsumer) -> int:
+    def _spill(self, victim: Consumer, size: int, trigger: Consumer) -> int:
         """Call ``victim.spill``; returns the bytes its ``used`` actually dropped."""
         before = victim.used
         logger.debug(
@@ -281,12 +281,12 @@ class TaskMemoryManager:
             )
         return freed
 
-    def unregister(self, consumer: MemoryConsumer) -> None:
+    def unregister(self, consumer: Consumer) -> None:
         """Forget ``consumer`` (it closed); it registers again when it next acquires."""
         with self._state_lock:
             self._consumers.pop(id(consumer), None)
 
-    def _check_owner(self, consumer: MemoryConsumer) -> None:
+    def _check_owner(self, consumer: Consumer) -> None:
         if consumer.task_memory_manager is not self:
             raise ValueError(
                 f"consumer {consumer.name} belongs to task "
@@ -300,7 +300,7 @@ class TaskMemoryManager:
         )
 
 
-def _live(ref: MemoryConsumer | weakref.ref[MemoryConsumer]) -> MemoryConsumer | None:
+def _live(ref: Consumer | weakref.ref[Consumer]) -> Consumer | None:
     return ref() if isinstance(ref, weakref.ref) else ref
 
 

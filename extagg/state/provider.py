@@ -151,9 +151,8 @@ class StateStoreProvider:
         """``version`` as a dict: from the cache, or rebuilt from files (then cached)."""
         self._check_version(version)
         if version == 0:
-            loaded = LoadedVersion(0, {}, 0)
             self._set_current(0, 0, 0)
-            return loaded
+            return LoadedVersion(0, {}, 0)
         with self._lock:
             loaded = self._cache.get(version)
             if loaded is not None:
