@@ -61,7 +61,9 @@ def blocks(page: Path) -> list[Block]:
             j += 1
         if j == len(lines):
             raise ValueError(f"{page}:{i + 1}: code block is never closed")
-        body = [line[len(indent) :] if line.startswith(indent) else line for line in lines[i + 1 : j]]
+        body = [
+            line[len(indent) :] if line.startswith(indent) else line for line in lines[i + 1 : j]
+        ]
         marker = reason = None
         k = i - 1
         while k >= 0 and not lines[k].strip():
@@ -69,7 +71,9 @@ def blocks(page: Path) -> list[Block]:
         if k >= 0 and (m := _MARKER.match(lines[k])):
             marker, reason = m["kind"], m["reason"]
             if marker == "skip" and not reason:
-                raise ValueError(f"{page}:{k + 1}: <!-- skip --> needs a reason: <!-- skip: why -->")
+                raise ValueError(
+                    f"{page}:{k + 1}: <!-- skip --> needs a reason: <!-- skip: why -->"
+                )
         out.append(Block(page, i + 2, lang, "\n".join(body) + "\n", marker, reason))
         i = j + 1
     return out
