@@ -3,6 +3,7 @@ from an RSS trace recorded by benchmarks/rss_trace.py --quick."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import subprocess
@@ -34,7 +35,7 @@ def test_rss_trace_records_samples_spills_and_merge(quick_results):
     trace = json.loads((quick_results / "rss-trace-quick.json").read_text())
     samples = trace["samples"]
     assert len(samples) > 10
-    assert all(a["t"] < b["t"] for a, b in zip(samples, samples[1:]))
+    assert all(a["t"] < b["t"] for a, b in itertools.pairwise(samples))
     assert all(s["granted"] <= trace["budget"] for s in samples)
     spills = [e for e in trace["events"] if e["kind"] == "spill"]
     assert len(spills) == trace["metrics"]["spill_count"] >= 1
