@@ -19,12 +19,44 @@ def aggregate(
     aggs: Mapping[str, tuple[str, str]],
     **options: Any,
 ) -> pa.Table:
-    """Group ``source`` by ``keys`` and compute ``aggs``; returns a ``pyarrow.Table``.
+    """Group ``source`` by ``keys`` and compute ``aggs`` in one call; returns a ``pyarrow.Table``.
 
-    ``source`` is one batch (pyarrow RecordBatch or Table, pandas DataFrame, dict of NumPy
-    arrays), a ``pyarrow.RecordBatchReader``, or an iterable of batches. ``options`` go to
-    :class:`HashAggregator` (``memory``, ``memory_manager``, ``spill_dirs``, ...). Rows come in
-    hash order of the keys. With no input at all the key columns have Arrow type ``null``.
+    Parameters
+    ----------
+    source
+        One batch (pyarrow ``RecordBatch`` or ``Table``, pandas ``DataFrame``, dict of NumPy
+        arrays), a ``pyarrow.RecordBatchReader``, or an iterable of batches (read lazily).
+    keys
+        Grouping column name or names.
+    aggs
+        Output name → ``(column, function)``; ``("*", "count")`` counts rows.
+    **options
+        Passed to :class:`~extagg.HashAggregator` (``memory``, ``memory_manager``,
+        ``spill_dirs``, ...).
+
+    Returns
+    -------
+    pyarrow.Table
+        Key columns then one column per aggregate, rows in key-hash order. With no input at all
+        the key columns have Arrow type ``null``.
+
+    Raises
+    ------
+    ValueError, TypeError, OverflowError
+        As :class:`~extagg.HashAggregator`.
+
+    Notes
+    -----
+    O(rows) time plus the spill and merge costs of ``HashAggregator``; memory held is the
+    aggregator's (bounded by the budget) plus the output table, which is in memory (one row per
+    group): iterate ``HashAggregator.results()`` instead to stream large outputs.
+
+    Examples
+    --------
+    >>> import pyarrow as pa
+    >>> t = aggregate(pa.table({"k": ["a", "b", "a"], "v": [1, 2, 3]}), "k", {"s": ("v", "sum")})
+    >>> sorted(t.to_pylist(), key=lambda r: r["k"])
+    [{'k': 'a', 's': 4}, {'k': 'b', 's': 2}]
     """
     with HashAggregator(keys, aggs, **options) as agg:
         batches: Iterable[Any] = [source] if is_batch(source) else source

@@ -44,6 +44,7 @@ FUNCTIONS = (
     "count", "sum", "mean", "min", "max", "first", "last", "first_non_null", "last_non_null",
     "var", "var_pop", "std", "std_pop",
 )  # fmt: skip
+"""The aggregate functions of the columnar engine, by canonical name."""
 ALIASES = {
     "avg": "mean",
     "variance": "var",
@@ -54,6 +55,7 @@ ALIASES = {
     "stddev_pop": "std_pop",
     "size": "count",
 }
+"""Other accepted spellings (SQL and pandas names) → canonical function name."""
 _NUMERIC = ("int", "uint", "float", "bool")
 _ORDERED = ("int", "uint", "float", "bool", "temporal")
 _ALL = (*_ORDERED, "string", "binary")

@@ -15,9 +15,18 @@ def resolve_task_memory_manager(
 ) -> TaskMemoryManager:
     """The task memory manager a consumer should use.
 
-    ``memory`` gives the consumer a private manager of that size; ``memory_manager`` shares one
-    (a ``UnifiedMemoryManager`` → this thread's task, or an explicit ``TaskMemoryManager``);
-    neither → the process-wide default manager.
+    Parameters
+    ----------
+    memory
+        A private budget: a new manager of that size (bytes or size string).
+    memory_manager
+        A ``UnifiedMemoryManager`` (→ this thread's task) or an explicit ``TaskMemoryManager``.
+        With neither argument, the process-wide default manager is used.
+
+    Raises
+    ------
+    ValueError
+        Both arguments given, or an invalid size.
     """
     if memory is not None and memory_manager is not None:
         raise ValueError("give either memory= or memory_manager=, not both")
