@@ -11,8 +11,9 @@ __all__ = ["SpillMetrics"]
 
 @dataclass
 class SpillMetrics:
-    """Counters of one aggregation (Spark's task metrics plus merge figures): ``.metrics`` of a map or
-    aggregator.
+    """Counters of one aggregation (Spark's task metrics plus merge figures).
+
+    The ``.metrics`` of a map or aggregator.
 
     Parameters
     ----------

@@ -52,8 +52,7 @@ MEMORY_ENV = "EXTAGG_MEMORY"
 """Environment variable whose size string replaces the default budget."""
 #: kept out of the budget for the interpreter, numba, pyarrow... (Spark reserves 300 MiB too)
 RESERVED_SYSTEM_MEMORY = 300 * MiB
-"""Bytes kept out of the default budget for the interpreter, NumPy, numba and pyarrow (300 MiB, as Spark).
-"""
+"""Bytes kept out of the default budget for the interpreter and libraries (300 MiB, as Spark)."""
 #: share of what remains that extagg manages (Spark's spark.memory.fraction)
 DEFAULT_MEMORY_FRACTION = 0.6
 """Share of the remaining memory the default budget takes (Spark's ``spark.memory.fraction``)."""
@@ -164,7 +163,7 @@ def resolve_memory_budget(
     cgroup_root: PathLike = CGROUP_ROOT,
     proc_cgroup: PathLike = PROC_SELF_CGROUP,
 ) -> int:
-    """The budget in bytes: explicit ``max_memory`` > ``EXTAGG_MEMORY`` > :func:`default_memory_budget`.
+    """The budget in bytes: ``max_memory`` > ``EXTAGG_MEMORY`` > :func:`default_memory_budget`.
 
     Parameters
     ----------
