@@ -1,6 +1,6 @@
 """Runs the code blocks of the Markdown documentation (README.md and docs/**/*.md).
 
-Rules (also written in docs/contributing-docs.md):
+Rules (also written in docs/writing-docs.md):
 
 * every ```` ```python ```` block runs; the blocks of one page run in order in one namespace, in a
   fresh temporary directory (so relative paths in examples are private to the test);

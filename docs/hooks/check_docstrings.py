@@ -57,12 +57,10 @@ def _check_object(label: str, obj: Any) -> list[str]:
     if obj.is_function:
         params = _signature_names(obj)
     elif obj.is_class:
+        # the constructor's parameters, inherited from an extagg base class or not (builtin
+        # bases such as Exception are not loaded, so their constructors are not asked for)
         init = obj.all_members.get("__init__")
         params = _signature_names(init) if init is not None and init.is_function else []
-        if init is not None and getattr(init, "parent", None) is not None:
-            # inherited constructors (exceptions) are documented where they are defined
-            if init.parent.path != obj.path and init.parent.path.startswith("builtins"):
-                params = []
         for name, member in obj.members.items():
             if name.startswith("_") or member.is_alias or member.is_attribute:
                 continue
