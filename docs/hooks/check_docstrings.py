@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -110,3 +111,25 @@ def problems(packages: tuple[str, ...] = PUBLIC_PACKAGES) -> list[str]:
 def on_pre_build(config: Any) -> None:
     for problem in problems():
         log.warning("docstring check: %s", problem)
+
+
+# Docstrings written for Sphinx use roles (:class:`X`, :meth:`~a.b.X`); Markdown renders them as
+# ":class:" plus code. Turn each into a cross-reference (resolved by mkdocs-autorefs when the
+# target is documented, plain code otherwise).
+_ROLE = re.compile(r":(?:py:)?(?:class|func|meth|data|mod|attr|exc|obj):<code>(~?)([\w.]+)</code>")
+
+
+def _role_to_autoref(match: re.Match[str], package: str) -> str:
+    short, target = match.group(1), match.group(2)
+    title = target.rsplit(".", 1)[-1] if short else target
+    identifier = target if target.startswith("extagg") else f"{package}.{target}"
+    return f'<autoref identifier="{identifier}" optional><code>{title}</code></autoref>'
+
+
+def on_page_content(html: str, page: Any, **_: Any) -> str:
+    src = page.file.src_uri
+    if not src.startswith("reference/"):
+        return html
+    name = src.removeprefix("reference/").removesuffix(".md")
+    package = "extagg" if name == "extagg" else f"extagg.{name}"
+    return _ROLE.sub(lambda m: _role_to_autoref(m, package), html)
