@@ -45,7 +45,7 @@ def test_every_public_package_is_checked():
 
 def _checked(code: str) -> list[str]:
     with griffe.temporary_visited_module(code, docstring_parser=griffe.Parser.numpy) as module:
-        return [p for name, obj in module.members.items() for p in check._check_object(name, obj)]
+        return [p for name, obj in module.members.items() for p in check.check_object(name, obj)]
 
 
 DOC_A = '''"""Do.

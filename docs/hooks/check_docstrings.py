@@ -50,7 +50,7 @@ def _signature_names(func: Any) -> list[str]:
     return [p.name for p in func.parameters if p.name not in ("self", "cls")]
 
 
-def _check_object(label: str, obj: Any) -> list[str]:
+def check_object(label: str, obj: Any) -> list[str]:
     problems: list[str] = []
     if obj.docstring is None or not obj.docstring.value.strip():
         return [f"{label}: no docstring"]
@@ -104,7 +104,7 @@ def problems(packages: tuple[str, ...] = PUBLIC_PACKAGES) -> list[str]:
             except (KeyError, griffe.AliasResolutionError, griffe.CyclicAliasError) as exc:
                 out.append(f"{label}: cannot be resolved ({exc})")
                 continue
-            out.extend(_check_object(label, obj))
+            out.extend(check_object(label, obj))
     return sorted(set(out))
 
 
