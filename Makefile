@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test lint format bench bench-columnar clean java faults
+.PHONY: setup demo test lint format docs plots trace bench bench-columnar clean java faults
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "extagg needs Python >= 3.10")'
@@ -28,6 +28,7 @@ test: $(STAMP) java
 	$(VENV)/bin/ruff check extagg tests benchmarks
 	$(VENV)/bin/ruff format --check extagg tests benchmarks
 	$(PY) -m mypy
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
 	$(PY) -m pytest -q
 
 ## faults: the fault-injection suites, larger than in CI: every write/fsync/rename of bigger
@@ -45,6 +46,18 @@ format:
 	$(VENV)/bin/ruff format extagg tests benchmarks
 	$(VENV)/bin/ruff check --fix extagg tests benchmarks
 
+## docs: the documentation site into site/ (--strict: a broken link or an undocumented public name fails)
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
+## plots: docs/img/*.png from the latest benchmarks/results/*.json (and the RSS trace)
+plots: $(STAMP)
+	$(PY) benchmarks/plots.py
+
+## trace: record a new RSS-over-time trace of one spilling run (benchmarks/results/rss-trace.json)
+trace: $(STAMP)
+	$(PY) benchmarks/rss_trace.py
+
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) benchmarks/bench_generic.py
@@ -54,4 +67,4 @@ bench-columnar: $(STAMP)
 	$(PY) benchmarks/bench_columnar.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build site *.egg-info .pytest_cache .ruff_cache

@@ -29,8 +29,18 @@ class ExtaggError(Exception):
 class SpillError(ExtaggError, OSError):
     """Data could not be spilled to disk (disk full, spill cap reached, unserialisable value).
 
-    ``directory`` names where the spill was going, ``bytes_needed`` how much it tried to write
-    (both may be ``None`` when they do not apply).
+    Also an ``OSError``. The map or aggregator keeps its data; the partial file is removed.
+
+    Parameters
+    ----------
+    message
+        What failed, naming the file or value.
+    directory
+        Where the spill was going, or ``None``.
+    bytes_needed
+        How much it tried to write, or ``None``.
+    errno
+        The ``OSError`` errno behind it (``ENOSPC``...), or ``None``.
     """
 
     def __init__(
@@ -54,7 +64,19 @@ class SpillError(ExtaggError, OSError):
 
 
 class CorruptFileError(ExtaggError, ValueError):
-    """A spill or state file is truncated, corrupt, or not an extagg file at all."""
+    """A spill or state file is truncated, corrupt, or not an extagg file at all.
+
+    Also a ``ValueError``.
+
+    Parameters
+    ----------
+    path
+        The file.
+    offset
+        Byte offset of the problem, or ``None`` when it concerns the whole file.
+    reason
+        What is wrong (bad magic, CRC mismatch, short read...).
+    """
 
     def __init__(self, path: str | os.PathLike[str], offset: int | None, reason: str) -> None:
         self.path = os.fspath(path)

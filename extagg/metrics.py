@@ -13,13 +13,36 @@ __all__ = ["SpillMetrics"]
 class SpillMetrics:
     """Counters of one aggregation (Spark's task metrics plus merge figures).
 
-    ``memory_bytes_spilled`` is the in-memory size of what was spilled (the estimate at spill
-    time), ``disk_bytes_spilled`` the bytes written to run files (after compression),
-    ``raw_bytes_spilled`` the same before compression. ``spill_count`` counts spill events,
-    ``num_spill_files`` run files written by spills (merge passes write more files, counted in
-    ``merge_files``; ``merge_passes`` counts those intermediate merges — the final merge into
-    the caller's iterator is not counted). ``peak_memory_bytes`` is the largest in-memory size
-    seen; ``peak_granted_bytes`` the most memory held from the manager at once.
+    The ``.metrics`` of a map or aggregator.
+
+    Parameters
+    ----------
+    records_read
+        Records (rows) inserted.
+    groups
+        Distinct keys produced by the last iteration.
+    spill_count
+        Spill events.
+    num_spill_files
+        Run files written by spills.
+    memory_bytes_spilled
+        In-memory size of what was spilled (the estimate at spill time).
+    disk_bytes_spilled
+        Bytes written to run files, after compression.
+    raw_bytes_spilled
+        The same before compression.
+    peak_memory_bytes
+        Largest in-memory size seen.
+    peak_granted_bytes
+        Most memory held from the manager at once.
+    spill_time_s
+        Seconds spent spilling.
+    merge_time_s
+        Seconds spent merging.
+    merge_passes
+        Intermediate merge passes (the final merge into the caller is not counted).
+    merge_files
+        Run files written by those passes.
     """
 
     records_read: int = 0
@@ -52,6 +75,7 @@ class SpillMetrics:
         self.peak_memory_bytes = max(self.peak_memory_bytes, other.peak_memory_bytes)
 
     def as_dict(self) -> dict[str, float]:
+        """Every counter by name (for JSON and benchmarks)."""
         return asdict(self)
 
     def summary(self) -> str:

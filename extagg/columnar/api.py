@@ -32,13 +32,46 @@ def aggregate(
     aggs: Mapping[str, tuple[str, str]],
     **options: Any,
 ) -> pa.Table:
-    """Group ``source`` by ``keys`` and compute ``aggs``; returns a ``pyarrow.Table``.
+    """Group ``source`` by ``keys`` and compute ``aggs`` in one call; returns a ``pyarrow.Table``.
 
-    ``source`` is one batch (pyarrow RecordBatch or Table, pandas DataFrame, dict of NumPy
-    arrays), a ``pyarrow.RecordBatchReader``, a ``pyarrow.dataset.Dataset`` (its batches are
-    scanned with only the columns the query reads) or an iterable of batches. ``options`` go to
-    :class:`HashAggregator` (``memory``, ``memory_manager``, ``spill_dirs``, ...). Rows come in
-    hash order of the keys. With no input at all the key columns have Arrow type ``null``.
+    Parameters
+    ----------
+    source
+        One batch (pyarrow ``RecordBatch`` or ``Table``, pandas ``DataFrame``, dict of NumPy
+        arrays), a ``pyarrow.RecordBatchReader``, a ``pyarrow.dataset.Dataset`` (scanned with
+        only the columns the query reads), or an iterable of batches (read lazily).
+    keys
+        Grouping column name or names.
+    aggs
+        Output name → ``(column, function)``; ``("*", "count")`` counts rows.
+    **options
+        Passed to :class:`~extagg.HashAggregator` (``memory``, ``memory_manager``,
+        ``spill_dirs``, ...); ``count_distinct`` aggregates run a two-level group-by beside it.
+
+    Returns
+    -------
+    pyarrow.Table
+        Key columns then one column per aggregate, rows in key-hash order. With no input at all
+        the key columns have Arrow type ``null``.
+
+    Raises
+    ------
+    ValueError, TypeError, OverflowError
+        As :class:`~extagg.HashAggregator`; a budget below the engine's working minimum raises
+        :class:`~extagg.BudgetError`.
+
+    Notes
+    -----
+    O(rows) time plus the spill and merge costs of ``HashAggregator``; memory held is the
+    aggregator's (bounded by the budget) plus the output table, which is in memory (one row per
+    group): iterate ``HashAggregator.results()`` instead to stream large outputs.
+
+    Examples
+    --------
+    >>> import pyarrow as pa
+    >>> t = aggregate(pa.table({"k": ["a", "b", "a"], "v": [1, 2, 3]}), "k", {"s": ("v", "sum")})
+    >>> sorted(t.to_pylist(), key=lambda r: r["k"])
+    [{'k': 'a', 's': 4}, {'k': 'b', 's': 2}]
     """
     with make_aggregator(keys, aggs, **options) as agg:
         batches: Iterable[Any]

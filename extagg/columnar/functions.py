@@ -49,6 +49,7 @@ FUNCTIONS = (
     "count", "sum", "mean", "min", "max", "first", "last", "first_non_null", "last_non_null",
     "var", "var_pop", "std", "std_pop",
 )  # fmt: skip
+"""The aggregate functions of the columnar engine, by canonical name."""
 #: aggregates computed by a second group-by (:mod:`extagg.columnar.distinct`), not in one table
 DISTINCT_FUNCTIONS = ("count_distinct",)
 ALIASES = {
@@ -62,6 +63,7 @@ ALIASES = {
     "stddev_pop": "std_pop",
     "size": "count",
 }
+"""Other accepted spellings (SQL and pandas names) → canonical function name."""
 _NUMERIC = ("int", "uint", "float", "bool", "decimal")
 _ORDERED = ("int", "uint", "float", "bool", "temporal", "decimal")
 _ALL = (*_ORDERED, "string", "binary")

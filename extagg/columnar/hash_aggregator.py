@@ -68,13 +68,64 @@ log = logging.getLogger(__name__)
 
 
 class HashAggregator(Spillable[ColumnBlock]):
-    """Spillable hash aggregation of record batches (see the module docstring).
+    """Spillable hash aggregation of record batches in a compiled (numba) hash table.
 
-    ``keys`` are the grouping columns; ``aggs`` maps output names to ``(column, function)``
-    (``("*", "count")`` counts rows); functions are listed in :mod:`extagg.columnar.functions`.
-    ``memory`` gives a private budget, ``memory_manager`` shares a manager, neither uses the
-    process default. ``force_spill_rows`` (tests) spills after every N input rows; ``fan_in``
-    and ``batch_size`` shape the merge and the run files.
+    Feed batches with :meth:`update`, then read :meth:`results` once. Groups live in typed
+    arrays granted exactly by the memory manager; when a grant is refused the table is sorted by
+    key hash and spilled as a column run, and runs are merged at the end (or the input is
+    hash-partitioned when the table cannot reduce it). Results come in key-hash order whatever
+    was spilled.
+
+    Parameters
+    ----------
+    keys
+        Grouping column name or names.
+    aggs
+        Output name → ``(column, function)``; ``("*", "count")`` counts rows. Functions are
+        :data:`extagg.columnar.FUNCTIONS` and their :data:`extagg.columnar.ALIASES`.
+    memory
+        A private budget: bytes or a size string like ``"256m"``.
+    memory_manager
+        A shared ``UnifiedMemoryManager`` or ``TaskMemoryManager`` (default: the process manager).
+    spill_dirs
+        Spill directories (default ``EXTAGG_SPILL_DIR`` or the system temp directory).
+    batch_size
+        Groups per batch in a run file and per output batch.
+    fan_in
+        Most runs merged at once; more are merged in intermediate passes.
+    compression
+        ``"lz4"`` or ``"none"`` for run-file batches.
+    max_spill_bytes
+        Cap on bytes on disk at once (default ``EXTAGG_MAX_SPILL_BYTES``, none).
+    force_spill_rows
+        Test knob: spill after every N input rows.
+    chunk_rows
+        Rows hashed and probed per compiled call (default: sized from the budget).
+    name
+        Name in logs and memory reports.
+
+    Raises
+    ------
+    ValueError
+        Unknown function, missing column, a batch whose schema differs from the first.
+    TypeError
+        Unsupported key type or a value column the function cannot take.
+    OverflowError
+        An integer ``sum`` leaves the int64 (uint64) range.
+
+    Notes
+    -----
+    ``update`` costs O(rows) (one probe per row, expected O(1)); a spill sorts the table in
+    O(groups) (nearly sorted already) and writes it; the merge of r runs is O(groups × log r).
+    Memory held: the table's arrays (exactly accounted, old and new both during a growth), one
+    chunk of hashes and slots, and one I/O batch per run while merging.
+
+    Examples
+    --------
+    >>> with HashAggregator(keys="k", aggs={"n": ("*", "count")}, memory="16m") as agg:
+    ...     agg.update({"k": np.array([1, 2, 1])})
+    ...     sorted(tuple(row.values()) for b in agg.results() for row in b.to_pylist())
+    [(1, 2), (2, 1)]
     """
 
     def __init__(

@@ -16,8 +16,22 @@ C = TypeVar("C")
 class Aggregator(Generic[V, C]):
     """How values fold into combiners, called exactly as Spark's ``combineByKey`` calls them.
 
-    ``create_combiner(v)`` for the first value of a key in a map, ``merge_value(c, v)`` for the
-    next ones, ``merge_combiners(c1, c2)`` when maps or runs holding the same key are merged.
+    Parameters
+    ----------
+    create_combiner
+        ``create_combiner(v)`` makes the combiner of a key from its first value in a map.
+    merge_value
+        ``merge_value(c, v)`` folds a further value into a combiner (may mutate and return ``c``).
+    merge_combiners
+        ``merge_combiners(c1, c2)`` merges two combiners of one key (maps or spilled runs).
+
+    Examples
+    --------
+    >>> import operator
+    >>> mean = Aggregator(lambda v: (v, 1), lambda c, v: (c[0] + v, c[1] + 1),
+    ...                   lambda a, b: (a[0] + b[0], a[1] + b[1]))
+    >>> Aggregator.reducing(operator.add).merge_value(1, 2)
+    3
     """
 
     create_combiner: Callable[[V], C]

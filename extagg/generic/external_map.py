@@ -57,15 +57,61 @@ ITERATOR_TWICE = "ExternalAppendOnlyMap.iterator is destructive and should only 
 class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
     """A spillable map of key → combiner with Spark's ``combineByKey`` semantics.
 
-    ``memory`` (bytes or a size string like ``"64m"``) gives the map a budget of its own;
-    ``memory_manager`` shares a :class:`~extagg.memory.UnifiedMemoryManager` (or a task's
-    :class:`~extagg.memory.TaskMemoryManager`) with other consumers; with neither, the process
-    default manager is used. Iteration (``iterator()`` or ``iter(map)``) is destructive and
-    possible once; see :meth:`iterator` for the order. ``close()`` (or leaving a ``with``
-    block) releases the memory and deletes every run file.
+    Records are folded into combiners in a hash table whose size is sampled (Spark's
+    ``SizeTracker``); before it outgrows its grant it asks the memory manager for more and spills
+    a hash-sorted run file when refused. Iteration (``iterator()`` or ``iter(map)``) merges memory
+    and every run; it is destructive and possible once. ``close()`` (or leaving a ``with`` block)
+    releases the memory and deletes every run file.
 
-    ``force_spill_every`` (or ``EXTAGG_FORCE_SPILL_EVERY``) is a test knob like Spark's
-    ``numElementsForceSpillThreshold``: spill after every N records.
+    Parameters
+    ----------
+    aggregator
+        How values fold into combiners.
+    memory
+        A private budget: bytes or a size string like ``"64m"``.
+    memory_manager
+        A shared ``UnifiedMemoryManager`` (this thread's task) or ``TaskMemoryManager``. With
+        neither ``memory`` nor this, the process default manager is used.
+    spill_dirs
+        Spill directories (default ``EXTAGG_SPILL_DIR`` or the system temp directory).
+    batch_size
+        Records per batch in a run file (Spark's ``spark.shuffle.spill.batchSize``).
+    fan_in
+        Most runs merged at once; more are merged in intermediate passes.
+    compression
+        ``"lz4"`` or ``"none"`` for run-file batches.
+    max_spill_bytes
+        Cap on bytes on disk at once (default ``EXTAGG_MAX_SPILL_BYTES``, none).
+    force_spill_every
+        Test knob (Spark's ``numElementsForceSpillThreshold``, ``EXTAGG_FORCE_SPILL_EVERY``):
+        spill after every N records.
+    name
+        Name in logs and memory reports (default: class name and a counter).
+
+    Raises
+    ------
+    TypeError
+        ``aggregator`` is not an :class:`Aggregator`; a key is unhashable.
+    SpillError
+        A spill failed (disk full, cap reached, unpicklable combiner); the data stays in memory.
+    MemoryLimitError
+        Memory could not be granted even after spilling.
+
+    Notes
+    -----
+    ``insert`` is amortised O(1) per record; a spill sorts n entries in O(n log n) and writes them;
+    the merge of r runs costs O(N log r) for N spilled rows. Memory held: the map itself (at most
+    the grant, about twice its estimated size before a spill), 16 bytes per entry while a spill
+    sorts, and about one decoded batch per run (at most ``fan_in``) while merging — all granted by
+    the manager.
+
+    Examples
+    --------
+    >>> import operator
+    >>> with ExternalAppendOnlyMap(Aggregator.reducing(operator.add), memory="8m") as m:
+    ...     m.insert_all([("a", 1), ("b", 2), ("a", 3)])
+    ...     sorted(m.iterator())
+    [('a', 4), ('b', 2)]
     """
 
     def __init__(

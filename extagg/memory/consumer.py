@@ -29,10 +29,19 @@ _serial = itertools.count(1)
 
 
 class MemoryConsumer:
-    """Holds ``used`` bytes of execution memory granted by a :class:`TaskMemoryManager`.
+    """Base class of everything that holds execution memory: ``used`` bytes granted by a
+    :class:`TaskMemoryManager`.
 
-    ``task_memory_manager`` defaults to the current thread's in the default memory manager;
-    ``name`` defaults to the class name and a counter (``"ExternalAppendOnlyMap-3"``).
+    Subclasses call ``acquire_memory``/``free_memory`` and implement ``spill(size, trigger)``,
+    which the task manager calls when another consumer of the same task needs memory.
+
+    Parameters
+    ----------
+    task_memory_manager
+        The task to account to (default: the current thread's in the default memory manager).
+    name
+        Name in logs and reports (default: the class name and a counter,
+        ``"ExternalAppendOnlyMap-3"``).
     """
 
     #: True for a consumer whose finaliser gives its memory back (:class:`extagg.Spillable`):

@@ -17,7 +17,15 @@ logger = logging.getLogger(__name__)
 
 
 class MemoryPool(ABC):
-    """A resizable pool: ``pool_size`` bytes of which ``memory_used`` are handed out."""
+    """A resizable pool: ``pool_size`` bytes of which ``memory_used`` are handed out.
+
+    Parameters
+    ----------
+    name
+        ``"execution"`` or ``"storage"``, for messages.
+    pool_size
+        Initial size in bytes.
+    """
 
     def __init__(self, name: str, pool_size: int) -> None:
         if pool_size < 0:
@@ -39,11 +47,13 @@ class MemoryPool(ABC):
         return self._pool_size - self.memory_used
 
     def increment_pool_size(self, delta: int) -> None:
+        """Grow the pool by ``delta`` bytes (``ValueError`` if negative)."""
         if delta < 0:
             raise ValueError(f"cannot grow the {self.name} pool by a negative size {delta}")
         self._pool_size += delta
 
     def decrement_pool_size(self, delta: int) -> None:
+        """Shrink the pool by ``delta`` bytes (``ValueError`` below zero)."""
         if not 0 <= delta <= self._pool_size:
             raise ValueError(
                 f"cannot shrink the {self.name} pool of {self._pool_size} bytes by {delta}"
@@ -59,8 +69,13 @@ class MemoryPool(ABC):
 class ExecutionMemoryPool(MemoryPool):
     """Execution memory shared fairly among tasks: each of N active tasks gets 1/2N .. 1/N.
 
-    ``notify`` is called whenever a waiting task might now succeed (a task joined or left, or
-    memory was released); the manager passes its condition's ``notify_all``.
+    Parameters
+    ----------
+    pool_size
+        Initial size in bytes.
+    notify
+        Called whenever a waiting task might now succeed (a task joined or left, or memory was
+        released); the manager passes its condition's ``notify_all``.
     """
 
     def __init__(self, pool_size: int, notify: Callable[[], None]) -> None:
@@ -74,6 +89,7 @@ class ExecutionMemoryPool(MemoryPool):
         return self._used
 
     def memory_used_by_task(self, task_id: Hashable) -> int:
+        """Bytes held by ``task_id`` (0 if none)."""
         return self._memory_for_task.get(task_id, 0)
 
     def task_memory(self) -> dict[Hashable, int]:
@@ -154,6 +170,7 @@ class ExecutionMemoryPool(MemoryPool):
         return num_bytes
 
     def release_all_memory_for_task(self, task_id: Hashable) -> int:
+        """Release everything ``task_id`` holds; returns the bytes released."""
         held = self._memory_for_task.get(task_id, 0)
         self.release_memory(held, task_id)
         return held
@@ -162,9 +179,14 @@ class ExecutionMemoryPool(MemoryPool):
 class StorageMemoryPool(MemoryPool):
     """Storage memory for cached blocks; frees space by asking the store to evict blocks.
 
-    ``evict(exclude_block_id, space)`` evicts least recently used blocks (never
-    ``exclude_block_id``) until at least ``space`` bytes are freed and returns the bytes freed,
-    or evicts nothing and returns 0 when that is impossible (Spark's all-or-nothing rule).
+    The evictor, ``evict(exclude_block_id, space)``, evicts least recently used blocks (never
+    ``exclude_block_id``) until at least ``space`` bytes are freed and returns the bytes freed, or
+    evicts nothing and returns 0 when that is impossible (Spark's all-or-nothing rule).
+
+    Parameters
+    ----------
+    pool_size
+        Initial size in bytes.
     """
 
     def __init__(self, pool_size: int) -> None:
@@ -173,6 +195,7 @@ class StorageMemoryPool(MemoryPool):
         self._evict: Callable[[Hashable | None, int], int] = lambda _block_id, _space: 0
 
     def set_evictor(self, evict: Callable[[Hashable | None, int], int]) -> None:
+        """Install the function that evicts blocks (the manager's ``MemoryStore``)."""
         self._evict = evict
 
     @property
@@ -190,6 +213,7 @@ class StorageMemoryPool(MemoryPool):
         return enough
 
     def release_memory(self, num_bytes: int) -> None:
+        """Give back ``num_bytes`` (clamped to what is used, with a warning)."""
         if num_bytes > self._used:
             logger.warning(
                 "Attempted to release %d bytes of storage memory when we only have %d bytes",

@@ -37,7 +37,13 @@ def report(mm: UnifiedMemoryManager | None = None) -> dict[str, Any]:
 
 
 def format_report(snapshot: dict[str, Any]) -> str:
-    """Several human-readable lines for a :func:`report` dict."""
+    """Several human-readable lines for a :func:`report` dict (pools, tasks, consumers).
+
+    Parameters
+    ----------
+    snapshot
+        What :func:`report` returned.
+    """
     execution, storage = snapshot["execution"], snapshot["storage"]
     lines = [
         f"memory: max {_size(snapshot['max_memory'])} "

@@ -42,10 +42,21 @@ def resolve_task_memory_manager(
 ) -> TaskMemoryManager:
     """The task memory manager a consumer should use.
 
-    ``memory`` gives the consumer a private manager of that size; ``memory_manager`` shares one
-    (a ``UnifiedMemoryManager`` → this thread's task, or an explicit ``TaskMemoryManager``);
-    neither → the process-wide default manager. Either way the budget must be at least
-    :data:`ENGINE_MIN_BUDGET` (else :class:`~extagg.errors.BudgetError`, a ``ValueError``).
+    Parameters
+    ----------
+    memory
+        A private budget: a new manager of that size (bytes or size string).
+    memory_manager
+        A ``UnifiedMemoryManager`` (→ this thread's task) or an explicit ``TaskMemoryManager``.
+        With neither argument, the process-wide default manager is used. Either way the budget
+        must be at least :data:`ENGINE_MIN_BUDGET`.
+
+    Raises
+    ------
+    ValueError
+        Both arguments given, or an invalid size.
+    BudgetError
+        The budget is below :data:`ENGINE_MIN_BUDGET` (a ``ValueError``).
     """
     if memory is not None and memory_manager is not None:
         raise ValueError("give either memory= or memory_manager=, not both")

@@ -51,10 +51,13 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 MEMORY_ENV = "EXTAGG_MEMORY"
+"""Environment variable whose size string replaces the default budget."""
 #: kept out of the budget for the interpreter, numba, pyarrow... (Spark reserves 300 MiB too)
 RESERVED_SYSTEM_MEMORY = 300 * MiB
+"""Bytes kept out of the default budget for the interpreter and libraries (300 MiB, as Spark)."""
 #: share of what remains that extagg manages (Spark's spark.memory.fraction)
 DEFAULT_MEMORY_FRACTION = 0.6
+"""Share of the remaining memory the default budget takes (Spark's ``spark.memory.fraction``)."""
 #: the computed default never goes below this
 MIN_DEFAULT_BUDGET = 32 * MiB
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -68,7 +71,20 @@ PathLike = str | os.PathLike[str]
 def cgroup_memory_available(
     cgroup_root: PathLike = CGROUP_ROOT, proc_cgroup: PathLike = PROC_SELF_CGROUP
 ) -> int | None:
-    """Bytes the process's cgroups still allow, or ``None`` when no memory limit applies."""
+    """Bytes the process's cgroups still allow (limit − usage, smallest over the hierarchy).
+
+    Parameters
+    ----------
+    cgroup_root
+        Where the cgroup file systems are mounted (tests point it elsewhere).
+    proc_cgroup
+        The ``/proc/self/cgroup`` file naming this process's cgroups.
+
+    Returns
+    -------
+    int or None
+        ``None`` when no memory limit applies (cgroup v1 and v2 are read).
+    """
     root = Path(cgroup_root)
     if (root / "cgroup.controllers").exists():  # a pure cgroup v2 mount
         base, relative = root, _own_cgroup_path(proc_cgroup, "")
@@ -89,7 +105,15 @@ def cgroup_memory_available(
 def available_memory(
     cgroup_root: PathLike = CGROUP_ROOT, proc_cgroup: PathLike = PROC_SELF_CGROUP
 ) -> int:
-    """psutil's available memory, lowered to the cgroup's headroom when that is smaller."""
+    """psutil's available memory, lowered to the cgroup's headroom when that is smaller.
+
+    Parameters
+    ----------
+    cgroup_root
+        Where the cgroup file systems are mounted (tests point it elsewhere).
+    proc_cgroup
+        The ``/proc/self/cgroup`` file naming this process's cgroups.
+    """
     available = int(psutil.virtual_memory().available)
     cgroup = cgroup_memory_available(cgroup_root, proc_cgroup)
     if cgroup is not None and cgroup < available:
@@ -105,7 +129,19 @@ def default_memory_budget(
     fraction: float = DEFAULT_MEMORY_FRACTION,
     reserved: int = RESERVED_SYSTEM_MEMORY,
 ) -> int:
-    """(available memory - ``reserved``) x ``fraction``, at least :data:`MIN_DEFAULT_BUDGET`."""
+    """``(available memory − reserved) × fraction``, at least 32 MiB.
+
+    Parameters
+    ----------
+    cgroup_root
+        Where the cgroup file systems are mounted (tests point it elsewhere).
+    proc_cgroup
+        The ``/proc/self/cgroup`` file naming this process's cgroups.
+    fraction
+        Share of the memory left after the reserve.
+    reserved
+        Bytes kept for the interpreter and libraries.
+    """
     if not 0 < fraction <= 1:
         raise ValueError(f"memory fraction must be in (0, 1], got {fraction!r}")
     available = available_memory(cgroup_root, proc_cgroup)
@@ -178,7 +214,22 @@ def resolve_memory_budget(
     cgroup_root: PathLike = CGROUP_ROOT,
     proc_cgroup: PathLike = PROC_SELF_CGROUP,
 ) -> int:
-    """Explicit ``max_memory`` > ``EXTAGG_MEMORY`` > :func:`default_memory_budget`."""
+    """The budget in bytes: ``max_memory`` > ``EXTAGG_MEMORY`` > :func:`default_memory_budget`.
+
+    Parameters
+    ----------
+    max_memory
+        Bytes or a size string (``"64m"``), or ``None`` for the environment or the default.
+    cgroup_root
+        Where the cgroup file systems are mounted (tests point it elsewhere).
+    proc_cgroup
+        The ``/proc/self/cgroup`` file naming this process's cgroups.
+
+    Raises
+    ------
+    ValueError
+        A malformed, zero or negative size, naming the string.
+    """
     if max_memory is not None:
         return parse_size(max_memory, name="max_memory")
     from_env = env_size(MEMORY_ENV)

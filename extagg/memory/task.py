@@ -102,7 +102,20 @@ class _HeldBytes:
 
 
 class TaskMemoryManager:
-    """Execution memory of one task, shared by its :class:`MemoryConsumer` objects."""
+    """Execution memory of one task (by default one thread), shared by its :class:`MemoryConsumer`
+    objects.
+
+    When a consumer asks for more than the manager grants, the other consumers of the task are
+    asked to spill (the smallest that covers the shortfall, else the largest), then the requester
+    itself, as Spark's task memory manager does.
+
+    Parameters
+    ----------
+    memory_manager
+        The manager granting the memory.
+    task_id
+        The task's identity (default: the current thread's id).
+    """
 
     def __init__(
         self, memory_manager: UnifiedMemoryManager, task_id: Hashable | None = None
@@ -307,10 +320,15 @@ def _live(ref: Consumer | weakref.ref[Consumer]) -> Consumer | None:
 def task_memory_manager(
     mm: UnifiedMemoryManager | None = None, task_id: Hashable | None = None
 ) -> TaskMemoryManager:
-    """The TaskMemoryManager of ``task_id`` (default: this thread) in ``mm`` (default manager).
+    """The TaskMemoryManager of ``task_id`` in ``mm``: the same object for the same pair as long as
+    anything (e.g. a consumer) refers to it; an unreferenced one leaves the registry by itself.
 
-    Returns the same object for the same pair as long as anything (e.g. a consumer) refers to
-    it; an unreferenced one leaves the registry by itself.
+    Parameters
+    ----------
+    mm
+        The manager (default: the process-wide one).
+    task_id
+        The task (default: the current thread).
     """
     if mm is None:
         mm = default_memory_manager()

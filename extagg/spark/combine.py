@@ -35,7 +35,23 @@ PartitionFunc = Callable[[Iterable[tuple[Any, Any]]], Iterator[tuple[Any, Any]]]
 
 
 def spark_partition_func(key: Any) -> int:
-    """The partitioner for ``rdd.partitionBy``: Spark takes it modulo the partition count."""
+    """The partitioner for ``rdd.partitionBy``: Spark takes it modulo the partition count.
+
+    Parameters
+    ----------
+    key
+        A key with a deterministic hash (see :func:`extagg.stable_hash`).
+
+    Returns
+    -------
+    int
+        A non-negative int, the same in every Python worker.
+
+    Raises
+    ------
+    TypeError
+        A key type without a deterministic hash.
+    """
     return stable_hash(key)
 
 
@@ -80,7 +96,28 @@ def combine_partition(
     spill_dirs: list[str] | None = None,
     force_spill_every: int | None = None,
 ) -> PartitionFunc:
-    """A function for ``rdd.mapPartitions``: folds ``(key, value)`` records into combiners."""
+    """A function for ``rdd.mapPartitions``: folds ``(key, value)`` records into combiners.
+
+    Parameters
+    ----------
+    create_combiner
+        ``create_combiner(v)``: the first value of a key → combiner.
+    merge_value
+        ``merge_value(c, v)``: fold a value into a combiner.
+    merge_combiners
+        ``merge_combiners(c1, c2)``: merge combiners (when the map spilled).
+    memory
+        Budget of the map (default: the worker process's default memory manager).
+    spill_dirs
+        Spill directories (default ``SPARK_LOCAL_DIRS/extagg``).
+    force_spill_every
+        Test knob: spill after every N records.
+
+    Returns
+    -------
+    Callable[[Iterator], Iterator]
+        Yields ``(key, combiner)`` pairs of its partition in key-hash order.
+    """
     aggregator = Aggregator(create_combiner, merge_value, merge_combiners)
 
     def combine_locally(pairs: Iterable[tuple[Any, Any]]) -> Iterator[tuple[Any, Any]]:
@@ -96,7 +133,24 @@ def merge_partition(
     spill_dirs: list[str] | None = None,
     force_spill_every: int | None = None,
 ) -> PartitionFunc:
-    """A function for ``rdd.mapPartitions``: merges ``(key, combiner)`` records per key."""
+    """A function for ``rdd.mapPartitions``: merges ``(key, combiner)`` records per key.
+
+    Parameters
+    ----------
+    merge_combiners
+        ``merge_combiners(c1, c2)``: merge two combiners of a key.
+    memory
+        Budget of the map (default: the worker process's default memory manager).
+    spill_dirs
+        Spill directories (default ``SPARK_LOCAL_DIRS/extagg``).
+    force_spill_every
+        Test knob: spill after every N records.
+
+    Returns
+    -------
+    Callable[[Iterator], Iterator]
+        Yields one ``(key, combiner)`` pair per key of its partition.
+    """
     aggregator: Aggregator[Any, Any] = Aggregator(_identity, merge_combiners, merge_combiners)
 
     def merge_combined(pairs: Iterable[tuple[Any, Any]]) -> Iterator[tuple[Any, Any]]:
@@ -110,7 +164,18 @@ def _identity(value: Any) -> Any:
 
 
 def worker_memory(conf: Any) -> int:
-    """PySpark's per-worker aggregation budget: ``spark.python.worker.memory`` (default 512m)."""
+    """PySpark's per-worker aggregation budget: ``spark.python.worker.memory`` (default 512m).
+
+    Parameters
+    ----------
+    conf
+        A ``SparkConf`` (or anything with ``get(key, default)``).
+
+    Returns
+    -------
+    int
+        Bytes.
+    """
     return parse_size(
         conf.get("spark.python.worker.memory", "512m"), name="spark.python.worker.memory"
     )
@@ -129,9 +194,39 @@ def combine_by_key(
 ) -> Any:
     """``rdd.combineByKey`` with extagg maps: same results, bounded and accounted memory.
 
-    ``memory`` is the budget of each map (default: ``spark.python.worker.memory``; the map side
-    gets 90% of it, as PySpark's own ``combineByKey`` does). Keys must be hashable by
-    :func:`extagg.hashing.stable_hash` (None, bool, int, float, str, bytes, tuples of these).
+    Map side: each partition is folded by :func:`combine_partition`; the combiners are shuffled
+    with :func:`spark_partition_func`; reduce side: :func:`merge_partition`.
+
+    Parameters
+    ----------
+    rdd
+        A PySpark RDD of ``(key, value)`` pairs.
+    create_combiner
+        ``create_combiner(v)``: the first value of a key → combiner.
+    merge_value
+        ``merge_value(c, v)``: fold a value into a combiner.
+    merge_combiners
+        ``merge_combiners(c1, c2)``: merge two combiners of a key.
+    num_partitions
+        Output partitions (default: the RDD's).
+    memory
+        Budget of each map (default: ``spark.python.worker.memory``; the map side gets 90% of
+        it, as PySpark's own ``combineByKey`` does).
+    spill_dirs
+        Spill directories in the workers (default ``SPARK_LOCAL_DIRS/extagg``).
+    force_spill_every
+        Test knob: spill after every N records.
+
+    Returns
+    -------
+    pyspark.RDD
+        ``(key, combiner)`` pairs.
+
+    Raises
+    ------
+    TypeError
+        (in the workers) a key without a deterministic hash: keys must be None, bool, int, float,
+        str, bytes or tuples of these.
     """
     budget = (
         parse_size(memory, name="memory")

@@ -6,6 +6,8 @@ Every file is in key-hash order, so :meth:`StateStoreProvider.merge_update` comp
 version by merging the previous version's files with an ``ExternalAppendOnlyMap``'s output as
 streams: state larger than memory is updated in bounded memory.
 
+Examples
+--------
 >>> import tempfile
 >>> from extagg.memory import UnifiedMemoryManager
 >>> cp = Checkpoint(tempfile.mkdtemp())

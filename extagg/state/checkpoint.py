@@ -63,7 +63,23 @@ def check_store_name(name: Any) -> str:
 
 @dataclass(frozen=True)
 class OperatorMetadata:
-    """What ``<checkpoint>/state/<operator_id>/_metadata/metadata`` records."""
+    """What ``<checkpoint>/state/<operator_id>/_metadata/metadata`` records (JSON).
+
+    Parameters
+    ----------
+    operator_id
+        The operator's id (non-negative).
+    operator_name
+        A name for people and the metadata reader.
+    num_partitions
+        Partitions of the operator's state.
+    store_names
+        Store names used so far (``"default"`` first).
+    key_codec
+        Codec of keys in the state files (``"extagg1"``).
+    value_codec
+        Codec of values: ``"extagg1"``, or ``"extagg1+pickle"`` when pickle is allowed.
+    """
 
     operator_id: int
     operator_name: str
@@ -78,6 +94,7 @@ class OperatorMetadata:
         return self.value_codec == VALUE_CODEC_PICKLE
 
     def to_json(self) -> str:
+        """The JSON text written to the metadata file (sorted keys)."""
         return json.dumps(
             {
                 "format": METADATA_FORMAT,
@@ -140,7 +157,21 @@ class OperatorMetadata:
 
 
 class Checkpoint:
-    """A checkpoint directory; nothing is created until an operator or commit is written."""
+    """A checkpoint directory; nothing is created until an operator or commit is written.
+
+    Parameters
+    ----------
+    path
+        The checkpoint directory (``state/`` and ``commits/`` live under it).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> cp = Checkpoint(tempfile.mkdtemp())
+    >>> op = cp.operator(0, name="totals", num_partitions=2)
+    >>> cp.last_committed_batch() is None
+    True
+    """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.path.abspath(os.fspath(path))
@@ -161,6 +192,7 @@ class Checkpoint:
         return f"Checkpoint({self.path!r})"
 
     def metadata_path(self, operator_id: int) -> str:
+        """Path of the metadata file of ``operator_id``."""
         return os.path.join(self.state_dir, str(operator_id), "_metadata", "metadata")
 
     def operator_ids(self) -> list[int]:
@@ -296,7 +328,17 @@ class Checkpoint:
 
 
 class Operator:
-    """One stateful operator of a checkpoint; hands out a provider per partition and store."""
+    """One stateful operator of a checkpoint; hands out a provider per partition and store.
+
+    Obtained from :meth:`Checkpoint.operator`.
+
+    Parameters
+    ----------
+    checkpoint
+        The checkpoint it belongs to.
+    metadata
+        Its recorded metadata.
+    """
 
     def __init__(self, checkpoint: Checkpoint, metadata: OperatorMetadata) -> None:
         self.checkpoint = checkpoint

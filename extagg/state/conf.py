@@ -14,15 +14,21 @@ __all__ = ["StateStoreConf", "StateStoreMetrics"]
 class StateStoreConf:
     """How a provider snapshots, retains, caches and compresses versions.
 
-    * ``min_deltas_for_snapshot`` (Spark ``stateStore.minDeltasForSnapshot``, 10): maintenance
-      (and ``merge_update``) writes a snapshot once more than this many deltas follow the last
-      snapshot;
-    * ``min_versions_to_retain`` (``minBatchesToRetain``, 100): cleanup keeps every file needed
-      to rebuild the last this-many versions;
-    * ``max_versions_in_memory`` (``maxBatchesToRetainInMemory``, 2): loaded versions cached in
-      the memory manager's ``MemoryStore`` (0 disables the cache);
-    * ``compression``: ``"lz4"`` (default) or ``"none"`` for the files written;
-    * ``fan_in``: most files merged at once when streaming a version (more: merged in passes).
+    Parameters
+    ----------
+    min_deltas_for_snapshot
+        Spark's ``stateStore.minDeltasForSnapshot``: maintenance (and ``merge_update``) writes a
+        snapshot once more than this many deltas follow the last snapshot.
+    min_versions_to_retain
+        Spark's ``minBatchesToRetain``: cleanup keeps every file needed to rebuild the last
+        this-many versions.
+    max_versions_in_memory
+        Spark's ``maxBatchesToRetainInMemory``: loaded versions cached in the memory manager's
+        ``MemoryStore`` (0 disables the cache).
+    compression
+        ``"lz4"`` or ``"none"`` for the files written.
+    fan_in
+        Most files merged at once when streaming a version (more: merged in passes).
     """
 
     min_deltas_for_snapshot: int = 10
@@ -54,11 +60,18 @@ class StateStoreConf:
 class StateStoreMetrics:
     """A provider's (or a store's) metrics, named as in Spark.
 
-    ``num_keys``: keys of the current version (the last loaded, committed or merged one);
-    ``memory_used_bytes``: storage memory held by this provider's cached versions;
-    ``state_on_current_version_size_bytes``: encoded bytes (keys + values) of the current version;
-    ``loaded_map_cache_hit_count`` / ``loaded_map_cache_miss_count``: version loads served from
-    the cache / rebuilt from files.
+    Parameters
+    ----------
+    num_keys
+        Keys of the current version (the last loaded, committed or merged one).
+    memory_used_bytes
+        Storage memory held by this provider's cached versions.
+    state_on_current_version_size_bytes
+        Encoded bytes (keys + values) of the current version.
+    loaded_map_cache_hit_count
+        Version loads served from the cache.
+    loaded_map_cache_miss_count
+        Version loads rebuilt from files.
     """
 
     num_keys: int = 0

@@ -26,7 +26,15 @@ __all__ = [
 
 
 class StateStoreError(ExtaggError, RuntimeError):
-    """A state store could not be loaded, written or used as asked."""
+    """A state store could not be loaded, written or used as asked.
+
+    Parameters
+    ----------
+    message
+        What went wrong, naming the file or option.
+    error_class
+        Spark's error class (e.g. ``"STDS_INVALID_OPTION_VALUE"``), kept on the exception.
+    """
 
     def __init__(self, message: str, *, error_class: str | None = None) -> None:
         super().__init__(message)
@@ -34,7 +42,15 @@ class StateStoreError(ExtaggError, RuntimeError):
 
 
 class UnexpectedVersionError(StateStoreError, ValueError):
-    """A version that cannot exist was asked for (negative, or beyond the files on disk)."""
+    """A version that cannot exist was asked for (negative, or beyond the files on disk).
+
+    Parameters
+    ----------
+    message
+        What was asked and what exists.
+    version
+        The version asked for.
+    """
 
     def __init__(self, message: str, *, version: int) -> None:
         super().__init__(message, error_class="CANNOT_LOAD_STATE_STORE.UNEXPECTED_VERSION")
@@ -42,7 +58,17 @@ class UnexpectedVersionError(StateStoreError, ValueError):
 
 
 class StateFileNotFoundError(StateStoreError):
-    """A delta or snapshot file needed to rebuild a version does not exist; ``path`` names it."""
+    """A delta or snapshot file needed to rebuild a version does not exist.
+
+    Parameters
+    ----------
+    message
+        What was being rebuilt.
+    path
+        The missing file.
+    error_class
+        Spark's error class (e.g. ``"STDS_INVALID_OPTION_VALUE"``), kept on the exception.
+    """
 
     def __init__(self, message: str, *, path: str, error_class: str) -> None:
         super().__init__(message, error_class=error_class)
@@ -50,7 +76,13 @@ class StateFileNotFoundError(StateStoreError):
 
 
 class StateStoreCommitError(StateStoreError):
-    """Writing a version failed; the previous version is intact and no temp file is left."""
+    """Writing a version failed; the previous version is intact and no temp file is left.
+
+    Parameters
+    ----------
+    message
+        What failed, naming the file.
+    """
 
     def __init__(self, message: str) -> None:
         super().__init__(message, error_class="CANNOT_WRITE_STATE_STORE.CANNOT_COMMIT")
@@ -70,7 +102,15 @@ class ConcurrentCommitError(StateStoreCommitError, FileExistsError):
 
 
 class StateSourceError(ExtaggError, ValueError):
-    """The state readers cannot answer the request as given."""
+    """The state readers cannot answer the request as given.
+
+    Parameters
+    ----------
+    message
+        What is wrong.
+    error_class
+        Spark's error class (e.g. ``"STDS_INVALID_OPTION_VALUE"``), kept on the exception.
+    """
 
     def __init__(self, message: str, *, error_class: str) -> None:
         super().__init__(message)
@@ -78,7 +118,17 @@ class StateSourceError(ExtaggError, ValueError):
 
 
 class StateSourceOptionError(StateSourceError):
-    """A reader option has an invalid value or is missing; ``option`` names it."""
+    """A reader option has an invalid value or is missing.
+
+    Parameters
+    ----------
+    option
+        The option's name.
+    message
+        What is wrong with it.
+    error_class
+        Spark's error class (e.g. ``"STDS_INVALID_OPTION_VALUE"``), kept on the exception.
+    """
 
     def __init__(self, option: str, message: str, *, error_class: str | None = None) -> None:
         if error_class is None:
@@ -89,7 +139,15 @@ class StateSourceOptionError(StateSourceError):
 
 
 class StateSourceConflictError(StateSourceOptionError):
-    """Reader options that cannot be given together; ``options`` names them all."""
+    """Reader options that cannot be given together (``STDS_CONFLICT_OPTIONS``).
+
+    Parameters
+    ----------
+    options
+        The names of all conflicting options.
+    message
+        Why they conflict.
+    """
 
     def __init__(self, options: Sequence[str], message: str) -> None:
         names = ", ".join(f"'{name}'" for name in options)
@@ -102,7 +160,13 @@ class StateSourceConflictError(StateSourceOptionError):
 
 
 class CommittedBatchUnavailableError(StateSourceError):
-    """No batch has been committed in the checkpoint, so there is no default batch to read."""
+    """No batch has been committed in the checkpoint, so there is no default batch to read.
+
+    Parameters
+    ----------
+    checkpoint
+        The checkpoint's path.
+    """
 
     def __init__(self, checkpoint: str) -> None:
         super().__init__(

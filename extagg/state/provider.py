@@ -56,9 +56,26 @@ class StateStoreProvider:
     """Versions of one state store: ``<root>/<operator>/<partition>[/<store_name>]``.
 
     Usually obtained from ``Checkpoint.operator(...).provider(partition_id)``; can be built on
-    any ``directory``. ``memory_manager`` (default: ``extagg.memory.default_memory_manager()``)
-    holds the cache of loaded versions. ``allow_pickle`` lets values outside the codec's types
-    be pickled (the operator metadata records it).
+    any ``directory``. Loading a version reads its newest snapshot and the deltas after it
+    (O(records read)) and holds it as a dict in storage memory; :meth:`merge_update` streams
+    instead and holds about one decoded chunk per file merged.
+
+    Parameters
+    ----------
+    directory
+        The store's directory.
+    operator_id
+        The operator's id (recorded in errors and rows).
+    partition_id
+        The partition's id.
+    store_name
+        The store's name within the operator.
+    conf
+        Snapshot, retention, cache and compression settings (default :class:`StateStoreConf`).
+    memory_manager
+        The manager whose storage memory caches loaded versions (default: the process manager).
+    allow_pickle
+        Let values outside the deterministic codec's types be pickled.
     """
 
     def __init__(

@@ -186,11 +186,36 @@ def read_state(
     partition_id: int | None = None,
     snapshot_start_batch_id: int | None = None,
 ) -> Rows[StateRow]:
-    """The state after ``batch_id`` (default: the last committed batch) as
-    ``(key, value, partition_id)`` rows, streamed partition by partition.
+    """The state after ``batch_id`` as ``(key, value, partition_id)`` rows, streamed partition by
+    partition.
 
-    With ``snapshot_start_batch_id`` (needs ``partition_id``) the state is rebuilt from that
-    batch's snapshot file plus the deltas after it, which must exist (a check of the snapshot).
+    Parameters
+    ----------
+    path
+        The checkpoint directory.
+    batch_id
+        The batch whose resulting state to read (default: the last committed batch).
+    operator_id
+        The operator to read.
+    store_name
+        The store to read.
+    partition_id
+        One partition only (default: all).
+    snapshot_start_batch_id
+        Rebuild from that batch's snapshot plus the deltas after it, which must exist (a check of
+        the snapshot); needs ``partition_id``.
+
+    Returns
+    -------
+    Rows
+        Of :class:`StateRow`; iterate (streams the files in bounded memory) or ``.to_arrow()``.
+
+    Raises
+    ------
+    StateSourceOptionError, StateSourceConflictError, CommittedBatchUnavailableError
+        Invalid or conflicting options, or nothing committed, naming the option.
+    CorruptFileError
+        A damaged state file.
     """
     batch_id = check_batch_option("batch_id", batch_id)
     operator_id = check_batch_option("operator_id", operator_id, required=True)  # type: ignore[assignment]
@@ -256,9 +281,30 @@ def read_change_feed(
     store_name: str = DEFAULT_STORE_NAME,
     partition_id: int | None = None,
 ) -> Rows[ChangeRow]:
-    """Changes of batches ``start_batch_id`` .. ``end_batch_id`` (default: the last committed) as
+    """Changes of batches ``start_batch_id`` .. ``end_batch_id`` as
     ``(batch_id, change_type, key, value, partition_id)`` rows: ``"update"`` for puts,
-    ``"delete"`` (value ``None``) for removes; per partition, in batch and file order."""
+    ``"delete"`` (value ``None``) for removes; per partition, in batch and file order.
+
+    Parameters
+    ----------
+    path
+        The checkpoint directory.
+    start_batch_id
+        First batch whose changes to read.
+    end_batch_id
+        Last batch (default: the last committed).
+    operator_id
+        The operator to read.
+    store_name
+        The store to read.
+    partition_id
+        One partition only (default: all).
+
+    Returns
+    -------
+    Rows
+        Of :class:`ChangeRow`, streamed from the delta files.
+    """
     start_batch_id = check_batch_option("start_batch_id", start_batch_id, required=True)  # type: ignore[assignment]
     end_batch_id = check_batch_option("end_batch_id", end_batch_id)
     operator_id = check_batch_option("operator_id", operator_id, required=True)  # type: ignore[assignment]
@@ -322,8 +368,19 @@ def read_change_feed(
 
 
 def read_metadata(path: str | os.PathLike[str]) -> Rows[MetadataRow]:
-    """One row per operator and store: id, name, store, partitions, and the smallest and
-    largest committed batch id (-1 when none). Unreadable metadata is skipped with a warning."""
+    """One row per operator and store: id, name, store, partitions, and the smallest and largest
+    committed batch id (-1 when none). Unreadable metadata is skipped with a warning.
+
+    Parameters
+    ----------
+    path
+        The checkpoint directory.
+
+    Returns
+    -------
+    Rows
+        Of :class:`MetadataRow`.
+    """
     checkpoint = open_checkpoint(path)
     batches = checkpoint.committed_batches()
     low, high = (batches[0], batches[-1]) if batches else (-1, -1)

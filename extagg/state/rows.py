@@ -81,7 +81,17 @@ def to_arrow_array(values: list[Any], name: str, type_alias: str | None = None) 
 
 
 class Rows(Generic[T]):
-    """A lazy result: iterate it (each iteration streams from disk again), or convert it."""
+    """A lazy result: iterate it (each iteration streams from disk again), or convert it.
+
+    Parameters
+    ----------
+    produce
+        Called for each iteration; returns a fresh iterator of rows.
+    fields
+        Column names of the rows.
+    types
+        Arrow type aliases by field for :meth:`to_arrow` (default: inferred).
+    """
 
     def __init__(
         self,

@@ -83,13 +83,28 @@ def read_state_source(
     options: Mapping[str, Any] | None = None,
     **more: Any,
 ) -> Rows[Any]:
-    """Read state with Spark's ``statestore`` options (``batchId``, ``operatorId``,
-    ``storeName``, ``joinSide``, ``snapshotStartBatchId``, ``snapshotPartitionId``,
-    ``readChangeFeed``, ``changeStartBatchId``, ``changeEndBatchId``; case-insensitive).
+    """Read state with Spark's ``statestore`` data source options.
 
-    Errors follow Spark's: ``STDS_REQUIRED_OPTION_UNSPECIFIED``, ``STDS_INVALID_OPTION_VALUE``
-    (negative, empty, or with a message) and ``STDS_CONFLICT_OPTIONS``, each naming the option.
-    Unknown options are rejected rather than ignored, so a typo cannot go unnoticed.
+    Options (case-insensitive): ``batchId``, ``operatorId``, ``storeName``, ``joinSide``,
+    ``snapshotStartBatchId``, ``snapshotPartitionId``, ``readChangeFeed``,
+    ``changeStartBatchId``, ``changeEndBatchId``. Errors follow Spark's:
+    ``STDS_REQUIRED_OPTION_UNSPECIFIED``, ``STDS_INVALID_OPTION_VALUE`` and
+    ``STDS_CONFLICT_OPTIONS``, each naming the option; unknown options are rejected, so a typo
+    cannot go unnoticed.
+
+    Parameters
+    ----------
+    path
+        The checkpoint directory (or the ``path`` option).
+    options
+        The options as a mapping.
+    **more
+        More options as keywords.
+
+    Returns
+    -------
+    Rows
+        :class:`StateRow` rows, or :class:`ChangeRow` rows with ``readChangeFeed``.
     """
     given: dict[str, Any] = {}
     for raw_name, value in {**(options or {}), **more}.items():

@@ -65,7 +65,18 @@ def _is_immutable(value: Any) -> bool:
 
 
 class ReadStateStore:
-    """A read-only view of ``version`` of a provider's state (``get_read_store``)."""
+    """A read-only view of ``version`` of a provider's state (``provider.get_read_store(v)``).
+
+    ``get`` is O(1) on the loaded version; ``put``, ``remove`` and ``commit`` raise
+    :class:`StateStoreError`.
+
+    Parameters
+    ----------
+    provider
+        The provider it reads from.
+    loaded
+        The loaded version (internal; obtain stores from the provider).
+    """
 
     def __init__(self, provider: StoreOwner, loaded: LoadedVersion) -> None:
         self._provider = provider
@@ -132,12 +143,15 @@ class ReadStateStore:
 
     # ------------------------------------------------------------------ writing
     def put(self, key: Hashable, value: Any) -> None:
+        """Not allowed: raises :class:`StateStoreError`."""
         raise StateStoreError(f"Cannot put into a read-only state store: {self!r}")
 
     def remove(self, key: Hashable) -> None:
+        """Not allowed: raises :class:`StateStoreError`."""
         raise StateStoreError(f"Cannot remove from a read-only state store: {self!r}")
 
     def commit(self) -> int:
+        """Not allowed: raises :class:`StateStoreError`."""
         raise StateStoreError(f"Cannot commit a read-only state store: {self!r}")
 
     def abort(self) -> None:
@@ -162,11 +176,21 @@ class ReadStateStore:
 
 
 class StateStore(ReadStateStore):
-    """A writable view of ``version``; :meth:`commit` writes ``version + 1`` (``get_store``).
+    """A writable view of ``version`` :meth:`commit` writes ``version + 1``.
 
     States: updating → committed | aborted. ``put`` rejects ``None`` values (Spark: "Cannot put
     a null value"); ``remove`` of an absent key records nothing. A store used after commit or
     abort raises :class:`StateStoreError`. As a context manager it aborts unless committed.
+    ``put``/``remove`` are O(1); ``commit`` writes the changed keys sorted, O(k log k) for k
+    changes. Memory held: the loaded version (a dict, accounted as storage memory) plus the
+    changes. Obtained from ``provider.get_store(v)``.
+
+    Parameters
+    ----------
+    provider
+        The provider it belongs to.
+    loaded
+        The loaded version (internal; obtain stores from the provider).
     """
 
     def __init__(

@@ -132,11 +132,23 @@ def record_batch_pairs(
     keys: str | Sequence[str],
     values: str | Sequence[str] | None = None,
 ) -> Iterator[tuple[Any, Any]]:
-    """``(key, combiner)`` pairs from Arrow record batches such as ``HashAggregator.results()``.
+    """``(key, combiner)`` pairs from Arrow record batches such as ``HashAggregator.results()``,
+    for :meth:`StateStoreProvider.merge_update`.
 
-    The key is the ``keys`` column's value, or the tuple of several key columns' values (the
-    engine's hash order is ``stable_hash`` of exactly that); the combiner is the ``values``
-    column's value or a tuple of several (default: every other column, in schema order).
+    Parameters
+    ----------
+    batches
+        Arrow record batches (or tables), read lazily one at a time.
+    keys
+        The key column, or several (the key is then the tuple of their values, whose
+        ``stable_hash`` is the engine's order).
+    values
+        The combiner column, or several (a tuple); default every other column in schema order.
+
+    Returns
+    -------
+    Iterator[tuple[Any, Any]]
+        Pairs in the batches' order; memory held is one batch's Python values.
     """
     key_names = [keys] if isinstance(keys, str) else list(keys)
     for batch in batches:
