@@ -15,7 +15,9 @@ block runs unprotected (no interrupt can arrive there). Nested blocks defer to t
 
 from __future__ import annotations
 
-import signal
+# the C functions under ``signal``: ``signal.signal``/``getsignal`` wrap every handler in an
+# enum conversion that costs ~20x the call itself, and a block is entered per chunk of records
+import _signal
 import threading
 from types import FrameType, TracebackType
 from typing import Any
@@ -23,6 +25,7 @@ from typing import Any
 __all__ = ["deferred_interrupts"]
 
 _main_thread = threading.main_thread()
+_SIGINT = _signal.SIGINT
 
 
 class deferred_interrupts:
@@ -40,12 +43,12 @@ class deferred_interrupts:
     def __enter__(self) -> deferred_interrupts:
         if threading.current_thread() is not _main_thread:
             return self
-        previous = signal.getsignal(signal.SIGINT)
+        previous = _signal.getsignal(_SIGINT)
         if not callable(previous) or isinstance(
             getattr(previous, "__self__", None), deferred_interrupts
         ):
             return self  # ignored / default action / already deferred by an outer block
-        signal.signal(signal.SIGINT, self._note)
+        _signal.signal(_SIGINT, self._note)
         self._previous = previous
         return self
 
@@ -59,7 +62,7 @@ class deferred_interrupts:
         if previous is None:
             return
         self._previous = None
-        signal.signal(signal.SIGINT, previous)
+        _signal.signal(_SIGINT, previous)
         pending, self._pending = self._pending, None
         if pending is not None:
             previous(*pending)  # default_int_handler raises KeyboardInterrupt here

@@ -25,7 +25,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Hashable, Sequence
 from numbers import Number
-from typing import Any
+from typing import Any, cast
 
 import mmh3
 import numpy as np
@@ -240,9 +240,10 @@ def order_hash(key: Hashable) -> int:
     """
     kind = type(key)
     if kind is tuple:
-        if set(map(type, key)) <= _PLAIN_TYPES:
-            return _hash_tuple(key)
-        return _fallback_hash(key)
+        items = cast("tuple[Any, ...]", key)
+        if set(map(type, items)) <= _PLAIN_TYPES:
+            return _hash_tuple(items)
+        return _fallback_hash(items)
     if kind in _PLAIN_TYPES or _by_value(kind):
         try:
             return stable_hash(key)

@@ -38,7 +38,7 @@ import threading
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any, Generic, TypeVar
 
 from extagg._config import DEFAULT_BATCH_SIZE, DEFAULT_FAN_IN, format_size, parse_size
@@ -548,7 +548,7 @@ class Spillable(MemoryConsumer, ABC, Generic[B]):
 
 def _caller_outside_extagg() -> str:
     """``file:line`` of the first frame outside extagg that leads here (cheap: a few frames)."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None and frame.f_globals.get("__name__", "").startswith("extagg."):
         frame = frame.f_back
     if frame is None:

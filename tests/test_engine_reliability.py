@@ -234,8 +234,16 @@ class Interrupter:
         return self
 
     def __exit__(self, *exc) -> None:
+        """Stop; the one interrupt that may still be on its way arrives here (counted)."""
         self.stop.set()
-        self.thread.join()
+        self.late = 0
+        while True:
+            try:
+                self.thread.join()
+                time.sleep(0.02)
+                return
+            except KeyboardInterrupt:
+                self.late += 1
 
 
 def _settle() -> int:
@@ -249,6 +257,8 @@ def _settle() -> int:
     return caught
 
 
+# an interrupt that lands in a weakref callback is reported as "unraisable" and dropped
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_sigint_fuzzing_loses_nothing_and_applies_whole_chunks(spill_dir):
     rng = random.Random(15)
     data = [(rng.randrange(4000), rng.randrange(1, 4)) for _ in range(60_000)]
@@ -267,7 +277,7 @@ def test_sigint_fuzzing_loses_nothing_and_applies_whole_chunks(spill_dir):
                     interrupted += 1
             except KeyboardInterrupt:  # one arrived while handling the previous
                 interrupted += 1
-    interrupted += _settle()
+    interrupted += fuzz.late
     assert fuzz.count > 20 and interrupted > 20
     assert emap.metrics.records_read == len(data)
     assert emap.metrics.spill_count > 3
@@ -275,6 +285,8 @@ def test_sigint_fuzzing_loses_nothing_and_applies_whole_chunks(spill_dir):
     assert files_under(spill_dir) == []
 
 
+# an interrupt that lands in a weakref callback is reported as "unraisable" and dropped
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_sigint_fuzzing_of_the_hash_aggregator_loses_nothing(spill_dir):
     rng = np.random.default_rng(15)
     keys = rng.integers(0, 20_000, 400_000)
@@ -299,7 +311,7 @@ def test_sigint_fuzzing_of_the_hash_aggregator_loses_nothing(spill_dir):
                     interrupted += 1
             except KeyboardInterrupt:
                 interrupted += 1
-    interrupted += _settle()
+    interrupted += fuzz.late
     assert fuzz.count > 5 and interrupted > 5
     assert agg.metrics.records_read == len(keys)
     out = pa.Table.from_batches(list(agg.results())).to_pydict()

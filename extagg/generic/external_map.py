@@ -238,10 +238,11 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
                     raise
                 except BaseException as err:
                     at = offset + current.last_fold_count
-                    err.add_note(
-                        f"raised while folding record {at} of the input into {self.name}; "
-                        f"the {at} records before it are folded, it and the rest are not"
-                    )
+                    if hasattr(err, "add_note"):  # Python 3.11+
+                        err.add_note(
+                            f"raised while folding record {at} of the input into {self.name}; "
+                            f"the {at} records before it are folded, it and the rest are not"
+                        )
                     raise
                 finally:
                     done = current.last_fold_count
@@ -289,10 +290,11 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
     def force_spill(self, trigger: Consumer) -> int:
         """Spill the current map, or — when iteration has started — the part of it not yet
         read, and drop the reference to it. Returns the bytes released."""
+        self._restore_unspilled()
         if self._reading is not None:
             if not self._reading.spill_rest(trigger):
                 return 0
-        elif self._restore_unspilled() or self._map:
+        elif self._map:
             estimate = self._map.estimate_size()
             self.log_spill("in-memory map", estimate, _forced_by(trigger))
             self._spill_current_map(estimate)

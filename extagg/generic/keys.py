@@ -35,6 +35,8 @@ NAN = float("nan")
 _PLAIN = frozenset({int, bool, str, bytes, type(None)})
 _PLAIN_OR_FLOAT = _PLAIN | {float}
 
+_OBJECT_EQ: Any = object.__eq__
+
 #: ``type -> None`` (fine as it is) or the reason its keys are rejected
 _verdicts: weakref.WeakKeyDictionary[type, str | None] = weakref.WeakKeyDictionary()
 
@@ -62,7 +64,7 @@ def _check_type(key: Any) -> str | None:
         hash(key)
     except Exception:
         return None  # the fold reports it, naming the record and the cause
-    if kind.__eq__ is object.__eq__:
+    if kind.__eq__ is _OBJECT_EQ:
         return (
             f"keys of type {kind.__qualname__} compare by identity (no __eq__), so a copy "
             "spilled to disk would be a different key: give the class __eq__ and __hash__"
