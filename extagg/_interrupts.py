@@ -17,7 +17,7 @@ from __future__ import annotations
 
 # the C functions under ``signal``: ``signal.signal``/``getsignal`` wrap every handler in an
 # enum conversion that costs ~20x the call itself, and a block is entered per chunk of records
-import _signal
+import _signal  # type: ignore[import-not-found,unused-ignore]
 import threading
 from types import FrameType, TracebackType
 from typing import Any

@@ -412,6 +412,7 @@ def _check_digits(
 
 def _decimal_mean(spec: AggregateSpec, words: Sequence[np.ndarray], n: np.ndarray) -> pa.Array:
     """``sum / n`` at the result scale, rounded half up (away from zero on ties, as Spark)."""
+    assert spec.arrow_type is not None  # a decimal input column
     shift = spec.output_type.scale - spec.arrow_type.scale
     factor = 10**shift
     m = len(n)

@@ -114,7 +114,7 @@ def remove_orphans(base: str | os.PathLike[str]) -> list[str]:
     """
     base = os.fspath(base)
     host = _host_tag()
-    removed = []
+    removed: list[str] = []
     try:
         entries = list(os.scandir(base))
     except OSError:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 
 from extagg.errors import CorruptFileError
@@ -42,7 +42,7 @@ from extagg.state.files import (
     remove_stale_temp_files,
 )
 from extagg.state.store import ReadStateStore, StateStore
-from extagg.state.streams import Record, files_for_version, missing_file_error, open_version
+from extagg.state.streams import files_for_version, missing_file_error, open_version
 from extagg.state.update import stream_update
 
 __all__ = ["StateStoreProvider", "DEFAULT_STORE_NAME"]
@@ -255,7 +255,7 @@ class StateStoreProvider:
             finally:
                 records.close()
 
-    def _open_records(self, listing: StateFileListing, version: int) -> Iterator[Record]:
+    def _open_records(self, listing: StateFileListing, version: int) -> LiveRecords:
         """The live records of ``version``, its first one already read: a snapshot whose
         header or first block is corrupt is skipped for an older chain (if there is one)."""
         skip: set[int] = set()
@@ -543,7 +543,11 @@ class StateStoreProvider:
 _MISSING = object()
 
 
-def _chained(first: Record | None, rest: Iterator[Record]) -> Iterator[Record]:
+#: live records of a version (no deletes), closable
+LiveRecords = Generator[tuple[bytes, bytes], None, None]
+
+
+def _chained(first: tuple[bytes, bytes] | None, rest: LiveRecords) -> LiveRecords:
     """``first`` (unless None: the stream was empty) followed by ``rest``; closing it closes
     ``rest``."""
     try:
