@@ -10,6 +10,7 @@ import gc
 import logging
 import math
 import random
+import signal
 import subprocess
 import sys
 import textwrap
@@ -37,6 +38,15 @@ from extagg.memory import UnifiedMemoryManager, task_memory_manager
 from .conftest import files_under
 
 SUM = Aggregator(lambda v: v, lambda c, v: c + v, lambda a, b: a + b)
+
+
+@pytest.fixture(autouse=True)
+def default_sigint():
+    """Ctrl-C raises KeyboardInterrupt here, whatever an earlier test installed (a
+    SparkContext's handler cancels jobs through py4j, which the fuzzers would break)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 def reference(pairs):
