@@ -314,3 +314,21 @@ def build_pandas_state(spark, root: str) -> str:
     checkpoint = os.path.join(root, "pstate")
     _run(out.writeStream.format("noop").outputMode("update"), checkpoint)
     return checkpoint
+
+
+def build_rocksdb(spark, root: str) -> str:
+    """The same aggregation with the RocksDB provider (which extagg refuses)."""
+    key = "spark.sql.streaming.stateStore.providerClass"
+    spark.conf.set(key, "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+    try:
+        from pyspark.sql import functions as F
+
+        data = os.path.join(root, "rocks-in")
+        _write_batches(data, [pa.table({"k": ["a", "b"], "v": pa.array([1, 2], pa.int64())})])
+        df = _stream(spark, data, "k string, v long")
+        agg = df.groupBy("k").agg(F.sum("v").alias("total"))
+        checkpoint = os.path.join(root, "rocks")
+        _run(agg.writeStream.format("noop").outputMode("update"), checkpoint)
+        return checkpoint
+    finally:
+        spark.conf.unset(key)

@@ -68,6 +68,7 @@ class Checkpoints:
                 "maps": lambda: builders.build_map_values(self.spark, self.root),
                 "join": lambda: builders.build_join(self.spark, self.root),
                 "pandas_state": lambda: builders.build_pandas_state(self.spark, self.root),
+                "rocksdb": lambda: builders.build_rocksdb(self.spark, self.root),
             }[name]
             self.paths[name] = build()
             time.sleep(0.3)  # let maintenance write its snapshots

@@ -12,7 +12,13 @@ from extagg.state.spark.checkpoint import (
 )
 from extagg.state.spark.framing import CodecUnavailableError
 from extagg.state.spark.metadata import UnsupportedLogVersionError
-from extagg.state.spark.reader import read_change_feed, read_metadata, read_state
+from extagg.state.spark.reader import (
+    DIFF_FIELDS,
+    read_change_feed,
+    read_diff,
+    read_metadata,
+    read_state,
+)
 from extagg.state.spark.types import (
     ArrayType,
     AtomicType,
@@ -27,6 +33,7 @@ from extagg.state.spark.types import (
 from extagg.state.spark.unsaferow import RowDecoder, RowEncoder, SparkRow
 
 __all__ = [
+    "DIFF_FIELDS",
     "ArrayType",
     "AtomicType",
     "CodecUnavailableError",
@@ -44,6 +51,7 @@ __all__ = [
     "is_spark_checkpoint",
     "parse_schema",
     "read_change_feed",
+    "read_diff",
     "read_metadata",
     "read_state",
     "to_arrow_type",

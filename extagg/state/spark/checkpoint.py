@@ -130,6 +130,8 @@ class SparkCheckpoint:
 
     def check_supported(self, batch_id: int | None = None) -> None:
         """Refuse a checkpoint extagg cannot read: RocksDB (or another) provider, row checksums."""
+        if batch_id is not None and batch_id in self.committed_batches():
+            self.commit_entry(batch_id)  # refuses an unknown commit log version
         conf = self.batch_conf(batch_id)
         provider = conf.get("spark.sql.streaming.stateStore.providerClass", HDFS_PROVIDER)
         if provider != HDFS_PROVIDER:

@@ -81,10 +81,25 @@ class SparkRow(tuple):  # type: ignore[type-arg]
         inner = ", ".join(f"{n}={v!r}" for n, v in zip(self._fields, self))
         return f"Row({inner})"
 
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable (spills) despite per-schema classes
+        return (make_row, (self._fields, tuple(self)))
+
+
+_ROW_CLASSES: dict[tuple[str, ...], type[SparkRow]] = {}
+
 
 def row_class(names: Sequence[str]) -> type[SparkRow]:
-    """A :class:`SparkRow` subclass for one struct's field names."""
-    return type("Row", (SparkRow,), {"__slots__": (), "_fields": tuple(names)})
+    """The :class:`SparkRow` subclass for one struct's field names (one class per names)."""
+    key = tuple(names)
+    cls = _ROW_CLASSES.get(key)
+    if cls is None:
+        cls = _ROW_CLASSES[key] = type("Row", (SparkRow,), {"__slots__": (), "_fields": key})
+    return cls
+
+
+def make_row(names: Sequence[str], values: Sequence[Any]) -> SparkRow:
+    """A :class:`SparkRow` of ``values`` named ``names``."""
+    return row_class(names)(values)
 
 
 def bitset_words(num_fields: int) -> int:
