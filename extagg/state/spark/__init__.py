@@ -12,6 +12,7 @@ from extagg.state.spark.checkpoint import (
 )
 from extagg.state.spark.framing import CodecUnavailableError
 from extagg.state.spark.metadata import UnsupportedLogVersionError
+from extagg.state.spark.partitioning import partition_for, spark_hash
 from extagg.state.spark.reader import (
     DIFF_FIELDS,
     read_change_feed,
@@ -31,6 +32,7 @@ from extagg.state.spark.types import (
     to_arrow_type,
 )
 from extagg.state.spark.unsaferow import RowDecoder, RowEncoder, SparkRow
+from extagg.state.spark.writer import write_state
 
 __all__ = [
     "DIFF_FIELDS",
@@ -50,9 +52,12 @@ __all__ = [
     "UnsupportedSparkTypeError",
     "is_spark_checkpoint",
     "parse_schema",
+    "partition_for",
+    "spark_hash",
     "read_change_feed",
     "read_diff",
     "read_metadata",
     "read_state",
     "to_arrow_type",
+    "write_state",
 ]

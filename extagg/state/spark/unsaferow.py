@@ -229,7 +229,8 @@ def _round8(size: int) -> int:
     return (size + 7) & ~7
 
 
-def _unscaled(value: Any, data_type: DecimalType) -> int:
+def unscaled(value: Any, data_type: DecimalType) -> int:
+    """The unscaled integer of ``value`` at the type's scale (HALF_UP; too many digits: error)."""
     if not isinstance(value, decimal.Decimal):
         value = decimal.Decimal(value) if isinstance(value, int) else decimal.Decimal(str(value))
     if not value.is_finite():
@@ -247,13 +248,14 @@ def _unscaled(value: Any, data_type: DecimalType) -> int:
     return -unscaled if sign else unscaled
 
 
-def _big_bytes(unscaled: int) -> bytes:
+def big_decimal_bytes(unscaled: int) -> bytes:
     """Java's ``BigInteger.toByteArray``: minimal big-endian two's complement."""
     bits = unscaled.bit_length() if unscaled >= 0 else (~unscaled).bit_length()
     return unscaled.to_bytes(bits // 8 + 1, "big", signed=True)
 
 
-def _micros(value: Any, naive: bool) -> int:
+def micros(value: Any, naive: bool) -> int:
+    """Microseconds since the epoch of a datetime (naive = wall clock, for timestamp_ntz)."""
     if isinstance(value, int):
         return value
     if not isinstance(value, dt.datetime):
@@ -270,13 +272,13 @@ def _micros(value: Any, naive: bool) -> int:
 def _fixed_bytes(data_type: SparkType, value: Any) -> bytes:
     """The little-endian bytes of a fixed-width value (at its natural width)."""
     if isinstance(data_type, DecimalType):
-        return _LONG.pack(_unscaled(value, data_type))
+        return _LONG.pack(unscaled(value, data_type))
     name = data_type.name  # type: ignore[attr-defined]
     fmt = ATOMIC_TYPES[name][1]
     if name == "date":
         value = value if isinstance(value, int) else (value - EPOCH_DATE).days
     elif name in ("timestamp", "timestamp_ntz"):
-        value = _micros(value, name == "timestamp_ntz")
+        value = micros(value, name == "timestamp_ntz")
     elif name == "boolean":
         return b"\x01" if value else b"\x00"
     return struct.pack("<" + fmt, value)
@@ -299,7 +301,7 @@ def _variable_bytes(data_type: SparkType, value: Any) -> bytes:
             raise TypeError(f"expected bytes, got {type(value).__name__}")
         return bytes(value)
     if isinstance(data_type, DecimalType):
-        return _big_bytes(_unscaled(value, data_type))
+        return big_decimal_bytes(unscaled(value, data_type))
     if isinstance(data_type, StructType):
         return RowEncoder(data_type).encode(value)
     if isinstance(data_type, ArrayType):
