@@ -174,7 +174,7 @@ def _text_cell(value: Any) -> str:
 
 def _json_value(value: Any) -> Any:
     if isinstance(value, spark_state.SparkRow):
-        return {name: _json_value(item) for name, item in zip(value._fields, value)}
+        return {name: _json_value(item) for name, item in zip(value.__fields__, value)}
     if isinstance(value, decimal.Decimal):
         return str(value)
     if isinstance(value, (dt.date, dt.datetime)):

@@ -66,23 +66,23 @@ class SparkRow(tuple):  # type: ignore[type-arg]
     as in Spark's aggregation buffers). Arrow converts it to a struct by position."""
 
     __slots__ = ()
-    _fields: tuple[str, ...] = ()
+    __fields__: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(zip(self._fields, self))
+        return dict(zip(self.__fields__, self))
 
     def __getattr__(self, name: str) -> Any:
         try:
-            return self[self._fields.index(name)]
+            return self[self.__fields__.index(name)]
         except ValueError:
             raise AttributeError(name) from None
 
     def __repr__(self) -> str:
-        inner = ", ".join(f"{n}={v!r}" for n, v in zip(self._fields, self))
+        inner = ", ".join(f"{n}={v!r}" for n, v in zip(self.__fields__, self))
         return f"Row({inner})"
 
     def __reduce__(self) -> tuple[Any, ...]:  # picklable (spills) despite per-schema classes
-        return (make_row, (self._fields, tuple(self)))
+        return (make_row, (self.__fields__, tuple(self)))
 
 
 _ROW_CLASSES: dict[tuple[str, ...], type[SparkRow]] = {}
@@ -93,7 +93,7 @@ def row_class(names: Sequence[str]) -> type[SparkRow]:
     key = tuple(names)
     cls = _ROW_CLASSES.get(key)
     if cls is None:
-        cls = _ROW_CLASSES[key] = type("Row", (SparkRow,), {"__slots__": (), "_fields": key})
+        cls = _ROW_CLASSES[key] = type("Row", (SparkRow,), {"__slots__": (), "__fields__": key})
     return cls
 
 
