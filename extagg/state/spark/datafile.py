@@ -52,22 +52,23 @@ def iter_records(path: str, snapshot: bool) -> Iterator[tuple[bytes, bytes | Non
             return True
 
         kind = "snapshot" if snapshot else "delta"
+        unpack = _INT.unpack_from
         while True:
-            if not fill(4):
+            if len(buffer) - pos < 4 and not fill(4):
                 raise CorruptFileError(
                     path, consumed + pos, f"truncated {kind} file: no end-of-file marker"
                 )
-            (key_size,) = _INT.unpack_from(buffer, pos)
+            (key_size,) = unpack(buffer, pos)
             if key_size == -1:
                 return
             if key_size < 0:
                 raise CorruptFileError(path, consumed + pos, f"key size cannot be {key_size}")
             start = consumed + pos
-            if not fill(8 + key_size):
+            if len(buffer) - pos < 8 + key_size and not fill(8 + key_size):
                 raise CorruptFileError(path, start, "truncated record")
             key = bytes(buffer[pos + 4 : pos + 4 + key_size])
             pos += 4 + key_size
-            (value_size,) = _INT.unpack_from(buffer, pos)
+            (value_size,) = unpack(buffer, pos)
             pos += 4
             if value_size < 0:
                 if snapshot or value_size != -1:
@@ -76,7 +77,7 @@ def iter_records(path: str, snapshot: bool) -> Iterator[tuple[bytes, bytes | Non
                     )
                 yield key, None
                 continue
-            if not fill(value_size):
+            if len(buffer) - pos < value_size and not fill(value_size):
                 raise CorruptFileError(path, start, "truncated record")
             yield key, bytes(buffer[pos : pos + value_size])
             pos += value_size
