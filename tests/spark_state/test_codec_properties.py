@@ -71,7 +71,7 @@ def types_and_values(draw, depth=0):
 
 @st.composite
 def structs(draw, depth=0):
-    fields = draw(st.lists(types_and_values(depth), min_size=1, max_size=5 if depth else 70))
+    fields = draw(st.lists(types_and_values(depth), min_size=1, max_size=5 if depth else 66))
     schema = StructType(tuple(StructField(f"f{i}", t) for i, (t, _) in enumerate(fields)))
     values = st.tuples(*[st.none() | strategy for _, strategy in fields])
     return schema, values
@@ -91,7 +91,7 @@ def _plain(value):
     return value
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(schema_and_row())
 def test_roundtrip(case):
     schema, row = case
