@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import csv
+import datetime as dt
+import decimal
 import json
 import os
 import sys
@@ -16,12 +18,19 @@ from collections.abc import Iterable, Sequence
 from typing import Any, TextIO
 
 from extagg.errors import CorruptFileError, ExtaggError
-from extagg.state.reader import read_change_feed, read_metadata, read_state
+from extagg.state import spark as spark_state
+from extagg.state.reader import (
+    is_spark_checkpoint,
+    read_change_feed,
+    read_diff,
+    read_metadata,
+    read_state,
+)
 from extagg.state.rows import Rows
 
 __all__ = ["add_state_subcommands", "run_state_command", "main"]
 
-FORMATS = ("text", "csv", "jsonl", "parquet")
+FORMATS = ("table", "text", "csv", "jsonl", "parquet")
 
 
 def _add_output_options(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +38,8 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
         "--format",
         choices=FORMATS,
         default=None,
-        help="output format (default: text, or the --output file's extension)",
+        help="output format (default: table -- tab-separated text -- or the --output "
+        "file's extension)",
     )
     parser.add_argument("--output", "-o", help="write to this file instead of standard output")
     parser.add_argument("--limit", type=int, default=None, help="print at most this many rows")
@@ -50,9 +60,12 @@ def add_state_subcommands(subparsers: Any) -> argparse.ArgumentParser:
     state = subparsers.add_parser(
         "state",
         help="read a checkpoint's state store: a version, the change feed, the metadata",
-        description="Read the state store of an extagg checkpoint.",
+        description="Read the state store of a checkpoint: extagg's own, or one written by "
+        "Spark Structured Streaming (HDFS-backed provider), detected from its files.",
     )
-    commands = state.add_subparsers(dest="state_command", metavar="{show,changes,metadata}")
+    commands = state.add_subparsers(
+        dest="state_command", metavar="{show,changes,metadata,diff,export}"
+    )
     commands.required = True
 
     show = commands.add_parser("show", help="the state at a batch (default: the last committed)")
@@ -64,7 +77,27 @@ def add_state_subcommands(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help="rebuild from this batch's snapshot file (needs --partition-id)",
     )
+    show.add_argument(
+        "--join-side",
+        choices=("left", "right"),
+        default=None,
+        help="Spark stream-stream join: one side's state (its stores recombined)",
+    )
     _add_output_options(show)
+
+    diff = commands.add_parser("diff", help="keys added, removed or changed between two batches")
+    _add_store_options(diff)
+    diff.add_argument("--from-batch", type=int, required=True, help="the older batch")
+    diff.add_argument("--to-batch", type=int, required=True, help="the newer batch")
+    _add_output_options(diff)
+
+    export = commands.add_parser(
+        "export", help="write the state at a batch to a file (Parquet unless --format says)"
+    )
+    _add_store_options(export)
+    export.add_argument("--batch-id", type=int, default=None, help="batch to export")
+    export.add_argument("--join-side", choices=("left", "right"), default=None)
+    _add_output_options(export)
 
     changes = commands.add_parser("changes", help="the change feed between batches")
     _add_store_options(changes)
@@ -81,6 +114,33 @@ def add_state_subcommands(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _rows_for(args: argparse.Namespace) -> Rows[Any]:
+    if args.state_command in ("show", "export") and getattr(args, "join_side", None):
+        if not is_spark_checkpoint(args.checkpoint):
+            raise ValueError("--join-side applies to Spark checkpoints only")
+        return spark_state.read_state(
+            args.checkpoint,
+            batch_id=args.batch_id,
+            operator_id=args.operator_id,
+            partition_id=args.partition_id,
+            snapshot_start_batch_id=getattr(args, "snapshot_start_batch_id", None),
+            join_side=args.join_side,
+        )
+    if args.state_command == "export":
+        return read_state(
+            args.checkpoint,
+            batch_id=args.batch_id,
+            operator_id=args.operator_id,
+            store_name=args.store_name,
+            partition_id=args.partition_id,
+        )
+    if args.state_command == "diff":
+        return read_diff(
+            args.checkpoint,
+            args.from_batch,
+            args.to_batch,
+            operator_id=args.operator_id,
+            store_name=args.store_name,
+        )
     if args.state_command == "show":
         return read_state(
             args.checkpoint,
@@ -107,10 +167,18 @@ def _rows_for(args: argparse.Namespace) -> Rows[Any]:
 def _text_cell(value: Any) -> str:
     if value is None:
         return "null"
+    if isinstance(value, (spark_state.SparkRow, decimal.Decimal, dt.date)):
+        return json.dumps(_json_value(value), ensure_ascii=False)
     return value if isinstance(value, str) else repr(value)
 
 
 def _json_value(value: Any) -> Any:
+    if isinstance(value, spark_state.SparkRow):
+        return {name: _json_value(item) for name, item in zip(value.__fields__, value)}
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, (dt.date, dt.datetime)):
+        return value.isoformat()
     if isinstance(value, (tuple, list)):
         return [_json_value(item) for item in value]
     if isinstance(value, bytes):
@@ -154,7 +222,7 @@ def _write_parquet(rows: Rows[Any], path: str, limit: int | None) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    limited = Rows(lambda: iter(_limited(rows, limit)), rows.fields, rows.types)
+    limited = rows.limited(limit)
     writer = None
     count = 0
     try:
@@ -185,13 +253,25 @@ def run_state_command(
     fmt = args.format
     if fmt is None:
         extension = os.path.splitext(args.output or "")[1].lower().lstrip(".")
+        default = "parquet" if args.state_command == "export" else "text"
         fmt = {"csv": "csv", "jsonl": "jsonl", "json": "jsonl", "parquet": "parquet"}.get(
-            extension, "text"
+            extension, default
         )
+    if fmt == "table":
+        fmt = "text"
     try:
+        if args.state_command == "export" and not args.output:
+            raise ValueError("state export needs --output FILE")
         if args.limit is not None and args.limit < 0:
             raise ValueError(f"--limit cannot be negative, got {args.limit}")
         rows = _rows_for(args)
+        if args.state_command == "metadata":
+            listed = rows.to_list()
+            if not listed:
+                raise ValueError(
+                    f"no readable operator metadata in {args.checkpoint} (state/<op>/_metadata)"
+                )
+            rows = Rows(lambda: iter(listed), rows.fields, rows.types, rows.arrow_types)
         if fmt == "parquet":
             if not args.output:
                 raise ValueError("--format parquet needs --output FILE")

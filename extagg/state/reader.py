@@ -15,6 +15,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from extagg.generic.aggregator import Aggregator
+from extagg.generic.external_map import ExternalAppendOnlyMap
+from extagg.state import spark as spark_state
 from extagg.state.checkpoint import Checkpoint, Operator, OperatorMetadata
 from extagg.state.codec import decode_key, decode_value, decoding
 from extagg.state.errors import (
@@ -27,7 +30,11 @@ from extagg.state.provider import DEFAULT_STORE_NAME
 from extagg.state.rows import ChangeRow, MetadataRow, Rows, StateRow
 from extagg.state.streams import files_for_version, open_version
 
-__all__ = ["read_state", "read_change_feed", "read_metadata"]
+__all__ = ["read_state", "read_change_feed", "read_metadata", "read_diff", "is_spark_checkpoint"]
+
+#: whether a checkpoint folder was written by Spark (then the readers delegate to
+#: :mod:`extagg.state.spark`, which returns the rows of Spark's own state sources)
+is_spark_checkpoint = spark_state.is_spark_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -189,6 +196,8 @@ def read_state(
     """The state after ``batch_id`` as ``(key, value, partition_id)`` rows, streamed partition by
     partition.
 
+    A Spark checkpoint is read by :func:`extagg.state.spark.read_state` (its rows and options).
+
     Parameters
     ----------
     path
@@ -217,6 +226,10 @@ def read_state(
     CorruptFileError
         A damaged state file.
     """
+    if path is not None and is_spark_checkpoint(path):
+        return spark_state.read_state(
+            path, batch_id, operator_id, store_name, partition_id, snapshot_start_batch_id
+        )
     batch_id = check_batch_option("batch_id", batch_id)
     operator_id = check_batch_option("operator_id", operator_id, required=True)  # type: ignore[assignment]
     store_name = check_store_name_option(store_name)
@@ -285,6 +298,8 @@ def read_change_feed(
     ``(batch_id, change_type, key, value, partition_id)`` rows: ``"update"`` for puts,
     ``"delete"`` (value ``None``) for removes; per partition, in batch and file order.
 
+    A Spark checkpoint is read by :func:`extagg.state.spark.read_change_feed`.
+
     Parameters
     ----------
     path
@@ -305,6 +320,11 @@ def read_change_feed(
     Rows
         Of :class:`ChangeRow`, streamed from the delta files.
     """
+
+    if path is not None and is_spark_checkpoint(path):
+        return spark_state.read_change_feed(
+            path, start_batch_id, end_batch_id, operator_id, store_name, partition_id
+        )
     start_batch_id = check_batch_option("start_batch_id", start_batch_id, required=True)  # type: ignore[assignment]
     end_batch_id = check_batch_option("end_batch_id", end_batch_id)
     operator_id = check_batch_option("operator_id", operator_id, required=True)  # type: ignore[assignment]
@@ -369,7 +389,8 @@ def read_change_feed(
 
 def read_metadata(path: str | os.PathLike[str]) -> Rows[MetadataRow]:
     """One row per operator and store: id, name, store, partitions, and the smallest and largest
-    committed batch id (-1 when none). Unreadable metadata is skipped with a warning.
+    committed batch id (-1 when none). Unreadable metadata is skipped with a warning. A Spark
+    checkpoint gives the rows of Spark's ``state-metadata`` source instead.
 
     Parameters
     ----------
@@ -381,6 +402,9 @@ def read_metadata(path: str | os.PathLike[str]) -> Rows[MetadataRow]:
     Rows
         Of :class:`MetadataRow`.
     """
+
+    if path is not None and is_spark_checkpoint(path):
+        return spark_state.read_metadata(path)
     checkpoint = open_checkpoint(path)
     batches = checkpoint.committed_batches()
     low, high = (batches[0], batches[-1]) if batches else (-1, -1)
@@ -405,3 +429,46 @@ def read_metadata(path: str | os.PathLike[str]) -> Rows[MetadataRow]:
                 )
             )
     return Rows(lambda: iter(rows), MetadataRow._fields, _METADATA_TYPES)
+
+
+def _first_pair(value: tuple[Any, Any]) -> tuple[Any, Any]:
+    return value
+
+
+def _merge_pair(c1: tuple[Any, Any], c2: tuple[Any, Any]) -> tuple[Any, Any]:
+    return (c1[0] if c2[0] is None else c2[0], c1[1] if c2[1] is None else c2[1])
+
+
+def read_diff(
+    path: str | os.PathLike[str],
+    from_batch_id: int,
+    to_batch_id: int,
+    operator_id: int = 0,
+    store_name: str = DEFAULT_STORE_NAME,
+    *,
+    memory: int | str | None = None,
+) -> Rows[Any]:
+    """``(change_type, key, old_value, new_value, partition_id)`` rows of the keys whose value
+    differs between the state after ``from_batch_id`` and after ``to_batch_id``
+    (``added``/``removed``/``changed``). Both versions meet in one external map: bounded memory.
+    Works on both kinds of checkpoint."""
+    if path is not None and is_spark_checkpoint(path):
+        return spark_state.read_diff(
+            path, from_batch_id, to_batch_id, operator_id, store_name, memory=memory
+        )
+    old = read_state(path, from_batch_id, operator_id, store_name)
+    new = read_state(path, to_batch_id, operator_id, store_name)
+
+    def produce() -> Iterator[tuple[Any, ...]]:
+        aggregator = Aggregator(_first_pair, _merge_pair, _merge_pair)
+        with ExternalAppendOnlyMap(aggregator, memory, name="state-diff") as emap:
+            emap.insert_all(((r.partition_id, r.key), (r.value, None)) for r in old)
+            emap.insert_all(((r.partition_id, r.key), (None, r.value)) for r in new)
+            for (partition, key), (before, after) in emap.iterator():
+                if before == after:
+                    continue
+                kind = "added" if before is None else "removed" if after is None else "changed"
+                yield kind, key, before, after, partition
+
+    types = {"change_type": "string", "partition_id": "int32"}
+    return Rows(produce, spark_state.DIFF_FIELDS, types)

@@ -98,10 +98,26 @@ class Rows(Generic[T]):
         produce: Callable[[], Iterator[T]],
         fields: tuple[str, ...],
         types: dict[str, str] | None = None,
+        arrow_types: dict[str, Any] | None = None,
     ) -> None:
         self._produce = produce
         self.fields = fields
         self.types = dict(types or {})
+        #: exact PyArrow types of some columns (e.g. Spark state's key/value structs)
+        self.arrow_types = dict(arrow_types or {})
+
+    def limited(self, limit: int | None) -> Rows[T]:
+        """The same rows, at most ``limit`` of them (``None``: all)."""
+        if limit is None:
+            return self
+
+        def produce() -> Iterator[T]:
+            for count, row in enumerate(self._produce()):
+                if count >= limit:
+                    return
+                yield row
+
+        return Rows(produce, self.fields, self.types, self.arrow_types)
 
     def __iter__(self) -> Iterator[T]:
         return self._produce()
@@ -111,10 +127,17 @@ class Rows(Generic[T]):
         return list(self._produce())
 
     def _columns(self, rows: list[T]) -> list[Any]:
-        return [
-            to_arrow_array([row[i] for row in rows], name, self.types.get(name))
-            for i, name in enumerate(self.fields)
-        ]
+        import pyarrow as pa
+
+        columns = []
+        for i, name in enumerate(self.fields):
+            values = [row[i] for row in rows]
+            arrow_type = self.arrow_types.get(name)
+            if arrow_type is not None:
+                columns.append(pa.array(values, type=arrow_type))
+            else:
+                columns.append(to_arrow_array(values, name, self.types.get(name)))
+        return columns
 
     def _batch(self, rows: list[T]) -> Any:
         import pyarrow as pa

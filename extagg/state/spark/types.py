@@ -1,0 +1,252 @@
+"""Spark SQL data types as found in state schema files, and their Arrow counterparts.
+
+Schema files hold Spark's JSON form of a ``StructType`` (``DataType.json``). Only the types an
+``UnsafeRow`` of a state store can hold are modelled; anything else is refused with
+:class:`UnsupportedSparkTypeError` naming the type, rather than being misread.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from extagg.errors import ExtaggError
+
+__all__ = [
+    "SparkType",
+    "AtomicType",
+    "DecimalType",
+    "StructField",
+    "StructType",
+    "ArrayType",
+    "MapType",
+    "UnsupportedSparkTypeError",
+    "parse_type",
+    "parse_schema",
+    "to_arrow_type",
+    "MAX_LONG_DIGITS",
+]
+
+#: a decimal of at most this many digits is stored as its unscaled long (Spark's MAX_LONG_DIGITS)
+MAX_LONG_DIGITS = 18
+
+#: fixed-width atomic types: name -> (bytes in an array element, struct format char)
+ATOMIC_TYPES: dict[str, tuple[int, str]] = {
+    "boolean": (1, "?"),
+    "byte": (1, "b"),
+    "short": (2, "h"),
+    "integer": (4, "i"),
+    "long": (8, "q"),
+    "float": (4, "f"),
+    "double": (8, "d"),
+    "date": (4, "i"),
+    "timestamp": (8, "q"),
+    "timestamp_ntz": (8, "q"),
+}
+VARIABLE_ATOMIC = ("string", "binary")
+_DECIMAL = re.compile(r"decimal\(\s*(\d+)\s*,\s*(-?\d+)\s*\)")
+_ALIASES = {"null": "void"}
+
+
+class UnsupportedSparkTypeError(ExtaggError, ValueError):
+    """A schema holds a Spark type that extagg cannot read or write in an ``UnsafeRow``."""
+
+
+class SparkType:
+    """Base of the modelled Spark types."""
+
+    def json_value(self) -> Any:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def simple_string(self) -> str:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class AtomicType(SparkType):
+    """boolean, byte, short, integer, long, float, double, date, timestamp, timestamp_ntz,
+    string, binary, void."""
+
+    name: str
+
+    def json_value(self) -> Any:
+        return self.name
+
+    def simple_string(self) -> str:
+        return {"integer": "int", "long": "bigint", "byte": "tinyint", "short": "smallint"}.get(
+            self.name, self.name
+        )
+
+
+@dataclass(frozen=True)
+class DecimalType(SparkType):
+    precision: int
+    scale: int
+
+    def json_value(self) -> Any:
+        return f"decimal({self.precision},{self.scale})"
+
+    def simple_string(self) -> str:
+        return self.json_value()
+
+
+@dataclass(frozen=True)
+class StructField:
+    name: str
+    data_type: SparkType
+    nullable: bool = True
+    metadata: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def json_value(self) -> Any:
+        return {
+            "name": self.name,
+            "type": self.data_type.json_value(),
+            "nullable": self.nullable,
+            "metadata": self.metadata,
+        }
+
+
+@dataclass(frozen=True)
+class StructType(SparkType):
+    fields: tuple[StructField, ...]
+
+    def json_value(self) -> Any:
+        return {"type": "struct", "fields": [f.json_value() for f in self.fields]}
+
+    def json(self) -> str:
+        """Spark's compact JSON (``StructType.json``), as schema files hold it."""
+        return json.dumps(self.json_value(), separators=(",", ":"), ensure_ascii=False)
+
+    def simple_string(self) -> str:
+        inner = ",".join(f"{f.name}:{f.data_type.simple_string()}" for f in self.fields)
+        return f"struct<{inner}>"
+
+    @property
+    def names(self) -> list[str]:
+        return [f.name for f in self.fields]
+
+
+@dataclass(frozen=True)
+class ArrayType(SparkType):
+    element_type: SparkType
+    contains_null: bool = True
+
+    def json_value(self) -> Any:
+        return {
+            "type": "array",
+            "elementType": self.element_type.json_value(),
+            "containsNull": self.contains_null,
+        }
+
+    def simple_string(self) -> str:
+        return f"array<{self.element_type.simple_string()}>"
+
+
+@dataclass(frozen=True)
+class MapType(SparkType):
+    key_type: SparkType
+    value_type: SparkType
+    value_contains_null: bool = True
+
+    def json_value(self) -> Any:
+        return {
+            "type": "map",
+            "keyType": self.key_type.json_value(),
+            "valueType": self.value_type.json_value(),
+            "valueContainsNull": self.value_contains_null,
+        }
+
+    def simple_string(self) -> str:
+        return f"map<{self.key_type.simple_string()},{self.value_type.simple_string()}>"
+
+
+def parse_type(value: Any) -> SparkType:
+    """A Spark type from its JSON value (a name string or a dict)."""
+    if isinstance(value, str):
+        name = _ALIASES.get(value, value)
+        if name in ATOMIC_TYPES or name in VARIABLE_ATOMIC or name == "void":
+            return AtomicType(name)
+        if name == "decimal":
+            return DecimalType(10, 0)
+        match = _DECIMAL.fullmatch(name)
+        if match:
+            precision, scale = int(match.group(1)), int(match.group(2))
+            if not 1 <= precision <= 38 or not 0 <= scale <= precision:
+                raise UnsupportedSparkTypeError(f"unsupported Spark type {value!r}")
+            return DecimalType(precision, scale)
+        raise UnsupportedSparkTypeError(
+            f"unsupported Spark type {value!r} in a state schema (supported: "
+            f"{', '.join([*ATOMIC_TYPES, *VARIABLE_ATOMIC])}, decimal(p,s), void, struct, "
+            "array, map)"
+        )
+    if isinstance(value, dict):
+        kind = value.get("type")
+        if kind == "struct":
+            return StructType(
+                tuple(
+                    StructField(
+                        str(f["name"]),
+                        parse_type(f["type"]),
+                        bool(f.get("nullable", True)),
+                        dict(f.get("metadata") or {}),
+                    )
+                    for f in value.get("fields", [])
+                )
+            )
+        if kind == "array":
+            return ArrayType(
+                parse_type(value["elementType"]), bool(value.get("containsNull", True))
+            )
+        if kind == "map":
+            return MapType(
+                parse_type(value["keyType"]),
+                parse_type(value["valueType"]),
+                bool(value.get("valueContainsNull", True)),
+            )
+        if kind == "udt":
+            return parse_type(value["sqlType"])
+    raise UnsupportedSparkTypeError(f"unsupported Spark type {value!r} in a state schema")
+
+
+def parse_schema(text: str | dict[str, Any]) -> StructType:
+    """A ``StructType`` from Spark's JSON (text or parsed)."""
+    value = json.loads(text) if isinstance(text, str) else text
+    parsed = parse_type(value)
+    if not isinstance(parsed, StructType):
+        raise UnsupportedSparkTypeError(f"a state schema must be a struct, got {text!r}")
+    return parsed
+
+
+def to_arrow_type(data_type: SparkType) -> Any:
+    """The PyArrow type extagg gives a column of ``data_type``."""
+    import pyarrow as pa
+
+    if isinstance(data_type, AtomicType):
+        return {
+            "boolean": pa.bool_(),
+            "byte": pa.int8(),
+            "short": pa.int16(),
+            "integer": pa.int32(),
+            "long": pa.int64(),
+            "float": pa.float32(),
+            "double": pa.float64(),
+            "date": pa.date32(),
+            "timestamp": pa.timestamp("us", tz="UTC"),
+            "timestamp_ntz": pa.timestamp("us"),
+            "string": pa.string(),
+            "binary": pa.binary(),
+            "void": pa.null(),
+        }[data_type.name]
+    if isinstance(data_type, DecimalType):
+        return pa.decimal128(data_type.precision, data_type.scale)
+    if isinstance(data_type, StructType):
+        return pa.struct(
+            [pa.field(f.name, to_arrow_type(f.data_type), f.nullable) for f in data_type.fields]
+        )
+    if isinstance(data_type, ArrayType):
+        return pa.list_(to_arrow_type(data_type.element_type))
+    if isinstance(data_type, MapType):
+        return pa.map_(to_arrow_type(data_type.key_type), to_arrow_type(data_type.value_type))
+    raise UnsupportedSparkTypeError(f"no Arrow type for {data_type!r}")

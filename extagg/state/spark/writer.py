@@ -1,0 +1,191 @@
+"""``write_state``: a Spark checkpoint whose state a streaming query resumes from.
+
+Bootstraps the state of a stateful operator (typically a streaming ``groupBy().agg()``) from
+rows computed elsewhere -- e.g. an extagg batch aggregation of historical data. Writes, for
+``batch_id`` b:
+
+* ``state/<op>/<p>/<b+1>.delta`` and ``<b+1>.snapshot`` for every shuffle partition p (empty
+  ones too: Spark needs a file for the version), each key in the partition Spark's
+  ``HashPartitioning`` gives it (Murmur3 of the key columns, seed 42, pmod the partitions);
+* ``state/<op>/0/_metadata/schema`` (v2) and ``state/<op>/_metadata/metadata`` (v1);
+* ``offsets/<b>`` (the SQL confs a restarted query takes from it, and the sources' offsets),
+  ``commits/<b>`` and the query ``metadata`` file -- so the query's next batch is b + 1 and
+  loads this state.
+
+Every file is written atomically with Hadoop's ``.crc`` side file. Rows stream: one open
+LZ4 block stream per partition file, never the whole state in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from extagg.state.spark.datafile import AtomicFile, atomic_write
+from extagg.state.spark.framing import LZ4BlockWriter
+from extagg.state.spark.metadata import (
+    OperatorInfo,
+    StoreInfo,
+    operator_metadata_text,
+    schema_file_bytes,
+)
+from extagg.state.spark.partitioning import partition_for
+from extagg.state.spark.types import StructType, parse_schema
+from extagg.state.spark.unsaferow import RowEncoder
+
+__all__ = ["write_state", "DEFAULT_CONF", "FILE_SOURCE_START"]
+
+logger = logging.getLogger(__name__)
+
+_INT = struct.Struct(">i")
+#: the offset of a file source that has read nothing yet (its next batch reads every file)
+FILE_SOURCE_START: dict[str, Any] = {"logOffset": -1}
+#: SQL confs recorded in the offset log, as Spark 4 records them (shuffle partitions added)
+DEFAULT_CONF = {
+    "spark.sql.streaming.stateStore.providerClass": (
+        "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+    ),
+    "spark.sql.streaming.stateStore.compression.codec": "lz4",
+    "spark.sql.streaming.aggregation.stateFormatVersion": "2",
+    "spark.sql.streaming.join.stateFormatVersion": "2",
+    "spark.sql.streaming.flatMapGroupsWithState.stateFormatVersion": "2",
+    "spark.sql.streaming.multipleWatermarkPolicy": "min",
+    "spark.sql.streaming.statefulOperator.useStrictDistribution": "true",
+    "spark.sql.streaming.stateStore.rocksdb.formatVersion": "5",
+    "spark.sql.streaming.stateStore.encodingFormat": "unsaferow",
+}
+
+
+class _PartitionFiles:
+    """The delta and snapshot of one partition, written as records arrive."""
+
+    def __init__(self, directory: str, version: int) -> None:
+        self.files = [
+            AtomicFile(os.path.join(directory, f"{version}.delta")),
+            AtomicFile(os.path.join(directory, f"{version}.snapshot")),
+        ]
+        self.writers = [LZ4BlockWriter(f) for f in self.files]  # type: ignore[arg-type]
+        self.count = 0
+
+    def put(self, key: bytes, value: bytes) -> None:
+        record = _INT.pack(len(key)) + key + _INT.pack(len(value)) + value
+        for writer in self.writers:
+            writer.write(record)
+        self.count += 1
+
+    def commit(self) -> None:
+        for writer, target in zip(self.writers, self.files):
+            writer.write(_INT.pack(-1))
+            writer.finish()
+            target.commit()
+
+    def abort(self) -> None:
+        for target in self.files:
+            target.abort()
+
+
+def _schema(value: StructType | str | dict[str, Any]) -> StructType:
+    return value if isinstance(value, StructType) else parse_schema(value)
+
+
+def _write_log(path: str, lines: Sequence[Any]) -> None:
+    text = "v1\n" + "\n".join(json.dumps(line, separators=(",", ":")) for line in lines)
+    atomic_write(path, text.encode("utf-8"))
+
+
+def write_state(
+    checkpoint: str | os.PathLike[str],
+    operator_id: int,
+    key_schema: StructType | str | dict[str, Any],
+    value_schema: StructType | str | dict[str, Any],
+    rows: Iterable[tuple[Any, Any]],
+    batch_id: int = 0,
+    *,
+    num_partitions: int = 200,
+    operator_name: str = "stateStoreSave",
+    source_offsets: Sequence[Any] = (FILE_SOURCE_START,),
+    watermark_ms: int = 0,
+    conf: dict[str, str] | None = None,
+    query_id: str | None = None,
+) -> dict[int, int]:
+    """Write ``rows`` -- ``(key, value)`` pairs, each a dict by field name or a tuple by
+    position of ``key_schema`` / ``value_schema`` -- as the state of operator ``operator_id``
+    after batch ``batch_id``, in a new Spark checkpoint. Returns keys per partition.
+
+    ``num_partitions`` must equal the query's ``spark.sql.shuffle.partitions`` (it is recorded
+    in the offset log, which a restarted query obeys). ``source_offsets`` are the offsets of
+    the query's sources after ``batch_id``, one JSON value each (default: one file source that
+    has read nothing, so the resumed query reads every file of its input folder).
+    Keys must be unique. For a ``groupBy().agg()`` the value schema is the aggregation buffer
+    (e.g. ``count(*)`` -> ``count: long``, ``sum(long)`` -> ``sum: long``).
+    """
+    path = os.fspath(checkpoint)
+    if batch_id < 0 or operator_id < 0:
+        raise ValueError(f"batch_id and operator_id must be >= 0, got {batch_id}, {operator_id}")
+    if num_partitions < 1:
+        raise ValueError(f"num_partitions must be positive, got {num_partitions}")
+    key_type, value_type = _schema(key_schema), _schema(value_schema)
+    operator_dir = os.path.join(path, "state", str(operator_id))
+    if os.path.exists(operator_dir):
+        raise FileExistsError(f"{operator_dir} already exists: write_state bootstraps new state")
+    for log in ("commits", "offsets"):
+        existing = (
+            [n for n in os.listdir(os.path.join(path, log))]
+            if os.path.isdir(os.path.join(path, log))
+            else []
+        )
+        if any(name.isdigit() and int(name) >= batch_id for name in existing):
+            raise FileExistsError(
+                f"{os.path.join(path, log)} already has batch {batch_id} or later"
+            )
+    key_encoder, value_encoder = RowEncoder(key_type), RowEncoder(value_type)
+    version = batch_id + 1
+    partitions = [
+        _PartitionFiles(os.path.join(operator_dir, str(p)), version) for p in range(num_partitions)
+    ]
+    try:
+        for key, value in rows:
+            if value is None:
+                raise ValueError(f"key {key!r} has no value: a state value cannot be null")
+            partition = partition_for(key, key_type, num_partitions)
+            partitions[partition].put(key_encoder.encode(key), value_encoder.encode(value))
+        for files in partitions:
+            files.commit()
+    except BaseException:
+        for files in partitions:
+            files.abort()
+        raise
+    atomic_write(
+        os.path.join(operator_dir, "0", "_metadata", "schema"),
+        schema_file_bytes(key_type, value_type),
+    )
+    operator = OperatorInfo(
+        operator_id, operator_name, (StoreInfo("default", 0, num_partitions),), version=1
+    )
+    atomic_write(
+        os.path.join(operator_dir, "_metadata", "metadata"),
+        operator_metadata_text(operator).encode("utf-8"),
+    )
+    metadata = os.path.join(path, "metadata")
+    if not os.path.exists(metadata):
+        body = {"id": query_id or str(uuid.uuid4())}
+        atomic_write(metadata, json.dumps(body, separators=(",", ":")).encode("utf-8"))
+    confs = {**DEFAULT_CONF, "spark.sql.shuffle.partitions": str(num_partitions), **(conf or {})}
+    batch_metadata = {
+        "batchWatermarkMs": watermark_ms,
+        "batchTimestampMs": int(time.time() * 1000),
+        "conf": confs,
+    }
+    _write_log(os.path.join(path, "offsets", str(batch_id)), [batch_metadata, *source_offsets])
+    _write_log(
+        os.path.join(path, "commits", str(batch_id)), [{"nextBatchWatermarkMs": watermark_ms}]
+    )
+    counts = {p: files.count for p, files in enumerate(partitions)}
+    logger.info("Wrote %d keys of operator %d to %s", sum(counts.values()), operator_id, path)
+    return counts

@@ -1,0 +1,129 @@
+"""``write_state`` output is read back by Spark's own ``statestore`` source, and a streaming
+``groupBy().agg()`` resumed on a bootstrapped checkpoint continues the totals."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from extagg import Aggregator, ExternalAppendOnlyMap
+from extagg.state.spark import read_state
+from extagg.state.spark.writer import write_state
+from tests.spark_state.conftest import normalize, sort_key
+
+pytestmark = pytest.mark.spark
+
+KEY_SCHEMA = {
+    "type": "struct",
+    "fields": [{"name": "k", "type": "string", "nullable": True, "metadata": {}}],
+}
+VALUE_SCHEMA = {
+    "type": "struct",
+    "fields": [
+        {"name": "count", "type": "long", "nullable": True, "metadata": {}},
+        {"name": "sum", "type": "long", "nullable": True, "metadata": {}},
+    ],
+}
+
+
+def _history(directory, files=3, rows=400, seed=21):
+    """Historical input files: (k, v) rows, a few hundred keys, some non-ASCII."""
+    rng = random.Random(seed)
+    os.makedirs(directory)
+    for i in range(files):
+        ks = [f"key-{rng.randrange(300)}{'é' if rng.random() < 0.1 else ''}" for _ in range(rows)]
+        vs = [rng.randrange(-20, 100) for _ in ks]
+        pq.write_table(
+            pa.table({"k": ks, "v": pa.array(vs, pa.int64())}),
+            os.path.join(directory, f"h{i}.parquet"),
+        )
+
+
+def _aggregate_history(directory):
+    """extagg's external map (forced to spill) folds the history into (count, sum) per key."""
+    aggregator = Aggregator(
+        lambda v: (1, v), lambda c, v: (c[0] + 1, c[1] + v), lambda a, b: (a[0] + b[0], a[1] + b[1])
+    )
+    emap = ExternalAppendOnlyMap(aggregator, "16m", force_spill_every=256)
+    for name in sorted(os.listdir(directory)):
+        table = pq.read_table(os.path.join(directory, name))
+        emap.insert_all(zip(table.column("k").to_pylist(), table.column("v").to_pylist()))
+    assert emap.metrics.spill_count > 0
+    with emap:
+        return dict(emap.iterator())
+
+
+@pytest.fixture(scope="module")
+def bootstrapped(spark, tmp_path_factory):
+    root = tmp_path_factory.mktemp("bootstrap")
+    history = str(root / "history")
+    _history(history)
+    totals = _aggregate_history(history)
+    checkpoint = str(root / "checkpoint")
+    counts = write_state(
+        checkpoint,
+        0,
+        KEY_SCHEMA,
+        VALUE_SCHEMA,
+        (({"k": k}, {"count": c, "sum": s}) for k, (c, s) in totals.items()),
+        batch_id=0,
+        num_partitions=2,
+    )
+    assert sum(counts.values()) == len(totals) and all(counts.values())
+    return checkpoint, totals, root
+
+
+def test_sparks_reader_reads_what_was_written(spark, bootstrapped):
+    checkpoint, totals, _root = bootstrapped
+    theirs = spark.read.format("statestore").load(checkpoint).collect()
+    expected = sorted((normalize(((k,), (c, s))) for k, (c, s) in totals.items()), key=sort_key)
+    assert (
+        sorted((normalize((tuple(r.key), tuple(r.value))) for r in theirs), key=sort_key)
+        == expected
+    )
+    assert {r.partition_id for r in theirs} == {0, 1}
+    ours = read_state(checkpoint).to_list()
+    assert sorted(normalize((tuple(k), tuple(v))) for k, v, _ in ours) == sorted(expected)
+    metadata = spark.read.format("state-metadata").load(checkpoint).collect()
+    assert [(m.operatorName, m.numPartitions, m.maxBatchId) for m in metadata] == [
+        ("stateStoreSave", 2, 0)
+    ]
+
+
+def test_resumed_query_continues_the_totals(spark, bootstrapped):
+    from pyspark.sql import functions as F
+
+    checkpoint, totals, root = bootstrapped
+    incoming = str(root / "incoming")
+    os.makedirs(incoming)
+    new_rows = {"k": ["key-1", "key-2", "brand-new", "key-1"], "v": [5, 7, 11, 13]}
+    pq.write_table(
+        pa.table({"k": new_rows["k"], "v": pa.array(new_rows["v"], pa.int64())}),
+        os.path.join(incoming, "n0.parquet"),
+    )
+    stream = spark.readStream.schema("k string, v long").parquet(incoming)
+    agg = stream.groupBy("k").agg(F.count("*").alias("cnt"), F.sum("v").alias("total"))
+    collected = []
+    query = (
+        agg.writeStream.foreachBatch(lambda df, batch: collected.append((batch, df.collect())))
+        .outputMode("update")
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    assert query.exception() is None
+    assert [batch for batch, _ in collected] == [1]  # the first batch after the bootstrap
+    output = {r.k: (r.cnt, r.total) for r in collected[0][1]}
+    expected = dict(totals)
+    for k, v in zip(new_rows["k"], new_rows["v"]):
+        count, total = expected.get(k, (0, 0))
+        expected[k] = (count + 1, total + v)
+    assert output == {k: expected[k] for k in set(new_rows["k"])}
+    assert os.path.isfile(os.path.join(checkpoint, "commits", "1"))  # batch 1 ran on our state
+    after = {row[0][0]: tuple(row[1]) for row in read_state(checkpoint, batch_id=1)}
+    assert after == expected
