@@ -4,6 +4,7 @@ The public API::
 
     from extagg import Aggregator, ExternalAppendOnlyMap        # generic Python records
     from extagg import HashAggregator, aggregate                 # typed columns (numba)
+    from extagg import aggregate_files, run_metrics              # Parquet/CSV/JSON/Arrow files
     from extagg import SpillError, CorruptFileError, MemoryLimitError
 
 Memory management lives in :mod:`extagg.memory`, the state store in :mod:`extagg.state`, the
@@ -22,7 +23,8 @@ from extagg.errors import (
 from extagg.generic.aggregator import Aggregator
 from extagg.generic.external_map import ExternalAppendOnlyMap
 from extagg.hashing import stable_hash
-from extagg.metrics import SpillMetrics
+from extagg.io.run import aggregate_files
+from extagg.metrics import RunMetrics, SpillMetrics, run_metrics
 
 __all__ = [
     "Aggregator",
@@ -33,8 +35,11 @@ __all__ = [
     "MemoryLimitError",
     "SpillError",
     "SumOverflowError",
+    "RunMetrics",
     "SpillMetrics",
     "aggregate",
+    "aggregate_files",
+    "run_metrics",
     "stable_hash",
 ]
 __version__ = "0.1.0"

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 
 from extagg.columnar.columns import dataset_batches, is_batch, is_dataset
 from extagg.columnar.hash_aggregator import HashAggregator
+from extagg.metrics import SpillMetrics, metrics_metadata
 
 __all__ = ["aggregate"]
 
@@ -17,6 +18,8 @@ def aggregate(
     source: Any,
     keys: str | Sequence[str],
     aggs: Mapping[str, tuple[str, str]],
+    *,
+    progress: bool | Callable[[SpillMetrics], None] = False,
     **options: Any,
 ) -> pa.Table:
     """Group ``source`` by ``keys`` and compute ``aggs``; returns a ``pyarrow.Table``.
@@ -26,7 +29,17 @@ def aggregate(
     scanned with only the columns the query reads) or an iterable of batches. ``options`` go to
     :class:`HashAggregator` (``memory``, ``memory_manager``, ``spill_dirs``, ...). Rows come in
     hash order of the keys. With no input at all the key columns have Arrow type ``null``.
+
+    ``progress=True`` shows a bar of rows folded on stderr (on a terminal; ``EXTAGG_PROGRESS=0``
+    turns it off); a callable is called after every batch with the live
+    :class:`~extagg.metrics.SpillMetrics`. The run's metrics travel with the table in its schema
+    metadata: ``extagg.run_metrics(table)``.
     """
+    bar = None
+    if progress is True:
+        from extagg._progress import progress_bar, progress_enabled
+
+        bar = progress_bar(enabled=progress_enabled(True), unit=" rows", unit_scale=True)
     with HashAggregator(keys, aggs, **options) as agg:
         batches: Iterable[Any]
         if is_batch(source):
@@ -36,12 +49,24 @@ def aggregate(
         else:
             batches = source
         for batch in batches:
+            before = agg.metrics.records_read
             agg.update(batch)
+            if bar is not None:
+                bar.update(agg.metrics.records_read - before)
+            elif callable(progress):
+                progress(agg.metrics)
+        if bar is not None:
+            bar.close()
         out = list(agg.results())
         schema = agg.schema
+        meta = metrics_metadata(agg.metrics)
+    if schema is not None:
+        schema = schema.with_metadata(meta)
     if schema is None and out:  # a global aggregate of no input: its one row
-        return pa.Table.from_batches(out)
+        table = pa.Table.from_batches(out)
+        return table.replace_schema_metadata(meta)
     if schema is None:
         names = [keys] if isinstance(keys, str) else list(keys)
-        return pa.table({name: pa.array([], type=pa.null()) for name in [*names, *aggs]})
+        empty = pa.table({name: pa.array([], type=pa.null()) for name in [*names, *aggs]})
+        return empty.replace_schema_metadata(meta)
     return pa.Table.from_batches(out, schema=schema)
