@@ -24,6 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--memory", default="32m", help="memory budget, e.g. 32m, 1g (default 32m)")
     demo.add_argument("--seed", type=int, default=42)
     demo.add_argument("--spill-dir", action="append", dest="spill_dirs", help="spill directory")
+    from extagg.cli_aggregate import add_aggregate_command
+
+    add_aggregate_command(sub)
     try:
         from extagg.state.cli import add_state_subcommands
     except ImportError:  # pragma: no cover - state store not installed
@@ -45,6 +48,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (ValueError, OSError, MemoryError) as exc:  # bad options, disk full, budget
             print(f"extagg demo: error: {exc}", file=sys.stderr)
             return 2
+    if args.command == "aggregate":
+        from extagg.cli_aggregate import run_aggregate
+
+        return run_aggregate(args)
     if args.command == "state":
         from extagg.state.cli import run_state_command
 

@@ -62,6 +62,18 @@ class FileQuery:
             files=len(scan.files), bytes_total=scan.total_bytes, rows_total=scan.total_rows,
             row_groups_total=scan.row_groups_total,
         )  # fmt: skip
+        self._agg: Any = None
+        self._streams: list[Any] = []
+
+    def close(self) -> None:
+        """Stop the run: close the result streams and the aggregator, which deletes every
+        spill and sort-run file. Idempotent; safe to call from an interrupt handler."""
+        for stream in reversed(self._streams):
+            stream.close()
+        self._streams.clear()
+        if self._agg is not None:
+            self._agg.close()
+            self._agg = None
 
     def run(self, progress: Callable[[RunMetrics], None] | None = None) -> pa.RecordBatchReader:
         """Read and fold the whole input now; return a reader over the merged result."""
@@ -75,8 +87,12 @@ class FileQuery:
             spill_dirs=self.spill_dirs,
         )  # fmt: skip
         m.budget_bytes = agg.task_memory_manager.memory_manager.max_memory
+        self._agg = agg
         try:
-            agg.update(self.scan.schema.empty_table())  # the result schema, even of no rows
+            try:  # resolves every aggregate against its column's type: the result schema
+                agg.update(self.scan.schema.empty_table())
+            except TypeError as exc:
+                raise UsageError(str(exc)) from None
             first = True
             for batch in self.scan.batches():
                 agg.update(batch)
@@ -95,12 +111,14 @@ class FileQuery:
             raise
         m.input_time_s = time.perf_counter() - started
         batches = self._results(agg, started, progress)
+        self._streams.append(batches)
         if self.sort and self.by:
             from extagg.io.sort import external_sort
 
             batches = external_sort(
                 batches, schema, self.by, agg.task_memory_manager, self.spill_dirs, m
             )
+            self._streams.append(batches)
         reader = pa.RecordBatchReader.from_batches(schema, batches)
         register_metrics(reader, m)
         return reader
