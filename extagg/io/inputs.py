@@ -83,10 +83,17 @@ class InputScan:
         for path, dataset, fmt, opts in self._parts:
             size = _size(path)
             try:
-                for batch in dataset.to_batches(
+                if "zstd" in opts:
+                    file_format, part_schema = opts["zstd"]
+                    it = _zstd_batches(
+                        path, fmt, file_format, part_schema, self.columns, self.filter
+                    )
+                else:
+                    it = dataset.to_batches(
                     columns=self.columns, filter=self.filter, batch_size=self.batch_rows,
-                    batch_readahead=4, fragment_readahead=1, use_threads=True,
-                ):  # fmt: skip
+                        batch_readahead=4, fragment_readahead=1, use_threads=True,
+                    )  # fmt: skip
+                for batch in it:
                     if batch.num_rows:
                         self.progress.rows += batch.num_rows
                         yield batch
@@ -113,6 +120,42 @@ class InputScan:
         if fmt in ("csv", "tsv") and "conversion" in reason.lower():
             hint = " (the type was inferred from the first block; give it with --column-types)"
         return InputError(f"cannot read {path}: {reason}{hint}", path=path)
+
+
+def _is_zstd(path: str) -> bool:
+    return path.lower().endswith((".zst", ".zstd"))
+
+
+def _zstd_reader(path: str, fmt: str, file_format: Any) -> Any:
+    """A streaming reader of a ``.zst`` text file: Arrow's dataset layer detects only
+    ``.gz``/``.bz2`` from the extension, so these are decompressed here, block by block."""
+    stream = pa.CompressedInputStream(_LOCAL.open_input_stream(path, compression=None), "zstd")
+    if fmt == "json":
+        import pyarrow.json as pajson
+
+        return pajson.open_json(stream)
+    import pyarrow.csv as pacsv
+
+    opts = file_format.default_fragment_scan_options
+    return pacsv.open_csv(
+        stream, read_options=opts.read_options, parse_options=file_format.parse_options,
+        convert_options=opts.convert_options,
+    )  # fmt: skip
+
+
+def _zstd_batches(
+    path: str, fmt: str, file_format: Any, schema: pa.Schema, columns: list[str], filter: Any
+) -> Iterator[pa.RecordBatch]:
+    reader = _zstd_reader(path, fmt, file_format)
+    for batch in reader:
+        table = pa.Table.from_batches([batch])
+        for f in schema:
+            if f.name not in table.column_names:
+                table = table.append_column(f.name, pa.nulls(table.num_rows, f.type))
+        table = table.select(schema.names).cast(schema)
+        if filter is not None:
+            table = table.filter(filter)
+        yield from table.select(columns).to_batches()
 
 
 def _size(path: str) -> int:
@@ -296,7 +339,11 @@ def open_input(
     per_file: list[tuple[str, pa.Schema]] = []
     for path, _base in files:
         try:
-            per_file.append((path, file_format.inspect(path, _LOCAL)))
+            per_file.append(
+                (path, _zstd_reader(path, fmt, file_format).schema)
+                if _is_zstd(path)
+                else (path, file_format.inspect(path, _LOCAL))
+            )
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
             raise InputError(f"cannot read {path} as {fmt}: {reason}", path=path) from exc
@@ -328,7 +375,9 @@ def open_input(
         if base is None:
             continue
         factory = ds.HivePartitioning.discover(infer_dictionary=False)
-        probe = ds.dataset(group, format=file_format, partitioning=factory, partition_base_dir=base)
+        probe = ds.dataset(
+            group, format=file_format, partitioning=factory, partition_base_dir=base,
+        )  # fmt: skip
         for f in probe.schema:
             if f.name in hive:
                 hive[f.name] = f.type
@@ -347,6 +396,11 @@ def open_input(
             else pa.schema([f for f in unified if f.name not in hive])
         )
         for path in group:
+            if _is_zstd(path):
+                if base is not None:
+                    raise UsageError(f"{path}: .zst files in hive folders are not supported")
+                parts.append((path, None, fmt, {"zstd": (file_format, part_schema)}))
+                continue
             kwargs: dict[str, Any] = {"format": file_format, "schema": part_schema}
             if base is not None:
                 kwargs["partitioning"] = ds.partitioning(hive_schema, flavor="hive")
@@ -410,7 +464,9 @@ def _prune_row_groups(dataset: Any, filter: Any, schema: pa.Schema) -> tuple[Any
         frag.ensure_complete_metadata()
         total += frag.num_row_groups
         groups = (
-            frag.split_by_row_group(filter) if filter is not None else frag.split_by_row_group()
+            frag.split_by_row_group(filter, schema=schema)
+            if filter is not None
+            else frag.split_by_row_group()
         )
         for g in groups:
             kept.append(g)

@@ -176,7 +176,8 @@ class _Parser:
                 values.append(self.literal_value())
             self.expect_op(")")
             test = left.isin(_value_set(values))
-            return ~test if negate else test
+            # SQL: null [not] in (...) is null, so the row is dropped either way
+            return (~test & left.is_valid()) if negate else test
         if self.take_word("between"):
             low = self.sum_()
             if not self.take_word("and"):
