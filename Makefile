@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test lint format bench bench-columnar clean java
+.PHONY: setup demo demo-generic test lint format bench bench-columnar clean java
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "extagg needs Python >= 3.10")'
@@ -19,8 +19,14 @@ setup: $(STAMP)
 java:
 	@bash scripts/ensure-java.sh
 
-## demo: the main job on built-in sample data (spills under a small budget, prints metrics)
+## demo: the main job — `extagg aggregate` on a generated lineitem-like Parquet sample
+##       (4 M rows, cached in .cache/): a Q1-like query and a 1 M-group query that spills
+##       under 32 MiB, with progress, first rows and summaries, both checked against NumPy
 demo: $(STAMP)
+	$(PY) -m extagg demo-files
+
+## demo-generic: the generic engine on generated (key, value) records under a 32 MiB budget
+demo-generic: $(STAMP)
 	$(PY) -m extagg demo
 
 ## test: lint and every test, slow and PySpark ones included

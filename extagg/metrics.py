@@ -98,7 +98,8 @@ class RunMetrics:
 
     def summary(self) -> str:
         """The end-of-run paragraph the CLI prints on stderr."""
-        data = max(0, self.peak_rss_bytes - self.rss_fixed_bytes)
+        fixed = min(self.rss_fixed_bytes, self.peak_rss_bytes)
+        data = self.peak_rss_bytes - fixed
         rg = (
             f" ({self.row_groups_read} of {self.row_groups_total} Parquet row groups)"
             if self.row_groups_total
@@ -112,7 +113,7 @@ class RunMetrics:
             f"{format_size(self.disk_bytes_spilled)} on disk. Peak memory granted "
             f"{format_size(self.peak_granted_bytes)} of a {format_size(self.budget_bytes)} "
             f"budget; peak RSS {format_size(self.peak_rss_bytes)} = fixed "
-            f"{format_size(self.rss_fixed_bytes)} (interpreter, imports, kernels; "
+            f"{format_size(fixed)} (interpreter, imports, kernels, first batch; "
             f"{format_size(self.rss_import_bytes)} before the first batch) + data "
             f"{format_size(data)}."
         )
