@@ -18,7 +18,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from extagg.cli import main
-from extagg.columnar import FUNCTIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -156,7 +155,6 @@ def test_sort_under_a_tiny_budget_uses_runs(tmp_path, capsys):
     assert not [p for p in (tmp_path / "spill").rglob("*") if p.is_file()]
 
 
-@pytest.mark.skipif("count_distinct" not in FUNCTIONS, reason="count_distinct not in engine yet")
 def test_count_distinct_under_a_tiny_budget(tmp_path, capsys):
     t = table(150_000, keys=20_000, seed=9)
     src = tmp_path / "cd.parquet"
@@ -164,13 +162,16 @@ def test_count_distinct_under_a_tiny_budget(tmp_path, capsys):
     out = tmp_path / "cd.parquet.out.parquet"
     summary = tmp_path / "s.json"
     rc = main([
-        "aggregate", str(src), "--by", "k", "--agg", "d=count_distinct(u)", "--memory", "2m",
+        "aggregate", str(src), "--by", "k", "--agg", "d=count_distinct(u)", "--agg",
+        "n=count(*)", "--memory", "2m", "--spill-dir", str(tmp_path / "spill"),
         "-o", str(out), "--json-summary", str(summary), "-q",
     ])  # fmt: skip
     assert rc == 0, capsys.readouterr().err
-    want = t.to_pandas().groupby("k").u.nunique().to_dict()
-    have = {r["k"]: r["d"] for r in pq.read_table(out).to_pylist()}
+    g = t.to_pandas().groupby("k").u
+    want = {k: (d, n) for (k, d), n in zip(g.nunique().items(), g.size())}
+    have = {r["k"]: (r["d"], r["n"]) for r in pq.read_table(out).to_pylist()}
     assert have == want
+    assert not [p for p in (tmp_path / "spill").rglob("*") if p.is_file()]
     assert json.loads(summary.read_text())["spill_count"] > 0
 
 
@@ -202,7 +203,7 @@ def test_same_answers_as_duckdb(tmp_path, data, capsys):
         (["--by", "kk", "--agg", "n=count(*)"], 2, ["unknown column 'kk'", "did you mean 'k'",
                                                     "available: k, g, v, u"]),
         (["--by", "k", "--agg", "n=counts(v)"], 2, ["unknown aggregate function 'counts'",
-                                                   "count, first"]),
+                                                   "count, count_distinct, first"]),
         (["--by", "k", "--agg", "n count"], 2, ["NAME=FUNC(COLUMN)"]),
         (["--by", "k", "--agg", "n=count(*)", "--memory", "12 parsecs"], 2, ["'12 parsecs'"]),
         (["--by", "k", "--agg", "n=count(*)", "--where", "u > > 1"], 2, ["position 4", "^"]),

@@ -6,7 +6,15 @@ one-call form.
 """
 
 from extagg.columnar.api import aggregate
-from extagg.columnar.functions import ALIASES, FUNCTIONS
+from extagg.columnar.distinct import DistinctAggregator
+from extagg.columnar.functions import ALIASES, DISTINCT_FUNCTIONS, FUNCTIONS
 from extagg.columnar.hash_aggregator import HashAggregator
 
-__all__ = ["ALIASES", "FUNCTIONS", "HashAggregator", "aggregate"]
+__all__ = [
+    "ALIASES",
+    "DISTINCT_FUNCTIONS",
+    "FUNCTIONS",
+    "DistinctAggregator",
+    "HashAggregator",
+    "aggregate",
+]

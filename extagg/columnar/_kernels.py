@@ -314,3 +314,79 @@ def merge_sum192(out_gid, slo, smid, shi, dlo, dmid, dhi):
         t2 = t + np.uint64(new < old)
         dmid[g] = t2
         dhi[g] += shi[i] + np.int64(t < m_old) + np.int64(t2 < t)
+
+
+@_jit
+def _less128(xhi, xlo, yhi, ylo):
+    return xhi < yhi or (xhi == yhi and xlo < ylo)
+
+
+@_jit
+def minmax_dec128(gids, values, valid, is_max, vlo, vhi, has):
+    """min (or max) of decimal128 words: ``vlo`` low word (as int64 bits), ``vhi`` high."""
+    has_mask = valid.shape[0] > 0
+    for i in range(gids.shape[0]):
+        if has_mask and not valid[i]:
+            continue
+        g = gids[i]
+        xhi = values[i, 1]
+        xlo = np.uint64(values[i, 0])
+        if not has[g]:
+            better = True
+        elif is_max:
+            better = _less128(vhi[g], np.uint64(vlo[g]), xhi, xlo)
+        else:
+            better = _less128(xhi, xlo, vhi[g], np.uint64(vlo[g]))
+        if better:
+            vlo[g] = values[i, 0]
+            vhi[g] = xhi
+            has[g] = True
+
+
+@_jit
+def merge_minmax_dec128(out_gid, is_max, slo, shi, shas, dlo, dhi, dhas):
+    for i in range(out_gid.shape[0]):
+        if not shas[i]:
+            continue
+        g = out_gid[i]
+        if not dhas[g]:
+            better = True
+        elif is_max:
+            better = _less128(dhi[g], np.uint64(dlo[g]), shi[i], np.uint64(slo[i]))
+        else:
+            better = _less128(shi[i], np.uint64(slo[i]), dhi[g], np.uint64(dlo[g]))
+        if better:
+            dlo[g] = slo[i]
+            dhi[g] = shi[i]
+            dhas[g] = True
+
+
+@_jit
+def seq_dec128(gids, values, valid, seq_base, skip_nulls, is_last, vlo, vhi, seq, null):
+    """first (or last) of decimal128 words, keeping the row number as ``first_update``."""
+    has_mask = valid.shape[0] > 0
+    for i in range(gids.shape[0]):
+        is_null = has_mask and not valid[i]
+        if skip_nulls and is_null:
+            continue
+        g = gids[i]
+        if is_last or seq[g] < 0:
+            seq[g] = seq_base + i
+            null[g] = is_null
+            if not is_null:
+                vlo[g] = values[i, 0]
+                vhi[g] = values[i, 1]
+
+
+@_jit
+def merge_seq_dec128(out_gid, is_last, slo, shi, sseq, snull, dlo, dhi, dseq, dnull):
+    for i in range(out_gid.shape[0]):
+        s = sseq[i]
+        if s < 0:
+            continue
+        g = out_gid[i]
+        if (is_last and s > dseq[g]) or (not is_last and (dseq[g] < 0 or s < dseq[g])):
+            dseq[g] = s
+            dnull[g] = snull[i]
+            dlo[g] = slo[i]
+            dhi[g] = shi[i]

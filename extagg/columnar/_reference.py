@@ -216,3 +216,43 @@ def merge_sum192(out_gid, slo, smid, shi, dlo, dmid, dhi):
     for i, g in enumerate(out_gid.tolist()):
         total = _get192(dlo, dmid, dhi, g) + _get192(slo, smid, shi, i)
         _set192(dlo, dmid, dhi, g, total)
+
+
+def _dec(lo, hi, i):
+    return (int(hi[i]) << 64) + (int(lo[i]) & _M64)
+
+
+def minmax_dec128(gids, values, valid, is_max, vlo, vhi, has):
+    for i, g in _rows(gids, valid):
+        x = (int(values[i, 1]) << 64) + (int(values[i, 0]) & _M64)
+        if not has[g] or (x > _dec(vlo, vhi, g) if is_max else x < _dec(vlo, vhi, g)):
+            vlo[g], vhi[g], has[g] = values[i, 0], values[i, 1], True
+
+
+def merge_minmax_dec128(out_gid, is_max, slo, shi, shas, dlo, dhi, dhas):
+    for i, g in enumerate(out_gid.tolist()):
+        if not shas[i]:
+            continue
+        x = _dec(slo, shi, i)
+        if not dhas[g] or (x > _dec(dlo, dhi, g) if is_max else x < _dec(dlo, dhi, g)):
+            dlo[g], dhi[g], dhas[g] = slo[i], shi[i], True
+
+
+def seq_dec128(gids, values, valid, seq_base, skip_nulls, is_last, vlo, vhi, seq, null):
+    for i, g in enumerate(gids.tolist()):
+        is_null = bool(len(valid)) and not valid[i]
+        if (skip_nulls and is_null) or (not is_last and seq[g] >= 0):
+            continue
+        seq[g] = seq_base + i
+        null[g] = is_null
+        if not is_null:
+            vlo[g], vhi[g] = values[i, 0], values[i, 1]
+
+
+def merge_seq_dec128(out_gid, is_last, slo, shi, sseq, snull, dlo, dhi, dseq, dnull):
+    for i, g in enumerate(out_gid.tolist()):
+        s = int(sseq[i])
+        if s < 0:
+            continue
+        if (is_last and s > dseq[g]) or (not is_last and (dseq[g] < 0 or s < dseq[g])):
+            dseq[g], dnull[g], dlo[g], dhi[g] = s, snull[i], slo[i], shi[i]

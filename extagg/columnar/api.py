@@ -8,6 +8,7 @@ from typing import Any
 import pyarrow as pa
 
 from extagg.columnar.columns import dataset_batches, is_batch, is_dataset
+from extagg.columnar.distinct import DistinctAggregator, has_distinct
 from extagg.columnar.hash_aggregator import HashAggregator
 from extagg.metrics import SpillMetrics, metrics_metadata
 
@@ -40,7 +41,8 @@ def aggregate(
         from extagg._progress import progress_bar, progress_enabled
 
         bar = progress_bar(enabled=progress_enabled(True), unit=" rows", unit_scale=True)
-    with HashAggregator(keys, aggs, **options) as agg:
+    factory = DistinctAggregator if has_distinct(aggs) else HashAggregator
+    with factory(keys, aggs, **options) as agg:
         batches: Iterable[Any]
         if is_batch(source):
             batches = [source]

@@ -170,7 +170,7 @@ class BlockLayout:
     def initial_block(self, rows: int) -> ColumnBlock:
         """``rows`` groups with no input folded in (all keys null, states at their fill values):
         what a global aggregate of no rows finishes (count 0, sum null, as SQL)."""
-        hashes = np.full(rows, stable_hash(()), dtype=np.uint64)
+        hashes = np.full(rows, GLOBAL_HASHES[0], dtype=np.uint64)
         columns = {
             f"{WORD_PREFIX}{j}": np.zeros(rows, np.uint64) for j in range(self.keys.num_words)
         }
@@ -187,6 +187,10 @@ class BlockLayout:
 
     def output_types(self) -> list[pa.DataType]:
         return [*self.keys.types, *(s.output_type for s in self.specs)]
+
+
+#: the key hash of a global aggregate's one group (its key is the empty tuple)
+GLOBAL_HASHES = np.array([stable_hash(())], dtype=np.uint64)
 
 
 def global_row_untyped(requests: Sequence[F.AggregateRequest]) -> pa.RecordBatch:

@@ -33,6 +33,7 @@ from extagg.errors import SumOverflowError
 __all__ = [
     "FUNCTIONS",
     "ALIASES",
+    "DISTINCT_FUNCTIONS",
     "AggregateRequest",
     "AggregateSpec",
     "StateField",
@@ -48,7 +49,10 @@ FUNCTIONS = (
     "count", "sum", "mean", "min", "max", "first", "last", "first_non_null", "last_non_null",
     "var", "var_pop", "std", "std_pop",
 )  # fmt: skip
+#: aggregates computed by a second group-by (:mod:`extagg.columnar.distinct`), not in one table
+DISTINCT_FUNCTIONS = ("count_distinct",)
 ALIASES = {
+    "nunique": "count_distinct",
     "avg": "mean",
     "variance": "var",
     "var_samp": "var",
@@ -109,8 +113,9 @@ class AggregateSpec:
     output_type: pa.DataType
 
 
-def parse_aggs(aggs: Mapping[str, Any]) -> list[AggregateRequest]:
-    """Check ``{output: (column, function)}`` and canonicalise the function names."""
+def parse_aggs(aggs: Mapping[str, Any], distinct: bool = False) -> list[AggregateRequest]:
+    """Check ``{output: (column, function)}`` and canonicalise the function names
+    (``distinct``: accept :data:`DISTINCT_FUNCTIONS` too)."""
     if not isinstance(aggs, Mapping) or not aggs:
         raise TypeError(
             'aggs must be a non-empty dict like {"total": ("amount", "sum"), "n": ("*", "count")}'
@@ -125,8 +130,13 @@ def parse_aggs(aggs: Mapping[str, Any]) -> list[AggregateRequest]:
         if not isinstance(column, str) or not isinstance(func, str):
             raise TypeError(f"aggregate {output!r}: column and function must be strings: {spec!r}")
         name = ALIASES.get(func.lower(), func.lower())
-        if name not in FUNCTIONS:
-            known = ", ".join(sorted((*FUNCTIONS, *ALIASES)))
+        if name in DISTINCT_FUNCTIONS and not distinct:
+            raise ValueError(
+                f"aggregate {output!r}: {func} is a two-level group-by that HashAggregator does "
+                "not do alone; use extagg.aggregate() or extagg.columnar.DistinctAggregator"
+            )
+        if name not in FUNCTIONS and name not in DISTINCT_FUNCTIONS:
+            known = ", ".join(sorted((*FUNCTIONS, *DISTINCT_FUNCTIONS, *ALIASES)))
             raise ValueError(f"unknown aggregate function {func!r} for {output!r}; known: {known}")
         if column == "*" and name != "count":
             raise ValueError(f"aggregate {output!r}: only count accepts '*', not {func!r}")
@@ -152,12 +162,6 @@ def resolve(request: AggregateRequest, column: Column | None) -> AggregateSpec:
             f"aggregate {request.output!r}: {func}({request.column!r}) is not supported for "
             f"column {request.column!r} of type {arrow_type}; {func} needs {need}"
         )
-    if kind == "decimal" and not is_decimal64(arrow_type) and func not in _WIDE_DECIMAL_FUNCS:
-        raise TypeError(
-            f"aggregate {request.output!r}: {func}({request.column!r}) is not supported for "
-            f"column {request.column!r} of type {arrow_type}: decimals of more than 18 digits "
-            f"support {', '.join(_WIDE_DECIMAL_FUNCS)} (cast to a narrower decimal or to float)"
-        )
     value_dtype = None if column.values is None else column.values.dtype
     if kind == "decimal":
         family, states, out_type = _decimal_layout(func, arrow_type)
@@ -167,9 +171,6 @@ def resolve(request: AggregateRequest, column: Column | None) -> AggregateSpec:
             )
     family, states, out_type = _layout(func, kind, arrow_type, value_dtype)
     return AggregateSpec(request.output, func, request.column, family, arrow_type, states, out_type)
-
-
-_WIDE_DECIMAL_FUNCS = ("count", "sum", "mean", "var", "var_pop", "std", "std_pop")
 
 
 def _decimal_layout(
@@ -190,6 +191,13 @@ def _decimal_layout(
     if func == "mean":
         out = pa.decimal128(min(MAX_PRECISION, p + 4), min(MAX_PRECISION, s + 4))
         return f"mean_dec{suffix}", (*words, has, StateField("n", _I64, 0)), out
+    if not narrow and func in ("min", "max"):
+        value = (StateField("lo", _I64, 0), StateField("hi", _I64, 0))
+        return f"{func}_dec128", (*value, has), arrow_type
+    if not narrow and func.startswith(("first", "last")):
+        value = (StateField("lo", _I64, 0), StateField("hi", _I64, 0))
+        seq = (StateField("seq", _I64, -1), StateField("null", _BOOL, False))
+        return f"{func}_dec128", (*value, *seq), arrow_type
     return "", (), arrow_type
 
 
@@ -254,6 +262,15 @@ def update(
     values = column.values
     if column.kind == "decimal" and family == "var":
         values = decimal_floats(column)
+    if family.endswith("_dec128") and not family.startswith(("sum", "mean")):
+        base = family[: -len("_dec128")]
+        if base in ("min", "max"):
+            kernels.minmax_dec128(gids, values, valid, base == "max", *states)
+        else:
+            skip = base.endswith("non_null")
+            kernels.seq_dec128(gids, values, valid, seq_base, skip, base.startswith("last"),
+                               *states)  # fmt: skip
+        return
     if family in ("sum_int", "mean_int", "sum_dec", "mean_dec"):
         kernels.sum_int(gids, values, valid, states[0], states[1], states[2])
     elif family in ("sum_dec128", "mean_dec128"):
@@ -289,6 +306,13 @@ def merge(
 ) -> None:
     """Fold partial states ``src`` (one row per partial) into output groups ``dst``."""
     family = spec.family
+    if family.endswith("_dec128") and not family.startswith(("sum", "mean")):
+        base = family[: -len("_dec128")]
+        if base in ("min", "max"):
+            kernels.merge_minmax_dec128(out_gid, base == "max", *src, *dst)
+        else:
+            kernels.merge_seq_dec128(out_gid, base.startswith("last"), *src, *dst)
+        return
     if family in ("count", "count_star"):
         kernels.merge_add(out_gid, src[0], dst[0])
     elif family.startswith(("sum", "mean")):
@@ -455,6 +479,12 @@ def finalize(spec: AggregateSpec, states: Sequence[np.ndarray]) -> pa.Array:
         *words, has = states
         _check_digits(spec, words, has)
         return decimal_array(spec.output_type, words[0], words[1], ~has)
+    if family in ("min_dec128", "max_dec128"):
+        lo, hi, has = states
+        return decimal_array(spec.output_type, lo, hi, ~has)
+    if family.endswith("_dec128") and not family.startswith(("sum", "mean")):
+        lo, hi, seq, null = states
+        return decimal_array(spec.output_type, lo, hi, (seq < 0) | null)
     if family in ("mean_dec", "mean_dec128"):
         *words, _has, n = states
         return _decimal_mean(spec, words, n)

@@ -38,7 +38,7 @@ from extagg.collection import _typed_kernels as TK
 from extagg.collection.typed_table import MIN_ARENA, MIN_CAPACITY, TypedHashTable
 from extagg.columnar import functions as F
 from extagg.columnar._sources import TableSource
-from extagg.columnar.blocks import BlockLayout, global_row_untyped
+from extagg.columnar.blocks import GLOBAL_HASHES, BlockLayout, global_row_untyped
 from extagg.columnar.buffers import BATCH_VAR_BYTES, IO_COPIES, plan_buffers
 from extagg.columnar.columns import Column, iter_record_batches, to_columns
 from extagg.columnar.growth import grow_arena_or_spill, grow_or_spill, make_room_for_key_bytes
@@ -397,6 +397,11 @@ class HashAggregator(MemoryConsumer):
     # ------------------------------------------------------------------ results
     def results(self) -> Iterator[pa.RecordBatch]:
         """Every group once, as Arrow record batches in hash order. Destructive; call once."""
+        return (batch for _hashes, batch in self.hashed_results())
+
+    def hashed_results(self) -> Iterator[tuple[np.ndarray, pa.RecordBatch]]:
+        """:meth:`results` with each batch's key hashes (``uint64``, ascending): two
+        aggregators over the same groups can be joined on them as their batches stream."""
         with self._lock:
             if self._state != "open":
                 raise RuntimeError(
@@ -405,11 +410,11 @@ class HashAggregator(MemoryConsumer):
             self._state = "reading"
         return self._results()
 
-    def _results(self) -> Iterator[pa.RecordBatch]:
+    def _results(self) -> Iterator[tuple[np.ndarray, pa.RecordBatch]]:
         try:
             if self._layout is None:
                 if not self.keys:  # a global aggregate of no input at all: one row
-                    yield global_row_untyped(self._requests)
+                    yield GLOBAL_HASHES, global_row_untyped(self._requests)
                 return
             layout = self._layout
             groups_before = self.metrics.groups
@@ -421,10 +426,11 @@ class HashAggregator(MemoryConsumer):
                         else block
                     )
                     self.metrics.groups += len(part)
-                    yield layout.finish(part)
+                    yield part.hashes, layout.finish(part)
             if not self.keys and self.metrics.groups == groups_before:
                 self.metrics.groups += 1  # a global aggregate has one row, even of no input
-                yield layout.finish(layout.initial_block(1))
+                block = layout.initial_block(1)
+                yield block.hashes, layout.finish(block)
         finally:
             self.close()
 

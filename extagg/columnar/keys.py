@@ -52,25 +52,26 @@ class KeyLayout:
     """How the key columns (names, kinds, Arrow types) map to words and packed bytes."""
 
     def __init__(self, names: Sequence[str], kinds: Sequence[str], types: Sequence[pa.DataType]):
-        for name, kind, arrow_type in zip(names, kinds, types):
-            if kind == "decimal" and not is_decimal64(arrow_type):
-                raise TypeError(
-                    f"key column {name!r} has type {arrow_type}: decimal keys of more than 18 "
-                    "digits are not supported yet (cast the column to a narrower decimal or "
-                    "to a string)"
-                )
         self.names = list(names)
         self.kinds = list(kinds)
         self.types = list(types)
         self.fixed = [i for i, k in enumerate(self.kinds) if k not in ("string", "binary")]
         self.var = [i for i, k in enumerate(self.kinds) if k in ("string", "binary")]
-        self.num_words = len(self.fixed)
+        #: words per fixed-width key column: two for a decimal of more than 18 digits
+        self.widths = [
+            2 if self.kinds[i] == "decimal" and not is_decimal64(self.types[i]) else 1
+            for i in self.fixed
+        ]
+        self.word_start = [int(x) for x in np.cumsum([0, *self.widths])[:-1]]
+        self.num_words = sum(self.widths)
         self.has_var = bool(self.var)
         self.packed = len(self.var) > 1
         self.null_dtype = null_mask_dtype(len(self.names))
         #: one integer-like key column: its hash, fmix64(word ^ seed), is a bijection of its
         #: word, so the table may match keys by hash alone (see ``TypedHashTable.hash_is_key``)
-        self.hash_is_key = len(self.kinds) == 1 and self.kinds[0] in _BIJECTIVE_KINDS
+        self.hash_is_key = (
+            len(self.kinds) == 1 and self.kinds[0] in _BIJECTIVE_KINDS and self.num_words == 1
+        )
 
     # -- encoding ----------------------------------------------------------------------------
 
@@ -111,8 +112,8 @@ class KeyLayout:
         if self.num_words == 1:
             return _column_words(cols[self.fixed[0]]).reshape(n, 1)
         words = np.empty((n, self.num_words), dtype=np.uint64)
-        for w, i in enumerate(self.fixed):
-            words[:, w] = _column_words(cols[i])
+        for w, i, width in zip(self.word_start, self.fixed, self.widths):
+            words[:, w : w + width] = _column_words(cols[i]).reshape(n, width)
         return words
 
     def _nulls(self, cols: Sequence[Column], n: int) -> np.ndarray:
@@ -168,7 +169,14 @@ class KeyLayout:
                     off, data = var_offsets, var_data
                 out.append(_var_array(kind, arrow_type, m, off, data, mask))
             else:
-                col_words = np.ascontiguousarray(words[:, self.fixed.index(j)])
+                at = self.fixed.index(j)
+                start, width = self.word_start[at], self.widths[at]
+                if width == 2:  # a wide decimal: low and high words
+                    lo = np.ascontiguousarray(words[:, start])
+                    hi = np.ascontiguousarray(words[:, start + 1]).view(np.int64)
+                    out.append(decimal_array(arrow_type, lo, hi, mask))
+                    continue
+                col_words = np.ascontiguousarray(words[:, start])
                 out.append(_fixed_array(kind, arrow_type, col_words, mask))
         return out
 
@@ -185,6 +193,18 @@ def _hash_column(col: Column, out: np.ndarray) -> None:
     elif kind == "bool":
         assert col.values is not None
         H.hash_uint_column(col.values.view(np.uint8), valid, out)
+    elif kind == "decimal" and col.values is not None and col.values.ndim == 2:
+        # a wide decimal hashes as stable_hash((low word, high word)) (signed words)
+        n = len(out)
+        acc = H.tuple_hash_start(2, n)
+        tmp = np.empty(n, dtype=np.uint64)
+        for w in range(2):
+            H.hash_int_column(np.ascontiguousarray(col.values[:, w]), _EMPTY_BOOL, tmp)
+            H.tuple_hash_mix(acc, tmp)
+        if col.valid is not None:
+            H.hash_int_column(np.zeros(n, np.int64), col.valid, tmp)  # nulls hash as None
+            acc = np.where(col.valid, acc, tmp)
+        out[:] = acc
     else:  # int, temporal storage, decimal's unscaled int64
         H.hash_int_column(col.values, valid, out)
 
@@ -196,6 +216,11 @@ def _column_words(col: Column) -> np.ndarray:
         out = np.empty(len(values), dtype=np.uint64)
         KK.float_words(values, _valid(col), out)
         return out
+    if values.ndim == 2:  # a wide decimal's two words
+        words = values.view(np.uint64)
+        if col.valid is not None:
+            words = np.where(col.valid[:, None], words, np.uint64(0))
+        return words
     if col.kind in ("int", "temporal", "decimal"):
         words = values.astype(np.int64, copy=False).view(np.uint64)
     else:  # uint, bool

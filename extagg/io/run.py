@@ -78,15 +78,16 @@ class FileQuery:
     def run(self, progress: Callable[[RunMetrics], None] | None = None) -> pa.RecordBatchReader:
         """Read and fold the whole input now; return a reader over the merged result."""
         from extagg.columnar import HashAggregator
+        from extagg.columnar.distinct import DistinctAggregator, has_distinct
+        from extagg.memory import resolve_task_memory_manager
 
         m = self.metrics
         started = time.perf_counter()
         m.rss_import_bytes = current_rss()
-        agg = HashAggregator(
-            self.by, self.aggs, memory=self.memory, memory_manager=self.memory_manager,
-            spill_dirs=self.spill_dirs,
-        )  # fmt: skip
-        m.budget_bytes = agg.task_memory_manager.memory_manager.max_memory
+        tmm = resolve_task_memory_manager(self.memory, self.memory_manager)
+        factory = DistinctAggregator if has_distinct(self.aggs) else HashAggregator
+        agg = factory(self.by, self.aggs, memory_manager=tmm, spill_dirs=self.spill_dirs)
+        m.budget_bytes = tmm.memory_manager.max_memory
         self._agg = agg
         try:
             try:  # resolves every aggregate against its column's type: the result schema
@@ -115,9 +116,7 @@ class FileQuery:
         if self.sort and self.by:
             from extagg.io.sort import external_sort
 
-            batches = external_sort(
-                batches, schema, self.by, agg.task_memory_manager, self.spill_dirs, m
-            )
+            batches = external_sort(batches, schema, self.by, tmm, self.spill_dirs, m)
             self._streams.append(batches)
         reader = pa.RecordBatchReader.from_batches(schema, batches)
         register_metrics(reader, m)
@@ -196,7 +195,7 @@ def plan_query(
 
     keys = [by] if isinstance(by, str) else list(by)
     try:
-        requests = parse_aggs(aggs)
+        requests = parse_aggs(aggs, distinct=True)
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     if memory is not None:

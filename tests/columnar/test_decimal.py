@@ -103,7 +103,7 @@ def test_wide_decimals_sum_and_mean_exactly(data, precision) -> None:
     values = [None if u is None else decimal.Decimal(u).scaleb(-scale, CTX) for u in raw]
     keys = [data.draw(st.integers(0, 3)) for _ in range(n)]
     table = pa.table({"k": pa.array(keys, pa.int8()), "v": pa.array(values, dtype)})
-    aggs = {"n": ("*", "count"), "c": ("v", "count"), "s": ("v", "sum"), "m": ("v", "mean")}
+    aggs = AGGS
     out_p, out_s = min(38, precision + 4), min(38, scale + 4)
     want = {
         k: {key: row[key] for key in aggs}
@@ -192,12 +192,36 @@ def test_mean_rounds_half_up_away_from_zero() -> None:
         assert got == [decimal.Decimal(sign) / 10**10]
 
 
-def test_wide_decimal_functions_and_keys_not_supported_say_so() -> None:
-    table = pa.table({"k": pa.array([1], pa.decimal128(20, 0)), "v": pa.array([1], pa.int8())})
-    with pytest.raises(TypeError, match=r"key column 'k'.*more than 18 digits"):
-        aggregate(table, keys="k", aggs={"n": ("*", "count")})
-    with pytest.raises(TypeError, match=r"min\('k'\).*more than 18 digits"):
-        aggregate(table, keys="v", aggs={"lo": ("k", "min")})
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_wide_decimal_keys_with_other_keys_and_spills(data) -> None:
+    """decimal(38, s) keys take two key words; alone and beside a string and an int key."""
+    pool = data.draw(st.lists(st.one_of(st.none(), _unscaled(38)), min_size=1, max_size=6))
+    n = data.draw(st.integers(0, 80))
+    raw = [data.draw(st.sampled_from(pool)) for _ in range(n)]
+    tags = [data.draw(st.sampled_from([None, "a", "bb"])) for _ in range(n)]
+    dtype = pa.decimal128(38, 3)
+    values = [None if u is None else decimal.Decimal(u).scaleb(-3, CTX) for u in raw]
+    table = pa.table(
+        {
+            "d": pa.array(values, dtype),
+            "t": pa.array(tags, pa.string()),
+            "i": pa.array(range(n), pa.int64()),
+        }
+    )
+    for keys in (["d"], ["t", "d", "i"], ["d", "t"]):
+        want: dict = {}
+        for row in table.to_pylist():
+            key = tuple(row[k] for k in keys)
+            want.setdefault(key, [0, 0])
+            want[key][0] += 1
+            want[key][1] += row["i"]
+        for options in ({}, {"force_spill_rows": 5, "batch_size": 2, "fan_in": 2}):
+            aggs = {"n": ("*", "count"), "s": ("i", "sum")}
+            got = aggregate(table, keys=keys, aggs=aggs, **options)
+            assert got.schema.field("d").type == dtype
+            rows = {tuple(r[k] for k in keys): [r["n"], r["s"]] for r in got.to_pylist()}
+            assert rows == want
 
 
 def test_decimal_variance_is_float() -> None:
@@ -288,3 +312,31 @@ print("ok")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == "ok"
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.one_of(st.none(), _unscaled(38))), max_size=60),
+    st.lists(st.integers(0, 1), min_size=4, max_size=4),
+    st.sampled_from(["min", "max", "first", "last", "first_non_null", "last_non_null"]),
+)
+def test_wide_decimal_value_kernels_match_reference(rows, merge_to, func) -> None:
+    """min/max/first/last of 19-38 digit decimals (two-word states) against the reference."""
+    arr = pa.array([v for _, v in rows], pa.decimal128(38, 0))
+    col = to_column("v", arr)
+    spec = F.resolve(F.AggregateRequest("o", "v", func), col)
+    gids = np.array([g for g, _ in rows], dtype=np.int64)
+
+    def fresh(n):
+        return [np.full(n, f.fill, dtype=f.dtype) for f in spec.states]
+
+    fast, slow = fresh(4), fresh(4)
+    F.update(spec, fast, gids, col, 10, K)
+    F.update(spec, slow, gids, col, 10, R)
+    assert all(np.array_equal(a, b) for a, b in zip(fast, slow))
+    out = np.array(merge_to, dtype=np.int64)
+    mf, ms = fresh(2), fresh(2)
+    F.merge(spec, mf, out, fast, K)
+    F.merge(spec, ms, out, slow, R)
+    assert all(np.array_equal(a, b) for a, b in zip(mf, ms))
+    assert F.finalize(spec, mf).type == pa.decimal128(38, 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import decimal
 import math
 
 import numpy as np
@@ -30,6 +31,8 @@ VALUE_TYPES = {
     "float32": (pa.float32(), st.floats(width=32)),
     "bool": (pa.bool_(), st.booleans()),
     "date32": (pa.date32(), st.integers(-100_000, 100_000)),
+    "decimal15": (pa.decimal128(15, 2), st.integers(-(10**15) + 1, 10**15 - 1)),
+    "decimal38": (pa.decimal128(38, 0), st.integers(-(10**38) + 1, 10**38 - 1)),
 }
 
 
@@ -63,6 +66,11 @@ def test_update_and_merge_match_reference(func: str, type_name: str, data) -> No
     if type_name == "date32":
         raw = [None if v is None else v for v in raw]
         arr = pa.array(raw, type=pa.int32()).view(pa.date32())
+    elif type_name.startswith("decimal"):
+        scale = arrow_type.scale
+        ctx = decimal.Context(prec=60)
+        values = [None if v is None else decimal.Decimal(v).scaleb(-scale, ctx) for v in raw]
+        arr = pa.array(values, type=arrow_type)
     else:
         arr = pa.array(raw, type=arrow_type)
     col = to_column("v", arr)
