@@ -451,7 +451,17 @@ def _unify_column(name: str, per_file: list[tuple[str, pa.Schema]]) -> pa.Field:
         if merged.type == pa.null():
             merged = f
         current, current_path = merged.with_nullable(True), path
-    return current.with_nullable(True)
+    return current.with_type(_plain(current.type)).with_nullable(True)
+
+
+def _plain(t: pa.DataType) -> pa.DataType:
+    """View types (Parquet files written by Rust tools hold ``string_view``) as their plain
+    forms, which every Arrow kernel (the scan's filter, the engine's keys) handles."""
+    if t == pa.string_view():
+        return pa.string()
+    if t == pa.binary_view():
+        return pa.binary()
+    return t
 
 
 def _prune_row_groups(dataset: Any, filter: Any, schema: pa.Schema) -> tuple[Any, int, int, int]:

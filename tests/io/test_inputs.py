@@ -222,3 +222,15 @@ def test_missing_input(tmp_path):
         extagg.aggregate_files(str(tmp_path / "nope.parquet"), by="k", aggs=AGGS)
     with pytest.raises(InputError, match="no file matches"):
         extagg.aggregate_files(str(tmp_path / "*.parquet"), by="k", aggs=AGGS)
+
+
+def test_string_view_columns_are_read_as_strings(tmp_path):
+    """Parquet files written by Rust tools (tpchgen-cli) hold string_view columns."""
+    t = pa.table({"g": pa.array(["a", "b", "a", None], pa.string_view()), "v": [1, 2, 3, 4]})
+    pq.write_table(t, tmp_path / "sv.parquet")
+    assert pq.read_schema(tmp_path / "sv.parquet").field("g").type == pa.string_view()
+    reader = extagg.aggregate_files(
+        str(tmp_path / "sv.parquet"), by="g", aggs={"s": ("v", "sum")}, where="g != 'b'"
+    )
+    got = {r["g"]: r["s"] for r in reader.read_all().to_pylist()}
+    assert got == {"a": 4}
