@@ -293,14 +293,14 @@ def _progress_callback(
 
 
 def bar_options(m: RunMetrics) -> dict[str, Any]:
-    """tqdm arguments for a run: rows of the known total (Parquet) or input bytes."""
-    if m.rows_total:
-        return {"total": m.rows_total, "unit": " rows", "unit_scale": True, "desc": "read"}
-    return {"total": m.bytes_total, "unit": "B", "unit_scale": True, "desc": "read"}
+    """tqdm arguments for a run: rows of the known total (Parquet metadata), else rows counted
+    with the bytes of whole files read (of the total) in the postfix."""
+    return {"total": m.rows_total or None, "unit": " rows", "unit_scale": True, "desc": "read"}
 
 
 def make_bar_callback(bar: Any) -> Callable[[RunMetrics], None]:
-    """A progress callback that drives ``bar`` (rows or bytes, spills in the postfix)."""
+    """A progress callback that drives ``bar``: rows read; bytes of whole files read, spills
+    and result groups in the postfix."""
     from extagg._config import format_size
 
     state = {"pos": 0, "last": 0.0}
@@ -310,19 +310,19 @@ def make_bar_callback(bar: Any) -> Callable[[RunMetrics], None]:
         if not m.finished and now - state["last"] < 0.2:
             return
         state["last"] = now
-        pos = m.rows_read if m.rows_total else m.bytes_read
-        if pos > state["pos"]:
-            bar.update(pos - state["pos"])
-            state["pos"] = pos
         if m.finished:
             bar.set_postfix_str("")
             bar.close()
             return
         bar.set_postfix_str(
-            f"{m.rows_read:,} rows, {format_size(m.bytes_read)}/{format_size(m.bytes_total)}, "
+            f"files {format_size(m.bytes_read)} of {format_size(m.bytes_total)} read, "
             f"{m.spill_count} spills ({format_size(m.disk_bytes_spilled)}), "
             f"{m.groups:,} groups out",
             refresh=False,
         )
+        pos = m.rows_read
+        if pos > state["pos"]:
+            bar.update(pos - state["pos"])
+            state["pos"] = pos
 
     return update
