@@ -23,7 +23,6 @@ from extagg.errors import (
 from extagg.generic.aggregator import Aggregator
 from extagg.generic.external_map import ExternalAppendOnlyMap
 from extagg.hashing import stable_hash
-from extagg.io.run import aggregate_files
 from extagg.metrics import RunMetrics, SpillMetrics, run_metrics
 
 __all__ = [
@@ -43,3 +42,13 @@ __all__ = [
     "stable_hash",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    # aggregate_files needs pyarrow.dataset (which imports pandas): loaded on first use only,
+    # so that `import extagg` stays as light for the engines that do not read files
+    if name == "aggregate_files":
+        from extagg.io.run import aggregate_files
+
+        return aggregate_files
+    raise AttributeError(f"module 'extagg' has no attribute {name!r}")

@@ -320,3 +320,19 @@ def test_disk_full_on_stdout(data):
                               env=_env())  # fmt: skip
     assert proc.returncode == 1, proc.stderr
     assert "disk full" in proc.stderr and "<stdout>" in proc.stderr
+
+
+def test_disk_full_while_spilling(tmp_path, tiny_fs, capsys):
+    t = table(400_000, keys=300_000, seed=4)
+    src = tmp_path / "spilly.parquet"
+    pq.write_table(t, src)
+    out = tmp_path / "out.parquet"
+    rc = main([
+        "aggregate", str(src), "--by", "k,u", "--agg", "n=count(*)", "--agg", "s=sum(v)",
+        "--memory", "2m", "--spill-dir", str(tiny_fs), "-o", str(out), "-q",
+    ])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    assert str(tiny_fs) in err and "bytes" in err and "Traceback" not in err
+    assert not out.exists()
+    assert not [p for p in tiny_fs.rglob("*") if p.is_file()]
