@@ -26,7 +26,7 @@ import pyarrow.fs as pafs
 
 from extagg.errors import InputError, UsageError
 
-__all__ = ["InputScan", "ScanProgress", "open_input", "parse_type", "FORMATS"]
+__all__ = ["InputScan", "ScanProgress", "open_input", "parse_type", "row_bytes", "FORMATS"]
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,7 @@ class InputScan:
     row_groups_total: int
     row_groups_selected: int
     batch_rows: int = 65_536
+    readahead: int = 2  # batches Arrow decodes ahead of the one being folded
     progress: ScanProgress = field(default_factory=ScanProgress)
     _parts: list[tuple[str, Any, ds.FileFormat, dict[str, Any]]] = field(default_factory=list)
 
@@ -91,7 +92,7 @@ class InputScan:
                 else:
                     it = dataset.to_batches(
                     columns=self.columns, filter=self.filter, batch_size=self.batch_rows,
-                        batch_readahead=4, fragment_readahead=1, use_threads=True,
+                        batch_readahead=self.readahead, fragment_readahead=1, use_threads=True,
                     )  # fmt: skip
                 for batch in it:
                     if batch.num_rows:
@@ -156,6 +157,17 @@ def _zstd_batches(
         if filter is not None:
             table = table.filter(filter)
         yield from table.select(columns).to_batches()
+
+
+def row_bytes(schema: pa.Schema) -> int:
+    """A rough decoded width of one row of ``schema`` (variable-width values counted as 32 B)."""
+    total = 0
+    for f in schema:
+        try:
+            total += max(1, f.type.bit_width // 8) + 1
+        except ValueError:  # strings, binaries, nested: offsets plus a guess of the data
+            total += 4 + 32
+    return max(total, 8)
 
 
 def _size(path: str) -> int:

@@ -19,10 +19,11 @@ import pyarrow as pa
 
 from extagg._sysinfo import current_rss, peak_rss
 from extagg.errors import UsageError
-from extagg.io.inputs import InputScan, open_input, unknown_column
+from extagg.io.inputs import InputScan, open_input, row_bytes, unknown_column
 from extagg.io.output import ResultWriter
 from extagg.io.output import output_format as pick_output_format
 from extagg.io.where import ParsedExpression, parse_expression
+from extagg.memory import MemoryConsumer
 from extagg.metrics import RunMetrics, register_metrics
 
 __all__ = ["FileQuery", "aggregate_files", "plan_query"]
@@ -64,6 +65,7 @@ class FileQuery:
         )  # fmt: skip
         self._agg: Any = None
         self._streams: list[Any] = []
+        self._scan_memory: _ScanMemory | None = None
 
     def close(self) -> None:
         """Stop the run: close the result streams and the aggregator, which deletes every
@@ -71,6 +73,8 @@ class FileQuery:
         for stream in reversed(self._streams):
             stream.close()
         self._streams.clear()
+        if self._scan_memory is not None:
+            self._scan_memory.close_memory()
         if self._agg is not None:
             self._agg.close()
             self._agg = None
@@ -89,6 +93,8 @@ class FileQuery:
         agg = factory(self.by, self.aggs, memory_manager=tmm, spill_dirs=self.spill_dirs)
         m.budget_bytes = tmm.memory_manager.max_memory
         self._agg = agg
+        self._scan_memory = _ScanMemory(tmm)
+        self._scan_memory.reserve(self.scan, m.budget_bytes)
         try:
             try:  # resolves every aggregate against its column's type: the result schema
                 agg.update(self.scan.schema.empty_table())
@@ -111,6 +117,7 @@ class FileQuery:
             agg.close()
             raise
         m.input_time_s = time.perf_counter() - started
+        self._scan_memory.close_memory()  # the scan is over: its buffers go back to the pool
         batches = self._results(agg, started, progress)
         self._streams.append(batches)
         if self.sort and self.by:
@@ -158,6 +165,25 @@ class FileQuery:
                 progress(m)
         finally:
             agg.close()
+
+
+class _ScanMemory(MemoryConsumer):
+    """The scan's decoded batches (the one being folded and the ones Arrow reads ahead),
+    accounted to the memory manager like the aggregator's tables; not spillable.
+
+    The batch size is chosen so that they take at most 1/8 of the budget (4 096 to 65 536
+    rows), and that much is acquired before the scan starts.
+    """
+
+    def __init__(self, tmm: Any) -> None:
+        super().__init__(tmm, None)
+
+    def reserve(self, scan: InputScan, budget: int) -> None:
+        width = row_bytes(scan.schema)
+        batches = scan.readahead + 1
+        rows = budget // 8 // (width * batches)
+        scan.batch_rows = int(max(4_096, min(scan.batch_rows, rows)))
+        self.acquire_memory(scan.batch_rows * width * batches)
 
 
 def _filter(batch: pa.RecordBatch, expr: Any) -> pa.RecordBatch:
