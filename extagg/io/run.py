@@ -66,6 +66,7 @@ class FileQuery:
         self._agg: Any = None
         self._streams: list[Any] = []
         self._scan_memory: _ScanMemory | None = None
+        self._tmm: Any = None
 
     def close(self) -> None:
         """Stop the run: close the result streams and the aggregator, which deletes every
@@ -93,6 +94,7 @@ class FileQuery:
         agg = factory(self.by, self.aggs, memory_manager=tmm, spill_dirs=self.spill_dirs)
         m.budget_bytes = tmm.memory_manager.max_memory
         self._agg = agg
+        self._tmm = tmm
         self._scan_memory = _ScanMemory(tmm)
         self._scan_memory.reserve(self.scan, m.budget_bytes)
         try:
@@ -140,7 +142,9 @@ class FileQuery:
         m.num_spill_files = am.num_spill_files
         m.memory_bytes_spilled = am.memory_bytes_spilled
         m.disk_bytes_spilled = am.disk_bytes_spilled
-        m.peak_granted_bytes = max(m.peak_granted_bytes, am.peak_granted_bytes)
+        scan = self._scan_memory.used if self._scan_memory is not None else 0
+        held = self._tmm.memory_used if self._tmm is not None else 0
+        m.peak_granted_bytes = max(m.peak_granted_bytes, am.peak_granted_bytes + scan, held)
         m.wall_time_s = time.perf_counter() - started
         m.peak_rss_bytes = peak_rss()
 
