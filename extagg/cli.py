@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "run"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,5 +75,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     raise AssertionError(f"unhandled command {args.command}")  # pragma: no cover
 
 
+def run() -> None:
+    """The console entry point: ``main()``, then exit with its status.
+
+    After Ctrl-C (status 130) everything the run made is already removed; the process then
+    leaves at once (``os._exit``) instead of tearing down numba, LLVM and Arrow's thread pools,
+    which takes seconds on a loaded machine: "stop" should mean stop.
+    """
+    code = main()
+    if code == 130:
+        import os
+
+        from extagg.spill.tempdir import remove_process_dirs
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        remove_process_dirs()
+        os._exit(130)
+    sys.exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    run()

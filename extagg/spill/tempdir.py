@@ -23,7 +23,7 @@ from pathlib import Path
 from extagg._config import env_size
 from extagg.errors import SpillError
 
-__all__ = ["SpillDirs", "resolve_spill_dirs"]
+__all__ = ["SpillDirs", "remove_process_dirs", "resolve_spill_dirs"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,11 @@ def _process_subdir(base: str) -> str:
 
 @atexit.register
 def _remove_process_dirs() -> None:
+    remove_process_dirs()
+
+
+def remove_process_dirs() -> None:
+    """Remove this process's spill subdirectories (at exit; or before an ``os._exit``)."""
     pid = os.getpid()
     for (owner, _base), path in list(_process_dirs.items()):
         if owner == pid:
