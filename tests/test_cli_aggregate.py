@@ -135,7 +135,7 @@ def test_where_having_and_json_summary(tmp_path, data, capsys):
 
 
 def test_sort_under_a_tiny_budget_uses_runs(tmp_path, capsys):
-    t = table(200_000, keys=60_000, seed=5)
+    t = table(100_000, keys=30_000, seed=5)
     src = tmp_path / "big.parquet"
     pq.write_table(t, src)
     out = tmp_path / "sorted.parquet"
