@@ -116,6 +116,7 @@ class FileQuery:
             schema = agg.schema
             assert schema is not None
         except BaseException:
+            self._scan_memory.close_memory()
             agg.close()
             raise
         m.input_time_s = time.perf_counter() - started
