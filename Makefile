@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test lint format docs plots trace bench bench-columnar clean java faults
+.PHONY: setup demo demo-generic test lint format docs plots trace bench bench-columnar bench-files clean java faults
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "extagg needs Python >= 3.10")'
@@ -19,8 +19,14 @@ setup: $(STAMP)
 java:
 	@bash scripts/ensure-java.sh
 
-## demo: the main job on built-in sample data (spills under a small budget, prints metrics)
+## demo: the main job — `extagg aggregate` on a generated lineitem-like Parquet sample
+##       (4 M rows, cached in .cache/): a Q1-like query and a 1 M-group query that spills
+##       under 32 MiB, with progress, first rows and summaries, both checked against NumPy
 demo: $(STAMP)
+	$(PY) -m extagg demo-files
+
+## demo-generic: the generic engine on generated (key, value) records under a 32 MiB budget
+demo-generic: $(STAMP)
 	$(PY) -m extagg demo
 
 ## test: lint, type check and every test, slow and PySpark ones included
@@ -65,6 +71,10 @@ bench: $(STAMP)
 bench-columnar: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) benchmarks/bench_columnar.py
+
+bench-files: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[bench]'
+	$(PY) benchmarks/bench_files.py
 
 clean:
 	rm -rf $(VENV) build site *.egg-info .pytest_cache .ruff_cache

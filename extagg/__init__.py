@@ -4,6 +4,7 @@ The public API::
 
     from extagg import Aggregator, ExternalAppendOnlyMap        # generic Python records
     from extagg import HashAggregator, aggregate                 # typed columns (numba)
+    from extagg import aggregate_files, run_metrics              # Parquet/CSV/JSON/Arrow files
     from extagg import SpillError, CorruptFileError, MemoryLimitError
 
 Memory management lives in :mod:`extagg.memory`, the state store in :mod:`extagg.state`, the
@@ -36,7 +37,8 @@ if TYPE_CHECKING:
     from extagg.generic.aggregator import Aggregator
     from extagg.generic.external_map import ExternalAppendOnlyMap
     from extagg.hashing import stable_hash
-    from extagg.metrics import SpillMetrics
+    from extagg.io.run import aggregate_files
+    from extagg.metrics import RunMetrics, SpillMetrics, run_metrics
     from extagg.spillable import Spillable
     from extagg.state.errors import (
         CommittedBatchUnavailableError,
@@ -57,6 +59,9 @@ _LAZY = {
     "ExternalAppendOnlyMap": "extagg.generic.external_map",
     "stable_hash": "extagg.hashing",
     "SpillMetrics": "extagg.metrics",
+    "RunMetrics": "extagg.metrics",
+    "run_metrics": "extagg.metrics",
+    "aggregate_files": "extagg.io.run",
     "Spillable": "extagg.spillable",
     **dict.fromkeys(
         (
@@ -85,6 +90,7 @@ __all__ = [
     "HashAggregator",
     "MemoryLimitError",
     "SpillError",
+    "RunMetrics",
     "SpillMetrics",
     "Spillable",
     "StateFileNotFoundError",
@@ -97,6 +103,8 @@ __all__ = [
     "UnexpectedVersionError",
     "UsageError",
     "aggregate",
+    "aggregate_files",
+    "run_metrics",
     "stable_hash",
 ]
 __version__ = "0.1.0"

@@ -1,7 +1,5 @@
 """``python -m extagg``."""
 
-import sys
+from extagg.cli import run
 
-from extagg.cli import main
-
-sys.exit(main())
+run()

@@ -19,6 +19,10 @@ __all__ = [
     "SpillError",
     "SumOverflowError",
     "UsageError",
+    "QueryError",
+    "ExpressionError",
+    "InputError",
+    "OutputError",
 ]
 
 
@@ -146,3 +150,62 @@ class BudgetError(ExtaggError, ValueError):
         super().__init__(message)
         self.budget = budget
         self.minimum = minimum
+
+
+class QueryError(ExtaggError, ValueError):
+    """A request that cannot run as written: unknown column or function, bad option value.
+
+    The command line exits with status 2 on it; ``hint`` is an optional second line (the
+    available columns, the closest match).
+    """
+
+
+class ExpressionError(QueryError):
+    """A ``--where`` / ``--having`` expression that does not parse or names no column.
+
+    ``expression`` is the text, ``position`` the 0-based offset of the offending token; the
+    message shows the expression with a caret under that position.
+    """
+
+    def __init__(self, reason: str, expression: str, position: int) -> None:
+        self.reason = reason
+        self.expression = expression
+        self.position = max(0, min(position, len(expression)))
+        caret = " " * self.position + "^"
+        super().__init__(f"{reason} at position {self.position}:\n  {expression}\n  {caret}")
+
+
+class InputError(ExtaggError, ValueError):
+    """An input file that cannot be read: missing, unreadable, corrupt, or of a conflicting
+    schema. ``path`` names the file, ``row_group`` the Parquet row group when known."""
+
+    def __init__(self, message: str, *, path: str | None = None, row_group: int | None = None):
+        super().__init__(message)
+        self.path = path
+        self.row_group = row_group
+
+
+class OutputError(ExtaggError, OSError):
+    """The result could not be written (disk full, output exists, directory missing).
+
+    ``directory`` names where it was going, ``bytes_needed`` the size of the write that failed.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        directory: str | None = None,
+        bytes_needed: int | None = None,
+        errno: int | None = None,
+    ) -> None:
+        if errno is None:
+            super().__init__(message)
+        else:
+            super().__init__(errno, message)
+        self.message = message
+        self.directory = directory
+        self.bytes_needed = bytes_needed
+
+    def __str__(self) -> str:
+        return self.message

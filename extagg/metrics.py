@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import weakref
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from extagg._config import format_size
 
-__all__ = ["SpillMetrics"]
+__all__ = ["RunMetrics", "SpillMetrics", "register_metrics", "run_metrics"]
 
 
 @dataclass
@@ -89,3 +92,112 @@ class SpillMetrics:
             f"spill {self.spill_time_s:.2f} s, merge {self.merge_time_s:.2f} s "
             f"in {self.merge_passes} pass(es)"
         )
+
+
+@dataclass
+class RunMetrics:
+    """What one file aggregation (``aggregate_files`` / ``extagg aggregate``) did and cost.
+
+    Live while the run goes on (progress callbacks get this object), final once ``finished``.
+    ``rows_total`` is known for Parquet (after row groups skipped by the filter), ``None``
+    otherwise. ``rss_import_bytes`` is the process RSS when the run started (interpreter and
+    imports), ``rss_fixed_bytes`` the RSS after the first batch was folded (kernels loaded):
+    the fixed cost; the rest of ``peak_rss_bytes`` is data.
+    """
+
+    rows_read: int = 0
+    rows_total: int | None = None
+    bytes_read: int = 0
+    bytes_total: int = 0
+    files: int = 0
+    row_groups_read: int = 0
+    row_groups_total: int = 0
+    groups: int = 0
+    rows_out: int = 0
+    spill_count: int = 0
+    num_spill_files: int = 0
+    memory_bytes_spilled: int = 0
+    disk_bytes_spilled: int = 0
+    sort_runs: int = 0
+    peak_granted_bytes: int = 0
+    budget_bytes: int = 0
+    wall_time_s: float = 0.0
+    input_time_s: float = 0.0
+    rss_import_bytes: int = 0
+    rss_fixed_bytes: int = 0
+    peak_rss_bytes: int = 0
+    finished: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows_read / self.wall_time_s if self.wall_time_s > 0 else 0.0
+
+    def summary(self) -> str:
+        """The end-of-run paragraph the CLI prints on stderr."""
+        fixed = min(self.rss_fixed_bytes, self.peak_rss_bytes)
+        data = self.peak_rss_bytes - fixed
+        rg = (
+            f" ({self.row_groups_read} of {self.row_groups_total} Parquet row groups)"
+            if self.row_groups_total
+            else ""
+        )
+        return (
+            f"Read {self.rows_read:,} rows ({format_size(self.bytes_read)} in {self.files} "
+            f"file(s){rg}) into {self.groups:,} groups ({self.rows_out:,} rows out) in "
+            f"{self.wall_time_s:.2f} s, {self.rows_per_s:,.0f} rows/s. Spilled "
+            f"{self.spill_count} time(s): {format_size(self.memory_bytes_spilled)} in memory, "
+            f"{format_size(self.disk_bytes_spilled)} on disk. Peak memory granted "
+            f"{format_size(self.peak_granted_bytes)} of a {format_size(self.budget_bytes)} "
+            f"budget; peak RSS {format_size(self.peak_rss_bytes)} = fixed "
+            f"{format_size(fixed)} (interpreter, imports, kernels, first batch; "
+            f"{format_size(self.rss_import_bytes)} before the first batch) + data "
+            f"{format_size(data)}."
+        )
+
+
+_METRICS: weakref.WeakKeyDictionary[Any, RunMetrics] = weakref.WeakKeyDictionary()
+_META_KEY = b"extagg.metrics"
+
+
+def register_metrics(result: Any, metrics: RunMetrics) -> None:
+    """Make ``metrics`` reachable from ``result`` through :func:`run_metrics`."""
+    _METRICS[result] = metrics
+
+
+def metrics_metadata(metrics: RunMetrics | SpillMetrics) -> dict[bytes, bytes]:
+    """Schema metadata carrying ``metrics`` (how a returned ``pyarrow.Table`` keeps them)."""
+    kind = "run" if isinstance(metrics, RunMetrics) else "spill"
+    return {_META_KEY: json.dumps({"kind": kind, **metrics.as_dict()}).encode()}
+
+
+def run_metrics(result: Any) -> RunMetrics | SpillMetrics:
+    """The metrics of what ``aggregate`` / ``aggregate_files`` returned.
+
+    A ``pyarrow.RecordBatchReader`` from ``aggregate_files`` → its live :class:`RunMetrics`
+    (final after the reader is exhausted); a ``pyarrow.Table`` from ``aggregate`` → the
+    :class:`SpillMetrics` stored in its schema metadata (``b"extagg.metrics"``, JSON);
+    a ``RunMetrics`` (what ``aggregate_files(..., output=...)`` returns) → itself.
+    """
+    if isinstance(result, (RunMetrics, SpillMetrics)):
+        return result
+    try:
+        found = _METRICS.get(result)
+    except TypeError:
+        found = None
+    if found is not None:
+        return found
+    schema = getattr(result, "schema", None)
+    meta = getattr(schema, "metadata", None) or {}
+    if _META_KEY in meta:
+        data = json.loads(meta[_META_KEY])
+        kind = data.pop("kind", "spill")
+        cls = RunMetrics if kind == "run" else SpillMetrics
+        names = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in names})
+    raise ValueError(
+        f"{type(result).__name__} carries no extagg metrics (only what aggregate() and "
+        "aggregate_files() return does)"
+    )

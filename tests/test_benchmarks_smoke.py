@@ -125,3 +125,24 @@ def test_ceiling_rejects_what_it_cannot_do() -> None:
         ceiling_aggregate([k], [v], ["mean"])
     with pytest.raises(ValueError, match="same length"):
         ceiling_aggregate([k], [v[:3]], ["sum"])
+
+
+def test_files_quick_runs_and_answers_match_duckdb(tmp_path: Path) -> None:
+    pytest.importorskip("duckdb")
+    if not (Path(sys.executable).parent / "tpchgen-cli").exists():
+        pytest.skip("tpchgen-cli (the bench extra) is not installed")
+    payload = _run(
+        "bench_files.py", tmp_path, "--formats", "parquet", "--queries", "q1", "orderkey",
+        "--engines", "extagg", "duckdb",
+    )  # fmt: skip
+    summaries = {
+        (r["case"]["query"], r["case"]["engine"], r["case"]["memory"] is None): r["summary"]
+        for r in payload["results"]
+    }
+    assert all("error" not in s for s in summaries.values()), summaries
+    for query in ("q1", "orderkey"):
+        mine, duck = summaries[(query, "extagg", True)], summaries[(query, "duckdb", True)]
+        assert mine["groups"] == duck["groups"]
+        for name, value in duck["sums"].items():
+            rel = 1e-5 if name.startswith("avg") else 1e-9  # decimal means round at scale + 4
+            assert mine["sums"][name] == pytest.approx(value, rel=rel), (query, name)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -10,6 +10,7 @@ import pyarrow as pa
 from extagg.columnar.columns import dataset_batches, is_batch, is_dataset
 from extagg.columnar.distinct import DistinctAggregator, has_distinct
 from extagg.columnar.hash_aggregator import HashAggregator
+from extagg.metrics import SpillMetrics, metrics_metadata
 
 __all__ = ["aggregate", "make_aggregator"]
 
@@ -30,6 +31,8 @@ def aggregate(
     source: Any,
     keys: str | Sequence[str],
     aggs: Mapping[str, tuple[str, str]],
+    *,
+    progress: bool | Callable[[SpillMetrics], None] = False,
     **options: Any,
 ) -> pa.Table:
     """Group ``source`` by ``keys`` and compute ``aggs`` in one call; returns a ``pyarrow.Table``.
@@ -47,12 +50,17 @@ def aggregate(
     **options
         Passed to :class:`~extagg.HashAggregator` (``memory``, ``memory_manager``,
         ``spill_dirs``, ...); ``count_distinct`` aggregates run a two-level group-by beside it.
+    progress
+        ``True`` shows a bar of rows folded on stderr (on a terminal; ``EXTAGG_PROGRESS=0`` turns
+        it off); a callable is called after every batch with the live
+        :class:`~extagg.metrics.SpillMetrics`.
 
     Returns
     -------
     pyarrow.Table
         Key columns then one column per aggregate, rows in key-hash order. With no input at all
-        the key columns have Arrow type ``null``.
+        the key columns have Arrow type ``null``. The run's metrics travel with the table in its
+        schema metadata: ``extagg.run_metrics(table)``.
 
     Raises
     ------
@@ -73,6 +81,11 @@ def aggregate(
     >>> sorted(t.to_pylist(), key=lambda r: r["k"])
     [{'k': 'a', 's': 4}, {'k': 'b', 's': 2}]
     """
+    bar = None
+    if progress is True:
+        from extagg._progress import progress_bar, progress_enabled
+
+        bar = progress_bar(enabled=progress_enabled(True), unit=" rows", unit_scale=True)
     with make_aggregator(keys, aggs, **options) as agg:
         batches: Iterable[Any]
         if is_batch(source):
@@ -82,12 +95,24 @@ def aggregate(
         else:
             batches = source
         for batch in batches:
+            before = agg.metrics.records_read
             agg.update(batch)
+            if bar is not None:
+                bar.update(agg.metrics.records_read - before)
+            elif callable(progress):
+                progress(agg.metrics)
+        if bar is not None:
+            bar.close()
         out = list(agg.results())
         schema = agg.schema
+        meta = metrics_metadata(agg.metrics)
+    if schema is not None:
+        schema = schema.with_metadata(meta)
     if schema is None and out:  # a global aggregate of no input: its one row
-        return pa.Table.from_batches(out)
+        table = pa.Table.from_batches(out)
+        return table.replace_schema_metadata(meta)
     if schema is None:
         names = [keys] if isinstance(keys, str) else list(keys)
-        return pa.table({name: pa.array([], type=pa.null()) for name in [*names, *aggs]})
+        empty = pa.table({name: pa.array([], type=pa.null()) for name in [*names, *aggs]})
+        return empty.replace_schema_metadata(meta)
     return pa.Table.from_batches(out, schema=schema)

@@ -49,6 +49,7 @@ __all__ = [
     "forget_run_id",
     "process_dir_name",
     "remove_orphans",
+    "remove_process_dirs",
 ]
 
 log = logging.getLogger(__name__)
@@ -224,6 +225,11 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 @atexit.register
 def _remove_process_dirs() -> None:
+    remove_process_dirs()
+
+
+def remove_process_dirs() -> None:
+    """Remove this process's spill subdirectories (at exit; or before an ``os._exit``)."""
     pid = os.getpid()
     for (owner, _base), path in list(_process_dirs.items()):
         if owner == pid:

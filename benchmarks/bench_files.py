@@ -1,0 +1,300 @@
+"""File to result: ``extagg.aggregate_files`` vs DuckDB vs Polars (streaming) on TPC-H lineitem.
+
+Inputs: ``lineitem`` at scale factor 1 (``--sf 10`` too, optional) from ``tpchgen-cli``, as one
+Parquet file and one CSV file, cached in ``benchmarks/data/``. Queries:
+
+- ``q1``: TPC-H Q1's grouping and sums/means (without its computed columns):
+  ``GROUP BY l_returnflag, l_linestatus WHERE l_shipdate <= date '1998-09-02'``;
+- ``orderkey``: ``GROUP BY l_orderkey`` (1.5 M groups per SF) with count and ``sum(l_quantity)``;
+- ``partsupp``: ``GROUP BY l_partkey, l_suppkey`` with ``count_distinct(l_orderkey)``.
+
+Each at no limit and at 1/8 of the peak memory extagg's own no-limit run was granted (DuckDB's
+``memory_limit`` gets the same; Polars has no such knob and runs its streaming engine). Every
+run is a fresh process (``_harness.run_case``): the child imports its engine, resets the
+peak-RSS counter, runs the query from the file to the last result batch, and reports the time,
+the peak RSS above that baseline and the process's whole-life peak, and a checksum of the answer
+(group count, column sums) that the parent compares with DuckDB's to 1e-9 relative. Threads:
+``--threads`` (default 1) for all three (DuckDB ``threads``, ``POLARS_MAX_THREADS``, Arrow's
+CPU and I/O pools for extagg's scan). Usage::
+
+    python benchmarks/bench_files.py [--sf 1] [--sf10] [--runs 3] [--quick] [--no-readme]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _harness import (
+    DATA_DIR,
+    MIB,
+    add_common_arguments,
+    checkpoint_file,
+    current_rss,
+    format_bytes,
+    format_range,
+    machine_info,
+    markdown_table,
+    peak_rss,
+    reset_peak_rss,
+    run_case,
+    run_guarded,
+    update_readme,
+    write_results,
+)
+
+SCRIPT = str(Path(__file__).resolve())
+CUTOFF = "1998-09-02"
+QUERIES: dict[str, dict[str, Any]] = {
+    "q1": {
+        "by": ["l_returnflag", "l_linestatus"],
+        "aggs": {
+            "sum_qty": ("l_quantity", "sum"), "sum_base_price": ("l_extendedprice", "sum"),
+            "avg_qty": ("l_quantity", "mean"), "avg_price": ("l_extendedprice", "mean"),
+            "avg_disc": ("l_discount", "mean"), "count_order": ("*", "count"),
+        },
+        "where": f"l_shipdate <= date '{CUTOFF}'",
+    },
+    "orderkey": {
+        "by": ["l_orderkey"],
+        "aggs": {"n": ("*", "count"), "qty": ("l_quantity", "sum")},
+        "where": None,
+    },
+    "partsupp": {
+        "by": ["l_partkey", "l_suppkey"],
+        "aggs": {"orders": ("l_orderkey", "count_distinct")},
+        "where": None,
+    },
+}  # fmt: skip
+SQL_FUNC = {"sum": "sum({})", "mean": "avg({})", "count": "count(*)",
+            "count_distinct": "count(DISTINCT {})"}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------- data
+
+
+def dataset(sf: float, fmt: str, quick: bool) -> Path:
+    """lineitem at scale ``sf`` as one ``fmt`` file (generated once with tpchgen-cli)."""
+    name = f"tpch-sf{sf:g}"
+    out = DATA_DIR / name / f"lineitem.{fmt}"
+    if out.exists():
+        return out
+    exe = shutil.which("tpchgen-cli") or str(Path(sys.executable).parent / "tpchgen-cli")
+    tmp = Path(tempfile.mkdtemp(dir=DATA_DIR.parent if DATA_DIR.parent.exists() else None))
+    try:
+        cmd = [exe, fmt, "-s", f"{sf:g}", "--tables", "lineitem", "--output-dir", str(tmp)]
+        print(f"generating {out} ...", flush=True)
+        subprocess.run(cmd, check=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp / f"lineitem.{fmt}", out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+# ---------------------------------------------------------------------------- child
+
+
+def _checksum(table: Any) -> dict[str, Any]:
+    """Group count and the float sum of every numeric column (answers compared across engines)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    sums = {}
+    for name in table.column_names:
+        col = table.column(name)
+        t = col.type
+        if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
+            sums[name] = float(pc.sum(col.cast(pa.float64())).as_py() or 0.0)
+    return {"groups": table.num_rows, "sums": sums}
+
+
+def _threads(n: int) -> None:
+    os.environ["POLARS_MAX_THREADS"] = str(n)
+    import pyarrow as pa
+
+    pa.set_cpu_count(n)
+    pa.set_io_thread_count(max(1, n))
+
+
+def child(case: dict[str, Any]) -> dict[str, Any]:
+    _threads(case["threads"])
+    q = QUERIES[case["query"]]
+    path, fmt, engine, memory = case["path"], case["format"], case["engine"], case["memory"]
+    if engine == "extagg":
+        import extagg
+
+        def run() -> tuple[Any, dict[str, Any]]:
+            reader = extagg.aggregate_files(
+                path, by=q["by"], aggs=q["aggs"], where=q["where"], memory=memory
+            )
+            table = reader.read_all()
+            m = extagg.run_metrics(reader)
+            return table, {"spills": m.spill_count, "peak_granted": m.peak_granted_bytes,
+                           "disk_spilled": m.disk_bytes_spilled}  # fmt: skip
+    elif engine == "duckdb":
+        import duckdb
+
+        con = duckdb.connect()
+        con.execute(f"SET threads={case['threads']}")
+        con.execute(f"SET temp_directory='{tempfile.gettempdir()}/extagg-bench-duckdb'")
+        if memory:
+            con.execute(f"SET memory_limit='{memory // MIB}MiB'")
+        src = f"read_parquet('{path}')" if fmt == "parquet" else f"read_csv('{path}')"
+        cols = [SQL_FUNC[f].format(c) + f" AS {n}" for n, (c, f) in q["aggs"].items()]
+        where = "" if not q["where"] else f" WHERE {q['where']}"
+        keys = ", ".join(q["by"])
+        sql = f"SELECT {keys}, {', '.join(cols)} FROM {src}{where} GROUP BY {keys}"
+
+        def run() -> tuple[Any, dict[str, Any]]:
+            res = con.execute(sql)
+            table = res.to_arrow_table() if hasattr(res, "to_arrow_table") else res.arrow()
+            return table, {}
+    else:
+        import polars as pl
+
+        def run() -> tuple[Any, dict[str, Any]]:
+            lf = (
+                pl.scan_parquet(path)
+                if fmt == "parquet"
+                else pl.scan_csv(path, try_parse_dates=True)
+            )
+            if q["where"]:
+                lf = lf.filter(pl.col("l_shipdate") <= pl.date(1998, 9, 2))
+            exprs = []
+            for n, (c, f) in q["aggs"].items():
+                e = {"sum": lambda c: pl.col(c).sum(), "mean": lambda c: pl.col(c).mean(),
+                     "count": lambda c: pl.len(), "count_distinct": lambda c: pl.col(c).n_unique()}[f](c)  # fmt: skip
+                exprs.append(e.alias(n))
+            out = lf.group_by(q["by"]).agg(exprs).collect(engine="streaming")
+            return out.to_arrow(), {}
+
+    reset_peak_rss()
+    baseline = current_rss()
+    started = time.perf_counter()
+    table, extra = run()
+    seconds = time.perf_counter() - started
+    return {
+        "seconds": seconds,
+        "peak_above_baseline": max(0, peak_rss() - baseline),
+        "baseline_rss": baseline,
+        **_checksum(table),
+        **extra,
+    }
+
+
+# ---------------------------------------------------------------------------- parent
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Same group count; sums and counts to 1e-9 relative, means to 1e-5 (extagg's mean of a
+    decimal is a decimal rounded to scale + 4, as Spark's; DuckDB's is a double)."""
+    if a.get("groups") != b.get("groups"):
+        return False
+    for name, value in (b.get("sums") or {}).items():
+        other = (a.get("sums") or {}).get(name)
+        tol = 1e-5 if name.startswith("avg") else 1e-9
+        if other is None or abs(other - value) > tol * max(1.0, abs(value)):
+            return False
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_common_arguments(parser)
+    parser.add_argument("--sf", type=float, default=1.0, help="TPC-H scale factor (default 1)")
+    parser.add_argument("--sf10", action="store_true", help="also run scale factor 10")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--formats", nargs="+", default=["parquet", "csv"])
+    parser.add_argument("--queries", nargs="+", default=list(QUERIES))
+    parser.add_argument("--engines", nargs="+", default=["extagg", "duckdb", "polars"])
+    parser.add_argument("--timeout", type=float, default=1800)
+    args = parser.parse_args()
+    if args.child:
+        run_guarded(lambda: child(json.loads(args.child)))
+        return
+    quick = args.quick
+    runs = args.runs or (1 if quick else 3)
+    warmup = args.warmup if args.warmup is not None else (0 if quick else 1)
+    sfs = [0.01] if quick else [args.sf, *([10.0] if args.sf10 else [])]
+    name = "files-quick" if quick else "files"
+    checkpoint = checkpoint_file(args, name)
+    info = machine_info()
+    load_start = os.getloadavg()
+    results = []
+    rows = []
+    for sf in sfs:
+        for fmt in args.formats:
+            path = dataset(sf, fmt, quick)
+            for query in args.queries:
+                limits: list[tuple[str, int | None]] = [("none", None)]
+                base_case = {"query": query, "format": fmt, "path": str(path), "sf": sf,
+                             "threads": args.threads}  # fmt: skip
+                per_limit: dict[str, dict[str, Any]] = {}
+                for label, _ in [("none", None), ("1/8", None)]:
+                    if label == "1/8":
+                        granted = per_limit.get("none", {}).get("extagg", {}).get("peak_granted")
+                        if not granted:
+                            continue
+                        limits.append(("1/8", max(8 * MIB, int(granted[0]) // 8)))
+                    memory = dict(limits)[label]
+                    for engine in args.engines:
+                        if engine == "polars" and label != "none":
+                            continue  # no memory limit to give it
+                        case = {**base_case, "engine": engine, "memory": memory}
+                        print(f"sf{sf:g} {fmt} {query} limit={label} {engine}", flush=True)
+                        res = run_case(SCRIPT, case, runs=runs, warmup=warmup,
+                                       timeout=args.timeout, log=print, checkpoint=checkpoint)  # fmt: skip
+                        results.append(res)
+                        per_limit.setdefault(label, {})[engine] = res["summary"]
+                    duck = per_limit.get(label, {}).get("duckdb")
+                    for engine, summ in per_limit.get(label, {}).items():
+                        if "error" in summ:
+                            rows.append([f"{sf:g}", fmt, query, label, engine, summ["error"][:60],
+                                         "", "", "", "", ""])  # fmt: skip
+                            continue
+                        same = "—" if duck is None or "error" in duck or engine == "duckdb" else (
+                            "yes" if _same(summ, duck) else "**no**"
+                        )  # fmt: skip
+                        ratio = (
+                            f"{summ['seconds'][0] / duck['seconds'][0]:.2f}×"
+                            if duck and "error" not in duck else ""
+                        )  # fmt: skip
+                        rows.append([
+                            f"{sf:g}", fmt, query,
+                            label if memory is None else f"{label} ({format_bytes(memory)})",
+                            engine, format_range(summ["seconds"], unit=" s"), ratio,
+                            format_bytes(summ["peak_above_baseline"][0]),
+                            format_bytes(summ["process_peak_rss"][0]),
+                            str(summ.get("spills", ["—"])[0] if isinstance(summ.get("spills"), list) else "—"),
+                            same,
+                        ])  # fmt: skip
+    headers = ["SF", "format", "query", "limit", "engine", "time (median, min–max)", "vs DuckDB",
+               "peak RSS above baseline", "process peak RSS", "spills", "same answer as DuckDB"]  # fmt: skip
+    load_end = os.getloadavg()
+    text = (
+        f"Measured with {args.threads} thread(s) per engine; {runs} timed (+{warmup} warm-up) per case, fresh "
+        f"process each. Load average at start {load_start[0]:.1f}, at end {load_end[0]:.1f} "
+        "(2 cores, shared with other engineers' work: absolute times are noisy).\n\n"
+        + markdown_table(headers, rows)
+    )
+    print(text)
+    payload = {"machine": info, "results": results, "load": [load_start, load_end]}
+    write_results(name, payload, text, args.out)
+    if not quick and not args.no_readme:
+        update_readme("bench_files", text)
+    checkpoint.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+"""``extagg aggregate``: group the rows of Parquet/CSV/JSON Lines/Arrow files from the shell.
+
+Exit status: 0 success; 2 usage error (unknown column or function, bad size, bad expression,
+bad option); 1 runtime failure (unreadable input, disk full); 130 interrupted (Ctrl-C), after
+removing spill files and any partial output. Progress goes to stderr (on a terminal, unless
+``--quiet`` or ``EXTAGG_PROGRESS=0``), then a one-paragraph summary; results go to ``-o``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["add_aggregate_command", "run_aggregate"]
+
+SHOW_ROWS = 20
+_AGG = re.compile(
+    r"^\s*(?:(?P<name>[^=]+?)\s*=\s*)?(?P<func>[A-Za-z_]\w*)\s*\((?P<col>[^)]*)\)\s*$"
+)
+
+
+def add_aggregate_command(sub: Any) -> None:
+    """Register ``aggregate`` on the ``extagg`` parser's subcommands."""
+    p = sub.add_parser(
+        "aggregate",
+        help="group the rows of Parquet/CSV/JSON Lines/Arrow files (larger than memory)",
+        description="Group the rows of files by keys and compute aggregates, in bounded memory. "
+        "Results come in hash order of the keys unless --sort is given.",
+    )
+    p.add_argument("paths", nargs="+", help="files, globs or directories (hive key=value dirs)")
+    p.add_argument("--by", action="append", default=[], help="key columns, comma separated")
+    p.add_argument(
+        "--agg",
+        action="append",
+        default=[],
+        metavar="NAME=FUNC(COL)",
+        help="an aggregate, e.g. 'n=count(*)', 'total=sum(amount)' (repeatable)",
+    )
+    p.add_argument("--where", help="filter on input columns, e.g. \"d <= date '1998-09-02'\"")
+    p.add_argument("--having", help="filter on result columns, e.g. 'n > 10'")
+    p.add_argument("--memory", help="memory budget, e.g. 256m, 2g (default: EXTAGG_MEMORY/auto)")
+    p.add_argument("-o", "--output", help="output file (.parquet .csv .jsonl .arrow), - for CSV")
+    p.add_argument("--output-format", help="parquet, csv, jsonl or ipc (default: extension)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    p.add_argument("--sort", action="store_true", help="sort results by the keys")
+    p.add_argument("--format", help="input format: parquet, csv, tsv, json, ipc")
+    p.add_argument("--delimiter", help="CSV field delimiter (default , or tab for .tsv)")
+    p.add_argument("--column-types", help="CSV column types, e.g. 'id=int64,price=decimal(15,2)'")
+    p.add_argument("--schema", help="all CSV columns in order, e.g. 'id:int64,name:string'")
+    p.add_argument("--no-header", action="store_true", help="CSV files have no header line")
+    p.add_argument("--spill-dir", action="append", dest="spill_dirs", help="spill directory")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar, no summary")
+    p.add_argument("--json-summary", metavar="FILE", help="write the run's metrics as JSON")
+    p.add_argument("--show", type=int, default=SHOW_ROWS, help="rows shown without -o")
+
+
+def parse_agg_specs(specs: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """``['n=count(*)', 'sum(x)']`` → ``{"n": ("*", "count"), "sum_x": ("x", "sum")}``."""
+    from extagg.errors import QueryError
+
+    out: dict[str, tuple[str, str]] = {}
+    for spec in specs:
+        m = _AGG.match(spec)
+        if m is None:
+            raise QueryError(
+                f"cannot read --agg {spec!r}; write NAME=FUNC(COLUMN), e.g. 'n=count(*)' or "
+                "'total=sum(amount)'"
+            )
+        func, col = m.group("func"), m.group("col").strip().strip('"`')
+        name = m.group("name") or (f"{func}" if col == "*" else f"{func}_{col}")
+        if not col:
+            raise QueryError(f"--agg {spec!r} names no column (use count(*) to count rows)")
+        if name in out:
+            raise QueryError(f"--agg names {name!r} twice")
+        out[name.strip()] = (col, func)
+    return out
+
+
+def _schema(text: str | None) -> Any:
+    if not text:
+        return None
+    import pyarrow as pa
+
+    from extagg.io.inputs import parse_column_types
+
+    return pa.schema(list(parse_column_types(text).items()))
+
+
+def run_aggregate(args: argparse.Namespace) -> int:
+    """Run ``extagg aggregate``; returns the exit status."""
+    from extagg.errors import QueryError
+
+    query = None
+    try:
+        by = [k.strip() for group in args.by for k in group.split(",") if k.strip()]
+        if not args.agg:
+            raise QueryError("give at least one --agg, e.g. --agg 'n=count(*)'")
+        aggs = parse_agg_specs(args.agg)
+        from extagg.io.run import plan_query
+
+        output = args.output
+        fmt = None
+        if output is not None:
+            from extagg.io.output import output_format
+
+            fmt = output_format(output, args.output_format)
+            if output != "-" and os.path.exists(output) and not args.overwrite:
+                raise QueryError(f"output {output} exists; pass --overwrite to replace it")
+        query = plan_query(
+            args.paths, by=by, aggs=aggs, where=args.where, having=args.having,
+            memory=args.memory, spill_dirs=args.spill_dirs, sort=args.sort, format=args.format,
+            delimiter=args.delimiter, column_types=_column_types(args.column_types),
+            schema=_schema(args.schema), header=not args.no_header,
+        )  # fmt: skip
+        _execute(query, args, output, fmt)
+    except QueryError as exc:
+        _close(query)
+        print(f"extagg aggregate: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        _close(query)
+        print("extagg aggregate: interrupted; spill files and partial output removed",
+              file=sys.stderr)  # fmt: skip
+        return 130
+    except (ValueError, TypeError, OSError, MemoryError) as exc:  # runtime: input, disk, budget
+        _close(query)
+        print(f"extagg aggregate: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _column_types(text: str | None) -> Any:
+    if not text:
+        return None
+    from extagg.io.inputs import parse_column_types
+
+    return parse_column_types(text)
+
+
+def _close(query: Any) -> None:
+    if query is not None:
+        query.close()
+
+
+def _execute(query: Any, args: argparse.Namespace, output: str | None, fmt: str | None) -> None:
+    from extagg._progress import progress_bar, progress_enabled
+    from extagg.io.run import bar_options, make_bar_callback
+
+    show_bar = not args.quiet and progress_enabled(True)
+    bar = progress_bar(enabled=show_bar, leave=False, **bar_options(query.metrics))
+    try:
+        reader = query.run(make_bar_callback(bar) if show_bar else None)
+        if output is not None:
+            from extagg.io.output import ResultWriter
+
+            assert fmt is not None
+            with ResultWriter(output, fmt, reader.schema, overwrite=args.overwrite) as writer:
+                for batch in reader:
+                    writer.write(batch)
+            if output == "-":
+                sys.stdout.flush()
+        else:
+            bar.close()
+            _print_table(reader, args.show)
+    finally:
+        bar.close()
+    m = query.metrics
+    if not args.quiet:
+        print(m.summary(), file=sys.stderr)
+    if args.json_summary:
+        info = {"paths": list(args.paths), "output": output, **m.as_dict()}
+        with open(args.json_summary, "w", encoding="utf-8") as f:
+            json.dump(info, f, indent=2)
+            f.write("\n")
+
+
+def _print_table(reader: Any, limit: int) -> None:
+    """The first ``limit`` rows as an aligned table, then the row count; reads all batches."""
+    import pyarrow as pa
+
+    shown: list[Any] = []
+    have = 0
+    total = 0
+    for batch in reader:
+        total += batch.num_rows
+        if have < limit:
+            part = batch.slice(0, limit - have)
+            shown.append(part)
+            have += part.num_rows
+    table = pa.Table.from_batches(shown, schema=reader.schema)
+    names = table.column_names
+    cols = [[_cell(v) for v in table.column(n).to_pylist()] for n in names]
+    numeric = [
+        pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
+        for t in table.schema.types
+    ]
+    widths = [max([len(n), *(len(c) for c in col)]) for n, col in zip(names, cols)]
+    out = sys.stdout
+    out.write("  ".join(n.rjust(w) if r else n.ljust(w) for n, w, r in zip(names, widths, numeric)))
+    out.write("\n")
+    out.write("  ".join("-" * w for w in widths) + "\n")
+    for i in range(table.num_rows):
+        cells = (c[i].rjust(w) if r else c[i].ljust(w) for c, w, r in zip(cols, widths, numeric))
+        out.write("  ".join(cells).rstrip() + "\n")
+    more = f" (first {table.num_rows} shown; -o FILE writes all)" if total > table.num_rows else ""
+    out.write(f"{total:,} row(s){more}\n")
+    out.flush()
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, float):
+        return f"{value:.6g}" if abs(value) < 1e15 else f"{value:.6e}"
+    return str(value)

@@ -1,0 +1,497 @@
+"""Input files as a stream of record batches, through ``pyarrow.dataset``.
+
+:func:`open_input` resolves paths, globs and directories (hive-partitioned folders become
+columns), picks the format from the extension (``.parquet``, ``.csv``/``.tsv``, ``.jsonl``,
+``.arrow``/``.feather``; ``.gz``/``.zst``/``.bz2`` text is decompressed while read) or from
+``format``, unifies the schemas of the files over the columns the query needs (missing columns
+read as nulls, numbers widened) and returns an :class:`InputScan`. Its :meth:`InputScan.batches`
+reads only the needed columns, pushes the filter into the scan (Parquet row groups whose
+statistics exclude it are never read) and never holds more than a few batches.
+"""
+
+from __future__ import annotations
+
+import difflib
+import glob
+import logging
+import os
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+
+from extagg.errors import InputError, QueryError
+
+__all__ = ["InputScan", "ScanProgress", "open_input", "parse_type", "row_bytes", "FORMATS"]
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("parquet", "csv", "tsv", "json", "ipc")
+_COMPRESSED = (".gz", ".zst", ".zstd", ".bz2")
+_EXT = {
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".tab": "tsv",
+    ".txt": "csv",
+    ".jsonl": "json",
+    ".ndjson": "json",
+    ".json": "json",
+    ".arrow": "ipc",
+    ".ipc": "ipc",
+    ".feather": "ipc",
+    ".arrows": "ipc",
+}
+_LOCAL = pafs.LocalFileSystem()
+_HIVE = re.compile(r"^([^=/]+)=([^/]*)$")
+
+
+@dataclass
+class ScanProgress:
+    """What has been read so far (updated while :meth:`InputScan.batches` runs)."""
+
+    rows: int = 0
+    bytes: int = 0
+    files_done: int = 0
+    row_groups_read: int = 0
+
+
+@dataclass
+class InputScan:
+    """The resolved input: files, format, unified schema, and the scan to run."""
+
+    files: list[str]
+    format: str
+    schema: pa.Schema
+    columns: list[str]
+    filter: Any
+    total_bytes: int
+    total_rows: int | None  # known for Parquet (after row-group pruning)
+    row_groups_total: int
+    row_groups_selected: int
+    batch_rows: int = 65_536
+    readahead: int = 2  # batches Arrow decodes ahead of the one being folded
+    progress: ScanProgress = field(default_factory=ScanProgress)
+    _parts: list[tuple[str, Any, ds.FileFormat, dict[str, Any]]] = field(default_factory=list)
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        """The needed columns of every row the filter keeps, a batch at a time."""
+        for path, dataset, fmt, opts in self._parts:
+            size = _size(path)
+            try:
+                if "zstd" in opts:
+                    file_format, part_schema = opts["zstd"]
+                    it = _zstd_batches(
+                        path, fmt, file_format, part_schema, self.columns, self.filter
+                    )
+                else:
+                    it = dataset.to_batches(
+                    columns=self.columns, filter=self.filter, batch_size=self.batch_rows,
+                        batch_readahead=self.readahead, fragment_readahead=1, use_threads=True,
+                    )  # fmt: skip
+                for batch in it:
+                    if batch.num_rows:
+                        self.progress.rows += batch.num_rows
+                        yield batch
+            except (pa.ArrowInvalid, pa.ArrowIOError, pa.ArrowNotImplementedError, OSError) as exc:
+                raise self._read_error(path, dataset, fmt, exc) from exc
+            self.progress.files_done += 1
+            self.progress.bytes += size
+            if fmt == "parquet":
+                self.progress.row_groups_read += opts.get("row_groups", 0)
+
+    def _read_error(self, path: str, dataset: Any, fmt: str, exc: Exception) -> InputError:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if fmt == "parquet":  # find the row group that fails: slow, but only on this path
+            for frag in dataset.get_fragments():
+                try:
+                    frag.to_table(columns=self.columns, filter=self.filter, schema=self.schema)
+                except Exception:
+                    rg = frag.row_groups[0].id if frag.row_groups else None
+                    where = "" if rg is None else f", row group {rg}"
+                    return InputError(
+                        f"cannot read {path}{where}: {reason}", path=path, row_group=rg
+                    )
+        hint = ""
+        if fmt in ("csv", "tsv") and "conversion" in reason.lower():
+            hint = " (the type was inferred from the first block; give it with --column-types)"
+        return InputError(f"cannot read {path}: {reason}{hint}", path=path)
+
+
+def _is_zstd(path: str) -> bool:
+    return path.lower().endswith((".zst", ".zstd"))
+
+
+def _zstd_reader(path: str, fmt: str, file_format: Any) -> Any:
+    """A streaming reader of a ``.zst`` text file: Arrow's dataset layer detects only
+    ``.gz``/``.bz2`` from the extension, so these are decompressed here, block by block."""
+    stream = pa.CompressedInputStream(_LOCAL.open_input_stream(path, compression=None), "zstd")
+    if fmt == "json":
+        import pyarrow.json as pajson
+
+        return pajson.open_json(stream)
+    import pyarrow.csv as pacsv
+
+    opts = file_format.default_fragment_scan_options
+    return pacsv.open_csv(
+        stream, read_options=opts.read_options, parse_options=file_format.parse_options,
+        convert_options=opts.convert_options,
+    )  # fmt: skip
+
+
+def _zstd_batches(
+    path: str, fmt: str, file_format: Any, schema: pa.Schema, columns: list[str], filter: Any
+) -> Iterator[pa.RecordBatch]:
+    reader = _zstd_reader(path, fmt, file_format)
+    for batch in reader:
+        table = pa.Table.from_batches([batch])
+        for f in schema:
+            if f.name not in table.column_names:
+                table = table.append_column(f.name, pa.nulls(table.num_rows, f.type))
+        table = table.select(schema.names).cast(schema)
+        if filter is not None:
+            table = table.filter(filter)
+        yield from table.select(columns).to_batches()
+
+
+def row_bytes(schema: pa.Schema) -> int:
+    """A rough decoded width of one row of ``schema`` (variable-width values counted as 32 B)."""
+    total = 0
+    for f in schema:
+        try:
+            total += max(1, f.type.bit_width // 8) + 1
+        except ValueError:  # strings, binaries, nested: offsets plus a guess of the data
+            total += 4 + 32
+    return max(total, 8)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def detect_format(path: str) -> str | None:
+    """The format of ``path`` from its extension (compression suffixes looked through)."""
+    name = path.lower()
+    for suffix in _COMPRESSED:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return _EXT.get(os.path.splitext(name)[1])
+
+
+def _expand(paths: Sequence[str]) -> list[tuple[str, str | None]]:
+    """(file, hive base directory or None) for every path, glob and directory given."""
+    out: list[tuple[str, str | None]] = []
+    for raw in paths:
+        path = os.fspath(raw)
+        if any(ch in path for ch in "*?["):
+            matches = sorted(glob.glob(path, recursive=True))
+            if not matches:
+                raise InputError(f"no file matches {path!r}", path=path)
+            for m in matches:
+                out.extend(_expand([m]) if os.path.isdir(m) else [(m, None)])
+        elif os.path.isdir(path):
+            found = []
+            for root, dirs, files in os.walk(path):
+                dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
+                found += [
+                    os.path.join(root, f)
+                    for f in sorted(files)
+                    if not f.startswith((".", "_")) and not f.endswith(".crc")
+                ]
+            if not found:
+                raise InputError(f"directory {path} holds no data files", path=path)
+            out.extend((f, path) for f in found)
+        elif os.path.exists(path):
+            out.append((path, None))
+        else:
+            raise InputError(f"no such file: {path}", path=path)
+    return out
+
+
+_TYPES = {
+    "int8": pa.int8(), "int16": pa.int16(), "int32": pa.int32(), "int64": pa.int64(),
+    "int": pa.int64(), "bigint": pa.int64(), "uint8": pa.uint8(), "uint16": pa.uint16(),
+    "uint32": pa.uint32(), "uint64": pa.uint64(), "float32": pa.float32(), "float": pa.float32(),
+    "float64": pa.float64(), "double": pa.float64(), "bool": pa.bool_(), "boolean": pa.bool_(),
+    "string": pa.string(), "str": pa.string(), "utf8": pa.string(), "binary": pa.binary(),
+    "large_string": pa.large_string(), "date": pa.date32(), "date32": pa.date32(),
+    "timestamp": pa.timestamp("us"),
+}  # fmt: skip
+
+
+def parse_type(text: str) -> pa.DataType:
+    """An Arrow type from its name: ``int64``, ``string``, ``date32``, ``decimal(15,2)``,
+    ``timestamp[ms]``, ..."""
+    t = text.strip().lower().replace(" ", "")
+    if t in _TYPES:
+        return _TYPES[t]
+    m = re.fullmatch(r"decimal(?:128)?\((\d+),(\d+)\)", t)
+    if m:
+        return pa.decimal128(int(m.group(1)), int(m.group(2)))
+    m = re.fullmatch(r"timestamp\[(s|ms|us|ns)(?:,tz=(.+))?\]", t)
+    if m:
+        return pa.timestamp(m.group(1), tz=m.group(2))
+    raise QueryError(
+        f"unknown column type {text!r}; known: {', '.join(sorted(_TYPES))}, decimal(p,s), "
+        "timestamp[unit]"
+    )
+
+
+def parse_column_types(spec: str | None) -> dict[str, pa.DataType]:
+    """``"a=int64,b=decimal(15,2)"`` (or ``a:int64``) as a dict of Arrow types."""
+    out: dict[str, pa.DataType] = {}
+    if not spec:
+        return out
+    for part in re.split(r",(?![^()]*\))", spec):
+        if not part.strip():
+            continue
+        name, sep, typ = part.partition("=") if "=" in part else part.partition(":")
+        if not sep or not name.strip():
+            raise QueryError(f"column type {part!r} must look like name=type")
+        out[name.strip()] = parse_type(typ)
+    return out
+
+
+def _file_format(fmt: str, options: dict[str, Any], column_names: list[str] | None) -> Any:
+    import pyarrow.csv as pacsv
+
+    if fmt in ("csv", "tsv"):
+        delimiter = options.get("delimiter") or ("\t" if fmt == "tsv" else ",")
+        types = options.get("column_types") or {}
+        read = pacsv.ReadOptions(
+            block_size=options.get("block_size", 1 << 22),
+            column_names=column_names,
+            autogenerate_column_names=False,
+        )
+        convert = pacsv.ConvertOptions(column_types=types, strings_can_be_null=True)
+        parse = pacsv.ParseOptions(delimiter=delimiter)
+        return ds.CsvFileFormat(parse_options=parse, read_options=read, convert_options=convert)
+    if fmt == "json":
+        return ds.JsonFileFormat()
+    if fmt == "ipc":
+        return ds.IpcFileFormat()
+    return ds.ParquetFileFormat()
+
+
+def _closest(name: str, choices: Sequence[str]) -> str:
+    best = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
+    return f"; did you mean {best[0]!r}?" if best else ""
+
+
+def unknown_column(name: str, available: Sequence[str], what: str = "column") -> QueryError:
+    """The usage error for a column that is not there: the available ones and the closest."""
+    return QueryError(
+        f"unknown {what} {name!r}{_closest(name, available)} (available: {', '.join(available)})"
+    )
+
+
+def open_input(
+    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    needed: Sequence[str],
+    *,
+    filter: Any = None,
+    filter_columns: Sequence[str] = (),
+    format: str | None = None,
+    delimiter: str | None = None,
+    column_types: dict[str, pa.DataType] | None = None,
+    schema: pa.Schema | None = None,
+    header: bool = True,
+) -> InputScan:
+    """Resolve ``paths`` and plan a scan of the ``needed`` columns (see the module docstring).
+
+    Raises :class:`~extagg.errors.InputError` (missing files, schemas that cannot be unified,
+    naming both files and the column) and :class:`~extagg.errors.QueryError` (a needed column
+    that no file has, with the closest match).
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [os.fspath(paths)]
+    files = _expand([os.fspath(p) for p in paths])
+    if format is not None:
+        fmt = format.lower()
+        if fmt in ("arrow", "feather"):
+            fmt = "ipc"
+        if fmt in ("jsonl", "ndjson"):
+            fmt = "json"
+        if fmt not in FORMATS:
+            raise QueryError(f"unknown format {format!r}; known: {', '.join(FORMATS)}")
+    else:
+        kinds = {f: detect_format(f) for f, _ in files}
+        unknown = [f for f, k in kinds.items() if k is None]
+        if unknown:
+            raise QueryError(
+                f"cannot tell the format of {unknown[0]} from its extension; give --format "
+                f"({', '.join(FORMATS)})"
+            )
+        found = sorted(set(kinds.values()))  # type: ignore[arg-type]
+        if len(found) > 1:
+            raise QueryError(f"the inputs mix formats {found}; aggregate one format at a time")
+        fmt = found[0]  # type: ignore[assignment]
+    options = {"delimiter": delimiter, "column_types": dict(column_types or {})}
+    names = None
+    if schema is not None:
+        options["column_types"] = {**{f.name: f.type for f in schema}, **options["column_types"]}
+        if not header:
+            names = schema.names
+    elif not header:
+        raise QueryError("files without a header need --schema to name their columns")
+    if fmt not in ("csv", "tsv") and (delimiter or column_types or not header):
+        raise QueryError("--delimiter, --column-types and --no-header apply to CSV/TSV only")
+    file_format = _file_format(fmt, options, names)
+
+    # ---------------------------------------------------------------- schemas
+    per_file: list[tuple[str, pa.Schema]] = []
+    for path, _base in files:
+        try:
+            per_file.append(
+                (path, _zstd_reader(path, fmt, file_format).schema)
+                if _is_zstd(path)
+                else (path, file_format.inspect(path, _LOCAL))
+            )
+        except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+            raise InputError(f"cannot read {path} as {fmt}: {reason}", path=path) from exc
+    hive: dict[str, pa.DataType] = {}
+    for path, base in files:
+        if base is None:
+            continue
+        rel = os.path.relpath(os.path.dirname(path), base)
+        for part in [] if rel == "." else rel.split(os.sep):
+            m = _HIVE.match(part)
+            if m:
+                hive.setdefault(m.group(1), pa.string())
+    available = list(dict.fromkeys([n for _, s in per_file for n in s.names] + list(hive)))
+    for name in [*needed, *filter_columns]:
+        if name not in available:
+            raise unknown_column(name, available)
+    read_cols = list(dict.fromkeys([*needed, *filter_columns]))
+    fields: list[pa.Field] = []
+    for name in read_cols:
+        if name in hive:
+            continue
+        fields.append(_unify_column(name, per_file))
+    # hive partition columns: let Arrow infer their types from the directory names
+    groups: dict[str | None, list[str]] = {}
+    for path, base in files:
+        groups.setdefault(base, []).append(path)
+    partitionings: dict[str | None, Any] = {}
+    for base, group in groups.items():
+        if base is None:
+            continue
+        factory = ds.HivePartitioning.discover(infer_dictionary=False)
+        probe = ds.dataset(
+            group, format=file_format, partitioning=factory, partition_base_dir=base,
+        )  # fmt: skip
+        for f in probe.schema:
+            if f.name in hive:
+                hive[f.name] = f.type
+        partitionings[base] = factory
+    fields += [pa.field(n, hive[n]) for n in read_cols if n in hive]
+    unified = pa.schema(fields)
+
+    parts: list[tuple[str, Any, Any, dict[str, Any]]] = []
+    total_rows: int | None = 0 if fmt == "parquet" else None
+    rg_total = rg_selected = 0
+    hive_schema = pa.schema([pa.field(n, t) for n, t in hive.items()])
+    for base, group in groups.items():
+        part_schema = (
+            pa.schema([*[f for f in unified if f.name not in hive], *hive_schema])
+            if base is not None
+            else pa.schema([f for f in unified if f.name not in hive])
+        )
+        for path in group:
+            if _is_zstd(path):
+                if base is not None:
+                    raise QueryError(f"{path}: .zst files in hive folders are not supported")
+                parts.append((path, None, fmt, {"zstd": (file_format, part_schema)}))
+                continue
+            kwargs: dict[str, Any] = {"format": file_format, "schema": part_schema}
+            if base is not None:
+                kwargs["partitioning"] = ds.partitioning(hive_schema, flavor="hive")
+                kwargs["partition_base_dir"] = base
+            dataset = ds.dataset([path], **kwargs)
+            opts: dict[str, Any] = {}
+            if fmt == "parquet":
+                dataset, n_rg, n_sel, rows = _prune_row_groups(dataset, filter, part_schema)
+                rg_total += n_rg
+                rg_selected += n_sel
+                opts["row_groups"] = n_sel
+                assert total_rows is not None
+                total_rows += rows
+            parts.append((path, dataset, fmt, opts))
+    scan = InputScan(
+        files=[f for f, _ in files], format=fmt,
+        schema=pa.schema([unified.field(n) for n in needed]), columns=list(needed),
+        filter=filter, total_bytes=sum(_size(f) for f, _ in files), total_rows=total_rows,
+        row_groups_total=rg_total, row_groups_selected=rg_selected,
+    )  # fmt: skip
+    scan._parts = parts
+    log.info(
+        "input: %d %s file(s), %d bytes, columns %s, row groups %d of %d",
+        len(files), fmt, scan.total_bytes, needed, rg_selected, rg_total,
+    )  # fmt: skip
+    return scan
+
+
+def _unify_column(name: str, per_file: list[tuple[str, pa.Schema]]) -> pa.Field:
+    """One column's type over every file that has it: widened, or an error naming two files."""
+    seen: list[tuple[str, pa.Field]] = [
+        (path, s.field(name)) for path, s in per_file if name in s.names
+    ]
+    current_path, current = seen[0]
+    for path, f in seen[1:]:
+        if f.type == current.type:
+            continue
+        try:
+            merged = pa.unify_schemas(
+                [pa.schema([current]), pa.schema([f])], promote_options="permissive"
+            ).field(name)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+            raise InputError(
+                f"column {name!r} has type {current.type} in {current_path} but {f.type} in "
+                f"{path}; these cannot be unified (cast one, or give --column-types)",
+                path=path,
+            ) from None
+        if merged.type == pa.null():
+            merged = f
+        current, current_path = merged.with_nullable(True), path
+    return current.with_type(_plain(current.type)).with_nullable(True)
+
+
+def _plain(t: pa.DataType) -> pa.DataType:
+    """View types (Parquet files written by Rust tools hold ``string_view``) as their plain
+    forms, which every Arrow kernel (the scan's filter, the engine's keys) handles."""
+    if t == pa.string_view():
+        return pa.string()
+    if t == pa.binary_view():
+        return pa.binary()
+    return t
+
+
+def _prune_row_groups(dataset: Any, filter: Any, schema: pa.Schema) -> tuple[Any, int, int, int]:
+    """The dataset narrowed to the row groups whose statistics may satisfy ``filter``."""
+    frags = list(dataset.get_fragments())
+    kept = []
+    total = 0
+    rows = 0
+    for frag in frags:
+        frag.ensure_complete_metadata()
+        total += frag.num_row_groups
+        groups = (
+            frag.split_by_row_group(filter, schema=schema)
+            if filter is not None
+            else frag.split_by_row_group()
+        )
+        for g in groups:
+            kept.append(g)
+            rows += sum(rg.num_rows for rg in g.row_groups)
+    pruned = ds.FileSystemDataset(kept, schema, dataset.format, dataset.filesystem)
+    return pruned, total, len(kept), rows

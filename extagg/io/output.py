@@ -1,0 +1,226 @@
+"""Result writers: Parquet, CSV, JSON Lines, Arrow IPC, streamed a batch at a time.
+
+An output file appears only complete: batches go to a temporary file in the output's own
+directory, which is fsynced and renamed over the final name when the last batch is written
+(and removed on any error or interrupt). ``-`` writes CSV to stdout.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+import errno as errno_mod
+import json
+import os
+import sys
+import tempfile
+from typing import IO, Any
+
+import pyarrow as pa
+
+from extagg.errors import OutputError, QueryError
+
+__all__ = ["OUTPUT_FORMATS", "ResultWriter", "output_format"]
+
+OUTPUT_FORMATS = ("parquet", "csv", "jsonl", "ipc")
+_EXT = {
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".csv": "csv",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".arrow": "ipc",
+    ".ipc": "ipc",
+    ".feather": "ipc",
+}
+
+
+def output_format(path: str, explicit: str | None = None) -> str:
+    """The format to write ``path`` in: ``explicit`` or the extension's (``-`` is CSV)."""
+    if explicit:
+        fmt = {"arrow": "ipc", "feather": "ipc", "json": "jsonl"}.get(explicit, explicit)
+        if fmt not in OUTPUT_FORMATS:
+            raise QueryError(
+                f"unknown output format {explicit!r}; known: {', '.join(OUTPUT_FORMATS)}"
+            )
+        return fmt
+    if path == "-":
+        return "csv"
+    fmt = _EXT.get(os.path.splitext(path.lower())[1])
+    if fmt is None:
+        raise QueryError(
+            f"cannot tell the output format of {path!r} from its extension; give "
+            f"--output-format ({', '.join(OUTPUT_FORMATS)})"
+        )
+    return fmt
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, (dt.date, dt.datetime, dt.time)):
+        return value.isoformat()
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")
+
+
+class ResultWriter:
+    """Write a stream of result batches to ``path`` in ``fmt`` (see the module docstring).
+
+    Use as a context manager: leaving it by an exception removes the temporary file; leaving
+    it normally commits (fsync, rename). ``bytes_written`` counts what reached the file.
+    """
+
+    def __init__(self, path: str, fmt: str, schema: pa.Schema, *, overwrite: bool = False):
+        self.path = path
+        self.fmt = fmt
+        self.schema = schema
+        self.rows = 0
+        self.bytes_written = 0
+        self._tmp: str | None = None
+        self._file: IO[bytes] | None = None
+        self._writer: Any = None
+        if path == "-":
+            self.directory = "<stdout>"
+            self._file = sys.stdout.buffer
+        else:
+            if os.path.exists(path) and not overwrite:
+                raise OutputError(
+                    f"output {path} exists; pass --overwrite (overwrite=True) to replace it",
+                    errno=errno_mod.EEXIST,
+                )
+            self.directory = os.path.dirname(os.path.abspath(path))
+            if not os.path.isdir(self.directory):
+                raise OutputError(f"output directory {self.directory} does not exist")
+            fd, self._tmp = tempfile.mkstemp(
+                prefix=f".{os.path.basename(path)}.", suffix=".extagg-tmp", dir=self.directory
+            )
+            self._file = os.fdopen(fd, "wb")
+        self._open()
+
+    def _open(self) -> None:
+        assert self._file is not None
+        sink = self._file
+        with self._disk_errors(0):
+            if self.fmt == "parquet":
+                import pyarrow.parquet as pq
+
+                self._writer = pq.ParquetWriter(sink, self.schema, compression="zstd")
+            elif self.fmt == "csv":
+                import pyarrow.csv as pacsv
+
+                self._writer = pacsv.CSVWriter(sink, self.schema)
+            elif self.fmt == "ipc":
+                self._writer = pa.ipc.new_file(sink, self.schema)
+
+    def _disk_errors(self, nbytes: int) -> Any:
+        writer = self
+
+        class _Guard:
+            def __enter__(self) -> None:
+                return None
+
+            def __exit__(self, typ: Any, exc: Any, tb: Any) -> bool:
+                if exc is None:
+                    return False
+                code = getattr(exc, "errno", None)
+                text = str(exc)
+                if code == errno_mod.ENOSPC or "No space left" in text:
+                    raise OutputError(
+                        f"disk full writing {writer.path} in {writer.directory}: "
+                        f"no space for {nbytes:,} more bytes "
+                        f"({writer.bytes_written:,} written before)",
+                        directory=writer.directory, bytes_needed=nbytes,
+                        errno=errno_mod.ENOSPC,
+                    ) from exc  # fmt: skip
+                if isinstance(exc, (OSError, pa.ArrowIOError)) and not isinstance(exc, OutputError):
+                    raise OutputError(
+                        f"cannot write {writer.path}: {text}", directory=writer.directory,
+                        bytes_needed=nbytes, errno=code,
+                    ) from exc  # fmt: skip
+                return False
+
+        return _Guard()
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        """Append one batch."""
+        if batch.num_rows == 0:
+            return
+        nbytes = batch.nbytes
+        with self._disk_errors(nbytes):
+            if self.fmt == "jsonl":
+                assert self._file is not None
+                lines = "".join(
+                    json.dumps(row, default=_json_default, ensure_ascii=False) + "\n"
+                    for row in batch.to_pylist()
+                ).encode("utf-8")
+                self._file.write(lines)
+                nbytes = len(lines)
+            else:
+                self._writer.write_batch(batch)
+        self.rows += batch.num_rows
+        self.bytes_written += nbytes
+
+    def commit(self) -> None:
+        """Finish the file, fsync it and give it its final name."""
+        with self._disk_errors(0):
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+            assert self._file is not None
+            self._file.flush()
+            if self._tmp is None:
+                return
+            os.fsync(self._file.fileno())
+            self._file.close()
+            self._file = None
+            os.replace(self._tmp, self.path)
+            self._tmp = None
+            try:
+                dfd = os.open(self.directory, os.O_RDONLY)
+            except OSError:  # pragma: no cover - directories that cannot be opened
+                return
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+
+    def abort(self) -> None:
+        """Drop the partial output (idempotent)."""
+        if self._tmp is None:
+            return
+        try:
+            if self._writer is not None:
+                self._writer.close()
+        except Exception:
+            pass
+        self._writer = None
+        try:
+            if self._file is not None:
+                self._file.close()
+        except OSError:
+            pass
+        self._file = None
+        try:
+            os.unlink(self._tmp)
+        except FileNotFoundError:
+            pass
+        self._tmp = None
+
+    def __enter__(self) -> ResultWriter:
+        return self
+
+    def __exit__(self, typ: Any, exc: Any, tb: Any) -> None:
+        if exc is None:
+            try:
+                self.commit()
+            except BaseException:
+                self.abort()
+                raise
+        else:
+            self.abort()

@@ -1,0 +1,359 @@
+"""``aggregate_files(...)``: files in, aggregated record batches out, with progress and metrics.
+
+The input phase (scan, filter, fold, spill) runs inside the call; what comes back is a
+``pyarrow.RecordBatchReader`` over the merge phase, so the result is streamed too: nothing
+holds the whole input or the whole result. With ``output=`` the result is written instead and
+the run's :class:`~extagg.metrics.RunMetrics` returned. ``extagg.run_metrics(reader)`` gives the
+metrics of a reader (complete once it has been read to the end).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from extagg._sysinfo import current_rss, peak_rss
+from extagg.errors import QueryError
+from extagg.io.inputs import InputScan, open_input, row_bytes, unknown_column
+from extagg.io.output import ResultWriter
+from extagg.io.output import output_format as pick_output_format
+from extagg.io.where import ParsedExpression, parse_expression
+from extagg.memory import MemoryConsumer
+from extagg.metrics import RunMetrics, register_metrics
+
+__all__ = ["FileQuery", "aggregate_files", "plan_query"]
+
+log = logging.getLogger(__name__)
+
+ProgressArg = bool | Callable[[RunMetrics], None] | None
+
+
+class FileQuery:
+    """A checked query: the input plan, the aggregates, the filters. :meth:`run` executes it.
+
+    Building it raises every usage error (unknown column or function, bad expression) before
+    any data is read; the CLI turns those into exit status 2.
+    """
+
+    def __init__(
+        self,
+        scan: InputScan,
+        by: list[str],
+        aggs: dict[str, tuple[str, str]],
+        having: ParsedExpression | None,
+        memory: int | str | None,
+        memory_manager: Any,
+        spill_dirs: Sequence[str] | str | None,
+        sort: bool,
+    ) -> None:
+        self.scan = scan
+        self.by = by
+        self.aggs = aggs
+        self.having = having
+        self.memory = memory
+        self.memory_manager = memory_manager
+        self.spill_dirs = spill_dirs
+        self.sort = sort
+        self.metrics = RunMetrics(
+            files=len(scan.files), bytes_total=scan.total_bytes, rows_total=scan.total_rows,
+            row_groups_total=scan.row_groups_total,
+        )  # fmt: skip
+        self._agg: Any = None
+        self._streams: list[Any] = []
+        self._scan_memory: _ScanMemory | None = None
+        self._tmm: Any = None
+
+    def close(self) -> None:
+        """Stop the run: close the result streams and the aggregator, which deletes every
+        spill and sort-run file. Idempotent; safe to call from an interrupt handler."""
+        for stream in reversed(self._streams):
+            stream.close()
+        self._streams.clear()
+        if self._scan_memory is not None:
+            self._scan_memory.close_memory()
+        if self._agg is not None:
+            self._agg.close()
+            self._agg = None
+
+    def run(self, progress: Callable[[RunMetrics], None] | None = None) -> pa.RecordBatchReader:
+        """Read and fold the whole input now; return a reader over the merged result."""
+        from extagg.columnar import HashAggregator
+        from extagg.columnar.distinct import DistinctAggregator, has_distinct
+        from extagg.memory import resolve_task_memory_manager
+
+        m = self.metrics
+        started = time.perf_counter()
+        m.rss_import_bytes = current_rss()
+        tmm = resolve_task_memory_manager(self.memory, self.memory_manager)
+        factory = DistinctAggregator if has_distinct(self.aggs) else HashAggregator
+        agg = factory(self.by, self.aggs, memory_manager=tmm, spill_dirs=self.spill_dirs)
+        m.budget_bytes = tmm.memory_manager.max_memory
+        self._agg = agg
+        self._tmm = tmm
+        self._scan_memory = _ScanMemory(tmm)
+        self._scan_memory.reserve(self.scan, m.budget_bytes)
+        try:
+            try:  # resolves every aggregate against its column's type: the result schema
+                agg.update(self.scan.schema.empty_table())
+            except TypeError as exc:
+                raise QueryError(str(exc)) from None
+            first = True
+            for batch in self.scan.batches():
+                agg.update(batch)
+                if first:
+                    m.rss_fixed_bytes = current_rss()
+                    first = False
+                self._sync(agg, started)
+                if progress is not None:
+                    progress(m)
+            if first:
+                m.rss_fixed_bytes = current_rss()
+            schema = agg.schema
+            assert schema is not None
+        except BaseException:
+            self._scan_memory.close_memory()
+            agg.close()
+            raise
+        m.input_time_s = time.perf_counter() - started
+        self._scan_memory.close_memory()  # the scan is over: its buffers go back to the pool
+        batches = self._results(agg, started, progress)
+        self._streams.append(batches)
+        if self.sort and self.by:
+            from extagg.io.sort import external_sort
+
+            batches = external_sort(batches, schema, self.by, tmm, self.spill_dirs, m)
+            self._streams.append(batches)
+        reader = pa.RecordBatchReader.from_batches(schema, batches)
+        register_metrics(reader, m)
+        return reader
+
+    def _sync(self, agg: Any, started: float) -> None:
+        m = self.metrics
+        p = self.scan.progress
+        am = agg.metrics
+        m.rows_read = p.rows
+        m.bytes_read = p.bytes
+        m.row_groups_read = p.row_groups_read
+        m.spill_count = am.spill_count
+        m.num_spill_files = am.num_spill_files
+        m.memory_bytes_spilled = am.memory_bytes_spilled
+        m.disk_bytes_spilled = am.disk_bytes_spilled
+        scan = self._scan_memory.used if self._scan_memory is not None else 0
+        held = self._tmm.memory_used if self._tmm is not None else 0
+        m.peak_granted_bytes = max(m.peak_granted_bytes, am.peak_granted_bytes + scan, held)
+        m.wall_time_s = time.perf_counter() - started
+        m.peak_rss_bytes = peak_rss()
+
+    def _results(
+        self, agg: Any, started: float, progress: Callable[[RunMetrics], None] | None
+    ) -> Iterator[pa.RecordBatch]:
+        m = self.metrics
+        try:
+            for batch in agg.results():
+                m.groups += batch.num_rows
+                if self.having is not None:
+                    batch = _filter(batch, self.having.expression)
+                m.rows_out += batch.num_rows
+                self._sync(agg, started)
+                if progress is not None:
+                    progress(m)
+                if batch.num_rows:
+                    yield batch
+            self._sync(agg, started)
+            m.finished = True
+            if progress is not None:
+                progress(m)
+        finally:
+            agg.close()
+
+
+class _ScanMemory(MemoryConsumer):
+    """The scan's decoded batches (the one being folded and the ones Arrow reads ahead),
+    accounted to the memory manager like the aggregator's tables; not spillable.
+
+    The batch size is chosen so that they take at most 1/8 of the budget (4 096 to 65 536
+    rows), and that much is acquired before the scan starts.
+    """
+
+    def __init__(self, tmm: Any) -> None:
+        super().__init__(tmm, None)
+
+    def reserve(self, scan: InputScan, budget: int) -> None:
+        width = row_bytes(scan.schema)
+        batches = scan.readahead + 1
+        rows = budget // 8 // (width * batches)
+        scan.batch_rows = int(max(4_096, min(scan.batch_rows, rows)))
+        self.acquire_memory(scan.batch_rows * width * batches)
+
+
+def _filter(batch: pa.RecordBatch, expr: Any) -> pa.RecordBatch:
+    table = pa.Table.from_batches([batch]).filter(expr)
+    return table.combine_chunks().to_batches()[0] if table.num_rows else batch.slice(0, 0)
+
+
+def _parse_where(text: str | None) -> ParsedExpression | None:
+    if text is None or not str(text).strip():
+        return None
+    return parse_expression(str(text))
+
+
+def plan_query(
+    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    by: str | Sequence[str] = (),
+    aggs: Mapping[str, tuple[str, str]],
+    where: str | None = None,
+    having: str | None = None,
+    memory: int | str | None = None,
+    memory_manager: Any = None,
+    spill_dirs: Sequence[str] | str | None = None,
+    sort: bool = False,
+    format: str | None = None,
+    delimiter: str | None = None,
+    column_types: Mapping[str, Any] | None = None,
+    schema: pa.Schema | None = None,
+    header: bool = True,
+    batch_rows: int = 65_536,
+) -> FileQuery:
+    """Check a query and plan its scan (see :func:`aggregate_files`); reads no data rows."""
+    from extagg._config import parse_size
+    from extagg.columnar.functions import parse_aggs
+
+    keys = [by] if isinstance(by, str) else list(by)
+    try:
+        requests = parse_aggs(aggs, distinct=True)
+    except (TypeError, ValueError) as exc:
+        raise QueryError(str(exc)) from None
+    if memory is not None:
+        try:
+            parse_size(memory, name="memory")
+        except (TypeError, ValueError) as exc:
+            raise QueryError(str(exc)) from None
+    where_expr = _parse_where(where)
+    having_expr = _parse_where(having)
+    needed = list(dict.fromkeys([*keys, *(r.column for r in requests if r.column)]))
+    types = {}
+    if column_types:
+        from extagg.io.inputs import parse_type
+
+        types = {
+            k: (v if isinstance(v, pa.DataType) else parse_type(str(v)))
+            for k, v in column_types.items()
+        }
+    scan = open_input(
+        paths, needed, filter=None if where_expr is None else where_expr.expression,
+        filter_columns=[] if where_expr is None else where_expr.columns, format=format,
+        delimiter=delimiter, column_types=types, schema=schema, header=header,
+    )  # fmt: skip
+    scan.batch_rows = batch_rows
+    if having_expr is not None:
+        out_cols = [*keys, *aggs]
+        for name in having_expr.columns:
+            if name not in out_cols:
+                raise unknown_column(name, out_cols, "result column")
+    return FileQuery(scan, keys, dict(aggs), having_expr, memory, memory_manager, spill_dirs, sort)
+
+
+def aggregate_files(
+    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    by: str | Sequence[str] = (),
+    aggs: Mapping[str, tuple[str, str]],
+    where: str | None = None,
+    having: str | None = None,
+    memory: int | str | None = None,
+    output: str | os.PathLike[str] | None = None,
+    output_format: str | None = None,
+    overwrite: bool = False,
+    sort: bool = False,
+    progress: ProgressArg = False,
+    **options: Any,
+) -> pa.RecordBatchReader | RunMetrics:
+    """Group the rows of Parquet/CSV/JSON Lines/Arrow files by ``by`` and compute ``aggs``.
+
+    ``paths``: a path, glob or directory (hive ``key=value`` folders become columns), or a list
+    of them. ``aggs``: ``{"name": ("column", "function")}`` as :func:`extagg.aggregate` takes
+    (``("*", "count")`` counts rows). ``where`` filters input rows (pushed into the scan),
+    ``having`` filters result rows; both use the grammar of :mod:`extagg.io.where`.
+    ``memory`` is the budget (``"256m"``). Results come in hash order of the keys unless
+    ``sort=True`` (an external sort in the same budget). ``progress``: ``True`` for a bar on
+    stderr, or a callable given the live :class:`~extagg.metrics.RunMetrics`.
+
+    Returns a ``pyarrow.RecordBatchReader`` (``extagg.run_metrics(reader)`` gives its
+    metrics), or, with ``output``, writes the result there (format from the extension or
+    ``output_format``; atomically; an existing file needs ``overwrite=True``) and returns the
+    :class:`~extagg.metrics.RunMetrics`. Other ``options`` (``format``, ``delimiter``,
+    ``column_types``, ``schema``, ``header``, ``spill_dirs``, ``memory_manager``) shape the scan.
+    """
+    query = plan_query(paths, by=by, aggs=aggs, where=where, having=having, memory=memory,
+                       sort=sort, **options)  # fmt: skip
+    callback, bar = _progress_callback(progress, query)
+    if output is None:
+        return query.run(callback)
+    out = os.fspath(output)
+    fmt = pick_output_format(out, output_format)
+    if out != "-" and os.path.exists(out) and not overwrite:
+        raise QueryError(f"output {out} exists; pass overwrite=True (--overwrite) to replace it")
+    try:
+        reader = query.run(callback)
+        with ResultWriter(out, fmt, reader.schema, overwrite=overwrite) as writer:
+            for batch in reader:
+                writer.write(batch)
+    finally:
+        if bar is not None:
+            bar.close()
+    return query.metrics
+
+
+def _progress_callback(
+    progress: ProgressArg, query: FileQuery
+) -> tuple[Callable[[RunMetrics], None] | None, Any]:
+    if callable(progress):
+        return progress, None
+    if not progress:
+        return None, None
+    from extagg._progress import progress_bar, progress_enabled
+
+    bar = progress_bar(enabled=progress_enabled(True), **bar_options(query.metrics))
+    return make_bar_callback(bar), bar
+
+
+def bar_options(m: RunMetrics) -> dict[str, Any]:
+    """tqdm arguments for a run: rows of the known total (Parquet metadata), else rows counted
+    with the bytes of whole files read (of the total) in the postfix."""
+    return {"total": m.rows_total or None, "unit": " rows", "unit_scale": True, "desc": "read"}
+
+
+def make_bar_callback(bar: Any) -> Callable[[RunMetrics], None]:
+    """A progress callback that drives ``bar``: rows read; bytes of whole files read, spills
+    and result groups in the postfix."""
+    from extagg._config import format_size
+
+    state = {"pos": 0, "last": 0.0}
+
+    def update(m: RunMetrics) -> None:
+        now = time.monotonic()
+        if not m.finished and now - state["last"] < 0.2:
+            return
+        state["last"] = now
+        if m.finished:
+            bar.set_postfix_str("")
+            bar.close()
+            return
+        bar.set_postfix_str(
+            f"files {format_size(m.bytes_read)} of {format_size(m.bytes_total)} read, "
+            f"{m.spill_count} spills ({format_size(m.disk_bytes_spilled)}), "
+            f"{m.groups:,} groups out",
+            refresh=False,
+        )
+        pos = m.rows_read
+        if pos > state["pos"]:
+            bar.update(pos - state["pos"])
+            state["pos"] = pos
+
+    return update

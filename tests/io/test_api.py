@@ -1,0 +1,121 @@
+"""The Python side: aggregate_files' reader, output, progress callbacks and run_metrics();
+aggregate()'s metrics in schema metadata; the external sort of results."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import extagg
+from extagg.errors import QueryError
+from extagg.io.sort import external_sort
+from extagg.memory import UnifiedMemoryManager, task_memory_manager
+from extagg.metrics import RunMetrics, SpillMetrics
+from tests.io.conftest import AGGS, as_dict, assert_same, reference, sample_table
+
+
+@pytest.fixture
+def parquet(tmp_path, table):
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path, row_group_size=1_000)
+    return path
+
+
+def test_reader_metrics_are_live_then_final(parquet, table):
+    seen: list[tuple[int, int, bool]] = []
+
+    def progress(m: RunMetrics) -> None:
+        seen.append((m.rows_read, m.groups, m.finished))
+
+    reader = extagg.aggregate_files(str(parquet), by="k", aggs=AGGS, progress=progress)
+    assert isinstance(reader, pa.RecordBatchReader)
+    m = extagg.run_metrics(reader)
+    assert m.rows_read == table.num_rows and not m.finished and m.rows_total == table.num_rows
+    assert_same(as_dict(reader.read_all(), ["k"]), reference(table, ["k"]))
+    assert m.finished and m.groups == 40 and m.rows_out == 40
+    assert m.peak_granted_bytes > 0 and m.budget_bytes > 0 and m.wall_time_s > 0
+    assert m.rss_fixed_bytes > 0 and m.peak_rss_bytes >= m.rss_import_bytes
+    rows = [r for r, _, _ in seen]
+    assert rows == sorted(rows) and rows[-1] == table.num_rows and seen[-1][2] is True
+    assert "Read 5,000 rows" in m.summary() and "40 groups" in m.summary()
+
+
+def test_output_returns_metrics_and_respects_overwrite(tmp_path, parquet, table):
+    out = tmp_path / "r.arrow"
+    m = extagg.aggregate_files(str(parquet), by=["k", "s"], aggs=AGGS, output=str(out))
+    assert isinstance(m, RunMetrics) and m.finished and extagg.run_metrics(m) is m
+    with pa.ipc.open_file(out) as f:
+        assert_same(as_dict(f.read_all(), ["k", "s"]), reference(table, ["k", "s"]))
+    with pytest.raises(QueryError, match="overwrite"):
+        extagg.aggregate_files(str(parquet), by="k", aggs=AGGS, output=str(out))
+    extagg.aggregate_files(str(parquet), by="k", aggs=AGGS, output=str(out), overwrite=True)
+    with pa.ipc.open_file(out) as f:
+        assert f.read_all().num_rows == 40
+
+
+def test_global_aggregate_without_keys(parquet, table):
+    reader = extagg.aggregate_files(str(parquet), aggs=AGGS, where="k < 0")
+    assert reader.read_all().to_pylist() == [{"n": 0, "sv": None, "mq": None}]
+    reader = extagg.aggregate_files(str(parquet), aggs=AGGS)
+    [row] = reader.read_all().to_pylist()
+    assert row["n"] == table.num_rows and row["mq"] == max(table.column("q").to_pylist())
+
+
+def test_aggregate_table_carries_its_metrics(table):
+    calls = []
+    out = extagg.aggregate(table, "k", AGGS, memory="4m", progress=calls.append)
+    m = extagg.run_metrics(out)
+    assert isinstance(m, SpillMetrics)
+    assert m.records_read == table.num_rows and m.groups == out.num_rows == 40
+    assert calls and all(isinstance(c, SpillMetrics) for c in calls)
+    assert out.schema.metadata and b"extagg.metrics" in out.schema.metadata
+    with pytest.raises(ValueError, match="no extagg metrics"):
+        extagg.run_metrics(pa.table({"a": [1]}))
+
+
+def _sort_reference(t: pa.Table, keys: list[str]) -> list[tuple]:
+    rows = list(zip(*(t.column(k).to_pylist() for k in keys)))
+    return sorted(rows, key=lambda r: tuple((v is None, v) for v in r))
+
+
+@given(
+    st.lists(
+        st.tuples(st.one_of(st.none(), st.integers(-5, 5)), st.text("abc", max_size=3)),
+        min_size=0, max_size=300, unique=True,
+    ),
+    st.integers(1, 40),
+)  # fmt: skip
+def test_external_sort_matches_sorted(rows, batch_rows):
+    """Unique keys (as result groups are), a budget of a few batches: many runs, k-way merge."""
+    schema = pa.schema([("a", pa.int64()), ("b", pa.string()), ("x", pa.int64())])
+    t = pa.table({"a": [r[0] for r in rows], "b": [r[1] for r in rows],
+                  "x": list(range(len(rows)))}, schema=schema)  # fmt: skip
+    tmm = task_memory_manager(UnifiedMemoryManager(max_memory=3_000))
+    m = RunMetrics()
+    out = pa.Table.from_batches(
+        list(
+            external_sort(
+                iter(t.to_batches(max_chunksize=batch_rows)), schema, ["a", "b"], tmm, None, m
+            )
+        ),
+        schema=schema,
+    )
+    assert _sort_reference(out, ["a", "b"]) == list(zip(out["a"].to_pylist(), out["b"].to_pylist()))
+    assert sorted(out["x"].to_pylist()) == list(range(len(rows)))  # every row once
+    if len(rows) > 3 * batch_rows and len(rows) > 60:
+        assert m.sort_runs > 1
+    assert tmm.memory_used == 0
+
+
+def test_sorted_results_of_many_files(tmp_path):
+    parts = [sample_table(2_000, seed=i) for i in range(3)]
+    for i, t in enumerate(parts):
+        pq.write_table(t, tmp_path / f"p{i}.parquet")
+    reader = extagg.aggregate_files(str(tmp_path), by=["s", "k"], aggs=AGGS, sort=True, memory="2m")
+    out = reader.read_all()
+    keys = list(zip(out["s"].to_pylist(), out["k"].to_pylist()))
+    assert keys == sorted(keys)
+    assert_same(as_dict(out, ["k", "s"]), reference(pa.concat_tables(parts), ["k", "s"]))

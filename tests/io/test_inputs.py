@@ -1,0 +1,236 @@
+"""aggregate_files over every input format, compressed text, globs, directories, hive folders
+and files with different schemas; results against pandas."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import json
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.dataset as ds
+import pyarrow.feather as feather
+import pyarrow.parquet as pq
+import pytest
+
+import extagg
+from extagg.errors import InputError, QueryError
+from tests.io.conftest import AGGS, as_dict, assert_same, reference, sample_table
+
+
+def write(table: pa.Table, path, fmt: str) -> None:
+    path = str(path)
+    if fmt == "parquet":
+        pq.write_table(table, path, row_group_size=1_000)
+    elif fmt in ("csv", "tsv"):
+        opts = pacsv.WriteOptions(delimiter="\t" if fmt == "tsv" else ",")
+        pacsv.write_csv(table, path, write_options=opts)
+    elif fmt == "jsonl":
+        with open(path, "w") as f:
+            for row in table.to_pylist():
+                f.write(json.dumps(row) + "\n")
+    elif fmt == "arrow":
+        feather.write_feather(table, path, compression="uncompressed")
+    else:  # pragma: no cover
+        raise ValueError(fmt)
+
+
+def compress(path, codec: str) -> str:
+    data = Path(path).read_bytes()
+    out = f"{path}.{codec}"
+    if codec == "gz":
+        with gzip.open(out, "wb") as f:
+            f.write(data)
+    elif codec == "bz2":
+        with bz2.open(out, "wb") as f:
+            f.write(data)
+    else:
+        import pyarrow as pa
+
+        with pa.CompressedOutputStream(out, "zstd") as f:
+            f.write(data)
+    os.unlink(path)
+    return out
+
+
+def run(paths, by=("k", "s"), **kw) -> pa.Table:
+    reader = extagg.aggregate_files(paths, by=list(by), aggs=AGGS, memory="16m", **kw)
+    return reader.read_all()
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv", "tsv", "jsonl", "arrow"])
+def test_every_format_matches_pandas(tmp_path, table, fmt):
+    path = tmp_path / f"data.{fmt}"
+    write(table, path, fmt)
+    got = run(str(path))
+    assert_same(as_dict(got, ["k", "s"]), reference(table, ["k", "s"]))
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+@pytest.mark.parametrize("codec", ["gz", "bz2", "zst"])
+def test_compressed_text(tmp_path, table, fmt, codec):
+    path = tmp_path / f"data.{fmt}"
+    write(table, path, fmt)
+    got = run(compress(path, codec))
+    assert_same(
+        as_dict(got, ["k"]) if False else as_dict(got, ["k", "s"]), reference(table, ["k", "s"])
+    )
+
+
+def test_globs_directories_and_lists(tmp_path):
+    parts = [sample_table(800, seed=i) for i in range(4)]
+    for i, t in enumerate(parts):
+        write(t, tmp_path / f"part-{i}.parquet", "parquet")
+    (tmp_path / "_SUCCESS").write_text("")  # ignored in directories
+    whole = pa.concat_tables(parts)
+    want = reference(whole, ["k"])
+    assert_same(as_dict(run(str(tmp_path / "part-*.parquet"), by=["k"]), ["k"]), want)
+    assert_same(as_dict(run(str(tmp_path), by=["k"]), ["k"]), want)
+    files = [str(tmp_path / f"part-{i}.parquet") for i in range(4)]
+    assert_same(as_dict(run(files, by=["k"]), ["k"]), want)
+
+
+def test_hive_partitioned_folders(tmp_path):
+    t = sample_table(3_000)
+    ds.write_dataset(
+        t, tmp_path / "hive", format="parquet", partitioning=["s"], partitioning_flavor="hive"
+    )
+    got = run(str(tmp_path / "hive"), by=["s", "k"])
+    assert_same(as_dict(got, ["s", "k"]), reference(t, ["s", "k"]))
+    only_x = run(str(tmp_path / "hive"), by=["s"], where="s = 'x'")
+    assert only_x.column("s").to_pylist() == ["x"]
+
+
+def test_schemas_are_unified(tmp_path):
+    a = pa.table(
+        {"k": pa.array([1, 2], pa.int32()), "v": [1.0, 2.0], "q": pa.array([1, 2], pa.int32())}
+    )
+    b = pa.table({"k": pa.array([2, 3], pa.int64()), "v": pa.array([5, 6], pa.int64())})
+    pq.write_table(a, tmp_path / "a.parquet")
+    pq.write_table(b, tmp_path / "b.parquet")  # no q: reads as nulls; v widened to double
+    reader = extagg.aggregate_files(
+        str(tmp_path / "*.parquet"), by="k",
+        aggs={"n": ("*", "count"), "sv": ("v", "sum"), "nq": ("q", "count")},
+    )  # fmt: skip
+    got = {r["k"]: (r["n"], r["sv"], r["nq"]) for r in reader.read_all().to_pylist()}
+    assert got == {1: (1, 1.0, 1), 2: (2, 7.0, 1), 3: (1, 6.0, 0)}
+    assert reader.schema.field("k").type == pa.int64()
+
+
+def test_conflicting_schemas_name_both_files_and_the_column(tmp_path):
+    pq.write_table(pa.table({"k": [1], "v": [1.0]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"k": [1], "v": ["text"]}), tmp_path / "b.parquet")
+    with pytest.raises(InputError) as info:
+        extagg.aggregate_files(str(tmp_path / "*.parquet"), by="k", aggs={"s": ("v", "sum")})
+    msg = str(info.value)
+    assert "'v'" in msg and "a.parquet" in msg and "b.parquet" in msg
+
+
+def test_where_skips_parquet_row_groups(tmp_path, table):
+    t = table.sort_by("k")
+    pq.write_table(t, tmp_path / "sorted.parquet", row_group_size=500)  # 10 row groups
+    reader = extagg.aggregate_files(
+        str(tmp_path / "sorted.parquet"), by="k", aggs=AGGS, where="k < 4"
+    )
+    got = reader.read_all()
+    m = extagg.run_metrics(reader)
+    assert m.row_groups_total == 10
+    kept = t.filter(pa.compute.less(t["k"], 4))
+    assert 1 <= m.row_groups_read < 10
+    assert m.row_groups_read == -(-kept.num_rows // 500)  # exactly the groups holding k < 4
+    assert m.rows_read == kept.num_rows
+    assert_same(as_dict(got, ["k"]), reference(kept, ["k"]))
+
+
+def test_only_needed_columns_are_read(tmp_path, table):
+    wide = table.append_column("blob", pa.array(["y" * 1000] * table.num_rows))
+    pq.write_table(wide, tmp_path / "w.parquet")
+    scan = extagg.io.open_input(str(tmp_path / "w.parquet"), ["k", "v"])
+    batch = next(iter(scan.batches()))
+    assert batch.schema.names == ["k", "v"]
+
+
+def test_csv_types_delimiter_and_header_options(tmp_path):
+    (tmp_path / "a.csv").write_text("id;price;name\n1;2.50;a\n1;0.25;b\n2;1.00;c\n")
+    reader = extagg.aggregate_files(
+        str(tmp_path / "a.csv"), by="id", aggs={"p": ("price", "sum")}, delimiter=";",
+        column_types={"price": "decimal(15,2)"},
+    )  # fmt: skip
+    got = {r["id"]: r["p"] for r in reader.read_all().to_pylist()}
+    assert {k: str(v) for k, v in got.items()} == {1: "2.75", 2: "1.00"}
+    (tmp_path / "b.csv").write_text("1,5\n1,6\n3,7\n")
+    schema = pa.schema([("id", pa.int64()), ("x", pa.int64())])
+    reader = extagg.aggregate_files(
+        str(tmp_path / "b.csv"), by="id", aggs={"s": ("x", "sum")}, schema=schema, header=False
+    )
+    assert {r["id"]: r["s"] for r in reader.read_all().to_pylist()} == {1: 11, 3: 7}
+
+
+def test_csv_value_that_breaks_inference_names_the_file(tmp_path):
+    lines = ["k,v"] + [f"{i},{i}" for i in range(500_000)] + ["1,oops"]
+    (tmp_path / "late.csv").write_text("\n".join(lines) + "\n")
+    with pytest.raises(InputError) as info:
+        run(
+            str(tmp_path / "late.csv"),
+            by=["k"],
+        ) if False else extagg.aggregate_files(
+            str(tmp_path / "late.csv"), by="k", aggs={"s": ("v", "sum")}
+        ).read_all()
+    assert "late.csv" in str(info.value) and "--column-types" in str(info.value)
+
+
+def test_corrupt_parquet_names_file_and_row_group(tmp_path, table):
+    path = tmp_path / "bad.parquet"
+    pq.write_table(table, path, row_group_size=1_000, compression="snappy")
+    meta = pq.ParquetFile(path).metadata
+    col = meta.row_group(2).column(0)
+    data = bytearray(path.read_bytes())
+    start = col.data_page_offset
+    data[start + 20 : start + 200] = b"\xff" * 180  # garble the third row group's k pages
+    path.write_bytes(bytes(data))
+    with pytest.raises(InputError) as info:
+        extagg.aggregate_files(str(path), by="k", aggs={"n": ("*", "count")}).read_all()
+    assert "bad.parquet" in str(info.value)
+    assert info.value.row_group == 2 and "row group 2" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"by": "kk"}, ["unknown column 'kk'", "did you mean 'k'", "available: k, s, v, q"]),
+        ({"where": "vv > 1"}, ["unknown column 'vv'", "did you mean 'v'"]),
+        ({"having": "nn > 1"}, ["unknown result column 'nn'", "did you mean 'n'"]),
+        ({"memory": "lots"}, ["'lots'"]),
+        ({"aggs": {"x": ("v", "summ")}}, ["unknown aggregate function 'summ'", "sum"]),
+        ({"format": "xls"}, ["unknown format 'xls'"]),
+    ],
+)
+def test_usage_errors(tmp_path, table, kwargs, words):
+    write(table, tmp_path / "t.parquet", "parquet")
+    args = {"by": "k", "aggs": AGGS, **kwargs}
+    with pytest.raises(QueryError) as info:
+        extagg.aggregate_files(str(tmp_path / "t.parquet"), **args)
+    for w in words:
+        assert w in str(info.value)
+
+
+def test_missing_input(tmp_path):
+    with pytest.raises(InputError, match="no such file"):
+        extagg.aggregate_files(str(tmp_path / "nope.parquet"), by="k", aggs=AGGS)
+    with pytest.raises(InputError, match="no file matches"):
+        extagg.aggregate_files(str(tmp_path / "*.parquet"), by="k", aggs=AGGS)
+
+
+def test_string_view_columns_are_read_as_strings(tmp_path):
+    """Parquet files written by Rust tools (tpchgen-cli) hold string_view columns."""
+    t = pa.table({"g": pa.array(["a", "b", "a", None], pa.string_view()), "v": [1, 2, 3, 4]})
+    pq.write_table(t, tmp_path / "sv.parquet")
+    assert pq.read_schema(tmp_path / "sv.parquet").field("g").type == pa.string_view()
+    reader = extagg.aggregate_files(
+        str(tmp_path / "sv.parquet"), by="g", aggs={"s": ("v", "sum")}, where="g != 'b'"
+    )
+    got = {r["g"]: r["s"] for r in reader.read_all().to_pylist()}
+    assert got == {"a": 4}

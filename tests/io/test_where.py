@@ -1,0 +1,121 @@
+"""--where / --having expressions: parsed into pyarrow expressions, checked against Python."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from extagg.errors import ExpressionError, QueryError
+from extagg.io.where import parse_expression
+
+ROWS = [
+    {"i": 1, "f": 0.5, "s": "a", "d": dt.date(1998, 1, 1), "m": Decimal("0.04"), "b": True},
+    {"i": 2, "f": 1.5, "s": "b", "d": dt.date(1998, 9, 2), "m": Decimal("0.05"), "b": False},
+    {"i": 3, "f": None, "s": None, "d": dt.date(1998, 9, 3), "m": Decimal("0.07"), "b": None},
+    {"i": None, "f": 3.5, "s": "it's", "d": None, "m": Decimal("0.08"), "b": True},
+]
+TABLE = pa.Table.from_pylist(
+    ROWS,
+    schema=pa.schema(
+        [("i", pa.int64()), ("f", pa.float64()), ("s", pa.string()), ("d", pa.date32()),
+         ("m", pa.decimal128(15, 2)), ("b", pa.bool_())]
+    ),
+)  # fmt: skip
+
+
+def kept(text: str) -> list[int | None]:
+    expr = parse_expression(text).expression
+    return ds.dataset(TABLE).to_table(filter=expr).column("i").to_pylist()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("i = 1", [1]),
+        ("i == 1 or i <> 1", [1, 2, 3]),
+        ("i != 2 and i >= 2", [3]),
+        ("not i < 2", [2, 3]),
+        ("i in (1, 3)", [1, 3]),
+        ("i not in (1, 3)", [2]),
+        ("s in ('a', 'it''s')", [1, None]),
+        ("s is null", [3]),
+        ("s is not null and i is not null", [1, 2]),
+        ("i between 2 and 3", [2, 3]),
+        ("i not between 2 and 3", [1]),
+        ("d <= date '1998-09-02'", [1, 2]),
+        ("d > timestamp '1998-09-02 12:00:00'", [3]),
+        ("m between 0.05 and 0.07", [2, 3]),
+        ("f > 1e0", [2, None]),
+        ("(i = 1 or i = 2) and not (s = 'b')", [1]),
+        ("i * 2 + 1 > 4", [2, 3]),
+        ("-i < -2", [3]),
+        ("b", [1, None]),
+        ("\"i\" = 2 or `s` = 'a'", [1, 2]),
+        ("I = 1 AND S = 'a'", []),  # column names are case-sensitive, keywords are not
+    ],
+)
+def test_expressions_filter_like_sql(text, expected):
+    if text.startswith("I ="):
+        with pytest.raises(Exception):
+            kept(text)
+        return
+    assert kept(text) == expected
+
+
+def test_columns_are_reported_in_order():
+    parsed = parse_expression("b and (s = 'x' or i > 1) and s is null")
+    assert parsed.columns == ["b", "s", "i"]
+
+
+@pytest.mark.parametrize(
+    ("text", "position", "words"),
+    [
+        ("i > ", 4, "end of the expression"),
+        ("i >> 2", 3, "'>'"),
+        ("i = 1 and and", 10, "'and'"),
+        ("(i = 1", 6, "expected ')'"),
+        ("i = 1)", 5, "')'"),
+        ("i in 1, 2", 5, "expected '('"),
+        ("d < date '1998-13-01'", 9, "invalid date"),
+        ("i = 1 ; drop", 6, "unexpected character ';'"),
+        ("", 0, "expected an expression"),
+        ("s is nul", 5, "expected 'null'"),
+    ],
+)
+def test_syntax_errors_show_a_caret(text, position, words):
+    with pytest.raises(ExpressionError) as info:
+        parse_expression(text)
+    err = info.value
+    assert isinstance(err, QueryError) and isinstance(err, ValueError)
+    assert err.position == position
+    assert words in str(err)
+    lines = str(err).splitlines()
+    assert lines[1] == "  " + text
+    assert lines[2] == "  " + " " * position + "^"
+
+
+@given(
+    st.lists(st.one_of(st.none(), st.integers(-50, 50)), min_size=1, max_size=40),
+    st.integers(-60, 60),
+    st.integers(-60, 60),
+    st.sampled_from(["<", "<=", ">", ">=", "=", "!="]),
+)
+def test_comparisons_match_python(values, low, high, op):
+    table = pa.table({"x": pa.array(values, pa.int64())})
+    text = f"x {op} {low} or x between {min(low, high)} and {max(low, high)}"
+    got = ds.dataset(table).to_table(filter=parse_expression(text).expression)
+    ops = {
+        "<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
+        ">=": lambda a, b: a >= b, "=": lambda a, b: a == b, "!=": lambda a, b: a != b,
+    }  # fmt: skip
+    want = [
+        v for v in values
+        if v is not None and (ops[op](v, low) or min(low, high) <= v <= max(low, high))
+    ]  # fmt: skip
+    assert got.column("x").to_pylist() == want

@@ -1,0 +1,338 @@
+"""``extagg aggregate``: through main(argv) and as a subprocess — outputs, errors and exit
+codes, sorting, Ctrl-C, disk full."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+
+from extagg.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def table(n: int = 20_000, keys: int = 500, seed: int = 3) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    return pa.table(
+        {
+            "k": rng.integers(0, keys, n),
+            "g": pa.array(rng.choice(["a", "b", "c", "d"], n)),
+            "v": np.round(rng.random(n) * 10, 2),
+            "u": rng.integers(0, 50, n),
+        }
+    )
+
+
+@pytest.fixture
+def data(tmp_path) -> tuple[Path, pa.Table]:
+    t = table()
+    path = tmp_path / "in.parquet"
+    pq.write_table(t, path, row_group_size=4_000)
+    return path, t
+
+
+def ref(t: pa.Table, by: list[str]) -> dict:
+    df = t.to_pandas().groupby(by).agg(n=("v", "size"), s=("v", "sum"))
+    return {(k if isinstance(k, tuple) else (k,)): (int(r.n), float(r.s)) for k, r in df.iterrows()}
+
+
+def got(t: pa.Table, by: list[str]) -> dict:
+    return {tuple(r[k] for k in by): (r["n"], r["s"]) for r in t.to_pylist()}
+
+
+def check(result: pa.Table, t: pa.Table, by: list[str]) -> None:
+    want, have = ref(t, by), got(result, by)
+    assert have.keys() == want.keys()
+    for key, (n, s) in want.items():
+        assert have[key][0] == n and have[key][1] == pytest.approx(s, rel=1e-9)
+
+
+def read_any(path: Path) -> pa.Table:
+    suffix = path.suffix
+    if suffix == ".parquet":
+        return pq.read_table(path)
+    if suffix == ".csv":
+        return pacsv.read_csv(path)
+    if suffix == ".arrow":
+        with pa.ipc.open_file(path) as f:
+            return f.read_all()
+    return pa.Table.from_pylist([json.loads(line) for line in path.read_text().splitlines()])
+
+
+ARGS = ["--by", "k", "--agg", "n=count(*)", "--agg", "s=sum(v)"]
+
+
+@pytest.mark.parametrize("ext", ["parquet", "csv", "jsonl", "arrow"])
+def test_every_output_format(tmp_path, data, ext, capsys):
+    src, t = data
+    out = tmp_path / f"out.{ext}"
+    assert main(["aggregate", str(src), *ARGS, "--memory", "8m", "-o", str(out)]) == 0
+    check(read_any(out), t, ["k"])
+    assert not [p for p in os.listdir(tmp_path) if "extagg-tmp" in p]
+    err = capsys.readouterr().err
+    assert "Read 20,000 rows" in err and "500 groups" in err and "peak RSS" in err
+
+
+def test_existing_output_needs_overwrite(tmp_path, data, capsys):
+    src, t = data
+    out = tmp_path / "out.csv"
+    out.write_text("keep me")
+    assert main(["aggregate", str(src), *ARGS, "-o", str(out)]) == 2
+    assert "--overwrite" in capsys.readouterr().err and out.read_text() == "keep me"
+    assert main(["aggregate", str(src), *ARGS, "-o", str(out), "--overwrite", "-q"]) == 0
+    check(read_any(out), t, ["k"])
+
+
+def test_table_without_output_and_csv_to_stdout(data, capsys):
+    src, t = data
+    assert main(["aggregate", str(src), "--by", "g", "--agg", "n=count(*)", "--sort", "-q"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["g", "n"] and lines[-1] == "4 row(s)"
+    assert [line.split()[0] for line in lines[2:6]] == ["a", "b", "c", "d"]
+    assert main(["aggregate", str(src), *ARGS, "--show", "5", "-q"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 + 5 + 1 and out[-1].startswith("500 row(s) (first 5 shown")
+    assert main(["aggregate", str(src), *ARGS, "-o", "-", "-q", "--sort"]) == 0
+    csv = capsys.readouterr().out
+    result = pacsv.read_csv(pa.BufferReader(csv.encode()))
+    check(result, t, ["k"])
+    assert result.column("k").to_pylist() == sorted(result.column("k").to_pylist())
+
+
+def test_where_having_and_json_summary(tmp_path, data, capsys):
+    src, t = data
+    summary = tmp_path / "summary.json"
+    out = tmp_path / "o.parquet"
+    rc = main([
+        "aggregate", str(src), "--by", "k,g", "--agg", "n=count(*)", "--agg", "s=sum(v)",
+        "--where", "u between 10 and 19 and g in ('a', 'b')", "--having", "n >= 3",
+        "-o", str(out), "--json-summary", str(summary), "-q",
+    ])  # fmt: skip
+    assert rc == 0 and capsys.readouterr().err == ""
+    df = t.to_pandas()
+    df = df[(df.u >= 10) & (df.u <= 19) & df.g.isin(["a", "b"])]
+    g = df.groupby(["k", "g"]).agg(n=("v", "size"), s=("v", "sum"))
+    g = g[g.n >= 3]
+    result = pq.read_table(out)
+    have = {(r["k"], r["g"]): (r["n"], r["s"]) for r in result.to_pylist()}
+    assert have.keys() == set(g.index)
+    for key, row in g.iterrows():
+        assert have[key][0] == row.n and have[key][1] == pytest.approx(row.s)
+    info = json.loads(summary.read_text())
+    assert info["rows_read"] == len(df) and info["rows_out"] == len(g)
+    assert info["groups"] >= len(g) and info["finished"] is True
+
+
+def test_sort_under_a_tiny_budget_uses_runs(tmp_path, capsys):
+    t = table(100_000, keys=30_000, seed=5)
+    src = tmp_path / "big.parquet"
+    pq.write_table(t, src)
+    out = tmp_path / "sorted.parquet"
+    summary = tmp_path / "s.json"
+    rc = main([
+        "aggregate", str(src), "--by", "g,k", "--agg", "n=count(*)", "--agg", "s=sum(v)",
+        "--memory", "3m", "--sort", "-o", str(out), "--json-summary", str(summary),
+        "--spill-dir", str(tmp_path / "spill"), "-q",
+    ])  # fmt: skip
+    assert rc == 0, capsys.readouterr().err
+    result = pq.read_table(out)
+    check(result, t, ["g", "k"])
+    keys = list(zip(result.column("g").to_pylist(), result.column("k").to_pylist()))
+    assert keys == sorted(keys)
+    info = json.loads(summary.read_text())
+    assert info["spill_count"] > 0 and info["sort_runs"] > 1
+    assert not [p for p in (tmp_path / "spill").rglob("*") if p.is_file()]
+
+
+def test_count_distinct_under_a_tiny_budget(tmp_path, capsys):
+    t = table(150_000, keys=20_000, seed=9)
+    src = tmp_path / "cd.parquet"
+    pq.write_table(t, src)
+    out = tmp_path / "cd.parquet.out.parquet"
+    summary = tmp_path / "s.json"
+    rc = main([
+        "aggregate", str(src), "--by", "k", "--agg", "d=count_distinct(u)", "--agg",
+        "n=count(*)", "--memory", "2m", "--spill-dir", str(tmp_path / "spill"),
+        "-o", str(out), "--json-summary", str(summary), "-q",
+    ])  # fmt: skip
+    assert rc == 0, capsys.readouterr().err
+    g = t.to_pandas().groupby("k").u
+    want = {k: (d, n) for (k, d), n in zip(g.nunique().items(), g.size())}
+    have = {r["k"]: (r["d"], r["n"]) for r in pq.read_table(out).to_pylist()}
+    assert have == want
+    assert not [p for p in (tmp_path / "spill").rglob("*") if p.is_file()]
+    assert json.loads(summary.read_text())["spill_count"] > 0
+
+
+def test_same_answers_as_duckdb(tmp_path, data, capsys):
+    duckdb = pytest.importorskip("duckdb")
+    src, _ = data
+    out = tmp_path / "q.parquet"
+    rc = main([
+        "aggregate", str(src), "--by", "g", "--agg", "n=count(*)", "--agg", "s=sum(v)",
+        "--agg", "m=mean(u)", "--agg", "hi=max(v)", "--where", "u < 25 and v > 1.5",
+        "-o", str(out), "-q",
+    ])  # fmt: skip
+    assert rc == 0
+    mine = {r["g"]: (r["n"], r["s"], r["m"], r["hi"]) for r in pq.read_table(out).to_pylist()}
+    con = duckdb.connect()
+    rows = con.execute(
+        f"select g, count(*), sum(v), avg(u), max(v) from read_parquet('{src}') "
+        "where u < 25 and v > 1.5 group by g"
+    ).fetchall()
+    assert mine.keys() == {r[0] for r in rows}
+    for g, n, s, m, hi in rows:
+        assert mine[g][0] == n and mine[g][3] == hi
+        assert mine[g][1] == pytest.approx(s, rel=1e-9) and mine[g][2] == pytest.approx(m)
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "words"),
+    [
+        (["--by", "kk", "--agg", "n=count(*)"], 2, ["unknown column 'kk'", "did you mean 'k'",
+                                                    "available: k, g, v, u"]),
+        (["--by", "k", "--agg", "n=counts(v)"], 2, ["unknown aggregate function 'counts'",
+                                                   "count, count_distinct, first"]),
+        (["--by", "k", "--agg", "n count"], 2, ["NAME=FUNC(COLUMN)"]),
+        (["--by", "k", "--agg", "n=count(*)", "--memory", "12 parsecs"], 2, ["'12 parsecs'"]),
+        (["--by", "k", "--agg", "n=count(*)", "--where", "u > > 1"], 2, ["position 4", "^"]),
+        (["--by", "k", "--agg", "n=count(*)", "--having", "nn > 1"], 2,
+         ["unknown result column 'nn'", "did you mean 'n'"]),
+        (["--by", "k", "--agg", "n=count(*)", "-o", "x.xlsx"], 2, ["--output-format"]),
+        (["--by", "k"], 2, ["--agg"]),
+    ],
+)  # fmt: skip
+def test_usage_errors_exit_2(data, argv, code, words, capsys):
+    src, _ = data
+    assert main(["aggregate", str(src), *argv]) == code
+    err = capsys.readouterr().err
+    for w in words:
+        assert w in err, err
+    assert "Traceback" not in err
+
+
+def test_runtime_errors_exit_1(tmp_path, capsys):
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"PAR1 this is not parquet at all PAR1")
+    assert main(["aggregate", str(bad), "--by", "k", "--agg", "n=count(*)"]) == 1
+    err = capsys.readouterr().err
+    assert "bad.parquet" in err and "Traceback" not in err
+    assert main(["aggregate", str(tmp_path / "none.csv"), "--agg", "n=count(*)"]) == 1
+    assert "no such file" in capsys.readouterr().err
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EXTAGG_")}
+    env["EXTAGG_PROGRESS"] = "0"
+    return env
+
+
+def test_subprocess_run_and_exit_codes(tmp_path, data):
+    src, t = data
+    out = tmp_path / "o.csv"
+    cmd = [sys.executable, "-m", "extagg", "aggregate", str(src), *ARGS, "-o", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_env())
+    assert proc.returncode == 0, proc.stderr
+    check(read_any(out), t, ["k"])
+    assert "rows/s" in proc.stderr and "budget" in proc.stderr
+    proc = subprocess.run(
+        [*cmd[:-2], "--by", "nope"], capture_output=True, text=True, timeout=300, env=_env()
+    )
+    assert proc.returncode == 2 and "unknown column 'nope'" in proc.stderr
+
+
+def test_sigint_stops_and_leaves_no_files(tmp_path):
+    t = table(3_000_000, keys=1_500_000, seed=11)
+    src = tmp_path / "big.parquet"
+    pq.write_table(t, src, row_group_size=100_000)
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    out = tmp_path / "out.parquet"
+    cmd = [
+        sys.executable, "-m", "extagg", "aggregate", str(src), "--by", "k,u", "--agg",
+        "n=count(*)", "--agg", "s=sum(v)", "--memory", "4m", "--spill-dir", str(spill),
+        "--sort", "-o", str(out),
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=_env())
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if any(p.is_file() for p in spill.rglob("*")):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it spilled: make the input larger"
+    proc.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    stopped = time.monotonic() - sent
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert not [p for p in spill.rglob("*") if p.is_file()]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.parquet", "spill"]
+    print(f"stopped {stopped:.2f} s after SIGINT")
+
+
+@pytest.fixture
+def tiny_fs(tmp_path):
+    """A 1 MiB tmpfs (needs root); skipped where it cannot be mounted."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True
+    )
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {proc.stderr!r}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_disk_full_writing_output(tmp_path, tiny_fs, capsys):
+    t = table(300_000, keys=200_000, seed=2)
+    src = tmp_path / "wide.parquet"
+    pq.write_table(t, src)
+    out = tiny_fs / "out.csv"
+    rc = main(["aggregate", str(src), "--by", "k,u", "--agg", "n=count(*)", "-o", str(out), "-q"])
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    assert "disk full" in err and str(tiny_fs) in err and "bytes" in err
+    assert os.listdir(tiny_fs) == []  # no partial output, no temporary file
+
+
+def test_disk_full_on_stdout(data):
+    src, _ = data
+    cmd = [sys.executable, "-m", "extagg", "aggregate", str(src), *ARGS, "-o", "-"]
+    with open("/dev/full", "wb") as full:
+        proc = subprocess.run(cmd, stdout=full, stderr=subprocess.PIPE, text=True, timeout=300,
+                              env=_env())  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert "disk full" in proc.stderr and "<stdout>" in proc.stderr
+
+
+def test_disk_full_while_spilling(tmp_path, tiny_fs, capsys):
+    t = table(400_000, keys=300_000, seed=4)
+    src = tmp_path / "spilly.parquet"
+    pq.write_table(t, src)
+    out = tmp_path / "out.parquet"
+    rc = main([
+        "aggregate", str(src), "--by", "k,u", "--agg", "n=count(*)", "--agg", "s=sum(v)",
+        "--memory", "2m", "--spill-dir", str(tiny_fs), "-o", str(out), "-q",
+    ])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    assert str(tiny_fs) in err and "bytes" in err and "Traceback" not in err
+    assert not out.exists()
+    assert not [p for p in tiny_fs.rglob("*") if p.is_file()]
