@@ -282,10 +282,10 @@ class HashAggregator(Spillable):
         st = self.table_state
         step = st.chunk_rows
         every = self.force_spill_rows
-        layout = st.layout
         # string min/max/first/last: chunks whose values take at most 1/8 of the budget (the
         # state arena is asked for room for all of them before a chunk is folded)
-        state_offsets = [cols[layout.specs[i].column].offsets for i in layout.var_specs]  # type: ignore[index]
+        state_cols = self._var_state_columns(cols)
+        state_offsets = [c.offsets for c in state_cols if c.offsets is not None]
         state_limit = max(1, self.budget.max_memory // 8)
         start = 0
         while start < n:
@@ -293,7 +293,7 @@ class HashAggregator(Spillable):
             if every is not None:
                 stop = min(stop, start + every - st.rows_since_spill)
             if state_offsets and self._partitions is None:
-                stop = chunk_stop(state_offsets, start, stop, state_limit)  # type: ignore[arg-type]
+                stop = chunk_stop(state_offsets, start, stop, state_limit)
             part = (
                 cols
                 if (start == 0 and stop == n)
@@ -316,18 +316,15 @@ class HashAggregator(Spillable):
             self._set_aside(cols, n, 0)
             return
         table = self._ensure_table()
+        if st.layout.has_var_states:  # first: growing the arena trims what is held to its use
+            state_cols = self._var_state_columns(cols)
+            state_bytes = sum(c.data.nbytes for c in state_cols if c.data is not None)
+            make_room_for_var_states(st, state_bytes)
+            table = self._ensure_table()
         key_cols = [cols[k] for k in self.keys]
         var_bytes = sum(c.data.nbytes for c in key_cols if c.data is not None)
         if var_bytes:
             self._make_room_for_key_bytes(var_bytes)
-            table = self._ensure_table()
-        layout = st.layout
-        if layout.has_var_states:
-            state_bytes = sum(
-                cols[layout.specs[i].column].data.nbytes  # type: ignore[index, union-attr]
-                for i in layout.var_specs
-            )
-            make_room_for_var_states(st, state_bytes)
             table = self._ensure_table()
         enc = self._encode(key_cols, n)
         gids = np.empty(n, dtype=np.int64)
@@ -355,6 +352,11 @@ class HashAggregator(Spillable):
         st.rows_since_spill += n
         if var_bytes:
             self.budget.trim()
+
+    def _var_state_columns(self, cols: dict[str, Column]) -> list[Column]:
+        """The input column of every string min/max/first/last (once per aggregate)."""
+        layout = self.table_state.layout
+        return [cols[str(layout.specs[i].column)] for i in layout.var_specs]
 
     def _make_room_for_key_bytes(self, var_bytes: int) -> None:
         """Chunk key bytes may be copied once when packed: hold them too for this chunk."""

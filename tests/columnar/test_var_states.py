@@ -277,3 +277,20 @@ def test_unsupported_string_function_names_the_column() -> None:
     table = pa.table({"k": [1], "v": ["a"]})
     with pytest.raises(TypeError, match=r"sum.*'v'.*string"):
         aggregate(table, keys=["k"], aggs={"s": ("v", "sum")})
+
+
+def test_string_keys_and_string_states_share_a_small_budget(spill_dir) -> None:
+    """The key arena and the state arena grow side by side under 2 MiB: many spills."""
+    rng = np.random.default_rng(11)
+    n = 60_000
+    keys = [f"key-{i}" * int(1 + i % 5) for i in rng.integers(0, 5_000, n)]
+    values = [None if i % 13 == 0 else "v" * int(s) for i, s in enumerate(rng.integers(0, 90, n))]
+    table = pa.table({"k": keys, "v": values})
+    with HashAggregator(["k"], AGGS, memory="2m", spill_dirs=[str(spill_dir)]) as agg:
+        for b in table.to_batches(max_chunksize=4_000):
+            agg.update(b)
+        spills = agg.metrics.spill_count
+        got = pa.Table.from_batches(list(agg.results()), schema=agg.schema)
+    assert spills >= 3
+    assert _result(got) == _reference(keys, values)
+    assert files_under(spill_dir) == []
