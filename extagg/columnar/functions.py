@@ -375,6 +375,7 @@ def merge_var(
     offsets, data = src_var
     win = np.full(groups, -1, dtype=np.int64)
     base = spec.family[: -len("_var")]
+    rest: list[np.ndarray]
     if base in ("min", "max"):
         kernels.merge_minmax_var(out_gid, base == "max", offsets, data, src[0], win)
         rest = [win >= 0]

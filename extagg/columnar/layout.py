@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -203,6 +204,7 @@ class BlockLayout:
         keys = self.keys.decode(words, nulls, var_off if self.keys.has_var else None, var_data)
         aggs = []
         for spec, indexes in zip(self.specs, self.state_index):
+            states: list[Any]
             if F.is_var_spec(spec):
                 states = [block.var_columns[state_column(indexes[0])]]
                 states += [block.columns[state_column(i)] for i in indexes[2:]]
