@@ -391,3 +391,174 @@ def merge_seq_dec128(out_gid, is_last, slo, shi, sseq, snull, dlo, dhi, dseq, dn
             dnull[g] = snull[i]
             dlo[g] = slo[i]
             dhi[g] = shi[i]
+
+
+# -- variable-length states: min/max/first/last of strings and binaries -------------------------
+#
+# A group's value lives in a byte arena: ``ref[g]`` is its offset, ``ln[g]`` its length (-1: no
+# value). An update writes a new value over the old one when it is not longer, else appends it
+# at ``used`` (the arena's fill) and returns the new fill; the caller reserved room for every
+# byte of the chunk's values. Bytes compare lexicographically, unsigned (Spark's binary order,
+# which is the code-point order of UTF-8 strings).
+
+
+@_jit
+def _bytes_less(a, a0, an, b, b0, bn):
+    m = min(an, bn)
+    for j in range(m):
+        x = a[a0 + j]
+        y = b[b0 + j]
+        if x != y:
+            return x < y
+    return an < bn
+
+
+@_jit
+def _put_var(arena, used, ref, ln, g, data, start, n):
+    """Store ``data[start:start+n]`` as group ``g``'s value; returns the arena's new fill."""
+    at = ref[g]
+    if ln[g] < n:
+        at = used
+        used += n
+    for j in range(n):
+        arena[at + j] = data[start + j]
+    ref[g] = at
+    ln[g] = n
+    return used
+
+
+@_jit
+def minmax_var_update(gids, offsets, data, valid, is_max, arena, used, ref, ln, has):
+    check = valid.shape[0] > 0
+    for i in range(gids.shape[0]):
+        if check and not valid[i]:
+            continue
+        g = gids[i]
+        s = offsets[i]
+        n = offsets[i + 1] - s
+        if has[g]:
+            if is_max:
+                better = _bytes_less(arena, ref[g], ln[g], data, s, n)
+            else:
+                better = _bytes_less(data, s, n, arena, ref[g], ln[g])
+            if not better:
+                continue
+        used = _put_var(arena, used, ref, ln, g, data, s, n)
+        has[g] = True
+    return used
+
+
+@_jit
+def seq_var_update(
+    gids, offsets, data, valid, seq_base, skip_nulls, last, arena, used, ref, ln, seq, null
+):
+    """first/last: rows in order (first) or backwards (last), so each group is set at most
+    once per call and the appended bytes stay within the chunk's."""
+    check = valid.shape[0] > 0
+    m = gids.shape[0]
+    for k in range(m):
+        i = m - 1 - k if last else k
+        is_null = check and not valid[i]
+        if skip_nulls and is_null:
+            continue
+        g = gids[i]
+        row = seq_base + i
+        if last:
+            if seq[g] >= row:
+                continue
+        elif seq[g] >= 0:
+            continue
+        seq[g] = row
+        null[g] = is_null
+        if is_null:
+            ln[g] = 0 if ln[g] > 0 else ln[g]
+        else:
+            s = offsets[i]
+            used = _put_var(arena, used, ref, ln, g, data, s, offsets[i + 1] - s)
+    return used
+
+
+@_jit
+def gather_arena(arena, ref, ln, groups):
+    """The values of ``groups`` (group ids) as ``(offsets from 0, bytes)``; none is empty."""
+    m = groups.shape[0]
+    out_off = np.empty(m + 1, dtype=np.int64)
+    out_off[0] = 0
+    total = 0
+    for i in range(m):
+        n = ln[groups[i]]
+        if n > 0:
+            total += n
+        out_off[i + 1] = total
+    out = np.empty(total, dtype=np.uint8)
+    for i in range(m):
+        g = groups[i]
+        d = out_off[i]
+        s = ref[g]
+        for j in range(out_off[i + 1] - d):
+            out[d + j] = arena[s + j]
+    return out_off, out
+
+
+@_jit
+def merge_minmax_var(out_gid, is_max, soff, sdata, shas, win):
+    """``win[g]``: the partial row holding output group ``g``'s min (max), -1 if none."""
+    for i in range(out_gid.shape[0]):
+        if not shas[i]:
+            continue
+        g = out_gid[i]
+        w = win[g]
+        if w >= 0:
+            a0 = soff[i]
+            an = soff[i + 1] - a0
+            b0 = soff[w]
+            bn = soff[w + 1] - b0
+            if is_max:
+                better = _bytes_less(sdata, b0, bn, sdata, a0, an)
+            else:
+                better = _bytes_less(sdata, a0, an, sdata, b0, bn)
+            if not better:
+                continue
+        win[g] = i
+
+
+@_jit
+def merge_seq_var(out_gid, last, sseq, snull, win, dseq, dnull):
+    """``win[g]``: the partial row with output group ``g``'s first (last) row, -1 if none."""
+    for i in range(out_gid.shape[0]):
+        g = out_gid[i]
+        s = sseq[i]
+        if s < 0:
+            continue
+        if last:
+            take = s > dseq[g]
+        else:
+            take = dseq[g] < 0 or s < dseq[g]
+        if take:
+            dseq[g] = s
+            dnull[g] = snull[i]
+            win[g] = i
+
+
+@_jit
+def gather_var_rows(offsets, data, rows):
+    """The values of ``rows`` (-1: an empty value) as ``(offsets from 0, bytes)``."""
+    m = rows.shape[0]
+    out_off = np.empty(m + 1, dtype=np.int64)
+    out_off[0] = 0
+    total = 0
+    for i in range(m):
+        r = rows[i]
+        if r >= 0:
+            total += offsets[r + 1] - offsets[r]
+        out_off[i + 1] = total
+    out = np.empty(total, dtype=np.uint8)
+    for i in range(m):
+        r = rows[i]
+        if r < 0:
+            continue
+        s = offsets[r]
+        d = out_off[i]
+        for j in range(out_off[i + 1] - d):
+            out[d + j] = data[s + j]
+    return out_off, out

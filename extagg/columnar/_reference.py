@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 _M64 = (1 << 64) - 1
 
 
@@ -256,3 +258,91 @@ def merge_seq_dec128(out_gid, is_last, slo, shi, sseq, snull, dlo, dhi, dseq, dn
             continue
         if (is_last and s > dseq[g]) or (not is_last and (dseq[g] < 0 or s < dseq[g])):
             dseq[g], dnull[g], dlo[g], dhi[g] = s, snull[i], slo[i], shi[i]
+
+
+# -- variable-length states (see the kernels' comment) ----------------------------------------
+
+
+def _put_var(arena, used, ref, ln, g, value):
+    n = len(value)
+    at = int(ref[g])
+    if ln[g] < n:
+        at = used
+        used += n
+    arena[at : at + n] = np.frombuffer(value, dtype=np.uint8)
+    ref[g] = at
+    ln[g] = n
+    return used
+
+
+def _stored(arena, ref, ln, g):
+    return bytes(arena[int(ref[g]) : int(ref[g]) + int(ln[g])])
+
+
+def minmax_var_update(gids, offsets, data, valid, is_max, arena, used, ref, ln, has):
+    for i, g in enumerate(gids.tolist()):
+        if len(valid) and not valid[i]:
+            continue
+        value = bytes(data[int(offsets[i]) : int(offsets[i + 1])])
+        if has[g]:
+            old = _stored(arena, ref, ln, g)
+            if not (value > old if is_max else value < old):
+                continue
+        used = _put_var(arena, used, ref, ln, g, value)
+        has[g] = True
+    return used
+
+
+def seq_var_update(
+    gids, offsets, data, valid, seq_base, skip_nulls, last, arena, used, ref, ln, seq, null
+):
+    order = range(len(gids) - 1, -1, -1) if last else range(len(gids))
+    for i in order:
+        g = int(gids[i])
+        is_null = bool(len(valid)) and not valid[i]
+        if (skip_nulls and is_null) or (seq[g] >= seq_base + i if last else seq[g] >= 0):
+            continue
+        seq[g] = seq_base + i
+        null[g] = is_null
+        if is_null:
+            ln[g] = min(int(ln[g]), 0)
+        else:
+            used = _put_var(arena, used, ref, ln, g, bytes(data[offsets[i] : offsets[i + 1]]))
+    return used
+
+
+def _pack(values):
+    offsets = np.zeros(len(values) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(v) for v in values]) if values else []
+    return offsets, np.frombuffer(b"".join(values), dtype=np.uint8).copy()
+
+
+def gather_arena(arena, ref, ln, groups):
+    return _pack([_stored(arena, ref, ln, g) if ln[g] > 0 else b"" for g in groups.tolist()])
+
+
+def merge_minmax_var(out_gid, is_max, soff, sdata, shas, win):
+    def value(r):
+        return bytes(sdata[soff[r] : soff[r + 1]])
+
+    for i, g in enumerate(out_gid.tolist()):
+        if not shas[i]:
+            continue
+        w = int(win[g])
+        if w < 0 or (value(i) > value(w) if is_max else value(i) < value(w)):
+            win[g] = i
+
+
+def merge_seq_var(out_gid, last, sseq, snull, win, dseq, dnull):
+    for i, g in enumerate(out_gid.tolist()):
+        s = int(sseq[i])
+        if s < 0:
+            continue
+        if (s > dseq[g]) if last else (dseq[g] < 0 or s < dseq[g]):
+            dseq[g], dnull[g], win[g] = s, snull[i], i
+
+
+def gather_var_rows(offsets, data, rows):
+    return _pack(
+        [b"" if r < 0 else bytes(data[offsets[r] : offsets[r + 1]]) for r in rows.tolist()]
+    )

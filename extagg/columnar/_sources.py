@@ -29,7 +29,10 @@ class TableSource(BlockSource[ColumnBlock]):
     def __init__(self, st: TableState, table: TypedHashTable) -> None:
         self.st = st
         self.table: TypedHashTable | None = table
-        self.nbytes = table.nbytes
+        #: the table's string states: taken over from ``st`` with the table
+        self.arena = st.var_arena
+        st.var_arena = None
+        self.nbytes = table.nbytes + (0 if self.arena is None else self.arena.nbytes)
         st.source_bytes += self.nbytes
         hashes, gids = table.sort_by_hash()
         self.hashes: np.ndarray | None = hashes
@@ -55,7 +58,13 @@ class TableSource(BlockSource[ColumnBlock]):
             assert self.table is not None and self.hashes is not None and self.gids is not None
             stop, block = next(
                 st.layout.iter_sorted(
-                    self.table, self.hashes, self.gids, self.pos, st.run_rows, st.batch_var_bytes
+                    self.table,
+                    self.hashes,
+                    self.gids,
+                    self.pos,
+                    st.run_rows,
+                    st.batch_var_bytes,
+                    self.arena,
                 )
             )
             self.pos = stop
@@ -82,7 +91,7 @@ class TableSource(BlockSource[ColumnBlock]):
         )
         started = time.perf_counter()
         try:
-            path = write_table_run(st, self.table, self.hashes, self.gids, self.pos)
+            path = write_table_run(st, self.table, self.hashes, self.gids, self.pos, self.arena)
         finally:
             st.metrics.spill_time_s += time.perf_counter() - started
         st.metrics.memory_bytes_spilled += self.nbytes
@@ -94,6 +103,7 @@ class TableSource(BlockSource[ColumnBlock]):
         if self.table is None:
             return
         self.table = None
+        self.arena = None
         self.hashes = None
         self.gids = None
         freed, self.nbytes = self.nbytes, 0

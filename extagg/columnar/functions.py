@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from extagg.columnar import _kernels
 from extagg.columnar.columns import Column, decimal_array, is_decimal64
+from extagg.columnar.var_states import VarArena
 from extagg.errors import SumOverflowError
 
 __all__ = [
@@ -38,6 +39,9 @@ __all__ = [
     "AggregateSpec",
     "StateField",
     "SumOverflowError",
+    "VAR_FUNCTIONS",
+    "is_var_spec",
+    "merge_var",
     "parse_aggs",
     "resolve",
     "update",
@@ -154,11 +158,16 @@ def resolve(request: AggregateRequest, column: Column | None) -> AggregateSpec:
             request.output, func, None, "count_star", None, (StateField("n", _I64, 0),), pa.int64()
         )
     kind, arrow_type = column.kind, column.arrow_type
+    if kind in ("string", "binary") and func in VAR_FUNCTIONS:
+        return AggregateSpec(
+            request.output, func, request.column, f"{func}_var", arrow_type,
+            _var_states(func), arrow_type,
+        )  # fmt: skip
     accepted = _ACCEPTS.get(func, _ORDERED)
     if kind not in accepted:
         need = {
             _NUMERIC: "a numeric or bool column",
-            _ORDERED: "a numeric, bool or temporal column (strings are not supported yet)",
+            _ORDERED: "a numeric, bool, decimal or temporal column",
         }.get(accepted, "a column")
         raise TypeError(
             f"aggregate {request.output!r}: {func}({request.column!r}) is not supported for "
@@ -173,6 +182,24 @@ def resolve(request: AggregateRequest, column: Column | None) -> AggregateSpec:
             )
     family, states, out_type = _layout(func, kind, arrow_type, value_dtype)
     return AggregateSpec(request.output, func, request.column, family, arrow_type, states, out_type)
+
+
+#: functions that take string and binary columns, their states in a byte arena
+VAR_FUNCTIONS = ("min", "max", "first", "last", "first_non_null", "last_non_null")
+
+
+def _var_states(func: str) -> tuple[StateField, ...]:
+    """``ref``/``len`` of the value in the table's arena (``len`` -1: none), then ``has`` (min,
+    max) or ``seq``/``null`` (first, last). In a block the first two are one var column."""
+    value = (StateField("ref", _I64, 0), StateField("len", _I64, -1))
+    if func in ("min", "max"):
+        return (*value, StateField("has", _BOOL, False))
+    return (*value, StateField("seq", _I64, -1), StateField("null", _BOOL, False))
+
+
+def is_var_spec(spec: AggregateSpec) -> bool:
+    """Whether ``spec`` keeps variable-length states (see :func:`_var_states`)."""
+    return spec.family.endswith("_var")
 
 
 def _decimal_layout(
@@ -250,8 +277,10 @@ def update(
     column: Column | None,
     seq_base: int,
     kernels: ModuleType = _kernels,
+    arena: VarArena | None = None,
 ) -> None:
-    """Fold the rows of ``column`` (already sliced like ``gids``) into ``states``."""
+    """Fold the rows of ``column`` (already sliced like ``gids``) into ``states`` (string and
+    binary min/max/first/last: into ``arena``, which has room for all the column's bytes)."""
     family = spec.family
     if family == "count_star":
         kernels.count_rows(gids, states[0])
@@ -260,6 +289,9 @@ def update(
     valid = _EMPTY_VALID if column.valid is None else column.valid
     if family == "count":
         kernels.count_valid(gids, valid, states[0])
+        return
+    if family.endswith("_var"):
+        _update_var(spec, states, gids, column, valid, seq_base, kernels, arena)
         return
     values = column.values
     if column.kind == "decimal" and family == "var":
@@ -297,6 +329,80 @@ def update(
         raise AssertionError(family)
     if family.startswith("mean"):
         kernels.count_valid(gids, valid, states[-1])
+
+
+def _update_var(
+    spec: AggregateSpec,
+    states: Sequence[np.ndarray],
+    gids: np.ndarray,
+    column: Column,
+    valid: np.ndarray,
+    seq_base: int,
+    kernels: ModuleType,
+    arena: VarArena | None,
+) -> None:
+    assert arena is not None and column.offsets is not None and column.data is not None
+    if arena.room < column.data.nbytes:  # the caller reserves room: never write past the end
+        raise RuntimeError(
+            f"aggregate {spec.output!r}: {arena.room} bytes of room in the state arena for "
+            f"{column.data.nbytes} bytes of values"
+        )
+    base = spec.family[: -len("_var")]
+    if base in ("min", "max"):
+        arena.used = int(
+            kernels.minmax_var_update(
+                gids, column.offsets, column.data, valid, base == "max", arena.data, arena.used,
+                *states,
+            )
+        )  # fmt: skip
+    else:
+        arena.used = int(
+            kernels.seq_var_update(
+                gids, column.offsets, column.data, valid, seq_base, base.endswith("non_null"),
+                base.startswith("last"), arena.data, arena.used, *states,
+            )
+        )  # fmt: skip
+
+
+def merge_var(
+    spec: AggregateSpec,
+    out_gid: np.ndarray,
+    groups: int,
+    src_var: tuple[np.ndarray, np.ndarray],
+    src: Sequence[np.ndarray],
+    kernels: ModuleType = _kernels,
+) -> tuple[tuple[np.ndarray, np.ndarray], list[np.ndarray]]:
+    """Merge block rows of a variable-length state (``src_var`` the values as offsets and
+    bytes, ``src`` the fixed states after them) into ``groups`` output groups."""
+    offsets, data = src_var
+    win = np.full(groups, -1, dtype=np.int64)
+    base = spec.family[: -len("_var")]
+    rest: list[np.ndarray]
+    if base in ("min", "max"):
+        kernels.merge_minmax_var(out_gid, base == "max", offsets, data, src[0], win)
+        rest = [win >= 0]
+    else:
+        seq = np.full(groups, -1, dtype=np.int64)
+        null = np.zeros(groups, dtype=np.bool_)
+        kernels.merge_seq_var(out_gid, base.startswith("last"), src[0], src[1], win, seq, null)
+        rest = [seq, null]
+    return kernels.gather_var_rows(offsets, data, win), rest
+
+
+def var_array(
+    arrow_type: pa.DataType, var: tuple[np.ndarray, np.ndarray], mask: np.ndarray
+) -> pa.Array:
+    """Values as offsets and bytes (``mask``: nulls) as an Arrow array of ``arrow_type``."""
+    offsets, data = var
+    n = len(offsets) - 1
+    string = pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
+    large = pa.large_string() if string else pa.large_binary()
+    nulls = int(mask.sum())
+    validity = pa.py_buffer(np.packbits(~mask, bitorder="little")) if nulls else None
+    arr = pa.Array.from_buffers(
+        large, n, [validity, pa.py_buffer(offsets), pa.py_buffer(data)], null_count=nulls
+    )
+    return arr if arr.type == arrow_type else arr.cast(arrow_type)
 
 
 def merge(
@@ -469,11 +575,15 @@ def _typed(values: np.ndarray, arrow_type: pa.DataType, mask: np.ndarray) -> pa.
     return pa.array(values, type=arrow_type, mask=mask_or_none)
 
 
-def finalize(spec: AggregateSpec, states: Sequence[np.ndarray]) -> pa.Array:
+def finalize(spec: AggregateSpec, states: Sequence[Any]) -> pa.Array:
     """The result column of ``spec`` for groups whose final states are ``states``."""
     family = spec.family
     if family in ("count", "count_star"):
         return pa.array(states[0], type=pa.int64())
+    if family.endswith("_var"):  # states: (offsets, bytes), then has or seq/null
+        if family.startswith(("min", "max")):
+            return var_array(spec.output_type, states[0], ~states[1])
+        return var_array(spec.output_type, states[0], (states[1] < 0) | states[2])
     if family == "sum_uint":
         lo, hi, has = states
         _check_digits(spec, [lo, hi], has)

@@ -14,7 +14,7 @@ from extagg.columnar.runs import spill_table
 from extagg.columnar.state import TableState
 from extagg.errors import MemoryLimitError
 
-__all__ = ["grow_arena_or_spill", "try_grow"]
+__all__ = ["grow_arena_or_spill", "make_room_for_var_states", "try_grow"]
 
 
 def try_grow(st: TableState, table: TypedHashTable) -> bool:
@@ -51,4 +51,34 @@ def grow_arena_or_spill(st: TableState, table: TypedHashTable, needed: int) -> N
         f"{st.name} cannot hold a key of {format_size(needed)}: growing the key arena "
         f"needs {format_size(extra)} more than the {format_size(st.budget.used)} held "
         f"(max_memory {format_size(st.budget.max_memory)})"
+    )
+
+
+def make_room_for_var_states(st: TableState, need: int) -> None:
+    """Before a chunk is folded: room in the string-state arena for ``need`` more bytes (all
+    its values, the most its min/max/first/last can append). Grows the arena if granted (old
+    and new exist while copying), else spills the table (which empties the arena), else fails
+    (a chunk's values larger than the budget)."""
+    arena = st.var_arena
+    assert arena is not None
+    arena.reserved = need
+    for attempt in range(2):
+        if arena.room >= need:
+            return
+        # an empty arena is replaced, not copied: the old one is not held beside the new
+        old = arena.nbytes if arena.used == 0 else 0
+        for capacity in dict.fromkeys((arena.capacity_for(need), arena.used + need)):
+            if st.budget.hold(st.in_use() - old + capacity):
+                arena.grow(capacity)
+                st.budget.trim()
+                return
+        if attempt == 0 and st.table is not None and st.table.num_groups:
+            spill_table(st, "memory for string aggregate states not granted")
+        elif attempt == 0 and arena.used:
+            arena.clear()
+    raise MemoryLimitError(
+        f"{st.name} cannot hold the {format_size(need)} of string values of a chunk for its "
+        f"min/max/first/last states: growing their arena to {format_size(capacity)} is not "
+        f"granted ({format_size(st.budget.used)} held, max_memory "
+        f"{format_size(st.budget.max_memory)})"
     )

@@ -42,7 +42,7 @@ from extagg.columnar import functions as F
 from extagg.columnar._sources import TableSource
 from extagg.columnar.buffers import BATCH_VAR_BYTES, IO_COPIES, partition_chunks, plan_buffers
 from extagg.columnar.columns import Column, iter_record_batches, to_columns
-from extagg.columnar.growth import grow_arena_or_spill, try_grow
+from extagg.columnar.growth import grow_arena_or_spill, make_room_for_var_states, try_grow
 from extagg.columnar.keys import EncodedKeys, KeyLayout
 from extagg.columnar.layout import GLOBAL_HASHES, BlockLayout, global_row_untyped
 from extagg.columnar.merging import result_blocks
@@ -57,6 +57,7 @@ from extagg.columnar.partition_files import (
 from extagg.columnar.partitioning import set_aside, spill_or_partition, start_partitioning
 from extagg.columnar.runs import spill_table
 from extagg.columnar.state import TableState
+from extagg.columnar.var_states import MIN_VAR_ARENA, VarArena, chunk_stop
 from extagg.errors import MemoryLimitError, SpillError
 from extagg.memory import Consumer, TaskMemoryManager, UnifiedMemoryManager
 from extagg.spill.blocks import ColumnBlock
@@ -276,7 +277,8 @@ class HashAggregator(Spillable[ColumnBlock]):
 
     def _min_bytes(self) -> int:
         st = self.table_state
-        return self._table_bytes() + st.scratch + st.io_bytes
+        arena = MIN_VAR_ARENA if st.layout.has_var_states else 0
+        return self._table_bytes() + arena + st.scratch + st.io_bytes
 
     # ------------------------------------------------------------------ memory
     def _ensure_table(self) -> TypedHashTable:
@@ -295,6 +297,8 @@ class HashAggregator(Spillable[ColumnBlock]):
             st.table = TypedHashTable(
                 k.num_words, len(k.names), k.has_var, self._payload(), hash_is_key=k.hash_is_key
             )
+            if st.layout.has_var_states and st.var_arena is None:
+                st.var_arena = VarArena()
             self.budget.trim()
         return st.table
 
@@ -329,11 +333,18 @@ class HashAggregator(Spillable[ColumnBlock]):
         st = self.table_state
         step = st.chunk_rows
         every = self.force_spill_rows
+        # string min/max/first/last: chunks whose values take at most 1/8 of the budget (the
+        # state arena is asked for room for all of them before a chunk is folded)
+        state_cols = self._var_state_columns(cols)
+        state_offsets = [c.offsets for c in state_cols if c.offsets is not None]
+        state_limit = max(1, self.budget.max_memory // 8)
         start = 0
         while start < n:
             stop = min(n, start + step)
             if every is not None:
                 stop = min(stop, start + every - st.rows_since_spill)
+            if state_offsets and self._partitions is None:
+                stop = chunk_stop(state_offsets, start, stop, state_limit)
             part = (
                 cols
                 if (start == 0 and stop == n)
@@ -356,6 +367,11 @@ class HashAggregator(Spillable[ColumnBlock]):
             self._set_aside(cols, n, 0)
             return
         table = self._ensure_table()
+        if st.layout.has_var_states:  # first: growing the arena trims what is held to its use
+            state_cols = self._var_state_columns(cols)
+            state_bytes = sum(c.data.nbytes for c in state_cols if c.data is not None)
+            make_room_for_var_states(st, state_bytes)
+            table = self._ensure_table()
         key_cols = [cols[k] for k in self.keys]
         var_bytes = sum(c.data.nbytes for c in key_cols if c.data is not None)
         if var_bytes:
@@ -388,6 +404,11 @@ class HashAggregator(Spillable[ColumnBlock]):
         if var_bytes:
             self.budget.trim()
 
+    def _var_state_columns(self, cols: dict[str, Column]) -> list[Column]:
+        """The input column of every string min/max/first/last (once per aggregate)."""
+        layout = self.table_state.layout
+        return [cols[str(layout.specs[i].column)] for i in layout.var_specs]
+
     def _make_room_for_key_bytes(self, var_bytes: int) -> None:
         """Chunk key bytes may be copied once when packed: hold them too for this chunk."""
         self.maybe_spill(
@@ -409,14 +430,16 @@ class HashAggregator(Spillable[ColumnBlock]):
         n: int,
         seq0: int,
     ) -> None:
-        layout = self.table_state.layout
+        st = self.table_state
+        layout = st.layout
         whole = lo == 0 and hi == n
         g = gids if whole else gids[lo:hi]
         for spec, indexes in zip(layout.specs, layout.state_index):
             col = None if spec.column is None else cols[spec.column]
             if col is not None and not whole:
                 col = col.slice(lo, hi)
-            F.update(spec, [table.payload[i] for i in indexes], g, col, seq0 + lo)
+            states = [table.payload[i] for i in indexes]
+            F.update(spec, states, g, col, seq0 + lo, arena=st.var_arena)
 
     # ------------------------------------------------------------------ partitioning
     def _spill_or_partition(self, table: TypedHashTable) -> None:
@@ -506,6 +529,7 @@ class HashAggregator(Spillable[ColumnBlock]):
 
     def release_collection(self) -> None:
         self.table_state.table = None
+        self.table_state.var_arena = None
         if self._source is not None:
             self._source.close()
             self._source = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -19,6 +20,7 @@ from extagg.collection.typed_table import TypedHashTable
 from extagg.columnar import _kernels
 from extagg.columnar import functions as F
 from extagg.columnar.keys import NULLS_COLUMN, VAR_COLUMN, WORD_PREFIX, KeyLayout
+from extagg.columnar.var_states import VarArena
 from extagg.errors import SumOverflowError
 from extagg.hashing import stable_hash
 from extagg.spill.blocks import ColumnBlock
@@ -52,30 +54,61 @@ class BlockLayout:
             self.state_fields.extend(spec.states)
             self.state_index.append(list(range(first, len(self.state_fields))))
         self.output_names = [*keys.names, *(s.output for s in self.specs)]
+        #: the aggregates whose first two states (``ref``, ``len`` into the table's
+        #: :class:`~extagg.columnar.var_states.VarArena`) are one var column ``s{ref}`` in a block
+        self.var_specs = [i for i, spec in enumerate(self.specs) if F.is_var_spec(spec)]
+        self._arena_states = {
+            j for i in self.var_specs for j in self.state_index[i][:2]
+        }  # fmt: skip
+
+    @property
+    def has_var_states(self) -> bool:
+        return bool(self.var_specs)
+
+    def var_len_states(self) -> list[int]:
+        """Payload indexes of the ``len`` states of the variable-length aggregates."""
+        return [self.state_index[i][1] for i in self.var_specs]
 
     @property
     def fixed_row_bytes(self) -> int:
         """Bytes of one block row without its variable-length key bytes."""
         total = 8 + 8 * self.keys.num_words + self.keys.null_dtype.itemsize
-        total += sum(f.dtype.itemsize for f in self.state_fields)
+        total += sum(
+            f.dtype.itemsize for i, f in enumerate(self.state_fields) if i not in self._arena_states
+        )
         if self.keys.has_var:
             total += 8
-        return total
+        return total + 8 * len(self.var_specs)
 
     # -- from the table ----------------------------------------------------------------------
 
     def gather(
-        self, table: TypedHashTable, hashes: np.ndarray, slot_gids: np.ndarray
+        self,
+        table: TypedHashTable,
+        hashes: np.ndarray,
+        slot_gids: np.ndarray,
+        arena: VarArena | None = None,
     ) -> ColumnBlock:
-        """The groups ``slot_gids - 1`` (table order ids from ``sort_by_hash``) as a block."""
+        """The groups ``slot_gids - 1`` (table order ids from ``sort_by_hash``) as a block
+        (``arena``: the table's string states, when it has any)."""
         words, nulls, var_off, var_data = table.gather_keys(slot_gids)
         columns = {f"{WORD_PREFIX}{j}": words[j] for j in range(words.shape[0])}
         columns[NULLS_COLUMN] = nulls
         for i in range(len(table.payload)):
-            columns[state_column(i)] = table.gather_payload(i, slot_gids)
+            if i not in self._arena_states:
+                columns[state_column(i)] = table.gather_payload(i, slot_gids)
         var = {}
         if var_off is not None and var_data is not None:
             var[VAR_COLUMN] = (var_off, var_data)
+        if self.var_specs:
+            assert arena is not None
+            groups = slot_gids.astype(np.int64) - 1
+            kernels = self.kernels or F._kernels
+            for k in self.var_specs:
+                ref, length = self.state_index[k][:2]
+                var[state_column(ref)] = kernels.gather_arena(
+                    arena.data, table.payload[ref], table.payload[length], groups
+                )
         return ColumnBlock(np.ascontiguousarray(hashes), columns, var)
 
     def iter_sorted(
@@ -86,18 +119,21 @@ class BlockLayout:
         start: int,
         batch_rows: int,
         batch_var_bytes: int,
+        arena: VarArena | None = None,
     ) -> Iterator[tuple[int, ColumnBlock]]:
-        """Blocks of at most ``batch_rows`` rows and about ``batch_var_bytes`` key bytes.
+        """Blocks of at most ``batch_rows`` rows and about ``batch_var_bytes`` key and string
+        state bytes.
 
         Yields ``(next_start, block)`` from row ``start`` of the sorted groups on.
         """
         n = len(hashes)
         pos = start
+        lens = [table.payload[i] for i in self.var_len_states()]
         while pos < n:
             stop = min(n, pos + batch_rows)
-            if table.has_var and batch_var_bytes > 0:
-                stop = pos + _rows_within(table, slot_gids[pos:stop], batch_var_bytes)
-            yield stop, self.gather(table, hashes[pos:stop], slot_gids[pos:stop])
+            if (table.has_var or lens) and batch_var_bytes > 0:
+                stop = pos + _rows_within(table, slot_gids[pos:stop], batch_var_bytes, lens)
+            yield stop, self.gather(table, hashes[pos:stop], slot_gids[pos:stop], arena)
             pos = stop
 
     # -- merging -----------------------------------------------------------------------------
@@ -145,6 +181,15 @@ class BlockLayout:
             var[VAR_COLUMN] = TK.gather_var(var_off, var_data, rows)
         kernels = self.kernels or _kernels
         for spec, indexes in zip(self.specs, self.state_index):
+            if F.is_var_spec(spec):
+                name = state_column(indexes[0])
+                rest = [block.columns[state_column(i)] for i in indexes[2:]]
+                var[name], merged = F.merge_var(
+                    spec, out_gid, groups, block.var_columns[name], rest, kernels
+                )
+                for i, arr in zip(indexes[2:], merged):
+                    columns[state_column(i)] = arr
+                continue
             src = [block.columns[state_column(i)] for i in indexes]
             dst = [np.full(groups, f.fill, dtype=f.dtype) for f in spec.states]
             F.merge(spec, dst, out_gid, src, kernels)
@@ -160,7 +205,12 @@ class BlockLayout:
         keys = self.keys.decode(words, nulls, var_off if self.keys.has_var else None, var_data)
         aggs = []
         for spec, indexes in zip(self.specs, self.state_index):
-            states = [block.columns[state_column(i)] for i in indexes]
+            states: list[Any]
+            if F.is_var_spec(spec):
+                states = [block.var_columns[state_column(indexes[0])]]
+                states += [block.columns[state_column(i)] for i in indexes[2:]]
+            else:
+                states = [block.columns[state_column(i)] for i in indexes]
             try:
                 aggs.append(F.finalize(spec, states))
             except SumOverflowError as exc:
@@ -178,8 +228,11 @@ class BlockLayout:
         }
         columns[NULLS_COLUMN] = np.zeros(rows, dtype=self.keys.null_dtype)
         for i, f in enumerate(self.state_fields):
-            columns[state_column(i)] = np.full(rows, f.fill, dtype=f.dtype)
+            if i not in self._arena_states:
+                columns[state_column(i)] = np.full(rows, f.fill, dtype=f.dtype)
         var = {VAR_COLUMN: (np.zeros(rows + 1, np.int64), _EMPTY_U8)} if self.keys.has_var else {}
+        for k in self.var_specs:
+            var[state_column(self.state_index[k][0])] = (np.zeros(rows + 1, np.int64), _EMPTY_U8)
         return ColumnBlock(hashes, columns, var)
 
     def empty_batch(self) -> pa.RecordBatch:
@@ -202,9 +255,16 @@ def global_row_untyped(requests: Sequence[F.AggregateRequest]) -> pa.RecordBatch
     return pa.RecordBatch.from_arrays(arrays, names=[r.output for r in requests])
 
 
-def _rows_within(table: TypedHashTable, slot_gids: np.ndarray, limit: int) -> int:
-    """How many leading groups of ``slot_gids`` fit in ``limit`` key bytes (at least one)."""
+def _rows_within(
+    table: TypedHashTable, slot_gids: np.ndarray, limit: int, lens: Sequence[np.ndarray] = ()
+) -> int:
+    """How many leading groups of ``slot_gids`` fit in ``limit`` key bytes and string state
+    bytes (``lens``: the lengths of the states, -1 for none) (at least one)."""
     gids = slot_gids.astype(np.int64) - 1
-    sizes = table.var_offsets[gids + 1] - table.var_offsets[gids]
+    sizes = np.zeros(len(gids), dtype=np.int64)
+    if table.has_var:
+        sizes += table.var_offsets[gids + 1] - table.var_offsets[gids]
+    for length in lens:
+        sizes += np.maximum(length[gids], 0)
     fits = int(np.searchsorted(np.cumsum(sizes), limit, side="right"))
     return max(1, fits)

@@ -80,6 +80,7 @@ def start_partitioning(st: TableState, plans: list[tuple[int, int]]) -> Partitio
     table, take the first chunk plan ``(chunk_rows, scratch bytes)`` of ``plans`` whose
     partition buffers are granted; returns the writer, or None to go on spilling tables."""
     st.table = None
+    st.var_arena = None
     st.budget.trim()
     max_memory = st.budget.max_memory
     for chunk_rows, scratch in plans:

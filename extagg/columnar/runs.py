@@ -18,6 +18,7 @@ import numpy as np
 from extagg._config import format_size
 from extagg.collection.typed_table import TypedHashTable
 from extagg.columnar.state import TableState
+from extagg.columnar.var_states import VarArena
 from extagg.merge.heap import BlockSource
 from extagg.spill.blocks import ColumnBlock
 from extagg.spill.codecs import COLUMN_CODEC
@@ -34,14 +35,16 @@ def write_table_run(
     hashes: np.ndarray,
     slot_gids: np.ndarray,
     start: int,
+    arena: VarArena | None = None,
 ) -> str:
-    """Write the sorted groups ``start..`` of ``table`` as a run of ``st.runs``; returns its
-    path. On any failure the partial file is removed and the error propagates."""
+    """Write the sorted groups ``start..`` of ``table`` (its string states in ``arena``) as a
+    run of ``st.runs``; returns its path. On any failure the partial file is removed and the
+    error propagates."""
     layout = st.layout
 
     def write(writer: RunWriter) -> None:
         for _, block in layout.iter_sorted(
-            table, hashes, slot_gids, start, st.run_rows, st.batch_var_bytes
+            table, hashes, slot_gids, start, st.run_rows, st.batch_var_bytes, arena
         ):
             writer.write_block(block)
 
@@ -80,7 +83,7 @@ def spill_table(
     started = time.perf_counter()
     hashes, slot_gids = sorted_table if sorted_table is not None else table.sort_by_hash()
     try:
-        write_table_run(st, table, hashes, slot_gids, 0)
+        write_table_run(st, table, hashes, slot_gids, 0, st.var_arena)
     except BaseException:
         table.restore_after_sort()
         raise
@@ -89,12 +92,18 @@ def spill_table(
     del hashes, slot_gids
     metrics.memory_bytes_spilled += size
     st.rows_since_spill = 0
+    arena = st.var_arena
     if release_all:
         st.table = None
+        st.var_arena = None
         st.budget.free(st.budget.used)
     elif keep_arrays:
         table.clear()
+        if arena is not None:
+            arena.clear()
         st.budget.trim()
     else:
         table.reset()
+        if arena is not None:  # small again, but with the room promised to the chunk folding
+            arena.clear(shrink=True)
         st.budget.trim()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from extagg.collection.typed_table import TypedHashTable
 from extagg.columnar.layout import BlockLayout
+from extagg.columnar.var_states import VarArena
 from extagg.errors import UsageError
 from extagg.metrics import SpillMetrics
 from extagg.spill.blocks import ColumnBlock
@@ -27,6 +28,7 @@ class TableState:
     """What an aggregator's helpers read and change.
 
     Memory in use (:meth:`in_use`, what :attr:`budget` trims to) is the table's arrays (exact),
+    the byte arena of its string states (``var_arena``, exact),
     the sorted table being read (``source_bytes``), the chunk buffers (``scratch``), one I/O
     batch (``io_bytes``) and the partition buffers (``aside_bytes``).
     """
@@ -40,6 +42,8 @@ class TableState:
     level: int = 0
     layout_or_none: BlockLayout | None = None
     table: TypedHashTable | None = None
+    #: the table's min/max/first/last string and binary values (None without such aggregates)
+    var_arena: VarArena | None = None
     #: rows folded since the last spill (the reduction a full table achieved)
     rows_since_spill: int = 0
     chunk_rows: int = 0
@@ -65,4 +69,6 @@ class TableState:
     def in_use(self) -> int:
         """Bytes the aggregator really uses now (see the class docstring)."""
         table = 0 if self.table is None else self.table.nbytes
+        if self.var_arena is not None:
+            table += self.var_arena.nbytes
         return table + self.source_bytes + self.scratch + self.io_bytes + self.aside_bytes
