@@ -331,11 +331,11 @@ def open_input(
                 f"cannot tell the format of {unknown[0]} from its extension; give --format "
                 f"({', '.join(FORMATS)})"
             )
-        found = sorted(set(kinds.values()))  # type: ignore[arg-type]
+        found = sorted({k for k in kinds.values() if k is not None})
         if len(found) > 1:
             raise QueryError(f"the inputs mix formats {found}; aggregate one format at a time")
-        fmt = found[0]  # type: ignore[assignment]
-    options = {"delimiter": delimiter, "column_types": dict(column_types or {})}
+        fmt = found[0]
+    options: dict[str, Any] = {"delimiter": delimiter, "column_types": dict(column_types or {})}
     names = None
     if schema is not None:
         options["column_types"] = {**{f.name: f.type for f in schema}, **options["column_types"]}

@@ -15,7 +15,7 @@ import json
 import os
 import sys
 import tempfile
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 import pyarrow as pa
 
@@ -48,13 +48,13 @@ def output_format(path: str, explicit: str | None = None) -> str:
         return fmt
     if path == "-":
         return "csv"
-    fmt = _EXT.get(os.path.splitext(path.lower())[1])
-    if fmt is None:
+    by_ext = _EXT.get(os.path.splitext(path.lower())[1])
+    if by_ext is None:
         raise QueryError(
             f"cannot tell the output format of {path!r} from its extension; give "
             f"--output-format ({', '.join(OUTPUT_FORMATS)})"
         )
-    return fmt
+    return by_ext
 
 
 def _json_default(value: Any) -> Any:
@@ -125,7 +125,7 @@ class ResultWriter:
             def __enter__(self) -> None:
                 return None
 
-            def __exit__(self, typ: Any, exc: Any, tb: Any) -> bool:
+            def __exit__(self, typ: Any, exc: Any, tb: Any) -> Literal[False]:
                 if exc is None:
                     return False
                 code = getattr(exc, "errno", None)

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from extagg.memory import MemoryConsumer, TaskMemoryManager
+from extagg.memory.task import Consumer
 from extagg.metrics import RunMetrics
 from extagg.spill.tempdir import SpillDirs
 
@@ -35,7 +36,7 @@ class _SortBuffer(MemoryConsumer):
         super().__init__(tmm, None)
         self.batches: list[pa.RecordBatch] = []
 
-    def spill(self, size: int, trigger: MemoryConsumer) -> int:
+    def spill(self, size: int, trigger: Consumer) -> int:
         return 0  # the sorter writes its own runs when a grant falls short
 
 
@@ -128,7 +129,7 @@ def _merge(paths: list[str], schema: pa.Schema, keys: Sequence[str]) -> Iterator
         if not live:
             yield from _sorted(carry, keys).to_batches(max_chunksize=RUN_BATCH_ROWS)
             return
-        bounds = pa.concat_tables([last_row[i] for i in live])  # type: ignore[misc]
+        bounds = pa.concat_tables([last_row[i] for i in live])
         first = pc.sort_indices(bounds, sort_keys=_sort_keys(keys))
         owner = live[first[0].as_py()]
         bound = last_row[owner]

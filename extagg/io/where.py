@@ -281,7 +281,7 @@ def _value_set(values: Iterable[object]) -> pa.Array:
     if any(isinstance(v, Decimal) for v in vals) and all(
         isinstance(v, (int, Decimal)) for v in vals if v is not None
     ):
-        vals = [None if v is None else float(v) for v in vals]
+        vals = [None if v is None else float(v) for v in vals]  # type: ignore[arg-type]
     try:
         return pa.array(vals)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:

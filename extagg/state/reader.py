@@ -192,7 +192,7 @@ def read_state(
     store_name: str = DEFAULT_STORE_NAME,
     partition_id: int | None = None,
     snapshot_start_batch_id: int | None = None,
-) -> Rows[StateRow]:
+) -> Rows[Any]:
     """The state after ``batch_id`` as ``(key, value, partition_id)`` rows, streamed partition by
     partition.
 
@@ -293,7 +293,7 @@ def read_change_feed(
     operator_id: int = 0,
     store_name: str = DEFAULT_STORE_NAME,
     partition_id: int | None = None,
-) -> Rows[ChangeRow]:
+) -> Rows[Any]:
     """Changes of batches ``start_batch_id`` .. ``end_batch_id`` as
     ``(batch_id, change_type, key, value, partition_id)`` rows: ``"update"`` for puts,
     ``"delete"`` (value ``None``) for removes; per partition, in batch and file order.
@@ -387,7 +387,7 @@ def read_change_feed(
     return Rows(produce, ChangeRow._fields, _CHANGE_TYPES)
 
 
-def read_metadata(path: str | os.PathLike[str]) -> Rows[MetadataRow]:
+def read_metadata(path: str | os.PathLike[str]) -> Rows[Any]:
     """One row per operator and store: id, name, store, partitions, and the smallest and largest
     committed batch id (-1 when none). Unreadable metadata is skipped with a warning. A Spark
     checkpoint gives the rows of Spark's ``state-metadata`` source instead.

@@ -195,7 +195,7 @@ def decompressed_chunks(handle: IO[bytes], path: str) -> Iterator[bytes]:
             f"not a Spark state file: unknown compression framing {head!r} (supported: lz4 "
             "block stream; zstd, snappy, lzf with their Python packages)",
         )
-    stream = io.BufferedReader(_Prefixed(head, handle))  # type: ignore[arg-type]
+    stream = io.BufferedReader(_Prefixed(head, handle))
     return {"lz4": _lz4_chunks, "zstd": _zstd_chunks, "snappy": _snappy_chunks, "lzf": _lzf_chunks}[
         codec
     ](stream, path)

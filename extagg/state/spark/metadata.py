@@ -117,7 +117,10 @@ def read_schema_file(path: str) -> tuple[StructType, StructType]:
                 part, pos = read_java_utf(data, pos, path)
                 parts.append(part)
             texts.append(("".join(parts), start))
-        return _schema(*texts[0], path), _schema(*texts[1], path)
+        return (
+            _schema(texts[0][0], path, texts[0][1]),
+            _schema(texts[1][0], path, texts[1][1]),
+        )
     if version == "v3":
         try:
             body = json.loads(data[pos:].decode("utf-8"))

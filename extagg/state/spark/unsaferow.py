@@ -61,7 +61,7 @@ _pack_long = _LONG.pack_into
 Reader = Callable[[bytes, int, int], Any]
 
 
-class SparkRow(tuple):  # type: ignore[type-arg]
+class SparkRow(tuple[Any, ...]):
     """A struct value: a tuple of field values that knows its field names (names may repeat,
     as in Spark's aggregation buffers). Arrow converts it to a struct by position."""
 
@@ -248,7 +248,7 @@ class RowDecoder:
             compile(source, f"<UnsafeRow decoder {self.schema.simple_string()[:60]}>", "exec"),
             namespace,
         )
-        return namespace["decode_tuple"]  # type: ignore[no-any-return]
+        return namespace["decode_tuple"]  # type: ignore[no-any-return,unused-ignore]
 
     def decode_at(self, buf: bytes, start: int) -> SparkRow:
         return self.row_class(self.decode_tuple(buf, start))
