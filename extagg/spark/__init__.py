@@ -1,17 +1,30 @@
-"""PySpark integration (needs the ``spark`` extra: ``pip install extagg[spark]``)."""
+"""PySpark integration (needs the ``spark`` extra: ``pip install extagg[spark]``).
+
+- :func:`install` / :func:`uninstall` / :func:`installed`: the RDD API's own ``combineByKey``,
+  ``reduceByKey``, ``foldByKey``, ``aggregateByKey``, ``groupByKey`` and ``countByKey`` use
+  extagg in the Python workers, with no other change to the job.
+- :func:`combine_by_key` and the partition functions: the same, called explicitly.
+"""
 
 from extagg.spark.combine import (
     combine_by_key,
     combine_partition,
     merge_partition,
     spark_partition_func,
-    worker_memory,
 )
+from extagg.spark.install import install, installed, is_installed, uninstall
+from extagg.spark.settings import executor_slots, worker_budget, worker_memory
 
 __all__ = [
     "combine_by_key",
     "combine_partition",
+    "executor_slots",
+    "install",
+    "installed",
+    "is_installed",
     "merge_partition",
     "spark_partition_func",
+    "uninstall",
+    "worker_budget",
     "worker_memory",
 ]

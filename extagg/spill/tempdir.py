@@ -2,7 +2,8 @@
 
 Each process gets its own subdirectory (``extagg-<pid>-<token>``) in every spill directory, so
 concurrent jobs on one machine never share files. Directories come from the ``spill_dirs``
-argument, else ``EXTAGG_SPILL_DIR`` (several separated by ``os.pathsep``), else the system temp
+argument, else ``EXTAGG_SPILL_DIR`` (several separated by ``os.pathsep``), else Spark's
+``SPARK_LOCAL_DIRS`` (so engines inside a Spark task spill where Spark does), else the system temp
 directory; files are handed out round-robin across them. Every file is tracked by the
 :class:`SpillDirs` that created it and removed by :meth:`SpillDirs.cleanup`; the per-process
 subdirectories are removed at interpreter exit.
@@ -15,12 +16,11 @@ import logging
 import os
 import secrets
 import shutil
-import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from extagg._config import env_size
+from extagg._config import default_spill_dirs, env_size
 from extagg.errors import SpillError
 
 __all__ = ["SpillDirs", "resolve_spill_dirs"]
@@ -32,12 +32,11 @@ _process_lock = threading.Lock()
 
 
 def resolve_spill_dirs(dirs: Sequence[str | os.PathLike[str]] | str | None = None) -> list[str]:
-    """The base spill directories: argument > ``EXTAGG_SPILL_DIR`` > the system temp dir."""
+    """The base spill directories: argument > ``EXTAGG_SPILL_DIR`` > ``SPARK_LOCAL_DIRS`` > temp."""
     if isinstance(dirs, (str, os.PathLike)):
         dirs = [dirs]
     if not dirs:
-        raw = os.environ.get("EXTAGG_SPILL_DIR", "").strip()
-        dirs = [d for d in raw.split(os.pathsep) if d] if raw else [tempfile.gettempdir()]
+        dirs = default_spill_dirs()
     return [os.path.abspath(os.fspath(d)) for d in dirs]
 
 
