@@ -3,6 +3,9 @@
 - :func:`install` / :func:`uninstall` / :func:`installed`: the RDD API's own ``combineByKey``,
   ``reduceByKey``, ``foldByKey``, ``aggregateByKey``, ``groupByKey`` and ``countByKey`` use
   extagg in the Python workers, with no other change to the job.
+- :func:`aggregate`: ``df.groupBy(...).agg(...)`` through ``mapInArrow`` with the columnar
+  engine (partial states per partition, a shuffle, a final merge); :func:`partial_aggregate`
+  and :func:`final_aggregate` for the two stages apart.
 - :func:`combine_by_key` and the partition functions: the same, called explicitly.
 """
 
@@ -12,10 +15,20 @@ from extagg.spark.combine import (
     merge_partition,
     spark_partition_func,
 )
+from extagg.spark.dataframe import (
+    AggregationPlan,
+    aggregate,
+    final_aggregate,
+    partial_aggregate,
+)
 from extagg.spark.install import install, installed, is_installed, uninstall
 from extagg.spark.settings import executor_slots, worker_budget, worker_memory
 
 __all__ = [
+    "AggregationPlan",
+    "aggregate",
+    "final_aggregate",
+    "partial_aggregate",
     "combine_by_key",
     "combine_partition",
     "executor_slots",

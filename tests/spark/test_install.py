@@ -124,7 +124,7 @@ def all_calls(rdd, quick: bool = False):
             ).collect()
         ),
         "combineByKey": dict(
-            rdd.combineByKey(lambda v: [v], lambda c, v: c + [v], lambda a, b: a + b)
+            rdd.combineByKey(lambda v: [v], lambda c, v: [*c, v], lambda a, b: a + b)
             .mapValues(sorted)
             .collect()
         ),
