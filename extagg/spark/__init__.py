@@ -6,6 +6,8 @@
 - :func:`aggregate`: ``df.groupBy(...).agg(...)`` through ``mapInArrow`` with the columnar
   engine (partial states per partition, a shuffle, a final merge); :func:`partial_aggregate`
   and :func:`final_aggregate` for the two stages apart.
+- :func:`stateful_aggregate` / :class:`StatefulAggregate`: Structured Streaming running
+  aggregates merged into :mod:`extagg.state` once per micro-batch (``foreachBatch``).
 - :func:`combine_by_key` and the partition functions: the same, called explicitly.
 """
 
@@ -23,8 +25,12 @@ from extagg.spark.dataframe import (
 )
 from extagg.spark.install import install, installed, is_installed, uninstall
 from extagg.spark.settings import executor_slots, worker_budget, worker_memory
+from extagg.spark.streaming import StatefulAggregate, finish_states, stateful_aggregate
 
 __all__ = [
+    "StatefulAggregate",
+    "finish_states",
+    "stateful_aggregate",
     "AggregationPlan",
     "aggregate",
     "final_aggregate",

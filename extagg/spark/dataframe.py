@@ -152,6 +152,7 @@ class AggregationPlan:
         if self.ordered:
             partial_fields.append(T.StructField(PARTITION_COLUMN, T.IntegerType()))
         self.partial_schema = T.StructType(partial_fields)
+        self.state_schema = T.StructType([f for f in partial_fields if f.name != PARTITION_COLUMN])
         self.final_schema = T.StructType(final_fields)
         self.decimal_columns = [
             c
@@ -180,6 +181,14 @@ class AggregationPlan:
         aggs = {k: v for o in self.outputs for k, v in o.final.items()}
         target = self._arrow(self.final_schema)
         yield from self._run(batches, aggs, target, self._finish_final)
+
+    def final_states(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """Merge shuffled partial states into one state row per group (not finished)."""
+        aggs = {k: v for o in self.outputs for k, v in o.final.items()}
+        target = self._arrow(self.state_schema)
+        yield from self._run(
+            batches, aggs, target, lambda b: {n: b.column(n) for n in b.schema.names}
+        )
 
     def _run(
         self,
@@ -316,8 +325,13 @@ def final_aggregate(
     *,
     num_partitions: int | None = None,
     engine: str = "arrow",
+    keep_states: bool = False,
 ) -> Any:
-    """Stage 2: shuffle partial states on the keys and merge them into the results."""
+    """Stage 2: shuffle partial states on the keys and merge them into the results.
+
+    ``keep_states=True`` returns the merged states (``plan.state_schema``) instead of the
+    finished results: what a running aggregate stores between batches.
+    """
     shuffled = (
         partial_df.repartition(num_partitions, *plan.by)
         if num_partitions
@@ -325,6 +339,8 @@ def final_aggregate(
     )
     if plan.ordered:
         shuffled = shuffled.sortWithinPartitions(PARTITION_COLUMN)
+    if keep_states:
+        return _map(shuffled, plan.final_states, plan.state_schema, engine)
     return _map(shuffled, plan.final, plan.final_schema, engine)
 
 
