@@ -23,14 +23,16 @@ java:
 demo: $(STAMP)
 	$(PY) -m extagg demo
 
-## test: lint and every test, slow and PySpark ones included
+## test: lint, type check and every test, slow and PySpark ones included
 test: $(STAMP) java
 	$(VENV)/bin/ruff check extagg tests benchmarks
 	$(VENV)/bin/ruff format --check extagg tests benchmarks
+	$(PY) -m mypy
 	$(PY) -m pytest -q
 
 lint:
 	$(VENV)/bin/ruff check extagg tests benchmarks
+	$(PY) -m mypy
 format:
 	$(VENV)/bin/ruff format extagg tests benchmarks
 	$(VENV)/bin/ruff check --fix extagg tests benchmarks

@@ -8,26 +8,104 @@ The public API::
 
 Memory management lives in :mod:`extagg.memory`, the state store in :mod:`extagg.state`, the
 PySpark integration in :mod:`extagg.spark`.
+
+Importing :mod:`extagg` (or :mod:`extagg.memory`) loads neither numba nor pyarrow: the engines
+are imported when a name that needs them is first used (module ``__getattr__``).
 """
 
-from extagg.columnar.api import aggregate
-from extagg.columnar.hash_aggregator import HashAggregator
-from extagg.errors import CorruptFileError, ExtaggError, MemoryLimitError, SpillError
-from extagg.generic.aggregator import Aggregator
-from extagg.generic.external_map import ExternalAppendOnlyMap
-from extagg.hashing import stable_hash
-from extagg.metrics import SpillMetrics
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from extagg.errors import (
+    CorruptFileError,
+    DestroyedError,
+    ExtaggError,
+    MemoryLimitError,
+    SpillError,
+    SumOverflowError,
+    UsageError,
+)
+
+if TYPE_CHECKING:
+    from extagg.columnar.api import aggregate
+    from extagg.columnar.hash_aggregator import HashAggregator
+    from extagg.generic.aggregator import Aggregator
+    from extagg.generic.external_map import ExternalAppendOnlyMap
+    from extagg.hashing import stable_hash
+    from extagg.metrics import SpillMetrics
+    from extagg.spillable import Spillable
+    from extagg.state.errors import (
+        CommittedBatchUnavailableError,
+        StateFileNotFoundError,
+        StateSourceConflictError,
+        StateSourceError,
+        StateSourceOptionError,
+        StateStoreCommitError,
+        StateStoreError,
+        UnexpectedVersionError,
+    )
+
+#: public name -> the module that defines it (imported on first use)
+_LAZY = {
+    "aggregate": "extagg.columnar.api",
+    "HashAggregator": "extagg.columnar.hash_aggregator",
+    "Aggregator": "extagg.generic.aggregator",
+    "ExternalAppendOnlyMap": "extagg.generic.external_map",
+    "stable_hash": "extagg.hashing",
+    "SpillMetrics": "extagg.metrics",
+    "Spillable": "extagg.spillable",
+    **dict.fromkeys(
+        (
+            "CommittedBatchUnavailableError",
+            "StateFileNotFoundError",
+            "StateSourceConflictError",
+            "StateSourceError",
+            "StateSourceOptionError",
+            "StateStoreCommitError",
+            "StateStoreError",
+            "UnexpectedVersionError",
+        ),
+        "extagg.state.errors",
+    ),
+}
 
 __all__ = [
     "Aggregator",
+    "CommittedBatchUnavailableError",
     "CorruptFileError",
+    "DestroyedError",
     "ExternalAppendOnlyMap",
     "ExtaggError",
     "HashAggregator",
     "MemoryLimitError",
     "SpillError",
     "SpillMetrics",
+    "Spillable",
+    "StateFileNotFoundError",
+    "StateSourceConflictError",
+    "StateSourceError",
+    "StateSourceOptionError",
+    "StateStoreCommitError",
+    "StateStoreError",
+    "SumOverflowError",
+    "UnexpectedVersionError",
+    "UsageError",
     "aggregate",
     "stable_hash",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'extagg' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

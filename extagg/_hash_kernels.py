@@ -12,10 +12,10 @@ Array arguments named ``valid`` are boolean validity masks; an empty array means
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
 from extagg import hashing as _h
+from extagg._numba import jit
 
 __all__ = [
     "fmix64",
@@ -30,7 +30,7 @@ __all__ = [
     "tuple_hash_mix",
 ]
 
-_jit = numba.njit(cache=True, nogil=True)
+_jit = jit()
 
 _U = np.uint64
 _SEED64 = _U(_h.SEED64)

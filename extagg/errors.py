@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["ExtaggError", "SpillError", "CorruptFileError", "MemoryLimitError"]
+__all__ = [
+    "CorruptFileError",
+    "DestroyedError",
+    "ExtaggError",
+    "MemoryLimitError",
+    "SpillError",
+    "SumOverflowError",
+    "UsageError",
+]
 
 
 class ExtaggError(Exception):
@@ -56,3 +64,26 @@ class CorruptFileError(ExtaggError, ValueError):
 
 class MemoryLimitError(ExtaggError, MemoryError):
     """The memory manager could not grant the memory a consumer needs, even after spilling."""
+
+
+class SumOverflowError(ExtaggError, OverflowError):
+    """An integer sum does not fit its result type; ``row`` is the offending result row."""
+
+    def __init__(self, message: str, row: int) -> None:
+        super().__init__(message)
+        self.row = row
+
+
+class UsageError(ExtaggError, RuntimeError):
+    """An object was used out of order: records folded into a map or an aggregator after its
+    (destructive, once-only) iteration started or after ``close()``, or it was iterated twice.
+
+    Both engines raise it for the same misuse; it is a ``RuntimeError``.
+    """
+
+
+class DestroyedError(UsageError, AssertionError):
+    """A collection was used after its destructive sort or iteration gave its memory away.
+
+    Also an ``AssertionError``, as Spark's ``AppendOnlyMap`` asserts it.
+    """

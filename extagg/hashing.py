@@ -234,7 +234,8 @@ def _fallback_hash(key: Any) -> int:
             pass
         try:
             as_float = float(key)  # type: ignore[arg-type]
-            if key == as_float or (as_float != as_float and key != key):
+            same = key == as_float  # type: ignore[comparison-overlap]  # Number has no __eq__
+            if same or (as_float != as_float and key != key):
                 return _hash_float(as_float)
         except (TypeError, ValueError, OverflowError):
             pass

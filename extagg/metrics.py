@@ -36,6 +36,21 @@ class SpillMetrics:
     merge_passes: int = 0
     merge_files: int = 0
 
+    def absorb(self, other: SpillMetrics) -> None:
+        """Add the spill and merge figures of a helper's metrics (a partition's aggregator);
+        records and groups are not added (they are counted where they are read and handed
+        out)."""
+        self.spill_count += other.spill_count
+        self.num_spill_files += other.num_spill_files
+        self.memory_bytes_spilled += other.memory_bytes_spilled
+        self.disk_bytes_spilled += other.disk_bytes_spilled
+        self.raw_bytes_spilled += other.raw_bytes_spilled
+        self.spill_time_s += other.spill_time_s
+        self.merge_time_s += other.merge_time_s
+        self.merge_passes += other.merge_passes
+        self.merge_files += other.merge_files
+        self.peak_memory_bytes = max(self.peak_memory_bytes, other.peak_memory_bytes)
+
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
 

@@ -491,7 +491,7 @@ def test_big_rows_are_spilled_in_small_batches_within_budget(spill_dir):
     with ExternalAppendOnlyMap(SUM, memory="2m", spill_dirs=[spill_dir]) as emap:
         emap.insert_all(pairs)
         assert emap.metrics.spill_count >= 2
-        assert emap._max_batch_bytes < 2 * 2**20 // 8
+        assert emap.runs.max_batch_bytes < 2 * 2**20 // 8
         assert sum(v for _, v in emap.iterator()) == 6000
         assert emap.metrics.peak_granted_bytes <= 2 * 2**20
 

@@ -11,11 +11,11 @@ from extagg.hashing import order_hashes
 from extagg.merge.heap import (
     RunSource,
     SortedBlockSource,
-    combine_object_pieces,
     merge_in_passes,
     merge_sources,
     write_run_from,
 )
+from extagg.merge.objects import combine_object_pieces
 from extagg.spill.blocks import ObjectBlock
 from extagg.spill.codecs import OBJECT_CODEC
 from extagg.spill.tempdir import SpillDirs

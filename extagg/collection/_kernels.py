@@ -10,9 +10,9 @@ probe sequence, live in :mod:`extagg.collection._kernels_reference`.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from extagg._numba import jit
 from extagg.collection._kernels_reference import CONFIRMED, EMPTY, NEW, UNCONFIRMED
 
 __all__ = [
@@ -32,13 +32,13 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _INSERTION_RUN = 16
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@jit(inline="always")
 def _home_slot(h, shift, mask):  # pragma: no cover - compiled
     x = np.uint64(h) * _GOLDEN
     return np.int64(x >> np.uint64(shift)) & mask
 
 
-@numba.njit(cache=True, nogil=True)
+@jit()
 def probe_batch(
     table,
     entry_hashes,
@@ -84,7 +84,7 @@ def probe_batch(
     return n, size, unconfirmed
 
 
-@numba.njit(cache=True, nogil=True)
+@jit()
 def rehash_table(old_table, entry_hashes, new_table, shift, mask):  # pragma: no cover - compiled
     """Re-insert every reference of the old table into the empty new one (see the reference)."""
     moved = 0
@@ -102,7 +102,7 @@ def rehash_table(old_table, entry_hashes, new_table, shift, mask):  # pragma: no
     return moved
 
 
-@numba.njit(cache=True, nogil=True)
+@jit()
 def release_entries(table, entry_hashes, first, stop, shift, mask):  # pragma: no cover - compiled
     """Empty the slots of the newest entries ``first..stop-1`` (see the reference)."""
     for entry in range(stop - 1, first - 1, -1):
@@ -117,7 +117,7 @@ def release_entries(table, entry_hashes, first, stop, shift, mask):  # pragma: n
         table[pos] = EMPTY
 
 
-@numba.njit(cache=True, nogil=True)
+@jit()
 def resolve_ties(packed, values, index_bits):  # pragma: no cover - compiled
     """Stable order of ``values`` from its sorted packed (top bits, index) words (see reference)."""
     n = packed.shape[0]

@@ -13,8 +13,9 @@ tests compare the two.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from extagg._numba import jit
 
 __all__ = [
     "DONE",
@@ -31,7 +32,7 @@ __all__ = [
     "take_groups",
 ]
 
-_jit = numba.njit(cache=True, nogil=True)
+_jit = jit()
 
 DONE = 0
 TABLE_FULL = 1
@@ -461,7 +462,9 @@ def group_rows(hashes, words, nulls, var_off, var_data, out_gid, first_row):
 
 
 @_jit
-def gather_var(offsets, data, rows):
+def gather_var(
+    offsets: np.ndarray, data: np.ndarray, rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """The variable-length values of ``rows``: ``(offsets starting at 0, data)``."""
     m = rows.shape[0]
     out_off = np.empty(m + 1, dtype=np.int64)

@@ -26,6 +26,7 @@ import numpy as np
 from extagg.collection import _kernels
 from extagg.collection._batch_fold import UNCREATED, BatchFoldMixin, hash_key, int_tag
 from extagg.collection._kernels import EMPTY
+from extagg.errors import DestroyedError
 from extagg.hashing import order_hashes
 
 __all__ = [
@@ -119,7 +120,7 @@ class AppendOnlyMap(BatchFoldMixin):
 
     def _check_valid(self) -> None:
         if self._destroyed:
-            raise AssertionError(DESTROYED_MESSAGE)
+            raise DestroyedError(DESTROYED_MESSAGE)
 
     @property
     def capacity(self) -> int:

@@ -19,7 +19,7 @@ import sys
 import types
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -118,7 +118,7 @@ def _deep_size_all(roots: list[Any], seen: set[int]) -> int:
         instance_dict = getattr(obj, "__dict__", None)
         if isinstance(instance_dict, dict):
             push_all((instance_dict,))
-        for name in _slot_names(kind):
+        for name in _slot_names(cast(type, kind)):
             try:
                 push_all((getattr(obj, name),))
             except AttributeError:  # an unset slot

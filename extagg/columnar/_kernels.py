@@ -15,10 +15,11 @@ Plain-Python references with the same names: :mod:`extagg.columnar._reference`.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
-_jit = numba.njit(cache=True, nogil=True)
+from extagg._numba import jit
+
+_jit = jit()
 
 
 @_jit

@@ -9,12 +9,13 @@ Plain-Python references: :mod:`extagg.columnar._key_reference`.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from extagg._numba import jit
 
 __all__ = ["float_words", "add_var_lengths", "write_var", "unpack_var"]
 
-_jit = numba.njit(cache=True, nogil=True)
+_jit = jit()
 
 _CANONICAL_NAN = np.uint64(0x7FF8000000000000)
 

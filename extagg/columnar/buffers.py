@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from extagg.columnar.blocks import BlockLayout
+from extagg.columnar.layout import BlockLayout
 
 __all__ = [
     "BATCH_VAR_BYTES",

@@ -210,7 +210,10 @@ def _fixed_values(arr: pa.Array, dtype: np.dtype) -> np.ndarray:
     return np.frombuffer(buf, dtype=dtype)[arr.offset : arr.offset + len(arr)]
 
 
-_TEMPORAL_STORAGE = {32: (pa.int32(), np.dtype(np.int32)), 64: (pa.int64(), np.dtype(np.int64))}
+_TEMPORAL_STORAGE: dict[int, tuple[pa.DataType, np.dtype]] = {
+    32: (pa.int32(), np.dtype(np.int32)),
+    64: (pa.int64(), np.dtype(np.int64)),
+}
 
 
 def to_column(name: str, arr: pa.Array) -> Column:

@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from extagg.columnar import _kernels
 from extagg.columnar.columns import Column
+from extagg.errors import SumOverflowError
 
 __all__ = [
     "FUNCTIONS",
@@ -70,14 +71,6 @@ _I64 = np.dtype(np.int64)
 _U64 = np.dtype(np.uint64)
 _F64 = np.dtype(np.float64)
 _BOOL = np.dtype(np.bool_)
-
-
-class SumOverflowError(OverflowError):
-    """An integer sum does not fit its result type; ``row`` is the offending result row."""
-
-    def __init__(self, message: str, row: int) -> None:
-        super().__init__(message)
-        self.row = row
 
 
 @dataclass(frozen=True)

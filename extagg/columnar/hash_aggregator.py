@@ -9,8 +9,11 @@ column codec) and is emptied, keeping its arrays for the input still to come. ``
 merges the in-memory table with every run through :mod:`extagg.merge.heap`, combining states of
 equal keys in compiled kernels, and streams Arrow record batches in hash order (the same order
 whether or not anything spilled). A table that barely reduces its input while its keys keep
-coming back makes the aggregator partition the input instead (:mod:`.partitioned`,
-:mod:`.partitions`): each partition is aggregated afterwards by a child aggregator.
+coming back makes the aggregator partition the input instead (:mod:`.partitioning`,
+:mod:`.partition_files`): each partition is aggregated afterwards by a child aggregator.
+
+The aggregator is a :class:`~extagg.spillable.Spillable`; its helpers (growth, runs, merging,
+partitioning) work on its :class:`~extagg.columnar.state.TableState`.
 
 Memory held = table arrays (exact) + chunk buffers (an upper bound per row) + one I/O batch
 (gathering and encoding a spill batch), never less than a floor of
@@ -20,7 +23,6 @@ Memory held = table arrays (exact) + chunk buffers (an upper bound per row) + on
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -32,41 +34,39 @@ from extagg._config import (
     DEFAULT_FAN_IN,
     INITIAL_MEMORY_THRESHOLD,
     format_size,
-    parse_size,
 )
 from extagg.collection import _typed_kernels as TK
 from extagg.collection.typed_table import MIN_ARENA, MIN_CAPACITY, TypedHashTable
 from extagg.columnar import functions as F
 from extagg.columnar._sources import TableSource
-from extagg.columnar.blocks import BlockLayout
-from extagg.columnar.buffers import BATCH_VAR_BYTES, IO_COPIES, plan_buffers
+from extagg.columnar.buffers import BATCH_VAR_BYTES, IO_COPIES, partition_chunks, plan_buffers
 from extagg.columnar.columns import Column, iter_record_batches, to_columns
-from extagg.columnar.growth import grow_arena_or_spill, grow_or_spill, make_room_for_key_bytes
+from extagg.columnar.growth import grow_arena_or_spill, try_grow
 from extagg.columnar.keys import EncodedKeys, KeyLayout
+from extagg.columnar.layout import BlockLayout
 from extagg.columnar.merging import result_blocks
-from extagg.columnar.partitioned import set_aside
-from extagg.columnar.partitions import (
+from extagg.columnar.partition_files import (
+    MAX_LEVEL,
     PARTITION_BITS,
+    PartitionSource,
     PartitionWriter,
+    buffer_bytes,
     rotate_left,
 )
+from extagg.columnar.partitioning import set_aside, spill_or_partition, start_partitioning
 from extagg.columnar.runs import spill_table
+from extagg.columnar.state import TableState
 from extagg.errors import MemoryLimitError
-from extagg.memory import (
-    MemoryConsumer,
-    TaskMemoryManager,
-    UnifiedMemoryManager,
-    resolve_task_memory_manager,
-)
-from extagg.metrics import SpillMetrics
-from extagg.spill.tempdir import SpillDirs
+from extagg.memory import Consumer, TaskMemoryManager, UnifiedMemoryManager
+from extagg.spill.blocks import ColumnBlock
+from extagg.spillable import OPEN, Spillable
 
 __all__ = ["HashAggregator"]
 
 log = logging.getLogger(__name__)
 
 
-class HashAggregator(MemoryConsumer):
+class HashAggregator(Spillable[ColumnBlock]):
     """Spillable hash aggregation of record batches (see the module docstring).
 
     ``keys`` are the grouping columns; ``aggs`` maps output names to ``(column, function)``
@@ -104,59 +104,58 @@ class HashAggregator(MemoryConsumer):
         clash = {r.output for r in self._requests} & set(self.keys)
         if clash:
             raise ValueError(f"aggregate outputs {sorted(clash)} have the names of key columns")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
-        if fan_in < 2:
-            raise ValueError(f"fan_in must be at least 2, got {fan_in}")
         if force_spill_rows is not None and force_spill_rows < 1:
             raise ValueError(f"force_spill_rows must be positive, got {force_spill_rows}")
-        tmm = resolve_task_memory_manager(memory, memory_manager)
-        super().__init__(tmm, name)
-        self.batch_size = batch_size
-        self.fan_in = fan_in
-        self.compression = compression
+        super().__init__(
+            memory,
+            memory_manager=memory_manager,
+            spill_dirs=spill_dirs,
+            batch_size=batch_size,
+            fan_in=fan_in,
+            compression=compression,
+            max_spill_bytes=max_spill_bytes,
+            name=name,
+        )
         self.force_spill_rows = force_spill_rows
-        self.batch_var_bytes = BATCH_VAR_BYTES
-        self.run_rows = batch_size
-        cap = (
-            None if max_spill_bytes is None else parse_size(max_spill_bytes, name="max_spill_bytes")
+        #: the table, its layout, buffer sizes: what the helper modules work on
+        self.table_state = TableState(
+            name=self.name,
+            budget=self.budget,
+            runs=self.runs,
+            metrics=self.metrics,
+            lock=self.lock,
+            run_rows=batch_size,
+            batch_var_bytes=BATCH_VAR_BYTES,
         )
-        dirs = (
-            list(spill_dirs)
-            if spill_dirs is not None and not isinstance(spill_dirs, str)
-            else spill_dirs
-        )
-        self._spill_dirs = SpillDirs(dirs, max_spill_bytes=cap)
-        self._max_memory = tmm.memory_manager.max_memory
-        self._budget = self._max_memory  # the whole task's, which partitions' aggregators share
+        self.budget.usage = self.table_state.in_use
+        #: the whole task's memory, which partitions' aggregators share
+        self._task_budget = self.budget.max_memory
         self._chunk_rows_arg = chunk_rows
-        self.metrics = SpillMetrics()
-        self._lock = threading.RLock()
         self._needed = list(
             dict.fromkeys([*self.keys, *(r.column for r in self._requests if r.column)])
         )
         self._schema: dict[str, tuple[str, pa.DataType]] | None = None
-        self._layout: BlockLayout | None = None
-        self._table: TypedHashTable | None = None
-        self._runs: list[str] = []
-        self._max_batch_bytes = 0  # largest decoded batch of any run: sizes merge buffers
-        self._rows_since_spill = 0
-        self._scratch = 0  # bytes reserved for chunk buffers
-        self._io_bytes = 0  # bytes reserved for one spill batch
-        self._aside_bytes = 0  # bytes reserved for the partition buffers
-        self._floor = 0
         self._source: TableSource | None = None
-        self._level = 0  # partitioning depth: 0 for the aggregator the caller made
         self._partitions: PartitionWriter | None = None
-        self._state = "open"  # open -> reading -> closed
+
+    @property
+    def run_rows(self) -> int:
+        """Rows per batch of a run file."""
+        return self.table_state.run_rows
+
+    @property
+    def batch_var_bytes(self) -> int:
+        """Key bytes per batch of a run file, about."""
+        return self.table_state.batch_var_bytes
 
     # ------------------------------------------------------------------ schema
     @property
     def schema(self) -> pa.Schema | None:
         """The output schema (known after the first ``update``)."""
-        if self._layout is None:
+        layout = self.table_state.layout_or_none
+        if layout is None:
             return None
-        return pa.schema(list(zip(self._layout.output_names, self._layout.output_types())))
+        return pa.schema(list(zip(layout.output_names, layout.output_types())))
 
     def _init_schema(self, cols: dict[str, Column]) -> None:
         for name in self.keys:
@@ -173,28 +172,29 @@ class HashAggregator(MemoryConsumer):
         specs = [F.resolve(r, None if r.column is None else cols[r.column]) for r in self._requests]
         key_cols = [cols[k] for k in self.keys]
         keys = KeyLayout(self.keys, [c.kind for c in key_cols], [c.arrow_type for c in key_cols])
-        self._layout = BlockLayout(keys, specs)
+        self.table_state.layout_or_none = BlockLayout(keys, specs)
         self._schema = {n: (c.kind, c.arrow_type) for n, c in cols.items()}
         self._plan()
 
     def _plan(self, chunk_share: int = 64) -> None:
         """Size the chunk and I/O buffers and the floor for this aggregator's budget."""
-        assert self._layout is not None
+        st = self.table_state
+        max_memory = self.budget.max_memory
         plan = plan_buffers(
-            self._layout, len(self._needed), self._max_memory, self.batch_size,
+            st.layout, len(self._needed), max_memory, self.batch_size,
             self._chunk_rows_arg, chunk_share,
         )  # fmt: skip
-        self._chunk_rows = plan.chunk_rows
-        self._scratch = plan.scratch_bytes
-        self.run_rows = plan.run_rows
-        self.batch_var_bytes = plan.batch_var_bytes
-        self._io_bytes = plan.io_bytes
-        self._floor = max(self._min_bytes(), min(INITIAL_MEMORY_THRESHOLD, self._max_memory // 16))
+        st.chunk_rows = plan.chunk_rows
+        st.scratch = plan.scratch_bytes
+        st.run_rows = plan.run_rows
+        st.batch_var_bytes = plan.batch_var_bytes
+        st.io_bytes = plan.io_bytes
+        self.budget.floor = max(self._min_bytes(), min(INITIAL_MEMORY_THRESHOLD, max_memory // 16))
 
     @property
     def io_batch_bytes(self) -> int:
         """Bytes of one spill batch (without the copies encoding makes)."""
-        return self._io_bytes // IO_COPIES
+        return self.table_state.io_bytes // IO_COPIES
 
     def _check_schema(self, cols: dict[str, Column]) -> None:
         assert self._schema is not None
@@ -208,72 +208,45 @@ class HashAggregator(MemoryConsumer):
                 )
 
     def _payload(self) -> list[tuple[np.dtype, Any]]:
-        assert self._layout is not None
-        return [(f.dtype, f.fill) for f in self._layout.state_fields]
+        return [(f.dtype, f.fill) for f in self.table_state.layout.state_fields]
 
     def _table_bytes(self, capacity: int = MIN_CAPACITY) -> int:
-        assert self._layout is not None
-        k = self._layout.keys
+        k = self.table_state.layout.keys
         return TypedHashTable.bytes_for(
             k.num_words, len(k.names), k.has_var, self._payload(), capacity, MIN_ARENA
         )
 
     def _min_bytes(self) -> int:
-        return self._table_bytes() + self._scratch + self._io_bytes
+        st = self.table_state
+        return self._table_bytes() + st.scratch + st.io_bytes
 
     # ------------------------------------------------------------------ memory
-    def _hold(self, total: int) -> bool:
-        """Hold at least ``total`` bytes; False (holding what we held) if not granted."""
-        want = total - self.used
-        if want <= 0:
-            return True
-        got = self.acquire_memory(want)
-        if got < want:
-            if got:
-                self.free_memory(got)
-            return False
-        self.metrics.peak_granted_bytes = max(self.metrics.peak_granted_bytes, self.used)
-        return True
-
-    def _in_use(self) -> int:
-        table = 0 if self._table is None else self._table.nbytes
-        if self._source is not None:
-            table += self._source.nbytes
-        return table + self._scratch + self._io_bytes + self._aside_bytes
-
-    def _trim(self) -> None:
-        """Give back what the table no longer needs (keeping the floor)."""
-        excess = self.used - max(self._floor, self._in_use())
-        if excess > 0:
-            self.free_memory(excess)
-        self.metrics.peak_memory_bytes = max(self.metrics.peak_memory_bytes, self._in_use())
-
     def _ensure_table(self) -> TypedHashTable:
-        if self._table is None:
-            need = max(self._floor, self._min_bytes())
-            if not self._hold(need):
+        st = self.table_state
+        if st.table is None:
+            need = max(self.budget.floor, self._min_bytes())
+            if not self.budget.hold(need):
                 raise MemoryLimitError(
                     f"{self.name} needs {format_size(need)} to start (a table of "
                     f"{format_size(self._table_bytes())}, chunk buffers of "
-                    f"{format_size(self._scratch)}, an I/O batch of {format_size(self._io_bytes)}) "
+                    f"{format_size(st.scratch)}, an I/O batch of {format_size(st.io_bytes)}) "
                     f"but the memory manager granted less (max_memory "
-                    f"{format_size(self._max_memory)}, {format_size(self.used)} held)"
+                    f"{format_size(self.budget.max_memory)}, {format_size(self.used)} held)"
                 )
-            k = self._layout.keys if self._layout else None
-            assert k is not None
-            self._table = TypedHashTable(
+            k = st.layout.keys
+            st.table = TypedHashTable(
                 k.num_words, len(k.names), k.has_var, self._payload(), hash_is_key=k.hash_is_key
             )
-            self._trim()
-        return self._table
+            self.budget.trim()
+        return st.table
 
     # ------------------------------------------------------------------ updating
     def update(self, batch: Any) -> None:
         """Fold one batch (pyarrow RecordBatch/Table, pandas DataFrame or dict of arrays)."""
-        with self._lock:
-            if self._state != "open":
-                raise RuntimeError(f"{self.name}: update() after results() or close()")
-            chunk = self._chunk_rows if self._layout is not None else None
+        with self.lock:
+            self.check_open(f"{self.name}: update() after results() or close()")
+            st = self.table_state
+            chunk = st.chunk_rows if st.layout_or_none is not None else None
             for rb in iter_record_batches(batch, chunk):
                 if self._schema is None:
                     if rb.num_rows == 0 and _has_null_typed(rb, self._needed):
@@ -288,12 +261,14 @@ class HashAggregator(MemoryConsumer):
 
     def _update_columns(self, cols: dict[str, Column], n: int) -> None:
         """Fold ``n`` rows of checked input columns, chunk by chunk."""
-        step = self._chunk_rows
+        st = self.table_state
+        step = st.chunk_rows
+        every = self.force_spill_rows
         start = 0
         while start < n:
             stop = min(n, start + step)
-            if self.force_spill_rows is not None:
-                stop = min(stop, start + self.force_spill_rows - self._rows_since_spill)
+            if every is not None:
+                stop = min(stop, start + every - st.rows_since_spill)
             part = (
                 cols
                 if (start == 0 and stop == n)
@@ -301,25 +276,21 @@ class HashAggregator(MemoryConsumer):
             )
             self._update_chunk(part, stop - start)
             start = stop
-            if (
-                self.force_spill_rows is not None
-                and self._rows_since_spill >= self.force_spill_rows
-            ):
-                if self._table is not None and self._table.num_groups:
-                    spill_table(self, f"forced every {self.force_spill_rows} rows")
-                self._rows_since_spill = 0
+            if every is not None and st.rows_since_spill >= every:
+                if st.table is not None and st.table.num_groups:
+                    spill_table(st, f"forced every {every} rows")
+                st.rows_since_spill = 0
 
     def _update_chunk(self, cols: dict[str, Column], n: int) -> None:
-        layout = self._layout
-        assert layout is not None
+        st = self.table_state
         if self._partitions is not None:
-            set_aside(self, cols, n, 0)
+            self._set_aside(cols, n, 0)
             return
         table = self._ensure_table()
         key_cols = [cols[k] for k in self.keys]
         var_bytes = sum(c.data.nbytes for c in key_cols if c.data is not None)
         if var_bytes:
-            make_room_for_key_bytes(self, var_bytes)
+            self._make_room_for_key_bytes(var_bytes)
             table = self._ensure_table()
         enc = self._encode(key_cols)
         gids = np.empty(n, dtype=np.int64)
@@ -334,18 +305,30 @@ class HashAggregator(MemoryConsumer):
                 self._fold(table, cols, gids, pos, nxt, n, seq0)
             pos = nxt
             if status == TK.TABLE_FULL:
-                grow_or_spill(self, table)
+                if not try_grow(st, table):
+                    self._spill_or_partition(table)
                 if self._partitions is not None:  # the rest of this chunk goes aside too
                     self.metrics.records_read += pos
-                    set_aside(self, cols, n, pos, enc.hashes)
-                    self._trim()
+                    self._set_aside(cols, n, pos, enc.hashes)
+                    self.budget.trim()
                     return
             elif status == TK.ARENA_FULL:
-                grow_arena_or_spill(self, table, table.pending_var_bytes(enc.var_offsets, pos))
+                grow_arena_or_spill(st, table, table.pending_var_bytes(enc.var_offsets, pos))
         self.metrics.records_read += n
-        self._rows_since_spill += n
+        st.rows_since_spill += n
         if var_bytes:
-            self._trim()
+            self.budget.trim()
+
+    def _make_room_for_key_bytes(self, var_bytes: int) -> None:
+        """Chunk key bytes may be copied once when packed: hold them too for this chunk."""
+        self.maybe_spill(
+            self.table_state.in_use() + var_bytes, "no memory for the key bytes of a chunk"
+        )
+        if not self.budget.hold_more(var_bytes):
+            raise MemoryLimitError(
+                f"{self.name} needs {format_size(var_bytes)} more for the key bytes of a chunk "
+                f"({self.budget.describe()})"
+            )
 
     def _fold(
         self,
@@ -357,8 +340,7 @@ class HashAggregator(MemoryConsumer):
         n: int,
         seq0: int,
     ) -> None:
-        layout = self._layout
-        assert layout is not None
+        layout = self.table_state.layout
         whole = lo == 0 and hi == n
         g = gids if whole else gids[lo:hi]
         for spec, indexes in zip(layout.specs, layout.state_index):
@@ -367,44 +349,114 @@ class HashAggregator(MemoryConsumer):
                 col = col.slice(lo, hi)
             F.update(spec, [table.payload[i] for i in indexes], g, col, seq0 + lo)
 
-    # ------------------------------------------------------------------ spilling
-    def spill(self, size: int, trigger: MemoryConsumer) -> int:
-        """Spill because another consumer needs memory; returns the bytes freed."""
-        if trigger is self or self._state == "closed":
-            return 0
-        if not self._lock.acquire(blocking=False):
-            return 0  # busy in another thread: cannot spill safely now
+    # ------------------------------------------------------------------ partitioning
+    def _spill_or_partition(self, table: TypedHashTable) -> None:
+        """The full table cannot grow: spill it, and maybe partition the input from now on."""
+        st = self.table_state
+        may_partition = self._order_free and st.level < MAX_LEVEL and self.force_spill_rows is None
+        if not spill_or_partition(st, table, may_partition):
+            return
+        # no table any more: larger chunks and a buffer per partition, as large as granted
+        plans = [(st.chunk_rows, st.scratch)]
+        if self._chunk_rows_arg is None:
+            plans.insert(0, partition_chunks(st.layout, len(self._needed), self.budget.max_memory))
+        self._partitions = start_partitioning(st, plans)
+
+    def _set_aside(
+        self, cols: dict[str, Column], n: int, start: int, hashes: np.ndarray | None = None
+    ) -> None:
+        """Write rows ``start..n`` of a chunk to their partitions."""
+        assert self._partitions is not None
+        if start:
+            cols = {k: c.slice(start, n) for k, c in cols.items()}
+            hashes = None if hashes is None else hashes[start:n]
+        if hashes is None:
+            hashes = self._encode([cols[k] for k in self.keys]).hashes
         try:
-            before = self.used
-            if self._source is not None:
-                self._source.spill_rest()
-            elif self._state == "open" and self._table is not None and self._table.num_groups:
-                spill_table(
-                    self, f"requested by {getattr(trigger, 'name', trigger)}", release_all=True
-                )
-            else:
-                return 0
-            return max(0, before - self.used)
-        finally:
-            self._lock.release()
+            set_aside(self.table_state, self._partitions, cols, hashes)
+        except MemoryLimitError:
+            raise
+        except BaseException:
+            # some rows of this chunk may be on disk and others not: nothing can be trusted
+            self.close()
+            raise
+
+    def _child(self) -> HashAggregator:
+        """An aggregator for one partition: same query, same memory manager and spill dirs."""
+        st = self.table_state
+        level = st.level + 1
+        child = HashAggregator(
+            self.keys,
+            self._aggs,
+            memory_manager=self.task_memory_manager,
+            batch_size=self.batch_size,
+            fan_in=self.fan_in,
+            compression=self.compression,
+            chunk_rows=self._chunk_rows_arg,
+            name=f"{self.name}/p{level}",
+        )
+        child.share_spill_dirs(self.runs)
+        child.table_state.level = level
+        # what this aggregator and its own parents still hold is not the child's to plan with
+        child.budget.max_memory = max(1, self._task_budget - self.task_memory_manager.memory_used)
+        child._task_budget = self._task_budget
+        child._schema = self._schema
+        child.table_state.layout_or_none = st.layout
+        child._plan(chunk_share=8)  # it reads large partition batches: fewer, larger chunks
+        return child
+
+    # ------------------------------------------------------------------ Spillable hooks
+    def should_spill(self, current: int) -> bool:
+        """Spill when ``current`` bytes (all the table and buffers need) are not granted."""
+        return not self.budget.hold(current)
+
+    def release_after_spill(self) -> None:
+        """Nothing: spilling the table gave back what it no longer needs."""
+
+    def collection_is_empty(self) -> bool:
+        table = self.table_state.table
+        return table is None or table.num_groups == 0
+
+    def spill_collection(self, size: int, reason: str) -> None:
+        spill_table(self.table_state, reason)
+
+    def force_spill(self, trigger: Consumer) -> int:
+        """Spill because another consumer needs memory; returns the bytes freed."""
+        before = self.used
+        if self._source is not None:
+            self._source.spill_rest()
+        elif self.phase == OPEN and not self.collection_is_empty():
+            spill_table(
+                self.table_state,
+                f"requested by {getattr(trigger, 'name', trigger)}",
+                release_all=True,
+            )
+        else:
+            return 0
+        return max(0, before - self.used)
+
+    def release_collection(self) -> None:
+        self.table_state.table = None
+        if self._source is not None:
+            self._source.close()
+            self._source = None
+        if self._partitions is not None:
+            self._partitions.abort()
+            self._partitions = None
 
     # ------------------------------------------------------------------ results
     def results(self) -> Iterator[pa.RecordBatch]:
         """Every group once, as Arrow record batches in hash order. Destructive; call once."""
-        with self._lock:
-            if self._state != "open":
-                raise RuntimeError(
-                    f"{self.name}: results() can be called only once, before close()"
-                )
-            self._state = "reading"
+        with self.lock:
+            self.begin_reading(f"{self.name}: results() can be called only once, before close()")
         return self._results()
 
     def _results(self) -> Iterator[pa.RecordBatch]:
         try:
-            if self._layout is None:
+            layout = self.table_state.layout_or_none
+            if layout is None:
                 return
-            layout = self._layout
-            for block in result_blocks(self):
+            for block in self._blocks():
                 for start in range(0, len(block), self.batch_size):
                     part = (
                         block.slice(start, start + self.batch_size)
@@ -416,54 +468,58 @@ class HashAggregator(MemoryConsumer):
         finally:
             self.close()
 
+    def _blocks(self) -> Iterator[ColumnBlock]:
+        """Every group once, as combined blocks in hash order: the in-memory table, the runs
+        and the partitions merged."""
+        st = self.table_state
+        with self.lock:
+            if st.table is not None:
+                self.metrics.peak_memory_bytes = max(self.metrics.peak_memory_bytes, st.in_use())
+                self._source = TableSource(st, st.table)
+                st.table = None
+            partitions = None
+            if self._partitions is not None:
+                writer, self._partitions = self._partitions, None
+                try:
+                    paths = writer.finish()
+                except BaseException:
+                    writer.abort()
+                    raise
+                assert self._schema is not None
+                partitions = PartitionSource(
+                    paths,
+                    self.runs,
+                    {name: self._schema[name] for name in self._needed},
+                    name=self.name,
+                    make_child=self._child,
+                    feed=lambda child, cols, n: child._update_columns(cols, n),
+                    child_blocks=lambda child: child._blocks(),
+                    child_done=lambda child: self.metrics.absorb(child.metrics),
+                )
+            st.scratch = 0  # no more chunks to fold: give back their buffers
+            # reading a partition back holds one of its batches (stored, decompressed, decoded)
+            st.aside_bytes = (
+                IO_COPIES * buffer_bytes(self.budget.max_memory) if partitions is not None else 0
+            )
+            self.budget.floor = 0
+            self.budget.trim()
+        return result_blocks(
+            st, self._source, partitions, self.reserve_merge_memory, self.io_batch_bytes
+        )
+
     def _encode(self, key_cols: list[Column]) -> EncodedKeys:
         """Hash and canonicalise keys; a partition's aggregator rotates the hashes (see
-        :func:`~extagg.columnar.partitions.rotate_left`)."""
-        assert self._layout is not None
-        enc = self._layout.keys.encode(key_cols)
-        if self._level:
-            enc.hashes = rotate_left(enc.hashes, PARTITION_BITS * self._level)
+        :func:`~extagg.columnar.partition_files.rotate_left`)."""
+        level = self.table_state.level
+        enc = self.table_state.layout.keys.encode(key_cols)
+        if level:
+            enc.hashes = rotate_left(enc.hashes, PARTITION_BITS * level)
         return enc
 
     # ------------------------------------------------------------------ cleanup
-    @property
-    def spill_files(self) -> list[str]:
-        """The run files currently on disk."""
-        return self._spill_dirs.files
-
-    def close(self) -> None:
-        """Release all memory and delete every run file. Idempotent."""
-        with self._lock:
-            if self._state == "closed":
-                return
-            self._state = "closed"
-            self._table = None
-            if self._source is not None:
-                self._source.close()
-                self._source = None
-            if self._partitions is not None:
-                self._partitions.abort()
-                self._partitions = None
-            if self._level == 0:  # children share their parent's spill dirs
-                self._spill_dirs.cleanup()
-            self._runs.clear()
-            self.close_memory()
-
-    def __enter__(self) -> HashAggregator:
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # pragma: no cover - interpreter shutdown
-            pass
-
     def __repr__(self) -> str:
         return (
-            f"<HashAggregator {self.name} {self._state}: keys={self.keys}, "
+            f"<HashAggregator {self.name} {self.phase}: keys={self.keys}, "
             f"{self.metrics.records_read} rows, {self.metrics.spill_count} spills, "
             f"{format_size(self.used)} held>"
         )

@@ -1,39 +1,33 @@
 """The merge phase of :class:`~extagg.columnar.HashAggregator`: runs in, combined blocks out.
 
-The shared :func:`extagg.merge.heap.merge_in_passes` drives it; the aggregator supplies the sources
-(its in-memory table and its run files), the compiled ``combine`` of its block layout, and
-accounted memory for the merge buffers, whose size decides the fan-in.
+The shared :func:`extagg.merge.heap.merge_in_passes` drives it; the aggregator supplies, in its
+:class:`~extagg.columnar.state.TableState`, the sources (its in-memory table and its run files,
+and one source over its partitions), the compiled ``combine`` of its block layout, and a
+``reserve`` that holds accounted memory for the merge buffers, whose size decides the fan-in.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Generator, Iterator
 
-from extagg._config import format_size
 from extagg.columnar._sources import TableSource
-from extagg.columnar.buffers import IO_COPIES, MERGE_COPIES
-from extagg.columnar.partitioned import absorb_child_metrics, child_aggregator
-from extagg.columnar.partitions import (
-    PARTITION_BITS,
-    PartitionSource,
-    buffer_bytes,
-    rotate_right,
-)
+from extagg.columnar.buffers import MERGE_COPIES
+from extagg.columnar.partition_files import PARTITION_BITS, rotate_right
 from extagg.columnar.runs import write_merged_run
-from extagg.errors import MemoryLimitError
-from extagg.merge.heap import BlockSource, RunSource, merge_in_passes
+from extagg.columnar.state import TableState
+from extagg.merge.heap import BlockSource, merge_in_passes
 from extagg.spill.blocks import ColumnBlock
 
-if TYPE_CHECKING:
-    from extagg.columnar.hash_aggregator import HashAggregator
+__all__ = ["ReserveMerge", "drain", "merge_blocks", "result_blocks"]
 
-__all__ = ["drain", "merge_blocks", "result_blocks"]
+#: ``(bytes per source, sources, spill_rest, limit) -> (fan_in, bytes granted)``, as
+#: :meth:`extagg.spillable.Spillable.reserve_merge_memory`
+ReserveMerge = Callable[[int, int, Callable[[], bool] | None, int | None], tuple[int, int]]
 
 
-def drain(source: BlockSource) -> Iterator[ColumnBlock]:
+def drain(source: BlockSource[ColumnBlock]) -> Generator[ColumnBlock, None, None]:
     """Every block of one source (no merging needed)."""
     try:
         while source.next_min_hash() is not None:
@@ -43,22 +37,26 @@ def drain(source: BlockSource) -> Iterator[ColumnBlock]:
 
 
 def merge_blocks(
-    agg: HashAggregator, table_source: TableSource | None, partitions: BlockSource | None = None
-) -> Iterator[ColumnBlock]:
-    """Merge the aggregator's in-memory table, runs and partitions (one source that aggregates
-    them one after the other); combined blocks in hash order."""
-    layout = agg._layout
-    assert layout is not None
-    sources: list[BlockSource] = [] if table_source is None else [table_source]
-    runs: list[BlockSource] = [RunSource(p, owner=agg._spill_dirs) for p in agg._runs]
-    agg._runs = []
+    st: TableState,
+    table_source: TableSource | None,
+    partitions: BlockSource[ColumnBlock] | None,
+    reserve: ReserveMerge,
+    io_batch_bytes: int,
+) -> Generator[ColumnBlock, None, None]:
+    """Merge the in-memory table, the runs and the partitions (one source that aggregates them
+    one after the other); combined blocks in hash order."""
+    layout = st.layout
+    sources: list[BlockSource[ColumnBlock]] = [] if table_source is None else [table_source]
+    runs = st.runs.take_sources()
     if partitions is not None:
         runs.append(partitions)
     sources.extend(runs)
     # the partitions' aggregators need memory while the merge runs: leave them three quarters
-    limit = agg._max_memory // 4 if partitions is not None else None
-    fan_in = _reserve_merge_memory(agg, len(runs), table_source, limit)
-    metrics = agg.metrics
+    limit = st.budget.max_memory // 4 if partitions is not None else None
+    per_source = max(st.runs.max_batch_bytes, io_batch_bytes, 1) * MERGE_COPIES
+    spill_rest = None if table_source is None else table_source.spill_rest
+    fan_in, _ = reserve(per_source, len(runs) + 1, spill_rest, limit)
+    metrics = st.metrics
 
     def on_pass(number: int, _runs: int) -> None:
         metrics.merge_passes = number
@@ -68,7 +66,7 @@ def merge_blocks(
         sources,
         layout.combine,
         fan_in=fan_in,
-        write_run=lambda blocks: write_merged_run(agg, blocks),
+        write_run=lambda blocks: write_merged_run(st, blocks),
         on_pass=on_pass,
     ):
         metrics.merge_time_s += time.perf_counter() - started
@@ -77,73 +75,25 @@ def merge_blocks(
     metrics.merge_time_s += time.perf_counter() - started
 
 
-def _reserve_merge_memory(
-    agg: HashAggregator, num_runs: int, table_source: TableSource | None, limit: int | None
-) -> int:
-    """Hold read and combine buffers for the merge (at most ``limit`` bytes); returns the
-    fan-in they allow.
-
-    When the budget cannot hold them next to the in-memory table, the table's groups go to disk
-    first (one more run) rather than merging in many passes.
-    """
-    largest = max(agg._max_batch_bytes, agg.io_batch_bytes, 1)
-    per_source = largest * MERGE_COPIES
-    wanted = min(agg.fan_in, num_runs + 1) * per_source
-    if limit is not None:
-        wanted = min(wanted, max(limit, 2 * per_source))
-    granted = agg.acquire_memory(wanted)
-    if granted < wanted and table_source is not None:
-        with agg._lock:
-            if table_source.spill_rest():
-                granted += agg.acquire_memory(wanted - granted)
-    agg.metrics.peak_granted_bytes = max(agg.metrics.peak_granted_bytes, agg.used)
-    fan_in = min(agg.fan_in, granted // per_source)
-    if fan_in < 2:
-        agg.free_memory(granted)
-        raise MemoryLimitError(
-            f"{agg.name} needs {format_size(2 * per_source)} to merge two runs "
-            f"({format_size(per_source)} of buffers per run) but was granted "
-            f"{format_size(granted)} (max_memory {format_size(agg._max_memory)})"
-        )
-    return fan_in
-
-
-def result_blocks(agg: HashAggregator) -> Iterator[ColumnBlock]:
-    """Every group of ``agg`` once, as combined blocks in hash order: its in-memory table, its
-    runs and its partitions merged (a partition's aggregator hands its blocks hashed as its
-    parent sees them)."""
-    with agg._lock:
-        if agg._table is not None:
-            agg.metrics.peak_memory_bytes = max(agg.metrics.peak_memory_bytes, agg._in_use())
-            agg._source = TableSource(agg, agg._table)
-            agg._table = None
-        partitions = None
-        if agg._partitions is not None:
-            writer, agg._partitions = agg._partitions, None
-            try:
-                paths = writer.finish()
-            except BaseException:
-                writer.abort()
-                raise
-            partitions = PartitionSource(
-                agg, paths, child_aggregator, result_blocks, absorb_child_metrics
-            )
-        agg._scratch = 0  # no more chunks to fold: give back their buffers
-        # reading a partition back holds one of its batches (stored, decompressed, decoded)
-        agg._aside_bytes = (
-            IO_COPIES * buffer_bytes(agg._max_memory) if partitions is not None else 0
-        )
-        agg._floor = 0
-        agg._trim()
-    source = agg._source
-    if not agg._runs and partitions is None:
-        blocks = drain(source) if source is not None else _no_blocks()
-    elif not agg._runs and source is None:
+def result_blocks(
+    st: TableState,
+    table_source: TableSource | None,
+    partitions: BlockSource[ColumnBlock] | None,
+    reserve: ReserveMerge,
+    io_batch_bytes: int,
+) -> Iterator[ColumnBlock]:
+    """Every group once, as combined blocks in hash order: the sorted in-memory table, the runs
+    and the partitions merged (a partition's aggregator hands its blocks hashed as its parent
+    sees them)."""
+    blocks: Generator[ColumnBlock, None, None]
+    if not st.runs and partitions is None:
+        blocks = drain(table_source) if table_source is not None else _no_blocks()
+    elif not st.runs and table_source is None:
         assert partitions is not None
         blocks = drain(partitions)
     else:
-        blocks = merge_blocks(agg, source, partitions)
-    if not agg._level:
+        blocks = merge_blocks(st, table_source, partitions, reserve, io_batch_bytes)
+    if not st.level:
         yield from blocks
         return
     with contextlib.closing(blocks):  # a partition's groups, hashed as its parent sees them
@@ -152,5 +102,5 @@ def result_blocks(agg: HashAggregator) -> Iterator[ColumnBlock]:
             yield ColumnBlock(hashes, block.columns, block.var_columns)
 
 
-def _no_blocks() -> Iterator[ColumnBlock]:
+def _no_blocks() -> Generator[ColumnBlock, None, None]:
     yield from ()

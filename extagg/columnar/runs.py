@@ -2,7 +2,8 @@
 table started again), merged runs.
 
 Both use the shared run-file format with the column codec; every batch is a
-:class:`~extagg.spill.blocks.ColumnBlock` in the layout of :mod:`extagg.columnar.blocks`.
+:class:`~extagg.spill.blocks.ColumnBlock` in the layout of :mod:`extagg.columnar.layout`.
+Functions take the aggregator's :class:`~extagg.columnar.state.TableState`.
 """
 
 from __future__ import annotations
@@ -11,117 +12,89 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from extagg._config import format_size
 from extagg.collection.typed_table import TypedHashTable
-from extagg.merge.heap import BlockSource, write_run_from
+from extagg.columnar.state import TableState
+from extagg.merge.heap import BlockSource
 from extagg.spill.blocks import ColumnBlock
 from extagg.spill.codecs import COLUMN_CODEC
-from extagg.spill.runfile import RunFile, RunWriter
-
-if TYPE_CHECKING:
-    from extagg.columnar.hash_aggregator import HashAggregator
+from extagg.spill.runfile import RunWriter
 
 log = logging.getLogger("extagg.columnar.hash_aggregator")  # where spills were always logged
 
 __all__ = ["spill_table", "write_merged_run", "write_table_run"]
 
 
-def _count(agg: HashAggregator, info: RunFile) -> None:
-    agg._max_batch_bytes = max(agg._max_batch_bytes, info.max_batch_bytes)
-    agg.metrics.disk_bytes_spilled += info.disk_bytes
-    agg.metrics.raw_bytes_spilled += info.raw_bytes
-
-
 def write_table_run(
-    agg: HashAggregator,
+    st: TableState,
     table: TypedHashTable,
     hashes: np.ndarray,
     slot_gids: np.ndarray,
     start: int,
 ) -> str:
-    """Write the sorted groups ``start..`` of ``table`` as a run; returns its path.
+    """Write the sorted groups ``start..`` of ``table`` as a run of ``st.runs``; returns its
+    path. On any failure the partial file is removed and the error propagates."""
+    layout = st.layout
 
-    On any failure the partial file is removed and the error propagates.
-    """
-    layout = agg._layout
-    assert layout is not None
-    path = agg._spill_dirs.new_path("agg")
-    writer = RunWriter(path, COLUMN_CODEC, compression=agg.compression, spill_dirs=agg._spill_dirs)
-    try:
+    def write(writer: RunWriter) -> None:
         for _, block in layout.iter_sorted(
-            table, hashes, slot_gids, start, agg.run_rows, agg.batch_var_bytes
+            table, hashes, slot_gids, start, st.run_rows, st.batch_var_bytes
         ):
             writer.write_block(block)
-        info = writer.finish()
-    except BaseException:
-        writer.abort()
-        raise
-    _count(agg, info)
-    agg.metrics.num_spill_files += 1
-    return path
+
+    return st.runs.write("agg", COLUMN_CODEC, write)
 
 
-def write_merged_run(agg: HashAggregator, blocks: Iterator[ColumnBlock]) -> BlockSource:
+def write_merged_run(st: TableState, blocks: Iterator[ColumnBlock]) -> BlockSource[ColumnBlock]:
     """Write the output of an intermediate merge pass as a run; returns a source over it."""
-    source, info = write_run_from(
-        blocks,
-        path=agg._spill_dirs.new_path("merge"),
-        codec=COLUMN_CODEC,
-        batch_size=agg.run_rows,
-        compression=agg.compression,
-        spill_dirs=agg._spill_dirs,
-    )
-    _count(agg, info)
-    agg.metrics.merge_files += 1
-    return source
+    return st.runs.write_merged(blocks, COLUMN_CODEC, st.run_rows)
 
 
 def spill_table(
-    agg: HashAggregator,
+    st: TableState,
     reason: str,
     *,
     keep_arrays: bool = False,
     release_all: bool = False,
     sorted_table: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> None:
-    """Sort ``agg``'s table by hash, write it as a run and start again: emptied in place with
+    """Sort the table by hash, write it as a run and start again: emptied in place with
     ``keep_arrays`` (the table was full and more input will fill it again), small
     otherwise (the memory is wanted for something else: key bytes, a larger arena), or
     with no table and all memory given back with ``release_all``. ``sorted_table``: what
     ``sort_by_hash`` returned, if the caller sorted it already."""
-    table = agg._table
+    table = st.table
     assert table is not None and table.num_groups > 0
     size = table.nbytes
-    agg.metrics.spill_count += 1
+    metrics = st.metrics
+    metrics.spill_count += 1
     log.info(
         "Thread %d spilling in-memory aggregation table of %s (%d groups) to disk "
         "(%d time%s so far; %s)",
         threading.get_ident(), format_size(size), table.num_groups,
-        agg.metrics.spill_count, "s" if agg.metrics.spill_count > 1 else "", reason,
+        metrics.spill_count, "s" if metrics.spill_count > 1 else "", reason,
     )  # fmt: skip
     started = time.perf_counter()
     hashes, slot_gids = sorted_table if sorted_table is not None else table.sort_by_hash()
     try:
-        path = write_table_run(agg, table, hashes, slot_gids, 0)
+        write_table_run(st, table, hashes, slot_gids, 0)
     except BaseException:
         table.restore_after_sort()
         raise
     finally:
-        agg.metrics.spill_time_s += time.perf_counter() - started
+        metrics.spill_time_s += time.perf_counter() - started
     del hashes, slot_gids
-    agg._runs.append(path)
-    agg.metrics.memory_bytes_spilled += size
-    agg._rows_since_spill = 0
+    metrics.memory_bytes_spilled += size
+    st.rows_since_spill = 0
     if release_all:
-        agg._table = None
-        agg.free_memory(agg.used)
+        st.table = None
+        st.budget.free(st.budget.used)
     elif keep_arrays:
         table.clear()
-        agg._trim()
+        st.budget.trim()
     else:
         table.reset()
-        agg._trim()
+        st.budget.trim()

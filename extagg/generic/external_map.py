@@ -16,7 +16,6 @@ acquired like any other memory; it is also capped at 1/16 of the manager so tiny
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Hashable, Iterable, Iterator
 from itertools import chain, islice
@@ -28,27 +27,17 @@ from extagg._config import (
     INITIAL_MEMORY_THRESHOLD,
     env_int,
     format_size,
-    parse_size,
 )
 from extagg.collection import SizeTrackingAppendOnlyMap
 from extagg.collection.append_only_map import SORT_BYTES_PER_ENTRY
 from extagg.generic.aggregator import Aggregator
 from extagg.generic.memory_rows import SpillableMemorySource, UnsortedMemoryRows
-from extagg.generic.merge_phase import merged_pairs
-from extagg.memory import (
-    MemoryConsumer,
-    TaskMemoryManager,
-    UnifiedMemoryManager,
-    resolve_task_memory_manager,
-)
-from extagg.merge.heap import (
-    RunSource,
-)
-from extagg.metrics import SpillMetrics
+from extagg.generic.merge_phase import OBJECT_EXPANSION, merged_pairs
+from extagg.memory import Consumer, TaskMemoryManager, UnifiedMemoryManager
+from extagg.merge.heap import BlockSource, RunSource
 from extagg.spill.blocks import ObjectBlock, PermutedObjectBlock
 from extagg.spill.codecs import OBJECT_CODEC
-from extagg.spill.runfile import RunWriter
-from extagg.spill.tempdir import SpillDirs
+from extagg.spillable import Spillable
 
 __all__ = ["ExternalAppendOnlyMap"]
 
@@ -58,8 +47,11 @@ log = logging.getLogger(__name__)
 CHUNK = 1024
 MIN_SPILL_FLOOR = 64 * 1024
 
+INSERT_AFTER_ITERATOR = "Cannot insert new elements into a map after calling iterator"
+ITERATOR_TWICE = "ExternalAppendOnlyMap.iterator is destructive and should only be called once."
 
-class ExternalAppendOnlyMap(MemoryConsumer):
+
+class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
     """A spillable map of key → combiner with Spark's ``combineByKey`` semantics.
 
     ``memory`` (bytes or a size string like ``"64m"``) gives the map a budget of its own;
@@ -91,45 +83,27 @@ class ExternalAppendOnlyMap(MemoryConsumer):
             raise TypeError(
                 f"aggregator must be an extagg.Aggregator, got {type(aggregator).__name__}"
             )
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
-        if fan_in < 2:
-            raise ValueError(f"fan_in must be at least 2, got {fan_in}")
-        tmm = resolve_task_memory_manager(memory, memory_manager)
-        super().__init__(tmm, name)
+        super().__init__(
+            memory,
+            memory_manager=memory_manager,
+            spill_dirs=spill_dirs,
+            batch_size=batch_size,
+            fan_in=fan_in,
+            compression=compression,
+            max_spill_bytes=max_spill_bytes,
+            force_spill_every=force_spill_every or env_int("EXTAGG_FORCE_SPILL_EVERY", None),
+            name=name,
+        )
         self.aggregator = aggregator
-        self.batch_size = batch_size
-        self.fan_in = fan_in
-        self.compression = compression
-        self.force_spill_every = force_spill_every or env_int("EXTAGG_FORCE_SPILL_EVERY", None)
-        if self.force_spill_every is not None and self.force_spill_every < 1:
-            raise ValueError(f"force_spill_every must be positive, got {force_spill_every}")
-        cap = (
-            None if max_spill_bytes is None else parse_size(max_spill_bytes, name="max_spill_bytes")
-        )
-        self._spill_dirs = SpillDirs(
-            list(spill_dirs)
-            if spill_dirs is not None and not isinstance(spill_dirs, str)
-            else spill_dirs,
-            max_spill_bytes=cap,
-        )
-        max_memory = tmm.memory_manager.max_memory
-        self._initial_threshold = max(
+        max_memory = self.budget.max_memory
+        self.initial_threshold = max(
             min(INITIAL_MEMORY_THRESHOLD, max_memory // 16), min(MIN_SPILL_FLOOR, max_memory // 4)
         )
-        self._threshold = 0  # bytes held for the in-memory map (Spark's myMemoryThreshold)
         self._map: SizeTrackingAppendOnlyMap | None = SizeTrackingAppendOnlyMap()
-        self._runs: list[str] = []
-        self._max_batch_bytes = 0  # largest decoded batch in any run: sizes the merge buffers
         self._row_bytes = 64  # in-memory bytes of one row, as last measured
-        self._elements_read = 0
         self._reading: SpillableMemorySource | UnsortedMemoryRows | None = None
-        self._lock = threading.RLock()
-        self._closed = False
-        self.metrics = SpillMetrics()
-        self._chunk = (
-            CHUNK if self.force_spill_every is None else min(CHUNK, self.force_spill_every)
-        )
+        every = self.force_spill_every
+        self._chunk = CHUNK if every is None else min(CHUNK, every)
 
     # ------------------------------------------------------------------ inserting
     def insert(self, key: Hashable, value: Any) -> None:
@@ -143,8 +117,7 @@ class ExternalAppendOnlyMap(MemoryConsumer):
         pickled), every record taken from ``pairs`` so far is in the map and the map stays
         usable: continue with the rest of the records, do not insert those again.
         """
-        if self._map is None:
-            raise RuntimeError("Cannot insert new elements into a map after calling iterator")
+        self.check_open(INSERT_AFTER_ITERATOR)
         aggregator = self.aggregator
         create, merge = aggregator.create_combiner, aggregator.merge_value
         it = iter(pairs)
@@ -157,12 +130,10 @@ class ExternalAppendOnlyMap(MemoryConsumer):
                 keys, values = zip(*chunk)
             except (TypeError, ValueError):
                 raise TypeError(_bad_pairs_message(chunk)) from None
-            with self._lock:
+            with self.lock:
+                self.check_open(INSERT_AFTER_ITERATOR)
                 current = self._map
-                if current is None:
-                    raise RuntimeError(
-                        "Cannot insert new elements into a map after calling iterator"
-                    )
+                assert current is not None
                 estimate = current.estimate_size()
                 if estimate > self.metrics.peak_memory_bytes:
                     self.metrics.peak_memory_bytes = estimate
@@ -172,78 +143,71 @@ class ExternalAppendOnlyMap(MemoryConsumer):
                     # this chunk may double the table: ask for the new arrays before they exist
                     estimate += current.growth_bytes()
                 try:
-                    if self._maybe_spill(estimate):
+                    if self.maybe_spill(estimate):
                         current = self._map
                 except BaseException:
                     # the spill failed and the map was rebuilt: keep the records already taken
                     # from the iterable, so everything consumed so far is in the map
+                    assert self._map is not None
                     self._map.fold(keys, values, create, merge)
-                    self._elements_read += len(keys)
+                    self.elements_read += len(keys)
                     self.metrics.records_read += len(keys)
                     raise
+                assert current is not None
                 current.fold(keys, values, create, merge)
-                self._elements_read += len(keys)
+                self.elements_read += len(keys)
                 self.metrics.records_read += len(keys)
 
-    def _maybe_spill(self, current: int) -> bool:
-        """Spark's ``Spillable.maybeSpill``: ask for more memory, spill if refused."""
-        if self._threshold == 0:
-            self._threshold = self.acquire_memory(self._initial_threshold)
-            self._note_granted()
-        should_spill = False
-        if current >= self._threshold and current > 0:
-            granted = self.acquire_memory(2 * current - self._threshold)
-            self._threshold += granted
-            self._note_granted()
-            should_spill = current >= self._threshold
-        if (
-            not should_spill
-            and self.force_spill_every is not None
-            and self._elements_read >= self.force_spill_every
-        ):
-            should_spill = True
-        if not should_spill or not self._map:
-            return False
-        self._log_spill(current)
-        self._spill_current_map(current)
-        self._elements_read = 0
-        self.metrics.memory_bytes_spilled += current
-        self._release_down_to(self._initial_threshold)
-        return True
+    # ------------------------------------------------------------------ Spillable hooks
+    def collection_is_empty(self) -> bool:
+        return not self._map
 
-    def _log_spill(self, size: int, trigger: Any = None) -> None:
-        """Count a spill event and log Spark's one line for it."""
-        self.metrics.spill_count += 1
-        count = self.metrics.spill_count
-        log.info(
-            "Thread %d spilling in-memory map of %s to disk (%d time%s so far)%s",
-            threading.get_ident(),
-            format_size(size),
-            count,
-            "s" if count > 1 else "",
-            "" if trigger is None else f", forced by {getattr(trigger, 'name', trigger)}",
-        )
+    def spill_collection(self, size: int, reason: str) -> None:
+        """Sort the current map by key hash and write it as a run; on failure keep it."""
+        self.log_spill("in-memory map", size)
+        self._spill_current_map(size)
+        self.metrics.memory_bytes_spilled += size
 
-    def _move_to_run(self, block: ObjectBlock | PermutedObjectBlock, trigger: Any) -> RunSource:
+    def force_spill(self, trigger: Consumer) -> int:
+        """Spill the current map, or — when iteration has started — the part of it not yet
+        read, and drop the reference to it. Returns the bytes released."""
+        if self._reading is not None:
+            if not self._reading.spill_rest(trigger):
+                return 0
+        elif self._map:
+            estimate = self._map.estimate_size()
+            self.log_spill("in-memory map", estimate, _forced_by(trigger))
+            self._spill_current_map(estimate)
+            self.elements_read = 0
+        else:
+            return 0
+        freed = self.threshold
+        if self._reading is None or self._reading.run is not None:  # not a mere release
+            self.metrics.memory_bytes_spilled += freed
+        self.release_down_to(0)
+        return freed
+
+    def release_collection(self) -> None:
+        self._map = None
+        if self._reading is not None:
+            self._reading.close()
+
+    def _move_to_run(
+        self, block: ObjectBlock | PermutedObjectBlock, trigger: Consumer | str | None
+    ) -> RunSource[ObjectBlock]:
         """Write the unread, hash-sorted rows of the iteration to a run (a forced spill)."""
-        self._log_spill(self._threshold, "the merge" if trigger is None else trigger)
+        self.log_spill(
+            "in-memory map", self.threshold, _forced_by("the merge" if trigger is None else trigger)
+        )
         started = time.perf_counter()
         try:
             path = self._write_run(block)
         finally:
             self.metrics.spill_time_s += time.perf_counter() - started
-        self._runs.remove(path)  # owned by the reading source from now on
-        return RunSource(path, owner=self._spill_dirs)
+        return self.runs.detach(path)  # owned by the reading source from now on
 
-    def _note_granted(self) -> None:
-        if self.used > self.metrics.peak_granted_bytes:
-            self.metrics.peak_granted_bytes = self.used
-
-    def _release_down_to(self, keep: int) -> None:
-        excess = self._threshold - keep
-        if excess > 0:
-            self.free_memory(excess)
-            self._threshold = keep
+    def _release_rows(self) -> None:
+        self.release_down_to(0)
 
     def _spill_current_map(self, estimate: int) -> None:
         """Sort the current map by key hash and write it as a run; on failure keep it."""
@@ -261,68 +225,18 @@ class ExternalAppendOnlyMap(MemoryConsumer):
             self.metrics.spill_time_s += time.perf_counter() - started
         log.debug("spilled %d keys (%s estimated)", len(keys), format_size(estimate))
 
-    def _batch_rows(self, block: ObjectBlock | None = None) -> int:
+    def _batch_rows(self, block: ObjectBlock | PermutedObjectBlock | None = None) -> int:
         """Rows per run batch: ``batch_size``, fewer when rows are big, so that the merge can
         hold one decoded batch per open run within the budget (``block`` updates the measured
         row size)."""
         if block is not None and len(block):
             self._row_bytes = max(1, block.nbytes() // len(block))
-        max_memory = self.task_memory_manager.memory_manager.max_memory
-        target = max(64 * 1024, max_memory // (4 * self.fan_in))
+        target = max(64 * 1024, self.budget.max_memory // (4 * self.fan_in))
         return max(16, min(self.batch_size, target // self._row_bytes))
 
     def _write_run(self, block: ObjectBlock | PermutedObjectBlock) -> str:
-        path = self._spill_dirs.new_path("map")
-        writer = RunWriter(
-            path, OBJECT_CODEC, compression=self.compression, spill_dirs=self._spill_dirs
-        )
-        try:
-            writer.write_sorted(block, self._batch_rows(block))
-            info = writer.finish()
-        except BaseException:
-            writer.abort()
-            raise
-        self._runs.append(path)
-        self._max_batch_bytes = max(self._max_batch_bytes, info.max_batch_bytes)
-        self.metrics.num_spill_files += 1
-        self.metrics.disk_bytes_spilled += info.disk_bytes
-        self.metrics.raw_bytes_spilled += info.raw_bytes
-        return path
-
-    # ------------------------------------------------------------------ forced spill
-    def spill(self, size: int, trigger: MemoryConsumer) -> int:
-        """Free memory because another consumer asked (Spark's ``Spillable.spill``).
-
-        Spills the current map, or — when iteration has started — the part of it not yet read,
-        and drops the reference to it. Returns the bytes released.
-        """
-        if trigger is self or self._closed:
-            return 0
-        # another thread of the same task may be inside insert_all waiting for memory while
-        # holding our lock: then there is nothing we can safely spill, so say so at once
-        if not self._lock.acquire(blocking=False):
-            return 0
-        try:
-            return self._spill_locked(trigger)
-        finally:
-            self._lock.release()
-
-    def _spill_locked(self, trigger: MemoryConsumer) -> int:
-        if self._reading is not None:
-            if not self._reading.spill_rest(trigger):
-                return 0
-        elif self._map:
-            estimate = self._map.estimate_size()
-            self._log_spill(estimate, trigger)
-            self._spill_current_map(estimate)
-            self._elements_read = 0
-        else:
-            return 0
-        freed = self._threshold
-        if self._reading is None or self._reading.run is not None:  # not a mere release
-            self.metrics.memory_bytes_spilled += freed
-        self._release_down_to(0)
-        return freed
+        rows = self._batch_rows(block)
+        return self.runs.write("map", OBJECT_CODEC, lambda writer: writer.write_sorted(block, rows))
 
     # ------------------------------------------------------------------ iterating
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
@@ -336,29 +250,75 @@ class ExternalAppendOnlyMap(MemoryConsumer):
         deterministic, and free — unless ``ordered=True`` asks for key-hash order always (what
         :meth:`extagg.state.StateStoreProvider.merge_update` needs).
         """
-        with self._lock:
-            if self._map is None:
-                raise RuntimeError(
-                    "ExternalAppendOnlyMap.iterator is destructive and should only be called once."
-                )
-            if self._map:
-                estimate = self._map.estimate_size()
+        with self.lock:
+            self.begin_reading(ITERATOR_TWICE)
+            current = self._map
+            assert current is not None
+            if current:
+                estimate = current.estimate_size()
                 if estimate > self.metrics.peak_memory_bytes:
                     self.metrics.peak_memory_bytes = estimate
-            if not ordered and not self._runs:
-                keys, values = self._map.destructive_arrays()
+            if not ordered and not self.runs:
+                keys, values = current.destructive_arrays()
                 self._map = None
-                unsorted = UnsortedMemoryRows(self, keys, values)
+                unsorted = UnsortedMemoryRows(
+                    keys,
+                    values,
+                    lock=self.lock,
+                    move_to_run=self._move_to_run,
+                    release=self._release_rows,
+                )
                 self._reading = unsorted
                 return chain.from_iterable(self._iterate_unsorted(unsorted))
-            hashes, order, keys, values = self._map.destructive_sort_order()
+            hashes, order, keys, values = current.destructive_sort_order()
             self._map = None
             memory_source = SpillableMemorySource(
-                self, PermutedObjectBlock(hashes, order, keys, values)
+                PermutedObjectBlock(hashes, order, keys, values),
+                self.batch_size,
+                lock=self.lock,
+                move_to_run=self._move_to_run,
+                release=self._release_rows,
             )
             self._reading = memory_source
         # pairs are handed out by C-level iterators; Python runs once per block, not per pair
-        return chain.from_iterable(merged_pairs(self, memory_source))
+        return chain.from_iterable(self._merged(memory_source))
+
+    def _merged(self, memory_source: SpillableMemorySource) -> Iterator[Iterator[tuple[Any, Any]]]:
+        """The merge of the sorted map and every run; closes everything when done, on error
+        and when the consumer stops early."""
+        sources: list[BlockSource[ObjectBlock]] = [memory_source]
+        with self.lock:  # a forced spill from another thread may be moving rows to a run
+            sources += self.runs.take_sources()
+        merge_memory = 0
+        try:
+            fan_in = self.fan_in
+            if len(sources) > 1:
+                per_source = max(1, self.runs.max_batch_bytes * OBJECT_EXPANSION)
+                fan_in, merge_memory = self.reserve_merge_memory(
+                    per_source, len(sources), spill_rest=lambda: self._spill_rest(memory_source)
+                )
+            yield from merged_pairs(
+                sources,
+                self.aggregator.merge_combiners,
+                fan_in=fan_in,
+                runs=self.runs,
+                batch_rows=self._batch_rows,
+                metrics=self.metrics,
+            )
+        finally:
+            for source in sources:
+                source.close()
+            if merge_memory:
+                self.free_memory(min(merge_memory, self.used))
+            self.close()
+
+    def _spill_rest(self, memory_source: SpillableMemorySource) -> bool:
+        """The merge's buffers do not fit next to the map: move its unread rows to a run."""
+        if self.threshold <= 0 or not memory_source.spill_rest():
+            return False
+        self.metrics.memory_bytes_spilled += self.threshold
+        self.release_down_to(0)
+        return True
 
     def _iterate_unsorted(self, rows: UnsortedMemoryRows) -> Iterator[Iterator[tuple[Any, Any]]]:
         try:
@@ -374,39 +334,8 @@ class ExternalAppendOnlyMap(MemoryConsumer):
             self.close()
 
     # ------------------------------------------------------------------ cleanup
-    @property
-    def spill_files(self) -> list[str]:
-        """The run files currently on disk."""
-        return self._spill_dirs.files
-
-    def close(self) -> None:
-        """Release all memory and delete every run file. Idempotent."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._map = None
-            if self._reading is not None:
-                self._reading.close()
-            self._spill_dirs.cleanup()
-            self._runs.clear()
-            self.close_memory()
-            self._threshold = 0
-
-    def __enter__(self) -> ExternalAppendOnlyMap:
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # pragma: no cover - interpreter shutdown
-            pass
-
     def __repr__(self) -> str:
-        state = "closed" if self._closed else ("iterating" if self._map is None else "open")
+        state = {"open": "open", "reading": "iterating"}.get(self.phase, self.phase)
         return (
             f"<ExternalAppendOnlyMap {self.name} {state}: {self.metrics.records_read} records, "
             f"{self.metrics.spill_count} spills, {format_size(self.used)} held>"
@@ -419,6 +348,10 @@ def _rebuild_map(keys: list[Any], values: list[Any]) -> SizeTrackingAppendOnlyMa
     for key, value in zip(keys, values):
         rebuilt.update(key, value)
     return rebuilt
+
+
+def _forced_by(trigger: Any) -> str:
+    return f"forced by {getattr(trigger, 'name', trigger)}"
 
 
 def _bad_pairs_message(chunk: list[Any]) -> str:

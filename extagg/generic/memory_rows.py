@@ -6,15 +6,23 @@ their references so the memory is really freed (Spark's SPARK-22713).
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from extagg.hashing import order_hashes
+from extagg.memory import Consumer
 from extagg.merge.heap import RunSource, SortedBlockSource
 from extagg.spill.blocks import ObjectBlock, PermutedObjectBlock
 
-__all__ = ["SpillableMemorySource", "UnsortedMemoryRows"]
+__all__ = ["MoveToRun", "SpillableMemorySource", "Trigger", "UnsortedMemoryRows"]
+
+#: who asked for a spill: another consumer, a description, or None (the merge itself)
+Trigger = Consumer | str | None
+#: ``(unread rows sorted by hash, trigger) -> a source over the run they were written to``
+MoveToRun = Callable[[PermutedObjectBlock | ObjectBlock, Trigger], RunSource[ObjectBlock]]
 
 
 class UnsortedMemoryRows:
@@ -26,16 +34,26 @@ class UnsortedMemoryRows:
 
     CHUNK = 65_536
 
-    def __init__(self, owner: Any, keys: list[Any], values: list[Any]) -> None:
-        self.owner = owner
+    def __init__(
+        self,
+        keys: list[Any],
+        values: list[Any],
+        *,
+        lock: threading.RLock,
+        move_to_run: MoveToRun,
+        release: Callable[[], None],
+    ) -> None:
+        self.lock = lock  # the map's: a forced spill from another thread must not see a torn read
+        self.move_to_run = move_to_run
+        self.release = release  # gives back the memory held for the rows
         self.keys: list[Any] | None = keys
         self.values: list[Any] | None = values
         self.pos = 0
-        self.run: RunSource | None = None
+        self.run: RunSource[ObjectBlock] | None = None
 
     def next_chunk(self) -> tuple[list[Any], list[Any]] | None:
         """The next ``(keys, values)`` to hand out, or ``None`` at the end."""
-        with self.owner._lock:  # a forced spill from another thread must not see a torn read
+        with self.lock:
             return self._next_chunk()
 
     def _next_chunk(self) -> tuple[list[Any], list[Any]] | None:
@@ -48,17 +66,17 @@ class UnsortedMemoryRows:
             return None
         if self.pos >= len(self.keys):
             self.keys = self.values = None  # fully read: let the memory go
-            self.owner._release_down_to(0)
+            self.release()
             return None
         start, self.pos = self.pos, min(self.pos + self.CHUNK, len(self.keys))
         return self.keys[start : self.pos], self.values[start : self.pos]
 
-    def spill_rest(self, trigger: Any = None) -> bool:
+    def spill_rest(self, trigger: Trigger = None) -> bool:
         """Sort the unread rows by key hash, write them as a run, drop the lists."""
-        with self.owner._lock:
+        with self.lock:
             return self._spill_rest(trigger)
 
-    def _spill_rest(self, trigger: Any) -> bool:
+    def _spill_rest(self, trigger: Trigger) -> bool:
         if self.run is not None or self.keys is None or self.values is None:
             return False
         if self.pos >= len(self.keys):
@@ -70,59 +88,70 @@ class UnsortedMemoryRows:
         block = PermutedObjectBlock(hashes[order], order + self.pos, self.keys, self.values)
         del hashes, order
         # on a failed write (disk full) the rows stay here and the iteration goes on from memory
-        self.run = self.owner._move_to_run(block, trigger)
+        self.run = self.move_to_run(block, trigger)
         self.keys = self.values = None  # the block, and with it the lists, dies on return
         return True
 
     def close(self) -> None:
-        with self.owner._lock:
+        with self.lock:
             self.keys = self.values = None
             if self.run is not None:
                 self.run.close()
 
 
-class SpillableMemorySource(SortedBlockSource):
+class SpillableMemorySource(SortedBlockSource[ObjectBlock]):
     """The sorted in-memory map during iteration; can move its unread rows to disk.
 
-    Reads and the move to disk hold the owner's lock: a forced spill from another thread must
+    Reads and the move to disk hold the map's lock: a forced spill from another thread must
     never write rows the merge has already taken (they would be yielded twice).
     """
 
-    def __init__(self, owner: Any, block: ObjectBlock | PermutedObjectBlock) -> None:
-        super().__init__(block, owner.batch_size)
-        self.owner = owner
-        self.run: RunSource | None = None
+    def __init__(
+        self,
+        block: ObjectBlock | PermutedObjectBlock,
+        batch_size: int,
+        *,
+        lock: threading.RLock,
+        move_to_run: MoveToRun,
+        release: Callable[[], None],
+    ) -> None:
+        super().__init__(block, batch_size)
+        self.lock = lock
+        self.move_to_run = move_to_run
+        self.release = release
+        self.run: RunSource[ObjectBlock] | None = None
 
     def next_min_hash(self) -> int | None:
-        with self.owner._lock:
+        with self.lock:
             if self.run is not None:
                 return self.run.next_min_hash()
             h = super().next_min_hash()
             if h is None and self.block is not None:
                 self.block = None  # fully read: let the memory go
-                self.owner._release_down_to(0)
+                self.release()
             return h
 
-    def read_next(self) -> Any:
-        with self.owner._lock:
+    def read_next(self) -> ObjectBlock:
+        with self.lock:
             if self.run is not None:
                 return self.run.read_next()
             return super().read_next()
 
-    def spill_rest(self, trigger: Any = None) -> bool:
+    def spill_rest(self, trigger: Trigger = None) -> bool:
         """Write the unread rows to a run and read from there; drop the in-memory block."""
-        with self.owner._lock:
+        with self.lock:
             if self.run is not None:
                 return False
             rest = self.remaining()
             if rest is None:
                 return False
-            self.run = self.owner._move_to_run(rest, trigger)
+            assert isinstance(rest, (ObjectBlock, PermutedObjectBlock))
+            self.run = self.move_to_run(rest, trigger)
             self.block = None
             return True
 
     def close(self) -> None:
-        with self.owner._lock:
+        with self.lock:
             super().close()
             if self.run is not None:
                 self.run.close()

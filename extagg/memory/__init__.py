@@ -26,7 +26,7 @@ from extagg.memory.sizing import (
     resolve_memory_budget,
 )
 from extagg.memory.store import MemoryStore
-from extagg.memory.task import TaskMemoryManager, task_memory_manager
+from extagg.memory.task import Consumer, TaskMemoryManager, task_managers, task_memory_manager
 from extagg.memory.unified import (
     DEFAULT_WAIT_TIMEOUT,
     WAIT_TIMEOUT_ENV,
@@ -41,6 +41,7 @@ __all__ = [
     "MEMORY_ENV",
     "RESERVED_SYSTEM_MEMORY",
     "WAIT_TIMEOUT_ENV",
+    "Consumer",
     "ExecutionMemoryPool",
     "MemoryConsumer",
     "MemoryPool",
@@ -57,5 +58,6 @@ __all__ = [
     "resolve_memory_budget",
     "resolve_task_memory_manager",
     "set_default_memory_manager",
+    "task_managers",
     "task_memory_manager",
 ]

@@ -18,7 +18,7 @@ import logging
 import threading
 
 from extagg.memory._util import check_bytes
-from extagg.memory.task import TaskMemoryManager
+from extagg.memory.task import Consumer, TaskMemoryManager
 from extagg.memory.task import task_memory_manager as _current_task_memory_manager
 
 __all__ = ["MemoryConsumer"]
@@ -91,7 +91,7 @@ class MemoryConsumer:
             self._used -= num_bytes
         self._tmm.release_execution_memory(num_bytes, self)
 
-    def spill(self, size: int, trigger: MemoryConsumer) -> int:
+    def spill(self, size: int, trigger: Consumer) -> int:
         """Free memory by writing data out; returns the bytes freed. The base class holds no
         spillable data and returns 0."""
         return 0
@@ -104,10 +104,10 @@ class MemoryConsumer:
         with self._used_lock:
             held, self._used = self._used, 0
         self._tmm.release_execution_memory(held, self)
-        self._tmm._unregister(self)
+        self._tmm.unregister(self)
         return held
 
-    def _forget_memory(self) -> int:
+    def forget_memory(self) -> int:
         """Task clean-up released our memory wholesale: zero ``used``; returns what it was."""
         with self._used_lock:
             held, self._used = self._used, 0

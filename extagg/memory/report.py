@@ -6,6 +6,7 @@ from collections.abc import Hashable
 from typing import Any
 
 from extagg._config import format_size
+from extagg.memory.task import task_managers
 from extagg.memory.unified import UnifiedMemoryManager, default_memory_manager
 
 __all__ = ["report", "format_report"]
@@ -23,10 +24,10 @@ def report(mm: UnifiedMemoryManager | None = None) -> dict[str, Any]:
     tasks = snapshot.pop("tasks")
     consumers = [
         {"task_id": _json_id(tmm.task_id), "name": consumer.name, "used": consumer.used}
-        for tmm in mm.task_managers()
+        for tmm in task_managers(mm)
         for consumer in tmm.consumers
     ]
-    consumers.sort(key=lambda c: (-c["used"], c["name"]))
+    consumers.sort(key=lambda c: (-int(c["used"]), str(c["name"])))
     snapshot["tasks"] = [
         {"task_id": _json_id(task_id), "bytes": held}
         for task_id, held in sorted(tasks.items(), key=lambda item: -item[1])

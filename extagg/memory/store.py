@@ -27,10 +27,7 @@ import logging
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterable
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from extagg.memory.unified import UnifiedMemoryManager
+from typing import Any, Protocol
 
 __all__ = ["MemoryStore", "EvictionCallback"]
 
@@ -56,6 +53,18 @@ class _Block:
         self.busy: threading.Event | None = None
 
 
+class StorageMemory(Protocol):
+    """What the store needs of its memory manager (a
+    :class:`~extagg.memory.UnifiedMemoryManager`), whose lock it shares."""
+
+    @property
+    def lock(self) -> threading.RLock: ...
+
+    def acquire_storage_memory_locked(self, block_id: Hashable, num_bytes: int) -> bool: ...
+
+    def release_storage_memory_locked(self, num_bytes: int) -> None: ...
+
+
 class MemoryStore:
     """LRU cache of blocks in the storage pool of one :class:`UnifiedMemoryManager`.
 
@@ -63,9 +72,9 @@ class MemoryStore:
     bookkeeping is atomic with the pool arithmetic. Thread-safe.
     """
 
-    def __init__(self, memory_manager: UnifiedMemoryManager) -> None:
+    def __init__(self, memory_manager: StorageMemory) -> None:
         self._mm = memory_manager
-        self._lock = memory_manager._lock
+        self._lock = memory_manager.lock
         self._in_memory: OrderedDict[Hashable, _Block] = OrderedDict()  # least recent first
         self._offloaded: dict[Hashable, _Block] = {}  # evicted, reloadable or being evicted
         self._pending: deque[_Block] = deque()  # evicted blocks whose on_evict has not run
@@ -113,7 +122,7 @@ class MemoryStore:
             if busy is None:
                 assert reloader is not None
                 return self._reload(block, reloader)
-            self._run_pending_evictions()  # its on_evict may be queued in this very thread
+            self.run_pending_evictions()  # its on_evict may be queued in this very thread
             busy.wait()
 
     def remove(self, block_id: Hashable) -> bool:
@@ -172,11 +181,11 @@ class MemoryStore:
         )
 
     # ------------------------------------------------------- called by the manager
-    def _evict_blocks_to_free_space_locked(self, exclude: Hashable | None, space: int) -> int:
+    def evict_blocks_to_free_space_locked(self, exclude: Hashable | None, space: int) -> int:
         """Evict LRU blocks (never ``exclude``) freeing at least ``space`` bytes, or none.
 
         Called under the manager's lock by the storage pool; ``on_evict`` callbacks are only
-        queued here and run by :meth:`_run_pending_evictions` once the lock is released.
+        queued here and run by :meth:`run_pending_evictions` once the lock is released.
         """
         selected: list[_Block] = []
         freed = 0
@@ -197,7 +206,7 @@ class MemoryStore:
         for block in selected:
             del self._in_memory[block.block_id]
             self._bytes -= block.size
-            self._mm._release_storage_memory_locked(block.size)
+            self._mm.release_storage_memory_locked(block.size)
             if block.on_evict is not None:
                 block.busy = threading.Event()
                 self._offloaded[block.block_id] = block
@@ -205,10 +214,10 @@ class MemoryStore:
             logger.debug("evicted block %r (%d bytes) from memory", block.block_id, block.size)
         return freed
 
-    def _has_pending_evictions(self) -> bool:
+    def has_pending_evictions(self) -> bool:
         return bool(self._pending)
 
-    def _run_pending_evictions(self) -> None:
+    def run_pending_evictions(self) -> None:
         """Run queued ``on_evict`` callbacks; must be called without the manager's lock."""
         while True:
             with self._lock:
@@ -283,7 +292,7 @@ class MemoryStore:
         return value
 
     def _insert_locked(self, block: _Block) -> bool:
-        if not self._mm._acquire_storage_memory_locked(block.block_id, block.size):
+        if not self._mm.acquire_storage_memory_locked(block.block_id, block.size):
             return False
         self._in_memory[block.block_id] = block
         self._bytes += block.size
@@ -295,14 +304,14 @@ class MemoryStore:
         block = self._in_memory.pop(block_id, None)
         if block is not None:
             self._bytes -= block.size
-            self._mm._release_storage_memory_locked(block.size)
+            self._mm.release_storage_memory_locked(block.size)
         block = self._offloaded.pop(block_id, None)
         if block is not None and block.busy is None and block.reloader is not None:
             stale.append(block.reloader)  # busy blocks: their unlocked thread closes it
         return stale
 
     def _after_unlock(self, stale: Iterable[Any]) -> None:
-        self._run_pending_evictions()
+        self.run_pending_evictions()
         for reloader in stale:
             _close_quietly(reloader)
 

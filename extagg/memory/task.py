@@ -14,7 +14,8 @@ SPARK-35486, SPARK-36933):
   task may have taken the memory first, so the loop retries).
 
 ``spill`` runs outside the memory manager's lock, holding only this task manager's re-entrant
-lock. A spill may call ``free_memory`` but must not acquire memory (``RuntimeError``).
+lock. A spill may call ``free_memory`` but must not acquire memory (``UsageError``, a
+``RuntimeError``).
 """
 
 from __future__ import annotations
@@ -24,17 +25,66 @@ import logging
 import threading
 import weakref
 from collections.abc import Hashable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from extagg.errors import UsageError
 from extagg.memory._util import check_bytes, describe_bytes
 from extagg.memory.unified import UnifiedMemoryManager, default_memory_manager
 
-if TYPE_CHECKING:
-    from extagg.memory.consumer import MemoryConsumer
-
-__all__ = ["TaskMemoryManager", "task_memory_manager"]
+__all__ = ["Consumer", "TaskMemoryManager", "task_managers", "task_memory_manager"]
 
 logger = logging.getLogger(__name__)
+
+
+class Consumer(Protocol):
+    """What a task manager needs of a consumer (:class:`extagg.memory.MemoryConsumer` is the
+    class to subclass; this protocol keeps ``task`` from importing ``consumer``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def used(self) -> int: ...
+
+    @property
+    def task_memory_manager(self) -> TaskMemoryManager: ...
+
+    def spill(self, size: int, trigger: Consumer) -> int: ...
+
+    def forget_memory(self) -> int: ...
+
+
+class _Registry:
+    """The task managers of one memory manager: by task id (those still referenced) and all
+    live ones (for reports)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.by_task: weakref.WeakValueDictionary[Hashable, TaskMemoryManager] = (
+            weakref.WeakValueDictionary()
+        )
+        self.all: weakref.WeakSet[TaskMemoryManager] = weakref.WeakSet()
+
+
+_registries: weakref.WeakKeyDictionary[UnifiedMemoryManager, _Registry] = (
+    weakref.WeakKeyDictionary()
+)
+_registries_lock = threading.Lock()
+
+
+def _registry(mm: UnifiedMemoryManager) -> _Registry:
+    with _registries_lock:
+        registry = _registries.get(mm)
+        if registry is None:
+            registry = _registries[mm] = _Registry()
+        return registry
+
+
+def task_managers(mm: UnifiedMemoryManager) -> list[TaskMemoryManager]:
+    """Every live TaskMemoryManager of ``mm`` (for reports)."""
+    registry = _registry(mm)
+    with registry.lock:
+        return list(registry.all)
 
 
 class _HeldBytes:
@@ -66,15 +116,16 @@ class TaskMemoryManager:
         self._task_id = threading.get_ident() if task_id is None else task_id
         self._acquire_lock = threading.RLock()  # serialises acquisitions and spills
         self._state_lock = threading.Lock()  # guards the consumer registry only
-        self._consumers: dict[int, MemoryConsumer] = {}  # registration order
+        self._consumers: dict[int, Consumer] = {}  # registration order
         self._spill_depth = 0  # > 0 while this task's lock owner runs a spill()
         self._held = _HeldBytes()
         finaliser = weakref.finalize(
-            self, memory_manager._defer_leaked_release, self._task_id, self._held
+            self, memory_manager.defer_leaked_release, self._task_id, self._held
         )
         finaliser.atexit = False
-        with memory_manager._registry_lock:
-            memory_manager._all_task_managers.add(self)
+        registry = _registry(memory_manager)
+        with registry.lock:
+            registry.all.add(self)
 
     @property
     def memory_manager(self) -> UnifiedMemoryManager:
@@ -85,7 +136,7 @@ class TaskMemoryManager:
         return self._task_id
 
     @property
-    def consumers(self) -> list[MemoryConsumer]:
+    def consumers(self) -> list[Consumer]:
         """The registered consumers (those that acquired memory and are not closed)."""
         with self._state_lock:
             return list(self._consumers.values())
@@ -95,7 +146,7 @@ class TaskMemoryManager:
         """Bytes granted through this task manager and not released."""
         return self._held.value
 
-    def acquire_execution_memory(self, required: int, consumer: MemoryConsumer) -> int:
+    def acquire_execution_memory(self, required: int, consumer: Consumer) -> int:
         """Grant up to ``required`` bytes to ``consumer``, spilling consumers if short.
 
         Returns the bytes granted (0 <= granted <= required); the consumer is registered.
@@ -107,7 +158,7 @@ class TaskMemoryManager:
             return 0
         with self._acquire_lock:
             if self._spill_depth:
-                raise RuntimeError(
+                raise UsageError(
                     f"{consumer.name} asked for {required} bytes from inside a spill() of task "
                     f"{self._task_id!r}: spill() may free memory but must not acquire it"
                 )
@@ -119,7 +170,7 @@ class TaskMemoryManager:
                 self._consumers.setdefault(id(consumer), consumer)
             return got
 
-    def release_execution_memory(self, size: int, consumer: MemoryConsumer) -> None:
+    def release_execution_memory(self, size: int, consumer: Consumer) -> None:
         """Return ``size`` bytes of ``consumer`` (never takes the acquire lock)."""
         size = check_bytes(size, "size")
         self._check_owner(consumer)
@@ -133,15 +184,15 @@ class TaskMemoryManager:
         Returns the bytes released; more than 0 means a consumer leaked memory (logged).
         Covers everything ``task_id`` holds, also through other task managers of the same id.
         """
-        same_task = [t for t in self._mm.task_managers() if t._task_id == self._task_id]
-        consumers: list[MemoryConsumer] = []
+        same_task = [t for t in task_managers(self._mm) if t.task_id == self._task_id]
+        consumers: list[Consumer] = []
         for tmm in {id(t): t for t in [self, *same_task]}.values():
             with tmm._state_lock:
                 consumers.extend(tmm._consumers.values())
                 tmm._consumers.clear()
             with tmm._held.lock:
                 tmm._held.value = 0
-        leaks = [(c.name, leaked) for c in consumers if (leaked := c._forget_memory())]
+        leaks = [(c.name, leaked) for c in consumers if (leaked := c.forget_memory())]
         released = self._mm.release_all_execution_memory_for_task(self._task_id)
         if released or leaks:
             logger.warning(
@@ -153,12 +204,12 @@ class TaskMemoryManager:
         return released
 
     # ------------------------------------------------------------------ internals
-    def _spill_until_granted(self, required: int, got: int, requester: MemoryConsumer) -> int:
+    def _spill_until_granted(self, required: int, got: int, requester: Consumer) -> int:
         """Spark's spill loop; returns the new ``got``. Caller holds the acquire lock.
 
         If a spill (or a re-acquire) raises, everything granted to this request is released.
         """
-        groups: dict[int, list[MemoryConsumer]] = {}
+        groups: dict[int, list[Consumer]] = {}
         for candidate in self.consumers:
             used = candidate.used
             if used > 0:
@@ -184,7 +235,7 @@ class TaskMemoryManager:
             raise
         return got
 
-    def _spill(self, victim: MemoryConsumer, size: int, trigger: MemoryConsumer) -> int:
+    def _spill(self, victim: Consumer, size: int, trigger: Consumer) -> int:
         """Call ``victim.spill``; returns the bytes its ``used`` actually dropped."""
         before = victim.used
         logger.debug(
@@ -221,11 +272,12 @@ class TaskMemoryManager:
             )
         return freed
 
-    def _unregister(self, consumer: MemoryConsumer) -> None:
+    def unregister(self, consumer: Consumer) -> None:
+        """Forget ``consumer`` (it closed); it registers again when it next acquires."""
         with self._state_lock:
             self._consumers.pop(id(consumer), None)
 
-    def _check_owner(self, consumer: MemoryConsumer) -> None:
+    def _check_owner(self, consumer: Consumer) -> None:
         if consumer.task_memory_manager is not self:
             raise ValueError(
                 f"consumer {consumer.name} belongs to task "
@@ -252,11 +304,12 @@ def task_memory_manager(
     elif not isinstance(mm, UnifiedMemoryManager):
         raise TypeError(f"mm must be a UnifiedMemoryManager or None, not {type(mm).__name__}")
     key = threading.get_ident() if task_id is None else task_id
-    with mm._registry_lock:
-        tmm = mm._task_managers.get(key)
+    registry = _registry(mm)
+    with registry.lock:
+        tmm = registry.by_task.get(key)
     if tmm is not None:
         return tmm
     created = TaskMemoryManager(mm, key)
-    with mm._registry_lock:
-        tmm = mm._task_managers.setdefault(key, created)
+    with registry.lock:
+        tmm = registry.by_task.setdefault(key, created)
     return tmm

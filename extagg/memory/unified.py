@@ -26,10 +26,9 @@ import math
 import os
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Hashable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from extagg._config import format_size, parse_size
 from extagg.errors import MemoryLimitError
@@ -37,9 +36,6 @@ from extagg.memory._util import check_bytes, describe_bytes, resolve_task_id
 from extagg.memory.pools import ExecutionMemoryPool, StorageMemoryPool
 from extagg.memory.sizing import resolve_memory_budget
 from extagg.memory.store import MemoryStore
-
-if TYPE_CHECKING:
-    from extagg.memory.task import TaskMemoryManager
 
 __all__ = [
     "UnifiedMemoryManager",
@@ -80,13 +76,7 @@ class UnifiedMemoryManager:
         )
         self._storage_pool = StorageMemoryPool(self._storage_region_size)
         self._memory_store = MemoryStore(self)
-        self._storage_pool.set_evictor(self._memory_store._evict_blocks_to_free_space_locked)
-        # task managers: the registry used by task_memory_manager(), and all (for reports)
-        self._registry_lock = threading.Lock()
-        self._task_managers: weakref.WeakValueDictionary[Hashable, TaskMemoryManager] = (
-            weakref.WeakValueDictionary()
-        )
-        self._all_task_managers: weakref.WeakSet[TaskMemoryManager] = weakref.WeakSet()
+        self.set_memory_store(self._memory_store)
         # (task_id, bytes) left behind by task managers collected while holding memory
         self._leaked: deque[tuple[Hashable, int]] = deque()
 
@@ -134,7 +124,7 @@ class UnifiedMemoryManager:
                     self._maybe_grow_execution_pool,
                     self._compute_max_execution_pool_size,
                 )
-                if granted is None and not store._has_pending_evictions():
+                if granted is None and not store.has_pending_evictions():
                     now = time.monotonic()
                     if deadline is None:
                         deadline = now + self._wait_timeout
@@ -151,7 +141,7 @@ class UnifiedMemoryManager:
                     elif now >= deadline:
                         raise self._wait_timeout_error(num_bytes, task_id)
                     self._condition.wait(deadline - now)
-            store._run_pending_evictions()
+            store.run_pending_evictions()
             if granted is not None:
                 return granted
 
@@ -182,16 +172,17 @@ class UnifiedMemoryManager:
         execution memory. Most callers want ``memory_store.put`` instead."""
         num_bytes = check_bytes(num_bytes, "num_bytes")
         with self._lock:
-            acquired = self._acquire_storage_memory_locked(block_id, num_bytes)
-        self._memory_store._run_pending_evictions()
+            acquired = self.acquire_storage_memory_locked(block_id, num_bytes)
+        self._memory_store.run_pending_evictions()
         return acquired
 
     def release_storage_memory(self, num_bytes: int) -> None:
         num_bytes = check_bytes(num_bytes, "num_bytes")
         with self._lock:
-            self._release_storage_memory_locked(num_bytes)
+            self.release_storage_memory_locked(num_bytes)
 
-    def _acquire_storage_memory_locked(self, block_id: Hashable, num_bytes: int) -> bool:
+    def acquire_storage_memory_locked(self, block_id: Hashable, num_bytes: int) -> bool:
+        """:meth:`acquire_storage_memory` for a caller holding :attr:`lock` (the store)."""
         execution, storage = self._execution_pool, self._storage_pool
         max_storage = self._max_memory - execution.memory_used
         if num_bytes > max_storage:
@@ -209,7 +200,8 @@ class UnifiedMemoryManager:
             storage.increment_pool_size(borrowed)
         return storage.acquire_memory(block_id, num_bytes)
 
-    def _release_storage_memory_locked(self, num_bytes: int) -> None:
+    def release_storage_memory_locked(self, num_bytes: int) -> None:
+        """:meth:`release_storage_memory` for a caller holding :attr:`lock` (the store)."""
         self._storage_pool.release_memory(num_bytes)
         self._condition.notify_all()  # execution may now grow into it
 
@@ -248,7 +240,7 @@ class UnifiedMemoryManager:
         )
 
     # ------------------------------------------------------- leaks of dead tasks
-    def _defer_leaked_release(self, task_id: Hashable, held: Any) -> None:
+    def defer_leaked_release(self, task_id: Hashable, held: Any) -> None:
         """Finaliser of a collected TaskMemoryManager: queue its unreleased bytes.
 
         Runs at any point (garbage collection), possibly inside this manager's lock, so it only
@@ -309,10 +301,16 @@ class UnifiedMemoryManager:
     def memory_store(self) -> MemoryStore:
         return self._memory_store
 
-    def task_managers(self) -> list[TaskMemoryManager]:
-        """Every live TaskMemoryManager of this manager (for reports)."""
-        with self._registry_lock:
-            return list(self._all_task_managers)
+    def set_memory_store(self, store: MemoryStore) -> None:
+        """Use ``store`` for cached blocks (Spark's ``setMemoryStore``): the storage pool asks
+        it to evict blocks when it must make room."""
+        self._memory_store = store
+        self._storage_pool.set_evictor(store.evict_blocks_to_free_space_locked)
+
+    @property
+    def lock(self) -> threading.RLock:
+        """The manager's lock; the memory store shares it (``*_locked`` methods need it)."""
+        return self._lock
 
     def pool_snapshot(self) -> dict[str, Any]:
         """Pool sizes and usage, read atomically."""
@@ -332,7 +330,7 @@ class UnifiedMemoryManager:
                     "free": storage.memory_free,
                     "blocks": len(self._memory_store),
                     "block_bytes": self._memory_store.memory_used,
-                    "offloaded_blocks": len(self._memory_store._offloaded),
+                    "offloaded_blocks": len(self._memory_store.offloaded_block_ids()),
                 },
                 "tasks": execution.task_memory(),
             }

@@ -16,50 +16,87 @@ import heapq
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
-from functools import reduce
-from typing import Any
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 import numpy as np
 
-from extagg.spill.blocks import ObjectBlock
-from extagg.spill.runfile import RunReader, RunWriter
+from extagg.spill.codecs import BatchCodec
+from extagg.spill.runfile import RunFile, RunReader, RunWriter
 from extagg.spill.tempdir import SpillDirs
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = [
     "BlockSource",
+    "Combine",
+    "HashedRows",
     "RunSource",
     "SortedBlockSource",
+    "SortedRows",
     "merge_sources",
     "merge_in_passes",
     "write_run_from",
-    "combine_object_pieces",
 ]
 
 log = logging.getLogger(__name__)
 
-Combine = Callable[[list[Any]], Any]
+
+class HashedRows(Protocol):
+    """What the merge needs of a block: one ``uint64`` hash per row, ascending, its length and
+    slices of the same kind (:class:`~extagg.spill.blocks.ObjectBlock`,
+    :class:`~extagg.spill.blocks.ColumnBlock`)."""
+
+    @property
+    def hashes(self) -> np.ndarray: ...
+
+    def __len__(self) -> int: ...
+
+    def slice(self, start: int, stop: int) -> Self: ...
 
 
-class BlockSource(ABC):
-    """A hash-sorted stream of blocks."""
+B = TypeVar("B", bound=HashedRows)
+B_co = TypeVar("B_co", bound=HashedRows, covariant=True)
+
+#: ``combine(pieces)``: hash-sorted pieces (keys unique within each) -> one block, equal keys
+#: combined
+Combine = Callable[[list[B]], B]
+
+
+class SortedRows(Protocol[B_co]):
+    """An in-memory block sorted by hash whose slices are blocks ``B_co`` (a
+    :class:`~extagg.spill.blocks.PermutedObjectBlock` hands out ``ObjectBlock`` slices)."""
+
+    @property
+    def hashes(self) -> np.ndarray: ...
+
+    def __len__(self) -> int: ...
+
+    def slice(self, start: int, stop: int) -> B_co: ...
+
+    def tail(self, start: int) -> SortedRows[B_co]: ...
+
+
+class BlockSource(ABC, Generic[B]):
+    """A hash-sorted stream of blocks ``B``."""
 
     @abstractmethod
     def next_min_hash(self) -> int | None:
         """Smallest hash of the next unread block, or ``None`` when exhausted."""
 
     @abstractmethod
-    def read_next(self) -> Any:
+    def read_next(self) -> B:
         """The next block (only called when :meth:`next_min_hash` is not ``None``)."""
 
-    def close(self) -> None:  # noqa: B027 - an optional hook, not abstract
+    def close(self) -> None:
         """Release files and memory; safe to call more than once."""
 
 
-class SortedBlockSource(BlockSource):
+class SortedBlockSource(BlockSource[B]):
     """One in-memory sorted block handed out in slices of ``batch_size`` rows."""
 
-    def __init__(self, block: Any, batch_size: int) -> None:
-        self.block: Any = block
+    def __init__(self, block: SortedRows[B], batch_size: int) -> None:
+        self.block: SortedRows[B] | None = block
         self.batch_size = batch_size
         self.pos = 0
 
@@ -68,12 +105,13 @@ class SortedBlockSource(BlockSource):
             return None
         return int(self.block.hashes[self.pos])
 
-    def read_next(self) -> Any:
+    def read_next(self) -> B:
+        assert self.block is not None
         start = self.pos
         self.pos = min(start + self.batch_size, len(self.block))
         return self.block.slice(start, self.pos)
 
-    def remaining(self) -> Any:
+    def remaining(self) -> SortedRows[B] | None:
         """The rows not yet handed out (a view), or ``None``."""
         if self.block is None or self.pos >= len(self.block):
             return None
@@ -83,8 +121,9 @@ class SortedBlockSource(BlockSource):
         self.block = None
 
 
-class RunSource(BlockSource):
-    """Reads a run file batch by batch, opening it only when first needed.
+class RunSource(BlockSource[B]):
+    """Reads a run file batch by batch, opening it only when first needed (its codec decides
+    the block type ``B``).
 
     With ``owner`` set, the file is deleted through it when the source is exhausted or closed.
     """
@@ -110,8 +149,8 @@ class RunSource(BlockSource):
             return None
         return reader.batches[self._next].min_hash
 
-    def read_next(self) -> Any:
-        block = self._open().read_block(self._next)
+    def read_next(self) -> B:
+        block: B = self._open().read_block(self._next)
         self._next += 1
         return block
 
@@ -124,7 +163,7 @@ class RunSource(BlockSource):
             self.owner.remove(self.path)
 
 
-def merge_sources(sources: Sequence[BlockSource], combine: Combine) -> Iterator[Any]:
+def merge_sources(sources: Sequence[BlockSource[B]], combine: Combine[B]) -> Iterator[B]:
     """Merge hash-sorted sources; yields combined blocks in ascending hash order.
 
     ``combine(pieces)`` receives, for one hash window, the complete rows of each source that has
@@ -142,7 +181,7 @@ def merge_sources(sources: Sequence[BlockSource], combine: Combine) -> Iterator[
         if h is not None:
             heap.append((h, i))
     heapq.heapify(heap)
-    pending: list[list[Any]] = [[] for _ in sources]
+    pending: list[list[B]] = [[] for _ in sources]
     read_since_emit = 0
     emit_rows = 1
     try:
@@ -170,14 +209,14 @@ def merge_sources(sources: Sequence[BlockSource], combine: Combine) -> Iterator[
             source.close()
 
 
-def _take_complete(pending: list[list[Any]], bound: int | None, combine: Combine) -> Any:
+def _take_complete(pending: list[list[B]], bound: int | None, combine: Combine[B]) -> B | None:
     """Cut every source's buffered rows below ``bound`` (all when ``None``) and combine them.
 
     The rows below the bound go to ``combine`` as they are buffered (whole blocks and one slice
     per source, no copy); a source's blocks hold distinct keys, so splitting its rows into
     several pieces changes nothing for ``combine``. The rest stays buffered as views.
     """
-    pieces = []
+    pieces: list[B] = []
     for j, blocks in enumerate(pending):
         if not blocks:
             continue
@@ -201,13 +240,13 @@ def _take_complete(pending: list[list[Any]], bound: int | None, combine: Combine
 
 
 def merge_in_passes(
-    sources: Sequence[BlockSource],
-    combine: Combine,
+    sources: Sequence[BlockSource[B]],
+    combine: Combine[B],
     *,
     fan_in: int,
-    write_run: Callable[[Iterator[Any]], BlockSource],
+    write_run: Callable[[Iterator[B]], BlockSource[B]],
     on_pass: Callable[[int, int], None] | None = None,
-) -> Iterator[Any]:
+) -> Iterator[B]:
     """Merge any number of sources with at most ``fan_in`` open at once.
 
     While there are more sources than ``fan_in``, the first few are merged into a new run by
@@ -241,14 +280,14 @@ def merge_in_passes(
 
 
 def write_run_from(
-    blocks: Iterator[Any],
+    blocks: Iterator[B],
     *,
     path: str,
-    codec: Any,
+    codec: BatchCodec,
     batch_size: int,
     compression: str = "lz4",
     spill_dirs: SpillDirs | None = None,
-) -> tuple[RunSource, Any]:
+) -> tuple[RunSource[B], RunFile]:
     """Write merged blocks to a new run file; returns a source over it and its ``RunFile``."""
     writer = RunWriter(path, codec, compression=compression, spill_dirs=spill_dirs)
     try:
@@ -259,66 +298,3 @@ def write_run_from(
         writer.abort()
         raise
     return RunSource(path, owner=spill_dirs), info
-
-
-def combine_object_pieces(pieces: list[ObjectBlock], merge_combiners: Any) -> ObjectBlock:
-    """Merge hash-sorted pieces (keys unique within each) into one, combining equal keys.
-
-    Rows with equal hashes are compared with ``==``; only equal keys are combined, in source
-    order (``merge_combiners(earlier, later)``); colliding but unequal keys stay apart.
-    """
-    if len(pieces) == 1:
-        return pieces[0]
-    block = ObjectBlock.concat(pieces)
-    order = np.argsort(block.hashes, kind="stable")
-    hashes = block.hashes[order]
-    n = len(hashes)
-    same = hashes[1:] == hashes[:-1]
-    positions = order.tolist()
-    keys = list(map(block.keys.__getitem__, positions))
-    values = list(map(block.values.__getitem__, positions))
-    if not same.any():
-        return ObjectBlock(hashes, keys, values)
-    starts = np.flatnonzero(np.concatenate(([True], ~same)))
-    ends = np.append(starts[1:], n)
-    multi = ends - starts > 1
-    dropped: list[int] = []
-    drop = dropped.append
-    for s, e in zip(starts[multi].tolist(), ends[multi].tolist()):
-        ka = keys[s]
-        if e - s == 2:  # the common case: one key in two sources
-            kb = keys[s + 1]
-            if kb is ka or kb == ka:
-                values[s] = merge_combiners(values[s], values[s + 1])
-                drop(s + 1)
-        elif keys[s:e].count(ka) == e - s:  # one key in several sources
-            values[s] = reduce(merge_combiners, values[s:e])
-            dropped.extend(range(s + 1, e))
-        else:  # colliding hashes of unequal keys: combine each key with its equals only
-            _combine_colliding(keys, values, s, e, merge_combiners, dropped)
-    if not dropped:
-        return ObjectBlock(hashes, keys, values)
-    keep = np.ones(n, dtype=bool)
-    keep[dropped] = False
-    idx = np.flatnonzero(keep).tolist()
-    return ObjectBlock(
-        hashes[keep], list(map(keys.__getitem__, idx)), list(map(values.__getitem__, idx))
-    )
-
-
-def _combine_colliding(
-    keys: list[Any], values: list[Any], s: int, e: int, merge_combiners: Any, dropped: list[int]
-) -> None:
-    """Within rows ``s:e`` (equal hashes), fold each row into the first earlier equal key."""
-    alive = list(range(s, e))
-    while alive:
-        a, rest = alive[0], alive[1:]
-        ka = keys[a]
-        alive = []
-        for b in rest:
-            kb = keys[b]
-            if kb is ka or kb == ka:
-                values[a] = merge_combiners(values[a], values[b])
-                dropped.append(b)
-            else:
-                alive.append(b)

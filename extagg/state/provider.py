@@ -116,7 +116,7 @@ class StateStoreProvider:
 
     def get_store(self, version: int) -> StateStore:
         """A writable store holding ``version``; its ``commit()`` writes ``version + 1``."""
-        return StateStore(self, self._load(version))
+        return StateStore(self, self._load(version), self._commit_changes)
 
     def get_read_store(self, version: int) -> ReadStateStore:
         """A read-only store holding ``version``."""
@@ -137,9 +137,8 @@ class StateStoreProvider:
         """``version`` as a dict: from the cache, or rebuilt from files (then cached)."""
         self._check_version(version)
         if version == 0:
-            loaded = LoadedVersion(0, {}, 0)
             self._set_current(0, 0, 0)
-            return loaded
+            return LoadedVersion(0, {}, 0)
         with self._lock:
             loaded = self._cache.get(version)
             if loaded is not None:

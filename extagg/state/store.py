@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Hashable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Hashable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
 
 from extagg.state.codec import decode_value, encode_key, encode_value
 from extagg.state.conf import StateStoreMetrics
@@ -23,9 +23,28 @@ from extagg.state.errors import StateStoreError
 
 if TYPE_CHECKING:
     from extagg.state.cache import LoadedVersion
-    from extagg.state.provider import StateStoreProvider
 
-__all__ = ["StateStore", "ReadStateStore"]
+__all__ = ["CommitChanges", "ReadStateStore", "StateStore", "StoreOwner"]
+
+#: ``(version, base mapping, changes, encoded bytes) -> new version``: writes a store's
+#: changes as ``version + 1`` (the provider's commit, handed to the stores it makes)
+CommitChanges = Callable[
+    [int, dict[Any, Any], dict[Any, tuple[bytes, bytes | None, Any]], int], int
+]
+
+
+class StoreOwner(Protocol):
+    """What a store reads of the provider that made it (its identity, options and metrics)."""
+
+    directory: str
+    operator_id: int
+    partition_id: int
+    store_name: str
+    allow_pickle: bool
+
+    @property
+    def metrics(self) -> StateStoreMetrics: ...
+
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +66,7 @@ def _is_immutable(value: Any) -> bool:
 class ReadStateStore:
     """A read-only view of ``version`` of a provider's state (``get_read_store``)."""
 
-    def __init__(self, provider: StateStoreProvider, loaded: LoadedVersion) -> None:
+    def __init__(self, provider: StoreOwner, loaded: LoadedVersion) -> None:
         self._provider = provider
         self._base = loaded.mapping
         self._loaded = loaded
@@ -149,8 +168,9 @@ class StateStore(ReadStateStore):
     abort raises :class:`StateStoreError`. As a context manager it aborts unless committed.
     """
 
-    def __init__(self, provider: StateStoreProvider, loaded: LoadedVersion) -> None:
+    def __init__(self, provider: StoreOwner, loaded: LoadedVersion, commit: CommitChanges) -> None:
         super().__init__(provider, loaded)
+        self._commit = commit
         # key -> (encoded key, encoded value or None for a delete, value object or None)
         self._changes: dict[Any, tuple[bytes, bytes | None, Any]] = {}
         self._size = len(self._base)
@@ -229,7 +249,7 @@ class StateStore(ReadStateStore):
     def commit(self) -> int:
         """Write the changes as ``version + 1`` (atomically) and return the new version."""
         self._check("commit")
-        new_version = self._provider._commit_changes(
+        new_version = self._commit(
             self.version, self._base, self._changes, self._bytes
         )  # on failure the store stays updating: commit again, or abort
         self._state = COMMITTED

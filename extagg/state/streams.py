@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 import logging
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 
 from extagg._config import DEFAULT_FAN_IN
 from extagg.spill.tempdir import SpillDirs
@@ -155,7 +155,7 @@ def _open_reader(path: str, label: str) -> StateFileReader:
 
 def open_version(
     paths: Sequence[str], label: str, fan_in: int = DEFAULT_FAN_IN
-) -> Iterator[tuple[bytes, bytes]]:
+) -> Generator[tuple[bytes, bytes], None, None]:
     """Stream the live records of the version built from ``paths`` (base first).
 
     More than ``fan_in`` files are merged in passes: the oldest ``fan_in`` into a temporary

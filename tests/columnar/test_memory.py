@@ -48,7 +48,11 @@ def test_small_budget_spills_and_stays_within_it(spill_dir) -> None:
             agg.update({c: a[start : start + 50_000] for c, a in data.items()})
             assert agg.used <= mm.max_memory
             # a table while it reduces its input, else its input partitioned (3 rows per key)
-            assert agg.used >= (agg._table.nbytes if agg._table is not None else agg._aside_bytes)
+            assert agg.used >= (
+                agg.table_state.table.nbytes
+                if agg.table_state.table is not None
+                else agg.table_state.aside_bytes
+            )
         assert agg._partitions is not None
         assert agg.metrics.spill_count >= 1
         assert len(agg.spill_files) > agg.metrics.num_spill_files == agg.metrics.spill_count
@@ -67,18 +71,18 @@ def test_accounting_matches_live_numpy_memory() -> None:
     try:
         with HashAggregator("k", AGGS, memory="256m") as agg:
             agg.update(data)
-            table = agg._table
+            table = agg.table_state.table
             arrays = [table.slots, table.key_words, table.key_nulls, table.meta, *table.payload]
             live = sum(a.nbytes for a in arrays)
             assert table.nbytes == live  # the table counts exactly what it allocated
             del arrays
-            reserved = agg._scratch + agg._io_bytes
-            assert agg.used == max(agg._floor, table.nbytes + reserved)
+            reserved = agg.table_state.scratch + agg.table_state.io_bytes
+            assert agg.used == max(agg.budget.floor, table.nbytes + reserved)
             snapshot_before = tracemalloc.get_traced_memory()[0]
-            agg._table = None  # drop the table: tracemalloc sees its bytes go
+            agg.table_state.table = None  # drop the table: tracemalloc sees its bytes go
             del table
             freed = snapshot_before - tracemalloc.get_traced_memory()[0]
-            agg._table = None
+            agg.table_state.table = None
     finally:
         tracemalloc.stop()
     assert freed == pytest.approx(live, rel=0.05)
@@ -105,7 +109,7 @@ def test_another_consumer_makes_the_aggregator_spill(spill_dir) -> None:
         hog = Hog(task_memory_manager(mm))
         granted = hog.acquire_memory(mm.max_memory - 4 * 1024 * 1024)
         assert granted == mm.max_memory - 4 * 1024 * 1024
-        assert agg.used < held and agg.metrics.spill_count == 1 and agg._table is None
+        assert agg.used < held and agg.metrics.spill_count == 1 and agg.table_state.table is None
         hog.free_memory(granted)
         agg.update({c: a[100_000:] for c, a in data.items()})
         _assert_close(_collect(agg.results()), _expected(data))
@@ -139,7 +143,7 @@ def test_failed_spill_keeps_the_aggregator_usable(spill_dir) -> None:
         with pytest.raises(SpillError, match="spill cap"):
             agg.update(data)
         assert files_under(spill_dir) == []
-        agg._table.check_invariants()
+        agg.table_state.table.check_invariants()
         agg.force_spill_rows = None
         got = _collect(agg.results())
     first = {c: a[:5_000] for c, a in data.items()}  # the rows folded before the failure

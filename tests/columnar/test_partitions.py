@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import extagg.spill.runfile as runfile
 from extagg.columnar import HashAggregator
-from extagg.columnar.partitions import partition_of, rotate_left, rotate_right
+from extagg.columnar.partition_files import partition_of, rotate_left, rotate_right
 from extagg.errors import SpillError
 from tests.columnar.reference import assert_same_groups, reference_groupby, result_dict
 from tests.conftest import files_under
@@ -195,7 +195,7 @@ def test_rotation_is_invertible_and_keeps_a_partitions_order(values, level) -> N
 
 
 def test_no_memory_for_partition_buffers_keeps_spilling_tables(spill_dir, monkeypatch) -> None:
-    module = importlib.import_module("extagg.columnar.partitioned")
+    module = importlib.import_module("extagg.columnar.partitioning")
     monkeypatch.setattr(module, "held_bytes", lambda limit, copies: 1 << 40)  # never granted
     table = _int_table(200_000, 100_000, seed=8)
     got, partitioned, metrics = _run(table, ["k"], AGGS, "2m", spill_dir)

@@ -16,6 +16,7 @@ from extagg.memory import (
     UnifiedMemoryManager,
     default_memory_manager,
     set_default_memory_manager,
+    task_managers,
     task_memory_manager,
 )
 from tests.memory.helpers import RecordingConsumer, Worker, wait_until
@@ -243,7 +244,7 @@ def test_registry_returns_the_same_manager_per_task(mm: UnifiedMemoryManager) ->
     assert task_memory_manager(mm, "t") is consumer.task_memory_manager  # alive via consumer
     del consumer
     gc.collect()
-    assert list(mm._task_managers) == [here.task_id]  # only the one still referenced
+    assert [t.task_id for t in task_managers(mm)] == [here.task_id]  # only the one referenced
 
 
 def test_registry_drops_unreferenced_managers(mm: UnifiedMemoryManager) -> None:
@@ -252,8 +253,7 @@ def test_registry_drops_unreferenced_managers(mm: UnifiedMemoryManager) -> None:
     MemoryConsumer(first).close_memory()
     del first
     gc.collect()
-    assert "t" not in mm._task_managers
-    assert mm.task_managers() == []
+    assert task_managers(mm) == []
     fresh = task_memory_manager(mm, "t")
     assert fresh.consumers == [] and fresh.memory_used == 0
     del first_id

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -41,9 +41,7 @@ from extagg.merge.heap import BlockSource
 from extagg.spill.blocks import ColumnBlock
 from extagg.spill.codecs import COLUMN_CODEC
 from extagg.spill.runfile import RunReader, RunWriter
-
-if TYPE_CHECKING:
-    from extagg.columnar.hash_aggregator import HashAggregator
+from extagg.spillable import RunSet
 
 __all__ = [
     "MAX_LEVEL",
@@ -119,7 +117,8 @@ def repeat_rate(sorted_hashes: np.ndarray, runs: list[str]) -> float | None:
 
 def partition_of(hashes: np.ndarray) -> np.ndarray:
     """The partition (0..15) of each hash: its top bits."""
-    return (hashes >> np.uint64(64 - PARTITION_BITS)).astype(np.uint8)
+    parts: np.ndarray = (hashes >> np.uint64(64 - PARTITION_BITS)).astype(np.uint8)
+    return parts
 
 
 def rotate_left(hashes: np.ndarray, bits: int) -> np.ndarray:
@@ -132,7 +131,8 @@ def rotate_left(hashes: np.ndarray, bits: int) -> np.ndarray:
     if bits % 64 == 0:
         return hashes
     b = np.uint64(bits % 64)
-    return (hashes << b) | (hashes >> (np.uint64(64) - b))
+    rotated: np.ndarray = (hashes << b) | (hashes >> (np.uint64(64) - b))
+    return rotated
 
 
 def rotate_right(hashes: np.ndarray, bits: int) -> np.ndarray:
@@ -193,8 +193,8 @@ class PartitionWriter:
     batches would cost more per row to write and to read back than the rows themselves).
     """
 
-    def __init__(self, owner: HashAggregator, limit: int) -> None:
-        self.owner = owner
+    def __init__(self, runs: RunSet[ColumnBlock], limit: int) -> None:
+        self.runs = runs
         self.limit = limit
         self.paths: list[str | None] = [None] * NUM_PARTITIONS
         self._writers: list[RunWriter | None] = [None] * NUM_PARTITIONS
@@ -224,22 +224,14 @@ class PartitionWriter:
     def _writer(self, p: int) -> RunWriter:
         writer = self._writers[p]
         if writer is None:
-            owner = self.owner
-            path = owner._spill_dirs.new_path("part")
-            writer = RunWriter(
-                path,
-                COLUMN_CODEC,
-                compression=owner.compression,
-                spill_dirs=owner._spill_dirs,
-                ordered=False,
-            )
+            writer = self.runs.new_writer("part", COLUMN_CODEC, ordered=False)
             self._writers[p] = writer
-            self.paths[p] = path
+            self.paths[p] = writer.path
         return writer
 
     def finish(self) -> list[str | None]:
         """Close every file; returns the path of each partition (``None``: no rows)."""
-        metrics = self.owner.metrics
+        metrics = self.runs.metrics
         for p in range(NUM_PARTITIONS):
             self._flush(p)
         for p, writer in enumerate(self._writers):
@@ -261,7 +253,7 @@ class PartitionWriter:
                 self._writers[p] = None
         for path in self.paths:
             if path is not None:
-                self.owner._spill_dirs.remove(path)
+                self.runs.remove(path)
 
 
 def _copy(block: ColumnBlock) -> ColumnBlock:
@@ -284,29 +276,51 @@ def _same_columns(blocks: list[ColumnBlock]) -> list[ColumnBlock]:
     return out
 
 
-class PartitionSource(BlockSource):
+class PartitionAggregator(Protocol):
+    """What :class:`PartitionSource` needs of a partition's aggregator."""
+
+    @property
+    def name(self) -> str: ...
+
+    def close(self) -> None: ...
+
+
+Child = TypeVar("Child", bound=PartitionAggregator)
+
+
+class PartitionSource(BlockSource[ColumnBlock], Generic[Child]):
     """The partitions aggregated one after the other, as one hash-ordered stream of blocks.
 
     Partition ``p`` holds exactly the hashes whose bits at this level are ``p``, so the
     children's outputs, each in hash order, follow each other in hash order too. A child is
-    created when its partition is first needed and closed (files deleted, memory released)
-    when its last block has been handed out.
+    created (``make_child()``) when its partition is first needed, fed the partition's rows
+    (``feed(child, columns, rows)``), read (``child_blocks(child)``: its combined blocks in hash
+    order), counted (``child_done(child)``) and closed (files deleted, memory released) when
+    its last block has been handed out. ``schema`` maps the input columns to ``(kind, Arrow
+    type)``.
     """
 
     def __init__(
         self,
-        owner: HashAggregator,
         paths: list[str | None],
-        make_child: Callable[[HashAggregator, int], HashAggregator],
-        child_blocks: Callable[[HashAggregator], Iterator[ColumnBlock]],
-        child_done: Callable[[HashAggregator, HashAggregator], None],
+        runs: RunSet[ColumnBlock],
+        schema: dict[str, tuple[str, pa.DataType]],
+        *,
+        name: str,
+        make_child: Callable[[], Child],
+        feed: Callable[[Child, dict[str, Column], int], None],
+        child_blocks: Callable[[Child], Iterator[ColumnBlock]],
+        child_done: Callable[[Child], None],
     ) -> None:
-        self.owner = owner
-        self._make_child = make_child  # (owner, level) -> a fresh aggregator for a partition
-        self._child_blocks = child_blocks  # child -> its combined blocks, in hash order
-        self._child_done = child_done  # (owner, child) -> count the child's metrics
+        self.runs = runs
+        self.schema = schema
+        self.name = name
+        self._make_child = make_child
+        self._feed = feed
+        self._child_blocks = child_blocks
+        self._child_done = child_done
         self._paths = [p for p in paths if p is not None]
-        self._child: HashAggregator | None = None
+        self._child: Child | None = None
         self._blocks: Iterator[ColumnBlock] | None = None
         self._next: ColumnBlock | None = None
 
@@ -323,34 +337,31 @@ class PartitionSource(BlockSource):
         return self._next
 
     def _start_child(self, path: str) -> None:
-        owner = self.owner
-        child = self._make_child(owner, owner._level + 1)
+        child = self._make_child()
         self._child = child
         started = time.perf_counter()
-        assert owner._schema is not None
-        needed = {name: owner._schema[name] for name in owner._needed}
         try:
             with RunReader(path) as reader:
                 for i in range(len(reader.batches)):
-                    block: Any = reader.read_block(i)
-                    child._update_columns(block_to_columns(block, needed), len(block))
+                    block: ColumnBlock = reader.read_block(i)
+                    self._feed(child, block_to_columns(block, self.schema), len(block))
         finally:
-            owner._spill_dirs.remove(path)
-            owner.metrics.merge_time_s += time.perf_counter() - started
-        log.debug("%s aggregated partition %s in child %s", owner.name, path, child.name)
+            self.runs.remove(path)
+            self.runs.metrics.merge_time_s += time.perf_counter() - started
+        log.debug("%s aggregated partition %s in child %s", self.name, path, child.name)
         self._blocks = self._child_blocks(child)
 
     def _finish_child(self) -> None:
         child, self._child, self._blocks = self._child, None, None
         if child is not None:
-            self._child_done(self.owner, child)
+            self._child_done(child)
             child.close()
 
     def next_min_hash(self) -> int | None:
         block = self._advance()
         return None if block is None else int(block.hashes[0])
 
-    def read_next(self) -> Any:
+    def read_next(self) -> ColumnBlock:
         block = self._advance()
         assert block is not None
         self._next = None
@@ -358,9 +369,12 @@ class PartitionSource(BlockSource):
 
     def close(self) -> None:
         self._next = None
-        if self._blocks is not None and hasattr(self._blocks, "close"):
-            self._blocks.close()
+        blocks = self._blocks
+        if blocks is not None:
+            close = getattr(blocks, "close", None)
+            if close is not None:
+                close()
         self._finish_child()
         for path in self._paths:
-            self.owner._spill_dirs.remove(path)
+            self.runs.remove(path)
         self._paths = []

@@ -16,8 +16,10 @@ import pyarrow as pa
 
 from extagg.collection import _typed_kernels as TK
 from extagg.collection.typed_table import TypedHashTable
+from extagg.columnar import _kernels
 from extagg.columnar import functions as F
 from extagg.columnar.keys import NULLS_COLUMN, VAR_COLUMN, WORD_PREFIX, KeyLayout
+from extagg.errors import SumOverflowError
 from extagg.spill.blocks import ColumnBlock
 
 __all__ = ["BlockLayout", "state_column"]
@@ -140,7 +142,7 @@ class BlockLayout:
         var = {}
         if VAR_COLUMN in block.var_columns:
             var[VAR_COLUMN] = TK.gather_var(var_off, var_data, rows)
-        kernels = self.kernels or F._kernels
+        kernels = self.kernels or _kernels
         for spec, indexes in zip(self.specs, self.state_index):
             src = [block.columns[state_column(i)] for i in indexes]
             dst = [np.full(groups, f.fill, dtype=f.dtype) for f in spec.states]
@@ -160,10 +162,10 @@ class BlockLayout:
             states = [block.columns[state_column(i)] for i in indexes]
             try:
                 aggs.append(F.finalize(spec, states))
-            except F.SumOverflowError as exc:
+            except SumOverflowError as exc:
                 key = [k[exc.row].as_py() for k in keys]
                 shown = key[0] if len(key) == 1 else tuple(key)
-                raise OverflowError(f"{exc} (group {shown!r})") from None
+                raise SumOverflowError(f"{exc} (group {shown!r})", exc.row) from None
         return pa.RecordBatch.from_arrays([*keys, *aggs], names=self.output_names)
 
     def empty_batch(self) -> pa.RecordBatch:

@@ -1,0 +1,126 @@
+"""The aggregator's partitioned mode: deciding on it and entering it.
+
+Functions on the aggregator's :class:`~extagg.columnar.state.TableState` (like
+:mod:`~extagg.columnar.growth`); the partition files, the hash bits and the merge source over
+the partitions' aggregators are in :mod:`extagg.columnar.partition_files`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from extagg._config import format_size
+from extagg.collection.typed_table import TypedHashTable
+from extagg.columnar.buffers import IO_COPIES
+from extagg.columnar.columns import Column
+from extagg.columnar.partition_files import (
+    MIN_BUFFER_BYTES,
+    PARTITION_BELOW,
+    REPEAT_RATE,
+    PartitionWriter,
+    buffer_bytes,
+    held_bytes,
+    repeat_rate,
+    sample_bytes,
+)
+from extagg.columnar.runs import spill_table
+from extagg.columnar.state import TableState
+from extagg.errors import MemoryLimitError
+
+__all__ = ["set_aside", "spill_or_partition", "start_partitioning"]
+
+log = logging.getLogger(__name__)
+
+
+def spill_or_partition(st: TableState, table: TypedHashTable, may_partition: bool) -> bool:
+    """The full table cannot grow: spill it. Returns True when the input should be partitioned
+    from now on (``may_partition`` and the table barely reduces its input while its keys keep
+    coming back, see :mod:`extagg.columnar.partition_files`); the table is then spilled small."""
+    reason = "memory for growth not granted"
+    low_reduction = st.rows_since_spill < PARTITION_BELOW * table.num_groups
+    if not (low_reduction and st.runs and may_partition):
+        spill_table(st, reason, keep_arrays=True)
+        return False
+    rows = st.rows_since_spill
+    hashes, gids = table.sort_by_hash()
+    try:
+        rate = _repeat_rate(st, hashes)
+    except BaseException:
+        table.restore_after_sort()
+        raise
+    if rate is None or rate < REPEAT_RATE:
+        spill_table(st, reason, keep_arrays=True, sorted_table=(hashes, gids))
+        return False
+    log.info(
+        "%s: its full table of %d groups came from %d rows and %.0f %% of its keys are in "
+        "earlier runs; setting the input aside in hash partitions from now on (level %d)",
+        st.name, table.num_groups, rows, 100 * rate, st.level,
+    )  # fmt: skip
+    spill_table(st, f"{reason}; partitioning from now on", sorted_table=(hashes, gids))
+    return True
+
+
+def _repeat_rate(st: TableState, sorted_hashes: np.ndarray) -> float | None:
+    """:func:`~extagg.columnar.partition_files.repeat_rate`, with its sample held (``None``
+    when the memory for it is not granted)."""
+    sample = sample_bytes(st.runs.paths)
+    if not st.budget.hold_more(sample):
+        return None
+    try:
+        return repeat_rate(sorted_hashes, st.runs.paths)
+    finally:
+        st.budget.trim()
+
+
+def start_partitioning(st: TableState, plans: list[tuple[int, int]]) -> PartitionWriter | None:
+    """From now on input rows are set aside by hash (the table was just spilled): drop the
+    table, take the first chunk plan ``(chunk_rows, scratch bytes)`` of ``plans`` whose
+    partition buffers are granted; returns the writer, or None to go on spilling tables."""
+    st.table = None
+    st.budget.trim()
+    max_memory = st.budget.max_memory
+    for chunk_rows, scratch in plans:
+        st.chunk_rows, st.scratch = chunk_rows, scratch
+        limit = buffer_bytes(max_memory)
+        while limit >= MIN_BUFFER_BYTES:
+            aside = held_bytes(limit, IO_COPIES)
+            if st.budget.hold_more(aside):
+                break
+            limit //= 2
+        if limit >= MIN_BUFFER_BYTES:
+            break
+    else:  # not even the smallest buffers: go on spilling tables
+        log.info(
+            "%s cannot hold %s of partition buffers (%s); it keeps spilling tables",
+            st.name, format_size(held_bytes(MIN_BUFFER_BYTES, IO_COPIES)), st.budget.describe(),
+        )  # fmt: skip
+        return None
+    st.aside_bytes = aside
+    return PartitionWriter(st.runs, limit)
+
+
+def set_aside(
+    st: TableState, writer: PartitionWriter, cols: dict[str, Column], hashes: np.ndarray
+) -> None:
+    """Write the rows of a chunk (keys hashed to ``hashes``) to their partitions, holding
+    the copies of their strings meanwhile. On a failure some rows may be on disk and others
+    not: the caller must give up (close)."""
+    var_bytes = sum(c.data.nbytes for c in cols.values() if c.data is not None)
+    if var_bytes and not st.budget.hold_more(2 * var_bytes):
+        raise MemoryLimitError(
+            f"{st.name} needs {format_size(2 * var_bytes)} more to set aside a chunk's "
+            f"{format_size(var_bytes)} of strings ({st.budget.describe()})"
+        )
+    started = time.perf_counter()
+    try:
+        writer.write(cols, hashes)
+    finally:
+        st.metrics.spill_time_s += time.perf_counter() - started
+    if var_bytes:
+        st.budget.trim()
+    n = len(hashes)
+    st.metrics.records_read += n
+    st.rows_since_spill += n

@@ -1,0 +1,68 @@
+"""The working state of one :class:`~extagg.columnar.HashAggregator`, handed to its helpers.
+
+Growing the table (:mod:`.growth`), spilling it (:mod:`.runs`), reading it back
+(:mod:`._sources`), partitioning the input (:mod:`.partitioning`) and merging (:mod:`.merging`)
+all work on a :class:`TableState` — the table and its layout, the memory budget, the run set and
+the buffer sizes — never on the aggregator, so none of them imports the class that calls it
+(DuckDB's radix-partitioned table passes its state the same way).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from extagg.collection.typed_table import TypedHashTable
+from extagg.columnar.layout import BlockLayout
+from extagg.errors import UsageError
+from extagg.metrics import SpillMetrics
+from extagg.spill.blocks import ColumnBlock
+from extagg.spillable import MemoryBudget, RunSet
+
+__all__ = ["TableState"]
+
+
+@dataclass(eq=False)
+class TableState:
+    """What an aggregator's helpers read and change.
+
+    Memory in use (:meth:`in_use`, what :attr:`budget` trims to) is the table's arrays (exact),
+    the sorted table being read (``source_bytes``), the chunk buffers (``scratch``), one I/O
+    batch (``io_bytes``) and the partition buffers (``aside_bytes``).
+    """
+
+    name: str
+    budget: MemoryBudget
+    runs: RunSet[ColumnBlock]
+    metrics: SpillMetrics
+    lock: threading.RLock
+    #: partitioning depth: 0 for the aggregator the caller made, 1 for its partitions' ...
+    level: int = 0
+    layout_or_none: BlockLayout | None = None
+    table: TypedHashTable | None = None
+    #: rows folded since the last spill (the reduction a full table achieved)
+    rows_since_spill: int = 0
+    chunk_rows: int = 0
+    run_rows: int = 0
+    batch_var_bytes: int = 0
+    scratch: int = 0
+    io_bytes: int = 0
+    aside_bytes: int = 0
+    source_bytes: int = 0
+
+    @property
+    def layout(self) -> BlockLayout:
+        """The block layout (known once the first batch gave the column types)."""
+        if self.layout_or_none is None:
+            raise UsageError(f"{self.name}: no layout before the first batch")
+        return self.layout_or_none
+
+    @property
+    def buffers(self) -> int:
+        """Bytes of the chunk buffers and the I/O batch."""
+        return self.scratch + self.io_bytes
+
+    def in_use(self) -> int:
+        """Bytes the aggregator really uses now (see the class docstring)."""
+        table = 0 if self.table is None else self.table.nbytes
+        return table + self.source_bytes + self.scratch + self.io_bytes + self.aside_bytes
