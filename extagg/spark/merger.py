@@ -20,6 +20,7 @@ from extagg._config import MiB
 from extagg.generic.aggregator import Aggregator
 from extagg.generic.external_map import ExternalAppendOnlyMap
 from extagg.metrics import SpillMetrics
+from extagg.spark.groupby import SpilledValues, SpillingGroupBy
 
 __all__ = ["SparkGroupBy", "SparkMerger", "report_spill"]
 
@@ -41,6 +42,35 @@ def report_spill(metrics: SpillMetrics) -> None:
 
 def _identity(value: Any) -> Any:
     return value
+
+
+def _is_group_by_key(agg: Any) -> bool:
+    """Whether ``agg`` is the list aggregator PySpark's ``RDD.groupByKey`` builds."""
+    fn = getattr(agg, "createCombiner", None)
+    for _ in range(3):  # PySpark wraps it in fail_on_stopiteration
+        name = getattr(fn, "__qualname__", "")
+        if name.endswith("groupByKey.<locals>.createCombiner"):
+            return True
+        cells = getattr(fn, "__closure__", None) or ()
+        inner = [c.cell_contents for c in cells if callable(c.cell_contents)]
+        if len(inner) != 1:
+            return False
+        fn = inner[0]
+    return False
+
+
+def _chunked(group: SpillingGroupBy) -> Iterator[tuple[Any, Any]]:
+    """``(key, list)`` pieces of a group-by; a spilled key as several pieces of one chunk."""
+    try:
+        for key, values in group:
+            if isinstance(values, SpilledValues):
+                for chunk in values.chunks():
+                    yield key, chunk
+            else:
+                yield key, values
+    finally:
+        group.close()
+        report_spill(group.metrics)
 
 
 class SparkMerger:
@@ -67,6 +97,7 @@ class SparkMerger:
         self.localdirs = localdirs
         self.budget = max(int(float(memory_limit) * MiB), MIN_BUDGET)
         self._map: ExternalAppendOnlyMap | None = None
+        self._group: SpillingGroupBy | None = None
         self._mode: str | None = None
         self.metrics = SpillMetrics()
 
@@ -92,6 +123,15 @@ class SparkMerger:
 
     def mergeValues(self, iterator: Iterable[tuple[Any, Any]]) -> None:
         """Fold ``(key, value)`` records into combiners."""
+        if _is_group_by_key(self.agg):
+            # groupByKey's map side: value lists that may outgrow memory, sent in chunks
+            if self._group is None:
+                self._group = SpillingGroupBy(
+                    memory=self.budget, spill_dirs=self.localdirs, name="pyspark-groupby-map"
+                )
+                self.metrics = self._group.metrics
+            self._group.merge_pieces(((k, [v]) for k, v in iterator))
+            return
         self._open("values").insert_all(iterator)
 
     def mergeCombiners(self, iterator: Iterable[tuple[Any, Any]], limit: int | None = None) -> None:
@@ -105,6 +145,9 @@ class SparkMerger:
 
     def items(self) -> Iterator[tuple[Any, Any]]:
         """Every ``(key, combiner)`` once; releases memory and spill files when exhausted."""
+        group, self._group = self._group, None
+        if group is not None:
+            return _chunked(group)
         emap, self._map = self._map, None
         if emap is None:
             return iter(())
@@ -121,4 +164,33 @@ class SparkMerger:
 
 
 class SparkGroupBy(SparkMerger):
-    """The reduce side of ``groupByKey``: merges ``(key, [values])`` lists per key."""
+    """The reduce side of ``groupByKey`` (PySpark's ``ExternalGroupBy``): merges
+    ``(key, [values])`` lists per key in a :class:`~extagg.spark.groupby.SpillingGroupBy`, so a
+    key with more values than the budget comes back as values streamed from disk."""
+
+    def mergeValues(self, iterator: Iterable[tuple[Any, Any]]) -> None:
+        """Group ``(key, value)`` records."""
+        self.mergeCombiners(((k, [v]) for k, v in iterator))
+
+    def mergeCombiners(self, iterator: Iterable[tuple[Any, Any]], limit: int | None = None) -> None:
+        """Merge ``(key, [values])`` pieces."""
+        if self._group is None:
+            self._group = SpillingGroupBy(
+                memory=self.budget, spill_dirs=self.localdirs, name="pyspark-groupby"
+            )
+            self.metrics = self._group.metrics
+        self._group.merge_pieces(iterator)
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        """Every ``(key, values)`` once; ``values`` is a list or a ``SpilledValues``."""
+        group, self._group = self._group, None
+        if group is None:
+            return iter(())
+        return self._drain_group(group)
+
+    def _drain_group(self, group: SpillingGroupBy) -> Iterator[tuple[Any, Any]]:
+        try:
+            yield from group
+        finally:
+            group.close()
+            report_spill(group.metrics)

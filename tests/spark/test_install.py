@@ -289,3 +289,21 @@ def test_worker_without_extagg_names_the_fix(spark_context, tmp_path):
     message = str(info.value)
     assert "cannot import extagg" in message
     assert "spark.submit.pyFiles" in message
+
+
+def test_group_by_key_of_one_key_bigger_than_the_budget(spark_context):
+    # 300k values of one key (~10 MiB as Python objects) through 1 MiB workers
+    data = spark_context.parallelize(range(300_000), 4).map(lambda i: ("big" if i % 10 else i, i))
+    with spark_setting(spark_context, "spark.python.worker.memory", "1m"), es.installed():
+        out = dict(
+            data.groupByKey(2)
+            .mapValues(
+                lambda r: (len(r), type(r.data).__name__, getattr(r.data, "on_disk", 0), sum(r))
+            )
+            .filter(lambda kv: kv[0] == "big" or kv[0] < 50)
+            .collect()
+        )
+    n, kind, on_disk, total = out["big"]
+    assert n == 270_000 and total == sum(i for i in range(300_000) if i % 10)
+    assert kind == "SpilledValues" and on_disk > n // 2  # streamed back from disk
+    assert out[0][0] == 1 and out[10][3] == 10
