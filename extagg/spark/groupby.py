@@ -139,13 +139,13 @@ class SpillingGroupBy(Spillable[ObjectBlock]):
                 groups = self.groups
                 assert groups is not None
                 big = self.big
-                added = moved = 0
+                added, moved = 0, False
                 big_values = max(1, int(self.big_bytes / self.value_bytes))
                 for key, values in batch:
                     added += len(values)
                     if big and key in big:
                         big[key].extend(values)
-                        moved += len(values)
+                        moved = True
                         continue
                     group = groups.get(key)
                     if group is None:
@@ -155,15 +155,13 @@ class SpillingGroupBy(Spillable[ObjectBlock]):
                     if len(group) > big_values:  # one key outgrows its share: off to disk
                         big[key] = self._spilled_values(group)
                         del groups[key]
-                        moved += len(group) - len(values)
-                        moved += len(values)
+                        moved = True
                 sample = batch[0][1]
                 if sample:
                     size = sys.getsizeof(sample[0]) + LIST_SLOT
                     self.value_bytes = 0.9 * self.value_bytes + 0.1 * size
-                self.values += added - moved
-                if moved:
-                    self.values = sum(len(g) for g in groups.values())
+                # values held in memory lists (the big keys' values are in their files)
+                self.values = sum(len(g) for g in groups.values()) if moved else self.values + added
                 self.elements_read += added
                 self.metrics.records_read += added
 
