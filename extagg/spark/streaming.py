@@ -16,6 +16,7 @@ types the state codec stores (None, bool, int, float, str, bytes, tuples of thes
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -78,7 +79,7 @@ _MERGE: dict[str, Callable[[Any, Any], Any]] = {
 }
 
 
-def _float_nan(a: Any, b: Any, op: Callable[[Any, Any], Any]) -> Any:
+def _nan_aware(op: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
     # Spark's min/max order NaN above every number
     if isinstance(a, float) and math.isnan(a):
         return a if op is _max else b
@@ -173,7 +174,7 @@ def _state_merge(plan: AggregationPlan, name: str) -> Callable[[Any, Any], Any]:
         if name in o.final:
             op = _MERGE[o.final[name][1]]
             if op in (_min, _max):
-                return lambda a, b, op=op: _float_nan(a, b, op)
+                return functools.partial(_nan_aware, op)
             return op
     raise KeyError(name)
 
