@@ -107,6 +107,7 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--worker-memory", default="32m")
     parser.add_argument("--skip-dataframe", action="store_true")
+    parser.add_argument("--calls", nargs="*", default=list(CALLS), choices=list(CALLS))
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -134,7 +135,7 @@ def main() -> None:
         f"# {n:,} records, {keys:,}-ish keys (int and str), {args.partitions} partitions, "
         f"local[2], spark.python.worker.memory={args.worker_memory}, load {os.getloadavg()[0]:.1f}"
     )
-    for name in CALLS:
+    for name in args.calls:
         answers = []
         for installed in (False, True):
             row, answer = run(sc, name, rdd, installed)

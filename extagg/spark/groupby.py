@@ -228,7 +228,12 @@ class SpillingGroupBy(Spillable[ObjectBlock]):
             chunk_values = max(1, int(self.chunk_bytes / max(self.value_bytes, 1.0)))
             big = self.big
 
+            big_values = max(1, int(self.big_bytes / max(self.value_bytes, 1.0)))
+
             def gather(a: Any, b: Any) -> Any:
+                if isinstance(a, list) and len(a) + len(b) <= big_values:
+                    a.extend(b)  # the common case: a small key found in two runs
+                    return a
                 if not isinstance(a, SpilledValues):
                     gathered = SpilledValues(dirs, chunk_values)
                     gathered.extend(a)
