@@ -14,6 +14,7 @@ __all__ = [
     "env_size",
     "env_int",
     "env_flag",
+    "default_spill_dirs",
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_FAN_IN",
     "INITIAL_MEMORY_THRESHOLD",
@@ -130,3 +131,23 @@ def env_flag(var: str, default: bool) -> bool:
     if not raw:
         return default
     return raw not in ("0", "false", "no", "off")
+
+
+def default_spill_dirs() -> list[str]:
+    """Where spills go when no directory is given.
+
+    ``EXTAGG_SPILL_DIR`` (several separated by ``os.pathsep``), else Spark's ``SPARK_LOCAL_DIRS``
+    (comma-separated; Spark sets it for every Python worker, so engines used inside a Spark task
+    spill where Spark spills), else the system temp directory.
+    """
+    raw = os.environ.get("EXTAGG_SPILL_DIR", "").strip()
+    if raw:
+        dirs = [d for d in raw.split(os.pathsep) if d]
+        if dirs:
+            return dirs
+    spark = [d.strip() for d in os.environ.get("SPARK_LOCAL_DIRS", "").split(",") if d.strip()]
+    if spark:
+        return spark
+    import tempfile
+
+    return [tempfile.gettempdir()]

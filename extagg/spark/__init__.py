@@ -1,17 +1,49 @@
-"""PySpark integration (needs the ``spark`` extra: ``pip install extagg[spark]``)."""
+"""PySpark integration (needs the ``spark`` extra: ``pip install extagg[spark]``).
+
+- :func:`install` / :func:`uninstall` / :func:`installed`: the RDD API's own ``combineByKey``,
+  ``reduceByKey``, ``foldByKey``, ``aggregateByKey``, ``groupByKey`` and ``countByKey`` use
+  extagg in the Python workers, with no other change to the job.
+- :func:`aggregate`: ``df.groupBy(...).agg(...)`` through ``mapInArrow`` with the columnar
+  engine (partial states per partition, a shuffle, a final merge); :func:`partial_aggregate`
+  and :func:`final_aggregate` for the two stages apart.
+- :func:`stateful_aggregate` / :class:`StatefulAggregate`: Structured Streaming running
+  aggregates merged into :mod:`extagg.state` once per micro-batch (``foreachBatch``).
+- :func:`combine_by_key` and the partition functions: the same, called explicitly.
+"""
 
 from extagg.spark.combine import (
     combine_by_key,
     combine_partition,
     merge_partition,
     spark_partition_func,
-    worker_memory,
 )
+from extagg.spark.dataframe import (
+    AggregationPlan,
+    aggregate,
+    final_aggregate,
+    partial_aggregate,
+)
+from extagg.spark.install import install, installed, is_installed, uninstall
+from extagg.spark.settings import executor_slots, worker_budget, worker_memory
+from extagg.spark.streaming import StatefulAggregate, finish_states, stateful_aggregate
 
 __all__ = [
+    "StatefulAggregate",
+    "finish_states",
+    "stateful_aggregate",
+    "AggregationPlan",
+    "aggregate",
+    "final_aggregate",
+    "partial_aggregate",
     "combine_by_key",
     "combine_partition",
+    "executor_slots",
+    "install",
+    "installed",
+    "is_installed",
     "merge_partition",
     "spark_partition_func",
+    "uninstall",
+    "worker_budget",
     "worker_memory",
 ]

@@ -11,7 +11,6 @@ users can also pass to their own ``rdd.mapPartitions(...)``.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -20,13 +19,13 @@ from extagg.generic.aggregator import Aggregator
 from extagg.generic.external_map import ExternalAppendOnlyMap
 from extagg.hashing import stable_hash
 from extagg.memory import check_engine_budget
+from extagg.spark.settings import worker_budget
 
 __all__ = [
     "combine_by_key",
     "combine_partition",
     "merge_partition",
     "spark_partition_func",
-    "worker_memory",
 ]
 
 log = logging.getLogger(__name__)
@@ -55,16 +54,6 @@ def spark_partition_func(key: Any) -> int:
     return stable_hash(key)
 
 
-def _spill_dirs(spill_dirs: list[str] | None) -> list[str] | None:
-    if spill_dirs:
-        return spill_dirs
-    if os.environ.get("EXTAGG_SPILL_DIR"):
-        return None
-    local = os.environ.get("SPARK_LOCAL_DIRS", "")
-    dirs = [os.path.join(d, "extagg") for d in local.split(",") if d]
-    return dirs or None
-
-
 def _run_map(
     aggregator: Aggregator[Any, Any],
     pairs: Iterable[tuple[Any, Any]],
@@ -75,7 +64,7 @@ def _run_map(
     emap = ExternalAppendOnlyMap(
         aggregator,
         memory=memory,
-        spill_dirs=_spill_dirs(spill_dirs),
+        spill_dirs=spill_dirs,
         force_spill_every=force_spill_every,
     )
     try:
@@ -163,22 +152,16 @@ def _identity(value: Any) -> Any:
     return value
 
 
-def worker_memory(conf: Any) -> int:
-    """PySpark's per-worker aggregation budget: ``spark.python.worker.memory`` (default 512m).
-
-    Parameters
-    ----------
-    conf
-        A ``SparkConf`` (or anything with ``get(key, default)``).
-
-    Returns
-    -------
-    int
-        Bytes.
-    """
-    return parse_size(
-        conf.get("spark.python.worker.memory", "512m"), name="spark.python.worker.memory"
-    )
+def _require_rdd(rdd: Any, function: str) -> None:
+    """A DataFrame where an RDD belongs gets a message naming the DataFrame function."""
+    if hasattr(rdd, "mapInArrow") and hasattr(rdd, "groupBy"):
+        raise TypeError(
+            f"{function} takes an RDD of (key, value) pairs, but got a DataFrame; "
+            "aggregate DataFrames with extagg.spark.aggregate(df, by=[...], aggs={...}) "
+            "(or pass df.rdd.map(...) to build (key, value) pairs)"
+        )
+    if not hasattr(rdd, "mapPartitions"):
+        raise TypeError(f"{function} takes a PySpark RDD, got {type(rdd).__name__}")
 
 
 def combine_by_key(
@@ -210,8 +193,8 @@ def combine_by_key(
     num_partitions
         Output partitions (default: the RDD's).
     memory
-        Budget of each map (default: ``spark.python.worker.memory``; the map side gets 90% of
-        it, as PySpark's own ``combineByKey`` does).
+        Budget of each map (default: :func:`extagg.spark.worker_budget`; the map side gets 90%
+        of it, as PySpark's own ``combineByKey`` does).
     spill_dirs
         Spill directories in the workers (default ``SPARK_LOCAL_DIRS/extagg``).
     force_spill_every
@@ -225,13 +208,15 @@ def combine_by_key(
     Raises
     ------
     TypeError
-        (in the workers) a key without a deterministic hash: keys must be None, bool, int, float,
+        ``rdd`` is a DataFrame (use :func:`extagg.spark.aggregate`) or not an RDD; (in the
+        workers) a key without a deterministic hash: keys must be None, bool, int, float,
         str, bytes or tuples of these.
     """
+    _require_rdd(rdd, "extagg.spark.combine_by_key")
     budget = (
         parse_size(memory, name="memory")
         if memory is not None
-        else worker_memory(rdd.context.getConf())
+        else worker_budget(rdd.context.getConf(), rdd.context.master)
     )
     # on the driver, before any task: a budget the maps cannot work with fails here, not on
     # every executor after its input was read

@@ -4,7 +4,8 @@ Each process gets its own subdirectory ``extagg-<pid>-<start>-<host>`` in every 
 (``<start>``: the process's start time in hundredths of a second since the epoch; ``<host>``: 8 hex
 digits of the host name's stable hash), so concurrent jobs on one machine never share files and a
 folder names the exact process that owns it. Directories come from the ``spill_dirs`` argument,
-else ``EXTAGG_SPILL_DIR`` (several separated by ``os.pathsep``), else the system temp directory;
+else ``EXTAGG_SPILL_DIR`` (several separated by ``os.pathsep``), else Spark's ``SPARK_LOCAL_DIRS``
+(so engines inside a Spark task spill where Spark does), else the system temp directory;
 files are handed out round-robin across them. Every file is tracked by the :class:`SpillDirs`
 that created it and removed by :meth:`SpillDirs.cleanup`.
 
@@ -29,7 +30,6 @@ import re
 import secrets
 import shutil
 import socket
-import tempfile
 import threading
 import weakref
 import zlib
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import psutil
 
-from extagg._config import env_size
+from extagg._config import default_spill_dirs, env_size
 from extagg.errors import SpillError
 
 __all__ = [
@@ -155,12 +155,11 @@ def forget_run_id(path: str) -> None:
 
 
 def resolve_spill_dirs(dirs: Sequence[str | os.PathLike[str]] | str | None = None) -> list[str]:
-    """The base spill directories: argument > ``EXTAGG_SPILL_DIR`` > the system temp dir."""
+    """The base spill directories: argument > ``EXTAGG_SPILL_DIR`` > ``SPARK_LOCAL_DIRS`` > temp."""
     if isinstance(dirs, (str, os.PathLike)):
         dirs = [dirs]
     if not dirs:
-        raw = os.environ.get("EXTAGG_SPILL_DIR", "").strip()
-        dirs = [d for d in raw.split(os.pathsep) if d] if raw else [tempfile.gettempdir()]
+        dirs = default_spill_dirs()
     return [os.path.abspath(os.fspath(d)) for d in dirs]
 
 

@@ -1,0 +1,394 @@
+"""DataFrame aggregation through Arrow: partial states per partition, a shuffle, a final merge.
+
+``aggregate(df, by, aggs)`` runs the columnar engine (:class:`extagg.HashAggregator`) twice:
+
+1. each input partition is folded into *partial states* in a ``mapInArrow`` — ``sum`` and
+   ``count`` for ``mean``; ``count``, ``sum`` and ``q = m2 + sum²/n`` (the within-partition
+   squared deviations plus the partition's share of the squared mean) for ``var``/``std``;
+   the partition's own first/last value for ``first``/``last`` (tagged with the partition
+   index so the final merge sees partitions in order);
+2. the partial rows are shuffled on the keys (``repartition``) and merged in a second
+   ``mapInArrow``: sums of sums and counts, min of mins, first of firsts, ...; then finished
+   (``mean = sum / n``, ``var = (Q − S²/N) / (N − 1)``, ...).
+
+Function names are those of :mod:`extagg.columnar.functions` (``count``, ``sum``, ``mean``/
+``avg``, ``min``, ``max``, ``first``, ``last``, ``first_non_null``, ``last_non_null``, ``var``,
+``var_pop``, ``std``, ``std_pop`` and aliases). Result types follow Spark SQL. Decimal inputs
+are read as doubles. Float keys are normalised as Spark's ``groupBy`` does (``-0.0`` is
+``0.0``, every NaN one group).
+
+Precision note: ``var``/``std`` merge partitions with ``Q − S²/N``, which loses digits when a
+group's mean is huge against its spread (relative error ≈ 1e-16 · mean² / variance); Spark's
+own merge (Chan's formula) does not.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from extagg._config import parse_size
+from extagg.columnar import HashAggregator
+from extagg.columnar.functions import parse_aggs
+from extagg.spark.merger import report_spill
+from extagg.spark.settings import worker_budget
+
+__all__ = [
+    "AggregationPlan",
+    "aggregate",
+    "partial_aggregate",
+    "final_aggregate",
+]
+
+log = logging.getLogger(__name__)
+
+PARTITION_COLUMN = "__extagg_partition"
+_ORDERED_FUNCS = ("first", "last", "first_non_null", "last_non_null")
+_VAR_FUNCS = ("var", "var_pop", "std", "std_pop")
+
+
+@dataclass
+class _Output:
+    """One requested output and the partial/final columns behind it."""
+
+    output: str
+    func: str
+    column: str | None
+    partial: dict[str, tuple[str, str]] = field(default_factory=dict)
+    final: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+
+def _spark_types() -> Any:
+    from pyspark.sql import types
+
+    return types
+
+
+def _result_type(func: str, input_type: Any) -> Any:
+    """The Spark SQL type of ``func(column)`` (``input_type`` None for ``count(*)``)."""
+    T = _spark_types()
+    if func == "count":
+        return T.LongType()
+    if func == "sum":
+        if isinstance(input_type, (T.ByteType, T.ShortType, T.IntegerType, T.LongType)):
+            return T.LongType()
+        if isinstance(input_type, T.BooleanType):
+            return T.LongType()
+        return T.DoubleType()
+    if func == "mean" or func in _VAR_FUNCS:
+        return T.DoubleType()
+    return input_type  # min, max, first, last keep the input type
+
+
+class AggregationPlan:
+    """How ``aggs`` over a DataFrame schema split into partial and final columnar aggregations.
+
+    ``partial_schema`` / ``final_schema`` are the Spark schemas of the two ``mapInArrow``
+    stages; :meth:`partial` and :meth:`final` are their functions (iterator of Arrow batches in,
+    iterator out). ``memory`` is each task's budget in bytes.
+    """
+
+    def __init__(
+        self,
+        schema: Any,
+        by: Sequence[str],
+        aggs: Mapping[str, tuple[str, str]],
+        memory: int,
+        force_spill_rows: int | None = None,
+    ) -> None:
+        T = _spark_types()
+        self.by = [by] if isinstance(by, str) else list(by)
+        if not self.by:
+            raise ValueError("by must name at least one key column")
+        self.memory = memory
+        self.force_spill_rows = force_spill_rows
+        fields = {f.name: f for f in schema.fields}
+        missing = [c for c in self.by if c not in fields]
+        requests = parse_aggs(aggs)
+        missing += [r.column for r in requests if r.column is not None and r.column not in fields]
+        if missing:
+            raise ValueError(
+                f"columns {sorted(set(missing))} are not in the DataFrame (it has {list(fields)})"
+            )
+        self.outputs: list[_Output] = []
+        partial_fields = [fields[c] for c in self.by]
+        final_fields = [fields[c] for c in self.by]
+        for r in requests:
+            in_type = None if r.column is None else _input_type(fields[r.column].dataType)
+            o = _Output(r.output, r.func, r.column)
+            col = r.column or "*"
+            p = f"__{r.output}"
+            if r.func == "count":
+                o.partial = {f"{p}_n": (col, "count")}
+                o.final = {f"{p}_n": (f"{p}_n", "sum")}
+                partial_fields.append(T.StructField(f"{p}_n", T.LongType()))
+            elif r.func == "sum":
+                o.partial = {f"{p}_s": (col, "sum")}
+                o.final = {f"{p}_s": (f"{p}_s", "sum")}
+                partial_fields.append(T.StructField(f"{p}_s", _result_type("sum", in_type)))
+            elif r.func == "mean" or r.func in _VAR_FUNCS:
+                o.partial = {f"{p}_s": (col, "sum"), f"{p}_n": (col, "count")}
+                o.final = {f"{p}_s": (f"{p}_s", "sum"), f"{p}_n": (f"{p}_n", "sum")}
+                partial_fields += [
+                    T.StructField(f"{p}_s", _result_type("sum", in_type)),
+                    T.StructField(f"{p}_n", T.LongType()),
+                ]
+                if r.func in _VAR_FUNCS:
+                    o.partial[f"{p}_vp"] = (col, "var_pop")  # turned into q after the partial
+                    o.final[f"{p}_q"] = (f"{p}_q", "sum")
+                    partial_fields.append(T.StructField(f"{p}_q", T.DoubleType()))
+            else:  # min, max, first, last, first_non_null, last_non_null
+                o.partial = {f"{p}_v": (col, r.func)}
+                o.final = {f"{p}_v": (f"{p}_v", r.func)}
+                partial_fields.append(T.StructField(f"{p}_v", in_type))
+            final_fields.append(T.StructField(r.output, _result_type(r.func, in_type)))
+            self.outputs.append(o)
+        self.ordered = any(o.func in _ORDERED_FUNCS for o in self.outputs)
+        if self.ordered:
+            partial_fields.append(T.StructField(PARTITION_COLUMN, T.IntegerType()))
+        self.partial_schema = T.StructType(partial_fields)
+        self.state_schema = T.StructType([f for f in partial_fields if f.name != PARTITION_COLUMN])
+        self.final_schema = T.StructType(final_fields)
+        self.decimal_columns = [
+            c
+            for c in {*self.by, *(o.column for o in self.outputs if o.column)}
+            if isinstance(fields[c].dataType, T.DecimalType)
+        ]
+        self.float_keys = [
+            c for c in self.by if isinstance(fields[c].dataType, (T.FloatType, T.DoubleType))
+        ]
+
+    # ------------------------------------------------------------------ stage functions
+    def _arrow(self, schema: Any) -> pa.Schema:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        return to_arrow_schema(schema)
+
+    def partial(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """Fold one partition's batches into partial states (one row per group)."""
+        aggs = {k: v for o in self.outputs for k, v in o.partial.items()}
+        target = self._arrow(self.partial_schema)
+        partition = _partition_id() if self.ordered else None
+        yield from self._run(batches, aggs, target, lambda b: self._finish_partial(b, partition))
+
+    def final(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """Merge shuffled partial states into the results."""
+        aggs = {k: v for o in self.outputs for k, v in o.final.items()}
+        target = self._arrow(self.final_schema)
+        yield from self._run(batches, aggs, target, self._finish_final)
+
+    def final_states(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """Merge shuffled partial states into one state row per group (not finished)."""
+        aggs = {k: v for o in self.outputs for k, v in o.final.items()}
+        target = self._arrow(self.state_schema)
+        yield from self._run(
+            batches, aggs, target, lambda b: {n: b.column(n) for n in b.schema.names}
+        )
+
+    def _run(
+        self,
+        batches: Iterable[pa.RecordBatch],
+        aggs: dict[str, tuple[str, str]],
+        target: pa.Schema,
+        finish: Callable[[pa.RecordBatch], dict[str, pa.Array]],
+    ) -> Iterator[pa.RecordBatch]:
+        with HashAggregator(
+            self.by, aggs, memory=self.memory, force_spill_rows=self.force_spill_rows
+        ) as agg:
+            for batch in batches:
+                if batch.num_rows:
+                    agg.update(batch)
+            for out in agg.results():
+                columns = finish(out)
+                yield pa.RecordBatch.from_arrays(
+                    [columns[f.name].cast(f.type) for f in target], schema=target
+                )
+            report_spill(agg.metrics)
+            if agg.metrics.spill_count:
+                log.info("extagg.spark.aggregate stage: %s", agg.metrics.summary())
+
+    def _finish_partial(self, batch: pa.RecordBatch, partition: int | None) -> dict[str, pa.Array]:
+        columns = {name: batch.column(name) for name in batch.schema.names}
+        for o in self.outputs:
+            if o.func in _VAR_FUNCS:
+                p = f"__{o.output}"
+                n = pc.cast(columns[f"{p}_n"], pa.float64())
+                s = pc.cast(columns[f"{p}_s"], pa.float64())
+                m2 = pc.multiply(pc.fill_null(columns.pop(f"{p}_vp"), 0.0), n)
+                share = pc.if_else(pc.greater(n, 0), pc.divide(pc.multiply(s, s), n), 0.0)
+                columns[f"{p}_q"] = pc.add(pc.fill_null(m2, 0.0), pc.fill_null(share, 0.0))
+        if partition is not None:
+            columns[PARTITION_COLUMN] = pa.array([partition] * batch.num_rows, pa.int32())
+        return columns
+
+    def _finish_final(self, batch: pa.RecordBatch) -> dict[str, pa.Array]:
+        columns = {name: batch.column(name) for name in self.by}
+        for o in self.outputs:
+            p = f"__{o.output}"
+            if o.func == "count":
+                columns[o.output] = pc.fill_null(batch.column(f"{p}_n"), 0)
+            elif o.func == "sum":
+                columns[o.output] = batch.column(f"{p}_s")
+            elif o.func == "mean" or o.func in _VAR_FUNCS:
+                n = pc.cast(pc.fill_null(batch.column(f"{p}_n"), 0), pa.float64())
+                s = pc.cast(batch.column(f"{p}_s"), pa.float64())
+                if o.func == "mean":
+                    columns[o.output] = pc.if_else(pc.greater(n, 0), pc.divide(s, n), None)
+                    continue
+                q = batch.column(f"{p}_q")
+                m2 = pc.max_element_wise(
+                    pc.subtract(
+                        q, pc.if_else(pc.greater(n, 0), pc.divide(pc.multiply(s, s), n), 0.0)
+                    ),
+                    0.0,
+                )
+                # NaN / inf inputs make the moments NaN, as Spark's are
+                m2 = pc.if_else(pc.is_nan(q), q, m2)
+                sample = o.func in ("var", "std")
+                denom = pc.subtract(n, 1.0) if sample else n
+                var = pc.if_else(pc.greater(denom, 0), pc.divide(m2, denom), None)
+                columns[o.output] = pc.sqrt(var) if o.func.startswith("std") else var
+            else:
+                columns[o.output] = batch.column(f"{p}_v")
+        return columns
+
+
+def _input_type(data_type: Any) -> Any:
+    T = _spark_types()
+    return T.DoubleType() if isinstance(data_type, T.DecimalType) else data_type
+
+
+def _partition_id() -> int:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return context.partitionId() if context is not None else 0
+
+
+def _require_dataframe(df: Any, function: str) -> None:
+    if not (hasattr(df, "mapInArrow") and hasattr(df, "sparkSession")):
+        hint = (
+            "; for an RDD of (key, value) pairs use rdd.combineByKey & co. with "
+            "extagg.spark.install(), or extagg.spark.combine_by_key"
+            if hasattr(df, "mapPartitions")
+            else ""
+        )
+        raise TypeError(f"{function} takes a PySpark DataFrame, got {type(df).__name__}{hint}")
+
+
+def _budget(df: Any, memory: int | str | None) -> int:
+    if memory is not None:
+        return parse_size(memory, name="memory")
+    sc = df.sparkSession.sparkContext
+    return worker_budget(sc.getConf(), sc.master)
+
+
+def _prepare(df: Any, plan: AggregationPlan) -> Any:
+    from pyspark.sql import functions as F
+
+    for c in plan.decimal_columns:
+        df = df.withColumn(c, F.col(c).cast("double"))
+    for c in plan.float_keys:  # Spark's groupBy normalisation: -0.0 is 0.0
+        df = df.withColumn(c, F.when(F.col(c) == 0, F.lit(0.0)).otherwise(F.col(c)))
+    return df
+
+
+def partial_aggregate(
+    df: Any,
+    by: Sequence[str] | str,
+    aggs: Mapping[str, tuple[str, str]],
+    *,
+    memory: int | str | None = None,
+    engine: str = "arrow",
+    force_spill_rows: int | None = None,
+) -> tuple[Any, AggregationPlan]:
+    """Stage 1 alone: a DataFrame of partial states (one row per group per partition).
+
+    Returns ``(partial_df, plan)``; ``final_aggregate(partial_df, plan)`` finishes it. To fold
+    partial states inside your own ``mapInArrow`` function, call ``plan.partial(batches)``
+    (and declare ``plan.partial_schema``).
+    """
+    _require_dataframe(df, "extagg.spark.partial_aggregate")
+    plan = AggregationPlan(df.schema, by, aggs, _budget(df, memory), force_spill_rows)
+    prepared = _prepare(df, plan)
+    return _map(prepared, plan.partial, plan.partial_schema, engine), plan
+
+
+def final_aggregate(
+    partial_df: Any,
+    plan: AggregationPlan,
+    *,
+    num_partitions: int | None = None,
+    engine: str = "arrow",
+    keep_states: bool = False,
+) -> Any:
+    """Stage 2: shuffle partial states on the keys and merge them into the results.
+
+    ``keep_states=True`` returns the merged states (``plan.state_schema``) instead of the
+    finished results: what a running aggregate stores between batches.
+    """
+    shuffled = (
+        partial_df.repartition(num_partitions, *plan.by)
+        if num_partitions
+        else partial_df.repartition(*plan.by)
+    )
+    if plan.ordered:
+        shuffled = shuffled.sortWithinPartitions(PARTITION_COLUMN)
+    if keep_states:
+        return _map(shuffled, plan.final_states, plan.state_schema, engine)
+    return _map(shuffled, plan.final, plan.final_schema, engine)
+
+
+def aggregate(
+    df: Any,
+    by: Sequence[str] | str,
+    aggs: Mapping[str, tuple[str, str]],
+    *,
+    memory: int | str | None = None,
+    num_partitions: int | None = None,
+    engine: str = "arrow",
+    force_spill_rows: int | None = None,
+) -> Any:
+    """``df.groupBy(*by).agg(...)`` with extagg's columnar engine in the Python workers.
+
+    ``aggs`` maps output names to ``(column, function)`` (``("*", "count")`` counts rows).
+    ``memory`` is each task's budget (default :func:`extagg.spark.worker_budget`);
+    ``engine="pandas"`` runs the stages through ``mapInPandas`` instead of ``mapInArrow``.
+    Returns a DataFrame with the key columns then the outputs.
+    """
+    _require_dataframe(df, "extagg.spark.aggregate")
+    partial_df, plan = partial_aggregate(
+        df, by, aggs, memory=memory, engine=engine, force_spill_rows=force_spill_rows
+    )
+    return final_aggregate(partial_df, plan, num_partitions=num_partitions, engine=engine)
+
+
+def _map(
+    df: Any,
+    fn: Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+    schema: Any,
+    engine: str,
+) -> Any:
+    if engine == "arrow":
+        return df.mapInArrow(fn, schema)
+    if engine == "pandas":
+        return df.mapInPandas(_pandas_stage(fn, schema), schema)
+    raise ValueError(f"engine must be 'arrow' or 'pandas', got {engine!r}")
+
+
+def _pandas_stage(
+    fn: Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]], schema: Any
+) -> Callable[[Iterable[Any]], Iterator[Any]]:
+    """The ``mapInPandas`` form of a stage: pandas frames ↔ Arrow batches around ``fn``."""
+
+    def run(frames: Iterable[Any]) -> Iterator[Any]:
+        batches = (pa.RecordBatch.from_pandas(frame, preserve_index=False) for frame in frames)
+        for out in fn(batches):
+            yield out.to_pandas()
+
+    return run

@@ -1,0 +1,266 @@
+"""The reduce side of ``groupByKey`` (Spark's ``ExternalGroupBy`` role), on :class:`Spillable`.
+
+Value lists per key are folded in memory and spilled as hash-sorted runs when the memory manager
+says no. At the end the runs are merged; a key whose values come from more than one run is
+gathered into a :class:`SpilledValues`, which keeps at most one chunk of values in memory and
+appends the rest to a file of its own — so a key with more values than the budget still works,
+its values streamed back from disk when iterated.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import sys
+import weakref
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from extagg.hashing import order_hashes
+from extagg.memory import Consumer
+from extagg.merge.heap import BlockSource, SortedBlockSource, merge_in_passes
+from extagg.merge.objects import combine_object_pieces
+from extagg.spill.blocks import ObjectBlock
+from extagg.spill.codecs import OBJECT_CODEC
+from extagg.spill.tempdir import SpillDirs
+from extagg.spillable import Spillable
+
+__all__ = ["SpilledValues", "SpillingGroupBy"]
+
+log = logging.getLogger(__name__)
+
+ROWS_PER_BATCH = 256
+LIST_SLOT = 8  # a list holds one pointer per value
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+class SpilledValues:
+    """One key's values, mostly on disk: ``len()``, repeated iteration, pickles as a list.
+
+    Holds at most ``chunk_values`` values in memory; full chunks are pickled (protocol 5) to a
+    file of its own in ``dirs``, removed when the object is garbage collected.
+    """
+
+    def __init__(self, dirs: list[str], chunk_values: int) -> None:
+        self._dirs = SpillDirs(dirs)
+        self._chunk = max(1, chunk_values)
+        self._buffer: list[Any] = []
+        self._path: str | None = None
+        self._on_disk = 0
+        self._finalizer: weakref.finalize | None = None
+
+    def extend(self, values: Iterable[Any]) -> None:
+        buffer = self._buffer
+        for value in values:
+            buffer.append(value)
+            if len(buffer) >= self._chunk:
+                self._flush()
+                buffer = self._buffer
+
+    def _flush(self) -> None:
+        if self._path is None:
+            self._path = self._dirs.new_path("values")
+            self._finalizer = weakref.finalize(self, _remove, self._path)
+        with open(self._path, "ab") as f:
+            pickle.dump(self._buffer, f, protocol=5)
+            f.flush()
+            self._dirs.charge(self._path, f.tell())
+        self._on_disk += len(self._buffer)
+        self._buffer = []
+
+    @property
+    def on_disk(self) -> int:
+        """Values held in the file."""
+        return self._on_disk
+
+    def __len__(self) -> int:
+        return self._on_disk + len(self._buffer)
+
+    def chunks(self) -> Iterator[list[Any]]:
+        """The values as lists of at most one chunk each (what a shuffle should send)."""
+        if self._path is not None:
+            with open(self._path, "rb") as f:
+                for _ in range(-(-self._on_disk // self._chunk)):
+                    yield pickle.load(f)
+        if self._buffer:
+            yield list(self._buffer)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._path is not None:
+            with open(self._path, "rb") as f:
+                for _ in range(-(-self._on_disk // self._chunk)):
+                    yield from pickle.load(f)
+        yield from self._buffer
+
+    def __reduce__(self) -> tuple[Any, tuple[list[Any]]]:
+        return (list, (list(self),))
+
+    def __repr__(self) -> str:
+        return f"<SpilledValues {len(self)} values, {self._on_disk} on disk>"
+
+
+class SpillingGroupBy(Spillable[ObjectBlock]):
+    """``key → values`` from ``(key, [values])`` pieces, spilling; iterate once.
+
+    ``values_chunk_bytes`` bounds the memory a gathered key holds (default: 1/8 of the budget).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        total = self.budget.max_memory
+        self.initial_threshold = max(min(5 << 20, total // 16), min(64 << 10, total // 4))
+        #: a key whose values pass this many bytes moves to a SpilledValues of its own
+        self.big_bytes = max(total // 16, 16 << 10)
+        #: the in-memory chunk of each SpilledValues
+        self.chunk_bytes = max(total // 64, 8 << 10)
+        self.groups: dict[Any, list[Any]] | None = {}
+        self.big: dict[Any, SpilledValues] = {}
+        self.values = 0
+        self.value_bytes = 32.0  # running estimate of one value's bytes, plus its list slot
+
+    # ------------------------------------------------------------------ folding
+    def merge_pieces(self, pieces: Iterable[tuple[Any, list[Any]]], chunk: int = 256) -> None:
+        """Fold ``(key, list of values)`` pieces."""
+        self.check_open("merge after iteration")
+        it = iter(pieces)
+        while True:
+            batch = [p for _, p in zip(range(chunk), it)]
+            if not batch:
+                return
+            with self.lock:
+                self.maybe_spill(int(self.values * self.value_bytes))
+                groups = self.groups
+                assert groups is not None
+                big = self.big
+                added, moved = 0, False
+                big_values = max(1, int(self.big_bytes / self.value_bytes))
+                for key, values in batch:
+                    added += len(values)
+                    if big and key in big:
+                        big[key].extend(values)
+                        moved = True
+                        continue
+                    group = groups.get(key)
+                    if group is None:
+                        group = groups[key] = list(values)
+                    else:
+                        group.extend(values)
+                    if len(group) > big_values:  # one key outgrows its share: off to disk
+                        big[key] = self._spilled_values(group)
+                        del groups[key]
+                        moved = True
+                sample = batch[0][1]
+                if sample:
+                    size = sys.getsizeof(sample[0]) + LIST_SLOT
+                    self.value_bytes = 0.9 * self.value_bytes + 0.1 * size
+                # values held in memory lists (the big keys' values are in their files)
+                self.values = sum(len(g) for g in groups.values()) if moved else self.values + added
+                self.elements_read += added
+                self.metrics.records_read += added
+
+    def _spilled_values(self, first: list[Any]) -> SpilledValues:
+        granted = self.acquire_memory(self.chunk_bytes)  # its in-memory chunk
+        self.budget.note_granted()
+        chunk_values = max(1, int(max(granted, 4096) / max(self.value_bytes, 1.0)))
+        values = SpilledValues(self.runs.spill_dirs.dirs, chunk_values)
+        values.extend(first)
+        return values
+
+    # ------------------------------------------------------------------ Spillable hooks
+    def collection_is_empty(self) -> bool:
+        return not self.groups
+
+    def spill_collection(self, size: int, reason: str) -> None:
+        self.log_spill("in-memory value lists", size, reason)
+        block = self._sorted()
+        self.runs.write("groups", OBJECT_CODEC, lambda w: w.write_sorted(block, ROWS_PER_BATCH))
+        self.metrics.memory_bytes_spilled += size
+        self.groups, self.values = {}, 0
+
+    def force_spill(self, trigger: Consumer) -> int:
+        if self.phase != "open" or not self.groups:
+            return 0
+        before = self.used
+        self.spill_collection(int(self.values * self.value_bytes), f"forced by {trigger.name}")
+        self.release_down_to(0)
+        return before - self.used
+
+    def release_collection(self) -> None:
+        self.groups = None
+
+    def _sorted(self) -> ObjectBlock:
+        assert self.groups is not None
+        keys = list(self.groups)
+        hashes = order_hashes(keys)
+        order = hashes.argsort(kind="stable")
+        groups = self.groups
+        return ObjectBlock(
+            hashes[order], [keys[i] for i in order], [groups[keys[i]] for i in order]
+        )
+
+    # ------------------------------------------------------------------ reading
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        """``(key, values)`` once per key: a list, or :class:`SpilledValues` for a key that
+        spilled more than once."""
+        with self.lock:
+            self.begin_reading("SpillingGroupBy can be iterated once")
+            if self.runs and self.groups:
+                self.spill_collection(int(self.values * self.value_bytes), "the merge")
+            memory = self._sorted() if self.groups else None
+            self.groups = None
+            sources: list[BlockSource[ObjectBlock]] = self.runs.take_sources()
+            if memory is None:
+                self.release_down_to(0)
+        try:
+            if memory is not None:
+                sources.append(SortedBlockSource(memory, ROWS_PER_BATCH))
+            fan_in, _ = self.reserve_merge_memory(
+                max(1, self.runs.max_batch_bytes * 4), max(2, len(sources))
+            )
+            dirs = self.runs.spill_dirs.dirs
+            chunk_values = max(1, int(self.chunk_bytes / max(self.value_bytes, 1.0)))
+            big = self.big
+
+            big_values = max(1, int(self.big_bytes / max(self.value_bytes, 1.0)))
+
+            def gather(a: Any, b: Any) -> Any:
+                if isinstance(a, list) and len(a) + len(b) <= big_values:
+                    a.extend(b)  # the common case: a small key found in two runs
+                    return a
+                if not isinstance(a, SpilledValues):
+                    gathered = SpilledValues(dirs, chunk_values)
+                    gathered.extend(a)
+                    a = gathered
+                a.extend(b)
+                return a
+
+            for block in merge_in_passes(
+                sources,
+                lambda pieces: combine_object_pieces(pieces, gather),
+                fan_in=fan_in,
+                write_run=lambda blocks: self.runs.write_merged(
+                    blocks, OBJECT_CODEC, ROWS_PER_BATCH
+                ),
+            ):
+                if not big:
+                    self.metrics.groups += len(block.keys)
+                    yield from zip(block.keys, block.values)
+                    continue
+                for key, values in zip(block.keys, block.values):
+                    if key in big:
+                        big[key].extend(values)
+                    else:
+                        self.metrics.groups += 1
+                        yield key, values
+            self.metrics.groups += len(big)
+            yield from big.items()
+            self.big = {}
+        finally:
+            self.close()

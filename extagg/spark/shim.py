@@ -1,0 +1,50 @@
+"""The classes :func:`extagg.spark.install` puts in place of PySpark's shuffle mergers.
+
+This module is pickled *by value* into the closures PySpark ships to its Python workers
+(``cloudpickle.register_pickle_by_value``), so a worker can unpickle a job even when it cannot
+import extagg, and then fail with a message that names the fix instead of a bare
+``ModuleNotFoundError`` from deep inside the unpickler. Keep it free of module-level imports of
+extagg: everything here must work in a worker that does not have it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["ExternalGroupBy", "ExternalMerger", "MISSING_MESSAGE"]
+
+MISSING_MESSAGE = (
+    "extagg.spark.install() made this job aggregate with extagg, but this Python worker cannot "
+    "import extagg ({cause}). Install extagg on every executor (the same version as the "
+    "driver), or ship it with the job: spark.submit.pyFiles / --py-files / "
+    "SparkContext.addPyFile with a zip of the extagg package; or call "
+    "extagg.spark.uninstall() to go back to PySpark's own merger."
+)
+
+
+def _load(name: str) -> Any:
+    try:
+        from extagg.spark import merger
+    except ImportError as exc:
+        raise ModuleNotFoundError(MISSING_MESSAGE.format(cause=exc), name="extagg") from exc
+    return getattr(merger, name)
+
+
+class ExternalMerger:
+    """Stands in for ``pyspark.shuffle.ExternalMerger``; builds extagg's ``SparkMerger``."""
+
+    def __class_getitem__(cls, _params: Any) -> Any:
+        return cls  # PySpark writes ExternalMerger[K, V, C](...)
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        return _load("SparkMerger")(*args, **kwargs)
+
+
+class ExternalGroupBy:
+    """Stands in for ``pyspark.shuffle.ExternalGroupBy``; builds extagg's ``SparkGroupBy``."""
+
+    def __class_getitem__(cls, _params: Any) -> Any:
+        return cls
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        return _load("SparkGroupBy")(*args, **kwargs)

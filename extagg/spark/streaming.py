@@ -1,0 +1,251 @@
+"""Structured Streaming aggregation into extagg's versioned state store (``foreachBatch``).
+
+Each micro-batch is aggregated by :func:`extagg.spark.aggregate`'s two columnar stages (the
+final stage keeps the mergeable *states*: sums and counts, the variance moments, min/max,
+first/last), streamed to the driver in key-hash order through an
+:class:`~extagg.ExternalAppendOnlyMap`, and merged into the state with
+:meth:`~extagg.state.StateStoreProvider.merge_update` as version ``batch_id + 1``; then the
+batch is committed in the state checkpoint. A batch Spark replays after a crash (state written,
+Spark's own commit not) has the same input and rewrites the same version from the version
+before it: nothing is added twice.
+
+The state rows are ``key → tuple of state columns``; :meth:`StatefulAggregate.results` (or
+:func:`finish_states`) turns them into the requested outputs. Keys and state values must be
+types the state codec stores (None, bool, int, float, str, bytes, tuples of these).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from extagg._config import parse_size
+from extagg.generic.aggregator import Aggregator
+from extagg.generic.external_map import ExternalAppendOnlyMap
+from extagg.spark.dataframe import AggregationPlan, final_aggregate, partial_aggregate
+from extagg.state import Checkpoint, read_state
+
+__all__ = ["StatefulAggregate", "finish_states", "stateful_aggregate"]
+
+log = logging.getLogger(__name__)
+
+OPERATOR_NAME = "extagg.spark.stateful_aggregate"
+
+
+def _add(a: Any, b: Any) -> Any:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a + b
+
+
+def _min(a: Any, b: Any) -> Any:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _max(a: Any, b: Any) -> Any:
+    return b if a is None else a if b is None else max(a, b)
+
+
+def _older(a: Any, b: Any) -> Any:
+    return a
+
+
+def _newer(a: Any, b: Any) -> Any:
+    return b
+
+
+def _older_non_null(a: Any, b: Any) -> Any:
+    return b if a is None else a
+
+
+def _newer_non_null(a: Any, b: Any) -> Any:
+    return a if b is None else b
+
+
+_MERGE: dict[str, Callable[[Any, Any], Any]] = {
+    "sum": _add,
+    "min": _min,
+    "max": _max,
+    "first": _older,
+    "last": _newer,
+    "first_non_null": _older_non_null,
+    "last_non_null": _newer_non_null,
+}
+
+
+def _nan_aware(op: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
+    # Spark's min/max order NaN above every number
+    if isinstance(a, float) and math.isnan(a):
+        return a if op is _max else b
+    if isinstance(b, float) and math.isnan(b):
+        return b if op is _max else a
+    return op(a, b)
+
+
+class StatefulAggregate:
+    """A ``foreachBatch`` function keeping running aggregates in an extagg state checkpoint.
+
+    ``by`` and ``aggs`` are as for :func:`extagg.spark.aggregate`; ``checkpoint`` is the state
+    checkpoint directory (keep it apart from Spark's own ``checkpointLocation``); ``memory`` the
+    budget of each stage and of the driver-side sort (default: the Spark worker budget).
+    """
+
+    def __init__(
+        self,
+        by: Sequence[str] | str,
+        aggs: Mapping[str, tuple[str, str]],
+        checkpoint: str,
+        *,
+        memory: int | str | None = None,
+        operator_id: int = 0,
+    ) -> None:
+        self.by = [by] if isinstance(by, str) else list(by)
+        self.aggs = dict(aggs)
+        self.checkpoint = Checkpoint(checkpoint)
+        self.memory = None if memory is None else parse_size(memory, name="memory")
+        self.operator_id = operator_id
+        self._plan: AggregationPlan | None = None
+        self._merges: list[Callable[[Any, Any], Any]] = []
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ per batch
+    def __call__(self, batch_df: Any, batch_id: int) -> None:
+        with self._lock:
+            self._apply(batch_df, int(batch_id))
+
+    def _apply(self, batch_df: Any, batch_id: int) -> None:
+        last = self.checkpoint.last_committed_batch()
+        if last is not None and batch_id > last + 1:
+            raise RuntimeError(
+                f"batch {batch_id} arrived but the state checkpoint {self.checkpoint.path} "
+                f"has committed only up to batch {last}: the Spark checkpoint and the state "
+                "checkpoint do not belong together"
+            )
+        partial_df, plan = partial_aggregate(batch_df, self.by, self.aggs, memory=self.memory)
+        self._plan = plan
+        states_df = final_aggregate(partial_df, plan, keep_states=True)
+        names = [c for c in states_df.columns if c not in self.by]
+        merges = [_state_merge(plan, name) for name in names]
+        operator = self.checkpoint.operator(self.operator_id, name=OPERATOR_NAME, num_partitions=1)
+        provider = operator.provider(0)
+        aggregator: Aggregator[Any, Any] = Aggregator(
+            _identity, _merge_states(merges), _merge_states(merges)
+        )
+        emap = ExternalAppendOnlyMap(aggregator, memory=self.memory or "64m", name="stream-batch")
+        try:
+            width = len(self.by)
+            for row in states_df.toLocalIterator():
+                values = tuple(row)
+                key = values[0] if width == 1 else values[:width]
+                emap.insert(key, values[width:])
+            version = provider.merge_update(
+                batch_id, emap.iterator(ordered=True), _merge_states(merges)
+            )
+        finally:
+            emap.close()
+            provider.close()
+        self.checkpoint.commit(batch_id)
+        log.info("extagg stateful batch %d committed as state version %d", batch_id, version)
+
+    # ------------------------------------------------------------------ reading
+    def state_columns(self, schema: Any) -> list[str]:
+        """The state column names for a stream of ``schema``."""
+        plan = AggregationPlan(schema, self.by, self.aggs, 1)
+        return [name for o in plan.outputs for name in o.final]
+
+    def results(self, schema: Any, batch_id: int | None = None) -> dict[Any, dict[str, Any]]:
+        """``key → {output: value}`` of the committed state (default: the last batch)."""
+        plan = AggregationPlan(schema, self.by, self.aggs, 1)
+        return finish_states(plan, read_state(self.checkpoint.path, batch_id=batch_id))
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _state_merge(plan: AggregationPlan, name: str) -> Callable[[Any, Any], Any]:
+    for o in plan.outputs:
+        if name in o.final:
+            op = _MERGE[o.final[name][1]]
+            if op in (_min, _max):
+                return functools.partial(_nan_aware, op)
+            return op
+    raise KeyError(name)
+
+
+def _merge_states(merges: list[Callable[[Any, Any], Any]]) -> Callable[[Any, Any], Any]:
+    def merge(old: Any, new: Any) -> Any:
+        return tuple(m(a, b) for m, a, b in zip(merges, old, new, strict=True))
+
+    return merge
+
+
+def finish_states(plan: AggregationPlan, rows: Any) -> dict[Any, dict[str, Any]]:
+    """Finish ``(key, state tuple, partition)`` rows into ``key → {output: value}``."""
+    names = [name for o in plan.outputs for name in o.final]
+    out: dict[Any, dict[str, Any]] = {}
+    for row in rows:
+        key, state = row[0], dict(zip(names, row[1], strict=True))
+        values: dict[str, Any] = {}
+        for o in plan.outputs:
+            p = f"__{o.output}"
+            if o.func == "count":
+                values[o.output] = state[f"{p}_n"] or 0
+            elif o.func == "sum":
+                values[o.output] = state[f"{p}_s"]
+            elif o.func == "mean" or o.func.startswith(("var", "std")):
+                n, s = state[f"{p}_n"] or 0, state[f"{p}_s"]
+                if o.func == "mean":
+                    values[o.output] = s / n if n else None
+                    continue
+                q = state[f"{p}_q"]
+                m2 = max(q - (s * s / n if n else 0.0), 0.0) if not math.isnan(q) else q
+                denom = n - 1 if o.func in ("var", "std") else n
+                var = m2 / denom if denom > 0 else None
+                values[o.output] = (
+                    math.sqrt(var) if var is not None and o.func.startswith("std") else var
+                )
+            else:
+                values[o.output] = state[f"{p}_v"]
+        out[key] = values
+    return out
+
+
+def stateful_aggregate(
+    stream_df: Any,
+    by: Sequence[str] | str,
+    aggs: Mapping[str, tuple[str, str]],
+    *,
+    checkpoint: str,
+    spark_checkpoint: str,
+    memory: int | str | None = None,
+    trigger: Mapping[str, Any] | None = None,
+    query_name: str | None = None,
+) -> Any:
+    """Start a streaming query that keeps ``aggs`` by ``by`` in the state at ``checkpoint``.
+
+    ``spark_checkpoint`` is Spark's own ``checkpointLocation`` (offsets and commits: what makes
+    a restarted query replay the batch it was in). ``trigger`` is passed to
+    ``writeStream.trigger(**trigger)`` (e.g. ``{"availableNow": True}``). Returns the
+    ``StreamingQuery``; the function it runs per batch is its ``.extagg`` attribute.
+    """
+    function = StatefulAggregate(by, aggs, checkpoint, memory=memory)
+    writer = stream_df.writeStream.foreachBatch(function).option(
+        "checkpointLocation", spark_checkpoint
+    )
+    if trigger:
+        writer = writer.trigger(**trigger)
+    if query_name:
+        writer = writer.queryName(query_name)
+    query = writer.start()
+    try:
+        query.extagg = function
+    except AttributeError:  # pragma: no cover - a slotted StreamingQuery
+        pass
+    return query
