@@ -219,11 +219,18 @@ class SpillingGroupBy(Spillable[ObjectBlock]):
             if memory is None:
                 self.release_down_to(0)
         try:
+            fan_in = self.fan_in
+            if sources:
+                # run files to read: hold their read buffers (the collection was spilled and
+                # its memory given back above, so the budget has room for them)
+                fan_in, _ = self.reserve_merge_memory(
+                    max(1, self.runs.max_batch_bytes * 4), max(2, len(sources))
+                )
+            # else nothing spilled: the sorted collection is the only source, read in place
+            # with the memory it already holds (no read buffers to ask for — asking would
+            # fail when the collection fills the whole budget)
             if memory is not None:
                 sources.append(SortedBlockSource(memory, ROWS_PER_BATCH))
-            fan_in, _ = self.reserve_merge_memory(
-                max(1, self.runs.max_batch_bytes * 4), max(2, len(sources))
-            )
             dirs = self.runs.spill_dirs.dirs
             chunk_values = max(1, int(self.chunk_bytes / max(self.value_bytes, 1.0)))
             big = self.big

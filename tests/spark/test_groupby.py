@@ -1,0 +1,65 @@
+"""SpillingGroupBy (both sides of ``groupByKey``) driven directly, without Spark."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import pytest
+
+from extagg.spark.groupby import SpilledValues, SpillingGroupBy
+from extagg.spark.merger import SparkGroupBy
+
+BUDGET = 1 << 20
+
+
+def _reference(pieces: list[tuple[Any, list[Any]]]) -> dict[Any, list[Any]]:
+    out: dict[Any, list[Any]] = defaultdict(list)
+    for key, values in pieces:
+        out[key].extend(values)
+    return dict(out)
+
+
+def _collect(group: SpillingGroupBy) -> dict[Any, list[Any]]:
+    out: dict[Any, list[Any]] = {}
+    for key, values in group:
+        assert key not in out
+        out[key] = list(values) if isinstance(values, SpilledValues) else values
+    return out
+
+
+@pytest.mark.parametrize("records", [20_000, 26_000])
+def test_collection_filling_the_whole_budget_without_spilling_is_read(records: int) -> None:
+    """Regression: folding grew the in-memory lists until they held the whole grant without
+    a spill; iterating then asked for merge read buffers with nothing left and failed
+    (``cannot merge 2 sorted runs ... granted 0.0 B``), though there was no run to read."""
+    pieces = [(f"k{i * 7 % records}" if i % 2 else i, [i % 1000]) for i in range(records)]
+    group = SpillingGroupBy(memory=BUDGET, name="pyspark-groupby-map")
+    group.merge_pieces(pieces)
+    # the case under test: nothing spilled and the collection holds all of the budget
+    assert len(group.runs) == 0
+    assert group.used == BUDGET
+    assert _collect(group) == _reference(pieces)
+    assert group.closed and group.used == 0
+
+
+def test_spilled_and_in_memory_still_merge_within_budget() -> None:
+    """With runs on disk the merge still gets its read buffers and gives every value once."""
+    pieces = [(i % 3000, [i]) for i in range(60_000)] + [("big", [i]) for i in range(40_000)]
+    group = SpillingGroupBy(memory=BUDGET, force_spill_every=7_000)
+    group.merge_pieces(pieces)
+    assert len(group.runs) > 1
+    got = _collect(group)
+    want = _reference(pieces)
+    assert got.keys() == want.keys()
+    for key, values in want.items():
+        assert sorted(got[key]) == sorted(values)
+    assert group.closed and group.used == 0
+
+
+def test_reduce_side_merger_filling_the_budget() -> None:
+    """The reduce side (SparkGroupBy, PySpark's ExternalGroupBy role) over a full budget."""
+    merger = SparkGroupBy(None, memory_limit=1)
+    pieces = [(i, [i, -i]) for i in range(10_000)]
+    merger.mergeCombiners(iter(pieces))
+    assert dict(merger.items()) == _reference(pieces)
