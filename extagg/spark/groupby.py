@@ -54,6 +54,7 @@ class SpilledValues:
         self._buffer: list[Any] = []
         self._path: str | None = None
         self._on_disk = 0
+        self._pickles = 0  # lists pickled to the file (a flush may write a partial chunk)
         self._finalizer: weakref.finalize | None = None
 
     def extend(self, values: Iterable[Any]) -> None:
@@ -61,10 +62,13 @@ class SpilledValues:
         for value in values:
             buffer.append(value)
             if len(buffer) >= self._chunk:
-                self._flush()
+                self.flush()
                 buffer = self._buffer
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Append the values held in memory to the file (its memory can then be given back)."""
+        if not self._buffer:
+            return
         if self._path is None:
             self._path = self._dirs.new_path("values")
             self._finalizer = weakref.finalize(self, _remove, self._path)
@@ -73,6 +77,7 @@ class SpilledValues:
             f.flush()
             self._dirs.charge(self._path, f.tell())
         self._on_disk += len(self._buffer)
+        self._pickles += 1
         self._buffer = []
 
     @property
@@ -87,7 +92,7 @@ class SpilledValues:
         """The values as lists of at most one chunk each (what a shuffle should send)."""
         if self._path is not None:
             with open(self._path, "rb") as f:
-                for _ in range(-(-self._on_disk // self._chunk)):
+                for _ in range(self._pickles):
                     yield pickle.load(f)
         if self._buffer:
             yield list(self._buffer)
@@ -95,7 +100,7 @@ class SpilledValues:
     def __iter__(self) -> Iterator[Any]:
         if self._path is not None:
             with open(self._path, "rb") as f:
-                for _ in range(-(-self._on_disk // self._chunk)):
+                for _ in range(self._pickles):
                     yield from pickle.load(f)
         yield from self._buffer
 
@@ -122,6 +127,8 @@ class SpillingGroupBy(Spillable[ObjectBlock]):
         self.chunk_bytes = max(total // 64, 8 << 10)
         self.groups: dict[Any, list[Any]] | None = {}
         self.big: dict[Any, SpilledValues] = {}
+        #: bytes granted for the in-memory chunks of ``big``
+        self.chunk_memory = 0
         self.values = 0
         self.value_bytes = 32.0  # running estimate of one value's bytes, plus its list slot
 
@@ -167,11 +174,18 @@ class SpillingGroupBy(Spillable[ObjectBlock]):
 
     def _spilled_values(self, first: list[Any]) -> SpilledValues:
         granted = self.acquire_memory(self.chunk_bytes)  # its in-memory chunk
+        self.chunk_memory += granted
         self.budget.note_granted()
         chunk_values = max(1, int(max(granted, 4096) / max(self.value_bytes, 1.0)))
         values = SpilledValues(self.runs.spill_dirs.dirs, chunk_values)
         values.extend(first)
         return values
+
+    def _release_chunks(self) -> None:
+        for values in self.big.values():
+            values.flush()
+        self.free_memory(min(self.chunk_memory, self.used))
+        self.chunk_memory = 0
 
     # ------------------------------------------------------------------ Spillable hooks
     def collection_is_empty(self) -> bool:
@@ -194,6 +208,7 @@ class SpillingGroupBy(Spillable[ObjectBlock]):
 
     def release_collection(self) -> None:
         self.groups = None
+        self.chunk_memory = 0  # close() gives back the whole grant
 
     def _sorted(self) -> ObjectBlock:
         assert self.groups is not None
@@ -221,6 +236,9 @@ class SpillingGroupBy(Spillable[ObjectBlock]):
         try:
             fan_in = self.fan_in
             if sources:
+                # the big keys' chunks go to their files and their grants back to the budget
+                # first, so that they cannot starve the merge of its read buffers
+                self._release_chunks()
                 # run files to read: hold their read buffers (the collection was spilled and
                 # its memory given back above, so the budget has room for them)
                 fan_in, _ = self.reserve_merge_memory(

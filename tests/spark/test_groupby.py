@@ -63,3 +63,33 @@ def test_reduce_side_merger_filling_the_budget() -> None:
     pieces = [(i, [i, -i]) for i in range(10_000)]
     merger.mergeCombiners(iter(pieces))
     assert dict(merger.items()) == _reference(pieces)
+
+
+def test_big_keys_chunks_do_not_starve_the_merge() -> None:
+    """Regression: each key moved to a SpilledValues kept the grant of its in-memory chunk
+    until close(); ~100 of them held the whole budget and the merge of the runs could not get
+    two read buffers. Their chunks now go to their files and the grants back before the merge."""
+    pieces = [(k, [v]) for k in range(100) for v in range(2000)]
+    pieces += [(("m", j), [v]) for j in range(20) for v in range(1500)]
+    pieces += [(("s", i % 5000), [i]) for i in range(30000)]
+    group = SpillingGroupBy(memory=BUDGET, force_spill_every=20_000)
+    group.merge_pieces(pieces)
+    assert len(group.big) > 64 and len(group.runs) > 1
+    assert group.used > group.threshold  # the chunks hold grants of their own
+    got = _collect(group)
+    want = _reference(pieces)
+    assert got.keys() == want.keys()
+    for key, values in want.items():
+        assert sorted(got[key]) == sorted(values)
+    assert group.closed and group.used == 0
+
+
+def test_spilled_values_flush_of_a_partial_chunk() -> None:
+    """A flush of a partial chunk (before the merge) keeps every value, in order."""
+    values = SpilledValues([], chunk_values=3)
+    values.extend(range(5))
+    values.flush()
+    values.extend(range(5, 9))
+    assert list(values) == list(range(9))
+    assert [len(c) for c in values.chunks()] == [3, 2, 3, 1]
+    assert len(values) == 9 and values.on_disk == 8
