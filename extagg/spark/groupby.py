@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 
 ROWS_PER_BATCH = 256
 LIST_SLOT = 8  # a list holds one pointer per value
+#: what a key costs besides its own object: its list's header (``sys.getsizeof([])``) and its
+#: dict entry with the table's slack (measured: ~170 B a key for 500k one-value keys)
+KEY_OVERHEAD = 56 + 48
 
 
 def _remove(path: str) -> None:
@@ -131,6 +134,7 @@ class SpillingGroupBy(Spillable[ObjectBlock]):
         self.chunk_memory = 0
         self.values = 0
         self.value_bytes = 32.0  # running estimate of one value's bytes, plus its list slot
+        self.key_bytes = 64.0 + KEY_OVERHEAD  # running estimate of one key's bytes, as above
 
     # ------------------------------------------------------------------ folding
     def merge_pieces(self, pieces: Iterable[tuple[Any, list[Any]]], chunk: int = 256) -> None:
@@ -142,7 +146,7 @@ class SpillingGroupBy(Spillable[ObjectBlock]):
             if not batch:
                 return
             with self.lock:
-                self.maybe_spill(int(self.values * self.value_bytes))
+                self.maybe_spill(self.estimated_bytes())
                 groups = self.groups
                 assert groups is not None
                 big = self.big
@@ -163,6 +167,9 @@ class SpillingGroupBy(Spillable[ObjectBlock]):
                         big[key] = self._spilled_values(group)
                         del groups[key]
                         moved = True
+                self.key_bytes = 0.9 * self.key_bytes + 0.1 * (
+                    sys.getsizeof(batch[0][0]) + KEY_OVERHEAD
+                )
                 sample = batch[0][1]
                 if sample:
                     size = sys.getsizeof(sample[0]) + LIST_SLOT
@@ -171,6 +178,12 @@ class SpillingGroupBy(Spillable[ObjectBlock]):
                 self.values = sum(len(g) for g in groups.values()) if moved else self.values + added
                 self.elements_read += added
                 self.metrics.records_read += added
+
+    def estimated_bytes(self) -> int:
+        """The in-memory lists' bytes: their values, and per key its object, list and entry."""
+        groups = self.groups
+        keys = len(groups) if groups is not None else 0
+        return int(self.values * self.value_bytes + keys * self.key_bytes)
 
     def _spilled_values(self, first: list[Any]) -> SpilledValues:
         granted = self.acquire_memory(self.chunk_bytes)  # its in-memory chunk
@@ -202,7 +215,7 @@ class SpillingGroupBy(Spillable[ObjectBlock]):
         if self.phase != "open" or not self.groups:
             return 0
         before = self.used
-        self.spill_collection(int(self.values * self.value_bytes), f"forced by {trigger.name}")
+        self.spill_collection(self.estimated_bytes(), f"forced by {trigger.name}")
         self.release_down_to(0)
         return before - self.used
 
@@ -227,7 +240,7 @@ class SpillingGroupBy(Spillable[ObjectBlock]):
         with self.lock:
             self.begin_reading("SpillingGroupBy can be iterated once")
             if self.runs and self.groups:
-                self.spill_collection(int(self.values * self.value_bytes), "the merge")
+                self.spill_collection(self.estimated_bytes(), "the merge")
             memory = self._sorted() if self.groups else None
             self.groups = None
             sources: list[BlockSource[ObjectBlock]] = self.runs.take_sources()
