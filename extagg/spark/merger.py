@@ -19,6 +19,7 @@ from typing import Any
 from extagg._config import MiB
 from extagg.generic.aggregator import Aggregator
 from extagg.generic.external_map import ExternalAppendOnlyMap
+from extagg.memory import ENGINE_MIN_BUDGET
 from extagg.metrics import SpillMetrics
 from extagg.spark.groupby import SpilledValues, SpillingGroupBy
 
@@ -26,8 +27,9 @@ __all__ = ["SparkGroupBy", "SparkMerger", "report_spill"]
 
 log = logging.getLogger(__name__)
 
-#: below this a budget is too small to hold a useful map (PySpark's limit is in MiB anyway)
-MIN_BUDGET = 256 * 1024
+#: below this a budget is too small to hold a useful map (PySpark's limit is in MiB anyway):
+#: the engines' working minimum, which they refuse to go under (1m workers pass 0.9 MiB)
+MIN_BUDGET = ENGINE_MIN_BUDGET
 
 
 def report_spill(metrics: SpillMetrics) -> None:
