@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 
 ROWS_PER_BATCH = 256
 LIST_SLOT = 8  # a list holds one pointer per value
+#: what a key costs besides its own object: its list's header (``sys.getsizeof([])``) and its
+#: dict entry with the table's slack (measured: ~170 B a key for 500k one-value keys)
+KEY_OVERHEAD = 56 + 48
 
 
 def _remove(path: str) -> None:
@@ -54,6 +57,7 @@ class SpilledValues:
         self._buffer: list[Any] = []
         self._path: str | None = None
         self._on_disk = 0
+        self._pickles = 0  # lists pickled to the file (a flush may write a partial chunk)
         self._finalizer: weakref.finalize | None = None
 
     def extend(self, values: Iterable[Any]) -> None:
@@ -61,10 +65,13 @@ class SpilledValues:
         for value in values:
             buffer.append(value)
             if len(buffer) >= self._chunk:
-                self._flush()
+                self.flush()
                 buffer = self._buffer
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Append the values held in memory to the file (its memory can then be given back)."""
+        if not self._buffer:
+            return
         if self._path is None:
             self._path = self._dirs.new_path("values")
             self._finalizer = weakref.finalize(self, _remove, self._path)
@@ -73,6 +80,7 @@ class SpilledValues:
             f.flush()
             self._dirs.charge(self._path, f.tell())
         self._on_disk += len(self._buffer)
+        self._pickles += 1
         self._buffer = []
 
     @property
@@ -87,7 +95,7 @@ class SpilledValues:
         """The values as lists of at most one chunk each (what a shuffle should send)."""
         if self._path is not None:
             with open(self._path, "rb") as f:
-                for _ in range(-(-self._on_disk // self._chunk)):
+                for _ in range(self._pickles):
                     yield pickle.load(f)
         if self._buffer:
             yield list(self._buffer)
@@ -95,7 +103,7 @@ class SpilledValues:
     def __iter__(self) -> Iterator[Any]:
         if self._path is not None:
             with open(self._path, "rb") as f:
-                for _ in range(-(-self._on_disk // self._chunk)):
+                for _ in range(self._pickles):
                     yield from pickle.load(f)
         yield from self._buffer
 
@@ -122,8 +130,11 @@ class SpillingGroupBy(Spillable[ObjectBlock]):
         self.chunk_bytes = max(total // 64, 8 << 10)
         self.groups: dict[Any, list[Any]] | None = {}
         self.big: dict[Any, SpilledValues] = {}
+        #: bytes granted for the in-memory chunks of ``big``
+        self.chunk_memory = 0
         self.values = 0
         self.value_bytes = 32.0  # running estimate of one value's bytes, plus its list slot
+        self.key_bytes = 64.0 + KEY_OVERHEAD  # running estimate of one key's bytes, as above
 
     # ------------------------------------------------------------------ folding
     def merge_pieces(self, pieces: Iterable[tuple[Any, list[Any]]], chunk: int = 256) -> None:
@@ -135,7 +146,7 @@ class SpillingGroupBy(Spillable[ObjectBlock]):
             if not batch:
                 return
             with self.lock:
-                self.maybe_spill(int(self.values * self.value_bytes))
+                self.maybe_spill(self.estimated_bytes())
                 groups = self.groups
                 assert groups is not None
                 big = self.big
@@ -156,6 +167,9 @@ class SpillingGroupBy(Spillable[ObjectBlock]):
                         big[key] = self._spilled_values(group)
                         del groups[key]
                         moved = True
+                self.key_bytes = 0.9 * self.key_bytes + 0.1 * (
+                    sys.getsizeof(batch[0][0]) + KEY_OVERHEAD
+                )
                 sample = batch[0][1]
                 if sample:
                     size = sys.getsizeof(sample[0]) + LIST_SLOT
@@ -165,13 +179,26 @@ class SpillingGroupBy(Spillable[ObjectBlock]):
                 self.elements_read += added
                 self.metrics.records_read += added
 
+    def estimated_bytes(self) -> int:
+        """The in-memory lists' bytes: their values, and per key its object, list and entry."""
+        groups = self.groups
+        keys = len(groups) if groups is not None else 0
+        return int(self.values * self.value_bytes + keys * self.key_bytes)
+
     def _spilled_values(self, first: list[Any]) -> SpilledValues:
         granted = self.acquire_memory(self.chunk_bytes)  # its in-memory chunk
+        self.chunk_memory += granted
         self.budget.note_granted()
         chunk_values = max(1, int(max(granted, 4096) / max(self.value_bytes, 1.0)))
         values = SpilledValues(self.runs.spill_dirs.dirs, chunk_values)
         values.extend(first)
         return values
+
+    def _release_chunks(self) -> None:
+        for values in self.big.values():
+            values.flush()
+        self.free_memory(min(self.chunk_memory, self.used))
+        self.chunk_memory = 0
 
     # ------------------------------------------------------------------ Spillable hooks
     def collection_is_empty(self) -> bool:
@@ -188,12 +215,13 @@ class SpillingGroupBy(Spillable[ObjectBlock]):
         if self.phase != "open" or not self.groups:
             return 0
         before = self.used
-        self.spill_collection(int(self.values * self.value_bytes), f"forced by {trigger.name}")
+        self.spill_collection(self.estimated_bytes(), f"forced by {trigger.name}")
         self.release_down_to(0)
         return before - self.used
 
     def release_collection(self) -> None:
         self.groups = None
+        self.chunk_memory = 0  # close() gives back the whole grant
 
     def _sorted(self) -> ObjectBlock:
         assert self.groups is not None
@@ -212,18 +240,28 @@ class SpillingGroupBy(Spillable[ObjectBlock]):
         with self.lock:
             self.begin_reading("SpillingGroupBy can be iterated once")
             if self.runs and self.groups:
-                self.spill_collection(int(self.values * self.value_bytes), "the merge")
+                self.spill_collection(self.estimated_bytes(), "the merge")
             memory = self._sorted() if self.groups else None
             self.groups = None
             sources: list[BlockSource[ObjectBlock]] = self.runs.take_sources()
             if memory is None:
                 self.release_down_to(0)
         try:
+            fan_in = self.fan_in
+            if sources:
+                # the big keys' chunks go to their files and their grants back to the budget
+                # first, so that they cannot starve the merge of its read buffers
+                self._release_chunks()
+                # run files to read: hold their read buffers (the collection was spilled and
+                # its memory given back above, so the budget has room for them)
+                fan_in, _ = self.reserve_merge_memory(
+                    max(1, self.runs.max_batch_bytes * 4), max(2, len(sources))
+                )
+            # else nothing spilled: the sorted collection is the only source, read in place
+            # with the memory it already holds (no read buffers to ask for — asking would
+            # fail when the collection fills the whole budget)
             if memory is not None:
                 sources.append(SortedBlockSource(memory, ROWS_PER_BATCH))
-            fan_in, _ = self.reserve_merge_memory(
-                max(1, self.runs.max_batch_bytes * 4), max(2, len(sources))
-            )
             dirs = self.runs.spill_dirs.dirs
             chunk_values = max(1, int(self.chunk_bytes / max(self.value_bytes, 1.0)))
             big = self.big
