@@ -265,7 +265,7 @@ class Spillable(MemoryConsumer, ABC, Generic[B]):
     memory_manager
         A shared memory manager (or a task's) to take memory from instead.
     spill_dirs
-        Directories for run files (default ``EXTAGG_SPILL_DIRS`` / the system temp dir).
+        Directories for run files (default ``EXTAGG_SPILL_DIR`` / the system temp dir).
     batch_size
         Records per block of a run file.
     fan_in
