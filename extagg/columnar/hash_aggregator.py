@@ -530,7 +530,7 @@ class HashAggregator(Spillable[ColumnBlock]):
         return max(0, before - self.used)
 
     def release_collection(self) -> None:
-        """Drop the hash table and its arena, close the source being read and abort open partitions."""
+        """Drop the hash table and its arena; close the source read and abort open partitions."""
         self.table_state.table = None
         self.table_state.var_arena = None
         if self._source is not None:
