@@ -92,7 +92,15 @@ class CorruptFileError(ExtaggError, ValueError):
 
 class SumOverflowError(ExtaggError, OverflowError):
     """An exact sum (integer or decimal) does not fit its result type; the message names the
-    aggregate, the column and the group. ``row`` is the offending result row of its batch."""
+    aggregate, the column and the group.
+
+    Parameters
+    ----------
+    message
+        What overflowed, naming the aggregate, the column and the group.
+    row
+        The offending result row of its batch (``-1`` when unknown).
+    """
 
     def __init__(self, message: str, row: int = -1) -> None:
         super().__init__(message)
@@ -122,9 +130,17 @@ class BadKeyError(ExtaggError, TypeError):
     """A record's key cannot be grouped: hashing or comparing it raised, or its type cannot
     keep its identity through a spill (see ``docs/how-it-works.md``, "Key identity").
 
-    ``index`` is the record's position in the input of the call that failed (0-based), ``key``
-    the key; the cause is chained (``__cause__``). The records before it were folded; it and
-    the records after it were not.
+    The cause is chained (``__cause__``). The records before it were folded; it and the
+    records after it were not.
+
+    Parameters
+    ----------
+    index
+        The record's position in the input of the call that failed (0-based).
+    key
+        The key that could not be grouped.
+    reason
+        Why (the hashing / comparison error, or the unsupported type).
     """
 
     def __init__(self, index: int, key: object, reason: str) -> None:
@@ -143,7 +159,14 @@ class BadKeyError(ExtaggError, TypeError):
 class BudgetError(ExtaggError, ValueError):
     """A memory budget an engine cannot work with (below its working minimum).
 
-    ``budget`` is the rejected number of bytes, ``minimum`` the smallest the engine accepts.
+    Parameters
+    ----------
+    message
+        The error message, naming the engine and both sizes.
+    budget
+        The rejected budget in bytes.
+    minimum
+        The smallest budget in bytes the engine accepts.
     """
 
     def __init__(self, message: str, *, budget: int, minimum: int) -> None:

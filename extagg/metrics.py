@@ -99,10 +99,43 @@ class RunMetrics:
     """What one file aggregation (``aggregate_files`` / ``extagg aggregate``) did and cost.
 
     Live while the run goes on (progress callbacks get this object), final once ``finished``.
-    ``rows_total`` is known for Parquet (after row groups skipped by the filter), ``None``
-    otherwise. ``rss_import_bytes`` is the process RSS when the run started (interpreter and
-    imports), ``rss_fixed_bytes`` the RSS after the first batch was folded (kernels loaded):
-    the fixed cost; the rest of ``peak_rss_bytes`` is data.
+
+    Attributes
+    ----------
+    rows_read, bytes_read
+        Input rows and bytes read so far.
+    rows_total
+        Input rows to read: known for Parquet (after row groups skipped by the filter),
+        ``None`` otherwise.
+    bytes_total
+        Total size of the input files.
+    files
+        Number of input files.
+    row_groups_read, row_groups_total
+        Parquet row groups read, of all row groups (the rest were skipped by ``where``).
+    groups
+        Distinct groups aggregated.
+    rows_out
+        Result rows produced (after ``having``).
+    spill_count, num_spill_files
+        Times the aggregation spilled, and run files written.
+    memory_bytes_spilled, disk_bytes_spilled
+        Bytes released from memory by spills, and bytes written to disk.
+    sort_runs
+        Sorted runs written by the external sort of ``sort=True``.
+    peak_granted_bytes, budget_bytes
+        Peak memory granted by the memory manager, and the budget.
+    wall_time_s, input_time_s
+        Wall time of the run, and the part of it spent reading input.
+    rss_import_bytes
+        Process RSS when the run started (interpreter and imports).
+    rss_fixed_bytes
+        RSS after the first batch was folded (kernels loaded): the fixed cost; the rest of
+        ``peak_rss_bytes`` is data.
+    peak_rss_bytes
+        Peak RSS of the process.
+    finished
+        Whether the run has ended (the figures are final).
     """
 
     rows_read: int = 0
@@ -129,6 +162,7 @@ class RunMetrics:
     finished: bool = False
 
     def as_dict(self) -> dict[str, Any]:
+        """The figures as a plain dict (field name -> value), as ``--json-summary`` writes."""
         return asdict(self)
 
     @property
@@ -180,6 +214,21 @@ def run_metrics(result: Any) -> RunMetrics | SpillMetrics:
     (final after the reader is exhausted); a ``pyarrow.Table`` from ``aggregate`` → the
     :class:`SpillMetrics` stored in its schema metadata (``b"extagg.metrics"``, JSON);
     a ``RunMetrics`` (what ``aggregate_files(..., output=...)`` returns) → itself.
+
+    Parameters
+    ----------
+    result
+        What ``aggregate`` or ``aggregate_files`` returned.
+
+    Returns
+    -------
+    RunMetrics | SpillMetrics
+        The run's metrics.
+
+    Raises
+    ------
+    ValueError
+        ``result`` carries no extagg metrics.
     """
     if isinstance(result, (RunMetrics, SpillMetrics)):
         return result

@@ -256,6 +256,28 @@ class Spillable(MemoryConsumer, ABC, Generic[B]):
 
     Subclasses set ``initial_threshold`` (Spark's ``initialMemoryThreshold``) if they use the
     default :meth:`should_spill`.
+
+    Parameters
+    ----------
+    memory
+        The budget (``"256m"`` or bytes) of a private memory manager; default
+        ``EXTAGG_MEMORY`` / the process-wide manager.
+    memory_manager
+        A shared memory manager (or a task's) to take memory from instead.
+    spill_dirs
+        Directories for run files (default ``EXTAGG_SPILL_DIR`` / the system temp dir).
+    batch_size
+        Records per block of a run file.
+    fan_in
+        Most runs merged at once; more are merged in passes.
+    compression
+        Codec of run files (``"lz4"``, ...).
+    max_spill_bytes
+        Cap on bytes on disk at once (default none).
+    force_spill_every
+        Spill after this many records (Spark's ``numElementsForceSpillThreshold``; tests).
+    name
+        Name of the consumer in logs and errors.
     """
 
     #: dropped without close(), it deletes its files and gives back its grant (``__del__``)

@@ -24,6 +24,7 @@ PUBLIC_PACKAGES = (
     "extagg.memory",
     "extagg.columnar",
     "extagg.state",
+    "extagg.state.spark",
     "extagg.spark",
 )
 ROOT = Path(__file__).resolve().parents[2]

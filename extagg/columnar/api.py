@@ -21,7 +21,23 @@ def make_aggregator(
     """The aggregator for a query: a :class:`HashAggregator`, or a
     :class:`~extagg.columnar.distinct.DistinctAggregator` when ``aggs`` has a
     ``count_distinct``. Both have ``update``, ``results``, ``close``, ``schema``, ``metrics``
-    and ``input_columns``; ``options`` as for :class:`HashAggregator`."""
+    and ``input_columns``.
+
+    Parameters
+    ----------
+    keys
+        The key column(s).
+    aggs
+        Output name -> ``(column, function)``; ``("*", "count")`` counts rows.
+    **options
+        Options of :class:`HashAggregator` (``memory``, ``memory_manager``, ``spill_dirs``,
+        ...).
+
+    Returns
+    -------
+    HashAggregator | DistinctAggregator
+        The aggregator; close it when done.
+    """
     if has_distinct(aggs):
         return DistinctAggregator(keys, aggs, **options)
     return HashAggregator(keys, aggs, **options)

@@ -43,6 +43,21 @@ class DistinctAggregator:
     :class:`~extagg.columnar.HashAggregator` (``update``, ``results``, ``hashed_results``,
     ``close``, ``schema``, ``metrics``, ``input_columns``) and the same options (``memory``,
     ``memory_manager``, ``spill_dirs``, ``force_spill_rows``, ...), shared by its aggregators.
+
+    Parameters
+    ----------
+    keys
+        The key column(s).
+    aggs
+        Output name -> ``(column, function)``; ``("*", "count")`` counts rows.
+    memory
+        The budget (``"256m"`` or bytes) shared by its aggregators.
+    memory_manager
+        A memory manager to take that memory from instead.
+    name
+        Name of the consumers in logs and errors.
+    **options
+        Other options of :class:`~extagg.columnar.HashAggregator`.
     """
 
     def __init__(

@@ -56,6 +56,8 @@ FUNCTIONS = (
 """The aggregate functions of the columnar engine, by canonical name."""
 #: aggregates computed by a second group-by (:mod:`extagg.columnar.distinct`), not in one table
 DISTINCT_FUNCTIONS = ("count_distinct",)
+"""Functions that need a :class:`~extagg.columnar.distinct.DistinctAggregator` (a second,
+external group-by over the distinct values)."""
 ALIASES = {
     "nunique": "count_distinct",
     "avg": "mean",

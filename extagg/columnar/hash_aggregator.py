@@ -506,10 +506,12 @@ class HashAggregator(Spillable[ColumnBlock]):
         """Nothing: spilling the table gave back what it no longer needs."""
 
     def collection_is_empty(self) -> bool:
+        """Whether the in-memory hash table holds no group."""
         table = self.table_state.table
         return table is None or table.num_groups == 0
 
     def spill_collection(self, size: int, reason: str) -> None:
+        """Write the hash table's groups as a sorted run and start it again empty."""
         spill_table(self.table_state, reason)
 
     def force_spill(self, trigger: Consumer) -> int:
@@ -528,6 +530,7 @@ class HashAggregator(Spillable[ColumnBlock]):
         return max(0, before - self.used)
 
     def release_collection(self) -> None:
+        """Drop the hash table and its arena; close the source read and abort open partitions."""
         self.table_state.table = None
         self.table_state.var_arena = None
         if self._source is not None:

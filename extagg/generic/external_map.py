@@ -266,6 +266,7 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
 
     # ------------------------------------------------------------------ Spillable hooks
     def collection_is_empty(self) -> bool:
+        """Whether the in-memory map holds nothing to spill."""
         return not self._map and self._unspilled is None
 
     def spill_collection(self, size: int, reason: str) -> None:
@@ -308,6 +309,7 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
         return freed
 
     def release_collection(self) -> None:
+        """Drop the in-memory map and close the iterator reading it, if any."""
         self._map = None
         self._unspilled = None
         if self._reading is not None:

@@ -276,19 +276,49 @@ def aggregate_files(
 ) -> pa.RecordBatchReader | RunMetrics:
     """Group the rows of Parquet/CSV/JSON Lines/Arrow files by ``by`` and compute ``aggs``.
 
-    ``paths``: a path, glob or directory (hive ``key=value`` folders become columns), or a list
-    of them. ``aggs``: ``{"name": ("column", "function")}`` as :func:`extagg.aggregate` takes
-    (``("*", "count")`` counts rows). ``where`` filters input rows (pushed into the scan),
-    ``having`` filters result rows; both use the grammar of :mod:`extagg.io.where`.
-    ``memory`` is the budget (``"256m"``). Results come in hash order of the keys unless
-    ``sort=True`` (an external sort in the same budget). ``progress``: ``True`` for a bar on
-    stderr, or a callable given the live :class:`~extagg.metrics.RunMetrics`.
+    Parameters
+    ----------
+    paths
+        A path, glob or directory (hive ``key=value`` folders become columns), or a list of
+        them.
+    by
+        The key column(s); empty for one global result row.
+    aggs
+        ``{"name": ("column", "function")}`` as :func:`extagg.aggregate` takes
+        (``("*", "count")`` counts rows).
+    where
+        Filter on input rows (pushed into the scan), in the grammar of ``--where``.
+    having
+        Filter on result rows, over the key and aggregate names.
+    memory
+        The memory budget (``"256m"`` or bytes); default from ``EXTAGG_MEMORY``.
+    output
+        Write the result to this file (``"-"``: CSV to stdout) instead of returning a reader.
+    output_format
+        Format of ``output`` when its extension does not say (parquet, csv, json, ipc).
+    overwrite
+        Replace an existing ``output`` (otherwise it is an error).
+    sort
+        Sort the result by the keys (an external sort in the same budget); otherwise results
+        come in hash order of the keys.
+    progress
+        ``True`` for a bar on stderr, or a callable given the live
+        :class:`~extagg.metrics.RunMetrics`.
+    **options
+        Shape the scan: ``format``, ``delimiter``, ``column_types``, ``schema``, ``header``,
+        ``spill_dirs``, ``memory_manager``.
 
-    Returns a ``pyarrow.RecordBatchReader`` (``extagg.run_metrics(reader)`` gives its
-    metrics), or, with ``output``, writes the result there (format from the extension or
-    ``output_format``; atomically; an existing file needs ``overwrite=True``) and returns the
-    :class:`~extagg.metrics.RunMetrics`. Other ``options`` (``format``, ``delimiter``,
-    ``column_types``, ``schema``, ``header``, ``spill_dirs``, ``memory_manager``) shape the scan.
+    Returns
+    -------
+    pyarrow.RecordBatchReader | RunMetrics
+        Without ``output`` a reader of the result (``extagg.run_metrics(reader)`` gives its
+        metrics); with ``output`` the run's :class:`~extagg.metrics.RunMetrics`, after the file
+        was written atomically.
+
+    Raises
+    ------
+    QueryError
+        An unknown column or function, a bad expression or option, an existing ``output``.
     """
     query = plan_query(paths, by=by, aggs=aggs, where=where, having=having, memory=memory,
                        sort=sort, **options)  # fmt: skip

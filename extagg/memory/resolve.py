@@ -13,18 +13,38 @@ from extagg.memory.unified import UnifiedMemoryManager, default_memory_manager
 
 __all__ = ["ENGINE_MIN_BUDGET", "check_engine_budget", "resolve_task_memory_manager"]
 
-#: The smallest budget both engines complete a spill and merge with on small records and their
-#: default batch sizes (measured, not guessed): the columnar aggregator needs 91 KiB (int keys)
-#: to 111 KiB (string keys) just to start (a 64-slot table, chunk buffers for its minimum of
-#: 1,024 rows, one I/O batch) and, with string keys, could not set aside partition input at
-#: 512 KiB; the generic map's merge needs two read buffers of about 38 KiB for 10,000 small
-#: records. 1 MiB is the smallest power of two with which every case of
-#: tests/memory/test_budget_checks.py spills and merges.
 ENGINE_MIN_BUDGET = 1 * MiB
+"""The smallest budget (bytes) both engines complete a spill and merge with.
+
+Measured on small records with the default batch sizes, not guessed: the columnar aggregator
+needs 91 KiB (int keys) to 111 KiB (string keys) just to start (a 64-slot table, chunk buffers
+for its minimum of 1,024 rows, one I/O batch) and, with string keys, could not set aside
+partition input at 512 KiB; the generic map's merge needs two read buffers of about 38 KiB for
+10,000 small records. 1 MiB is the smallest power of two with which every case of
+tests/memory/test_budget_checks.py spills and merges.
+"""
 
 
 def check_engine_budget(budget: int, *, name: str = "memory") -> int:
-    """``budget``, or :class:`~extagg.errors.BudgetError` if it is below the engines' minimum."""
+    """``budget``, or :class:`~extagg.errors.BudgetError` if it is below the engines' minimum.
+
+    Parameters
+    ----------
+    budget
+        The budget in bytes.
+    name
+        What the budget is called in the error message (the option that set it).
+
+    Returns
+    -------
+    int
+        ``budget`` unchanged.
+
+    Raises
+    ------
+    BudgetError
+        ``budget`` is below :data:`ENGINE_MIN_BUDGET`.
+    """
     if budget < ENGINE_MIN_BUDGET:
         raise BudgetError(
             f"{name} of {format_size(budget)} ({budget} bytes) is below the engines' working "

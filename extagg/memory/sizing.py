@@ -163,7 +163,20 @@ def machine_memory_limit(
     cgroup_root: PathLike = CGROUP_ROOT, proc_cgroup: PathLike = PROC_SELF_CGROUP
 ) -> int:
     """The most memory this process could ever get: physical memory, lowered to the smallest
-    cgroup limit on the way to the root (the limit itself, not what is still free under it)."""
+    cgroup limit on the way to the root (the limit itself, not what is still free under it).
+
+    Parameters
+    ----------
+    cgroup_root
+        Where the cgroup file system is mounted (tests point it elsewhere).
+    proc_cgroup
+        The file naming this process's cgroup (``/proc/self/cgroup``).
+
+    Returns
+    -------
+    int
+        The limit in bytes.
+    """
     limit = int(psutil.virtual_memory().total)
     root = Path(cgroup_root)
     if (root / "cgroup.controllers").exists():
@@ -191,6 +204,22 @@ def cap_to_machine(
 
     A budget the machine cannot give only postpones the failure to the kernel's OOM killer, so
     it is lowered at construction, where the warning is next to the line that set it.
+
+    Parameters
+    ----------
+    budget
+        The budget in bytes.
+    name
+        What the budget is called in the warning.
+    cgroup_root
+        Where the cgroup file system is mounted (tests point it elsewhere).
+    proc_cgroup
+        The file naming this process's cgroup (``/proc/self/cgroup``).
+
+    Returns
+    -------
+    int
+        ``budget``, or the machine's limit when that is smaller.
     """
     limit = machine_memory_limit(cgroup_root, proc_cgroup)
     if budget <= limit:

@@ -224,6 +224,7 @@ class MemoryStore:
         return freed
 
     def has_pending_evictions(self) -> bool:
+        """Whether evicted blocks wait for their ``on_evict`` (:meth:`run_pending_evictions`)."""
         return bool(self._pending)
 
     def run_pending_evictions(self) -> None:

@@ -49,9 +49,13 @@ class Consumer(Protocol):
     @property
     def task_memory_manager(self) -> TaskMemoryManager: ...
 
-    def spill(self, size: int, trigger: Consumer) -> int: ...
+    def spill(self, size: int, trigger: Consumer) -> int:
+        """Release about ``size`` bytes (asked for by ``trigger``); returns the bytes freed."""
+        ...
 
-    def forget_memory(self) -> int: ...
+    def forget_memory(self) -> int:
+        """Task clean-up released its memory wholesale: zero ``used``; returns what it was."""
+        ...
 
 
 class _Registry:
@@ -81,7 +85,18 @@ def _registry(mm: UnifiedMemoryManager) -> _Registry:
 
 
 def task_managers(mm: UnifiedMemoryManager) -> list[TaskMemoryManager]:
-    """Every live TaskMemoryManager of ``mm`` (for reports)."""
+    """Every live TaskMemoryManager of ``mm`` (for reports).
+
+    Parameters
+    ----------
+    mm
+        The memory manager whose task managers are listed.
+
+    Returns
+    -------
+    list[TaskMemoryManager]
+        The task managers still alive.
+    """
     registry = _registry(mm)
     with registry.lock:
         return list(registry.all)

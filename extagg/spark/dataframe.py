@@ -90,7 +90,25 @@ class AggregationPlan:
 
     ``partial_schema`` / ``final_schema`` are the Spark schemas of the two ``mapInArrow``
     stages; :meth:`partial` and :meth:`final` are their functions (iterator of Arrow batches in,
-    iterator out). ``memory`` is each task's budget in bytes.
+    iterator out).
+
+    Parameters
+    ----------
+    schema
+        The Spark schema (``StructType``) of the input DataFrame.
+    by
+        The key column(s).
+    aggs
+        Output name -> ``(column, function)``; ``("*", "count")`` counts rows.
+    memory
+        Each task's budget in bytes.
+    force_spill_rows
+        Testing aid: spill after every this many rows, so that spill paths run on small data.
+
+    Raises
+    ------
+    ValueError
+        No key column, or an unknown column or function.
     """
 
     def __init__(
@@ -312,6 +330,27 @@ def partial_aggregate(
     Returns ``(partial_df, plan)``; ``final_aggregate(partial_df, plan)`` finishes it. To fold
     partial states inside your own ``mapInArrow`` function, call ``plan.partial(batches)``
     (and declare ``plan.partial_schema``).
+
+    Parameters
+    ----------
+    df
+        The input DataFrame.
+    by
+        The key column(s).
+    aggs
+        Output name -> ``(column, function)``; ``("*", "count")`` counts rows.
+    memory
+        Each task's budget (``"256m"`` or bytes); default :func:`extagg.spark.worker_budget`.
+    engine
+        ``"arrow"`` runs the stages through ``mapInArrow``, ``"pandas"`` through
+        ``mapInPandas``.
+    force_spill_rows
+        Testing aid: spill after every this many rows, so that spill paths run on small data.
+
+    Returns
+    -------
+    tuple[DataFrame, AggregationPlan]
+        The partial states and the plan that finishes them.
     """
     _require_dataframe(df, "extagg.spark.partial_aggregate")
     plan = AggregationPlan(df.schema, by, aggs, _budget(df, memory), force_spill_rows)
@@ -331,6 +370,25 @@ def final_aggregate(
 
     ``keep_states=True`` returns the merged states (``plan.state_schema``) instead of the
     finished results: what a running aggregate stores between batches.
+
+    Parameters
+    ----------
+    partial_df
+        The partial states from :func:`partial_aggregate`.
+    plan
+        The plan :func:`partial_aggregate` returned with them.
+    num_partitions
+        Partitions of the shuffle; default Spark's ``spark.sql.shuffle.partitions``.
+    engine
+        ``"arrow"`` runs the stages through ``mapInArrow``, ``"pandas"`` through
+        ``mapInPandas``.
+    keep_states
+        Return the merged states instead of the finished results.
+
+    Returns
+    -------
+    DataFrame
+        The key columns then the outputs (or the states).
     """
     shuffled = (
         partial_df.repartition(num_partitions, *plan.by)
@@ -356,10 +414,29 @@ def aggregate(
 ) -> Any:
     """``df.groupBy(*by).agg(...)`` with extagg's columnar engine in the Python workers.
 
-    ``aggs`` maps output names to ``(column, function)`` (``("*", "count")`` counts rows).
-    ``memory`` is each task's budget (default :func:`extagg.spark.worker_budget`);
-    ``engine="pandas"`` runs the stages through ``mapInPandas`` instead of ``mapInArrow``.
-    Returns a DataFrame with the key columns then the outputs.
+    Parameters
+    ----------
+    df
+        The input DataFrame.
+    by
+        The key column(s).
+    aggs
+        Output name -> ``(column, function)``; ``("*", "count")`` counts rows.
+    memory
+        Each task's budget (``"256m"`` or bytes); default :func:`extagg.spark.worker_budget`.
+    num_partitions
+        Partitions of the shuffle between the two stages; default
+        ``spark.sql.shuffle.partitions``.
+    engine
+        ``"arrow"`` runs the stages through ``mapInArrow``, ``"pandas"`` through
+        ``mapInPandas``.
+    force_spill_rows
+        Testing aid: spill after every this many rows, so that spill paths run on small data.
+
+    Returns
+    -------
+    DataFrame
+        The key columns then the outputs, one row per group.
     """
     _require_dataframe(df, "extagg.spark.aggregate")
     partial_df, plan = partial_aggregate(

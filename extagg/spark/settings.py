@@ -31,7 +31,18 @@ def _get(conf: Any, key: str) -> str | None:
 
 
 def worker_memory(conf: Any) -> int:
-    """PySpark's per-worker aggregation budget in bytes: ``spark.python.worker.memory``."""
+    """PySpark's per-worker aggregation budget in bytes: ``spark.python.worker.memory``.
+
+    Parameters
+    ----------
+    conf
+        The Spark settings: a ``SparkConf``, a session's ``spark.conf`` or a plain dict.
+
+    Returns
+    -------
+    int
+        The budget in bytes (Spark's default ``512m`` when unset).
+    """
     raw = _get(conf, "spark.python.worker.memory") or DEFAULT_WORKER_MEMORY
     return parse_size(raw, name="spark.python.worker.memory")
 
@@ -41,6 +52,18 @@ def executor_slots(conf: Any, master: str | None = None) -> int:
 
     ``local[N]`` → N (``local[*]`` → the CPU count), else ``spark.executor.cores`` (default 1),
     divided by ``spark.task.cpus`` (default 1); never below 1.
+
+    Parameters
+    ----------
+    conf
+        The Spark settings: a ``SparkConf``, a session's ``spark.conf`` or a plain dict.
+    master
+        The master URL (``local[4]``, ...); default ``spark.master`` from ``conf``.
+
+    Returns
+    -------
+    int
+        The number of concurrent tasks per executor.
     """
     master = master if master is not None else _get(conf, "spark.master")
     cores = None
@@ -60,6 +83,18 @@ def worker_budget(conf: Any, master: str | None = None) -> int:
 
     ``spark.python.worker.memory``, lowered to ``spark.executor.pyspark.memory`` divided among
     the executor's Python workers (:func:`executor_slots`) when that is set and smaller.
+
+    Parameters
+    ----------
+    conf
+        The Spark settings: a ``SparkConf``, a session's ``spark.conf`` or a plain dict.
+    master
+        The master URL (``local[4]``, ...); default ``spark.master`` from ``conf``.
+
+    Returns
+    -------
+    int
+        The budget in bytes (at least 1 MiB).
     """
     budget = worker_memory(conf)
     raw = _get(conf, "spark.executor.pyspark.memory")

@@ -91,9 +91,19 @@ def _nan_aware(op: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
 class StatefulAggregate:
     """A ``foreachBatch`` function keeping running aggregates in an extagg state checkpoint.
 
-    ``by`` and ``aggs`` are as for :func:`extagg.spark.aggregate`; ``checkpoint`` is the state
-    checkpoint directory (keep it apart from Spark's own ``checkpointLocation``); ``memory`` the
-    budget of each stage and of the driver-side sort (default: the Spark worker budget).
+    Parameters
+    ----------
+    by
+        The key column(s).
+    aggs
+        Output name -> ``(column, function)``, as for :func:`extagg.spark.aggregate`.
+    checkpoint
+        The extagg state checkpoint directory (keep it apart from Spark's own
+        ``checkpointLocation``).
+    memory
+        Budget of each stage and of the driver-side sort; default the Spark worker budget.
+    operator_id
+        The operator in the state checkpoint that holds these aggregates.
     """
 
     def __init__(
@@ -187,7 +197,20 @@ def _merge_states(merges: list[Callable[[Any, Any], Any]]) -> Callable[[Any, Any
 
 
 def finish_states(plan: AggregationPlan, rows: Any) -> dict[Any, dict[str, Any]]:
-    """Finish ``(key, state tuple, partition)`` rows into ``key → {output: value}``."""
+    """Finish ``(key, state tuple, partition)`` rows into ``key → {output: value}``.
+
+    Parameters
+    ----------
+    plan
+        The plan the states were made with (its outputs name and finish each state).
+    rows
+        ``(key, state tuple, partition)`` rows, as the state checkpoint's readers give them.
+
+    Returns
+    -------
+    dict
+        ``key → {output name: finished value}``.
+    """
     names = [name for o in plan.outputs for name in o.final]
     out: dict[Any, dict[str, Any]] = {}
     for row in rows:
@@ -234,6 +257,31 @@ def stateful_aggregate(
     a restarted query replay the batch it was in). ``trigger`` is passed to
     ``writeStream.trigger(**trigger)`` (e.g. ``{"availableNow": True}``). Returns the
     ``StreamingQuery``; the function it runs per batch is its ``.extagg`` attribute.
+
+    Parameters
+    ----------
+    stream_df
+        The streaming DataFrame to aggregate.
+    by
+        The key column(s).
+    aggs
+        Output name -> ``(column, function)``, as for :func:`extagg.spark.aggregate`.
+    checkpoint
+        The extagg state checkpoint directory (keep it apart from Spark's own
+        ``checkpointLocation``).
+    memory
+        Budget of each stage and of the driver-side sort; default the Spark worker budget.
+    spark_checkpoint
+        Spark's ``checkpointLocation`` for the query.
+    trigger
+        Keyword arguments of ``writeStream.trigger``.
+    query_name
+        Name of the streaming query.
+
+    Returns
+    -------
+    StreamingQuery
+        The started query.
     """
     function = StatefulAggregate(by, aggs, checkpoint, memory=memory)
     writer = stream_df.writeStream.foreachBatch(function).option(

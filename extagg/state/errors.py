@@ -90,7 +90,17 @@ class StateStoreCommitError(StateStoreError):
 
 class ConcurrentCommitError(StateStoreCommitError, FileExistsError):
     """Another writer committed the same version first: this writer's changes were not published
-    (its cached copy of the version was dropped). ``path`` names the version's file."""
+    (its cached copy of the version was dropped).
+
+    Parameters
+    ----------
+    message
+        What happened.
+    path
+        The version's file.
+    version
+        The version both writers committed.
+    """
 
     def __init__(self, message: str, *, path: str, version: int) -> None:
         super().__init__(message)

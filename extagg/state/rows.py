@@ -91,6 +91,9 @@ class Rows(Generic[T]):
         Column names of the rows.
     types
         Arrow type aliases by field for :meth:`to_arrow` (default: inferred).
+    arrow_types
+        Exact PyArrow types of some columns (e.g. Spark state's key/value structs); they take
+        precedence over ``types``.
     """
 
     def __init__(

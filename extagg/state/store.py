@@ -191,6 +191,11 @@ class StateStore(ReadStateStore):
         The provider it belongs to.
     loaded
         The loaded version (internal; obtain stores from the provider).
+    commit
+        The provider's function that writes the changes as version ``version + 1``.
+    expected_delta
+        Identity of ``version + 1``'s delta file when the store was opened (``None``: absent),
+        which fences the commit against a concurrent writer.
     """
 
     def __init__(

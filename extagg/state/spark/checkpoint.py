@@ -54,7 +54,19 @@ def _numeric_dirs(path: str) -> list[int]:
 
 
 def is_spark_checkpoint(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` is a checkpoint written by Spark (rather than by extagg's store)."""
+    """Whether ``path`` is a checkpoint written by Spark (rather than by extagg's store).
+
+    Parameters
+    ----------
+    path
+        The checkpoint folder.
+
+    Returns
+    -------
+    bool
+        ``True`` when its offset log, operator metadata, data file framing or commit log is
+        Spark's.
+    """
     path = os.fspath(path)
     if os.path.isdir(os.path.join(path, "offsets")):
         return True
@@ -76,7 +88,13 @@ def is_spark_checkpoint(path: str | os.PathLike[str]) -> bool:
 
 
 class SparkCheckpoint:
-    """The Spark checkpoint at ``path``."""
+    """The Spark checkpoint at ``path``.
+
+    Parameters
+    ----------
+    path
+        The checkpoint folder (``checkpointLocation``).
+    """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
@@ -89,9 +107,11 @@ class SparkCheckpoint:
 
     # --------------------------------------------------------------------------- logs
     def committed_batches(self) -> list[int]:
+        """The batch ids in the commit log, ascending."""
         return log_batches(self.commits_dir)
 
     def last_committed_batch(self) -> int | None:
+        """The newest committed batch id, or ``None`` when nothing was committed."""
         batches = self.committed_batches()
         return batches[-1] if batches else None
 
@@ -157,9 +177,11 @@ class SparkCheckpoint:
 
     # ------------------------------------------------------------------------- operators
     def operator_ids(self) -> list[int]:
+        """The ids of the operators that have a folder under ``state/``, ascending."""
         return _numeric_dirs(self.state_dir)
 
     def operator_dir(self, operator_id: int) -> str:
+        """``state/<operator_id>`` of the checkpoint."""
         return os.path.join(self.state_dir, str(operator_id))
 
     def operator_metadata_path(self, operator_id: int) -> str | None:
@@ -211,6 +233,7 @@ class SparkCheckpoint:
         )
 
     def store_dir(self, operator_id: int, partition_id: int, store_name: str) -> str:
+        """The folder of one store's files: ``state/<op>/<part>[/<store>]``."""
         base = os.path.join(self.operator_dir(operator_id), str(partition_id))
         return base if store_name == DEFAULT_STORE else os.path.join(base, store_name)
 

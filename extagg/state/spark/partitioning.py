@@ -155,10 +155,40 @@ def _struct_values(row: Any, schema: StructType) -> Sequence[Any]:
 
 
 def spark_hash(row: Any, schema: StructType, seed: int = SEED) -> int:
-    """``Murmur3Hash(<schema's columns>, seed)`` of one key row (signed 32-bit)."""
+    """``Murmur3Hash(<schema's columns>, seed)`` of one key row (signed 32-bit).
+
+    Parameters
+    ----------
+    row
+        The key row: a tuple by position or a dict by field name.
+    schema
+        The key schema (the grouping columns).
+    seed
+        The hash seed (Spark's ``HashPartitioning`` uses 42).
+
+    Returns
+    -------
+    int
+        The signed 32-bit hash.
+    """
     return _signed(_hash(row, schema, seed) & _M)
 
 
 def partition_for(row: Any, schema: StructType, num_partitions: int) -> int:
-    """The shuffle (and state store) partition Spark assigns the key ``row``."""
+    """The shuffle (and state store) partition Spark assigns the key ``row``.
+
+    Parameters
+    ----------
+    row
+        The key row: a tuple by position or a dict by field name.
+    schema
+        The key schema (the grouping columns).
+    num_partitions
+        The query's ``spark.sql.shuffle.partitions``.
+
+    Returns
+    -------
+    int
+        ``pmod(spark_hash(row), num_partitions)``.
+    """
     return spark_hash(row, schema) % num_partitions

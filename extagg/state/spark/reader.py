@@ -51,6 +51,7 @@ JOIN_SIDES = ("left", "right", "none")
 STATE_FIELDS = ("key", "value", "partition_id")
 CHANGE_FIELDS = ("batch_id", "change_type", "key", "value", "partition_id")
 DIFF_FIELDS = ("change_type", "key", "old_value", "new_value", "partition_id")
+"""Column names of the rows :func:`read_diff` returns."""
 METADATA_FIELDS = (
     "operatorId",
     "operatorName",
@@ -265,6 +266,39 @@ def read_state(
     (``left``/``right``) reads one side of a stream-stream join (its two stores recombined: key
     = join key, value = the stored input row without ``matched``). ``memory`` budgets the external
     map that rebuilds a version.
+
+    Parameters
+    ----------
+    path
+        The checkpoint location (the folder holding ``offsets/``, ``commits/``, ``state/``).
+    batch_id
+        The batch whose resulting state is read; default the last committed batch.
+    operator_id
+        The stateful operator (Spark's ``operatorId``).
+    store_name
+        The store of the operator (``default``; joins have four).
+    partition_id
+        Read only this partition (with ``snapshot_start_batch_id``).
+    snapshot_start_batch_id
+        Rebuild ``partition_id`` starting from this batch's snapshot file.
+    join_side
+        ``"left"`` / ``"right"`` for one side of a stream-stream join, ``"none"`` otherwise.
+    memory
+        Budget of the external map that rebuilds a version from snapshot + deltas.
+    memory_manager
+        A memory manager to take that budget from instead.
+
+    Returns
+    -------
+    Rows
+        ``(key, value, partition_id)`` rows; ``.to_arrow()`` / ``.iter_batches()`` for Arrow.
+
+    Raises
+    ------
+    StateSourceOptionError
+        An invalid option, as Spark names it.
+    StateFileNotFoundError
+        A delta or snapshot file of the version is missing.
     """
     batch_id = _id_option("batchId", batch_id)
     operator_id = _id_option("operatorId", operator_id, required=True)  # type: ignore[assignment]
@@ -350,7 +384,33 @@ def read_change_feed(
 ) -> Rows[tuple[Any, ...]]:
     """Changes of batches ``start_batch_id`` .. ``end_batch_id`` (default: the last committed)
     as ``(batch_id, change_type, key, value, partition_id)`` rows (Spark's ``readChangeFeed``):
-    ``update`` for puts, ``delete`` (value null) for removals, per partition in file order."""
+    ``update`` for puts, ``delete`` (value null) for removals, per partition in file order.
+
+    Parameters
+    ----------
+    path
+        The checkpoint location (the folder holding ``offsets/``, ``commits/``, ``state/``).
+    start_batch_id
+        First batch whose changes are read.
+    end_batch_id
+        Last batch whose changes are read; default the last committed batch.
+    operator_id
+        The stateful operator (Spark's ``operatorId``).
+    store_name
+        The store of the operator (``default``; joins have four).
+    partition_id
+        Read only this partition.
+
+    Returns
+    -------
+    Rows
+        ``(batch_id, change_type, key, value, partition_id)`` rows.
+
+    Raises
+    ------
+    StateSourceOptionError
+        An invalid option (e.g. ``end_batch_id < start_batch_id``), as Spark names it.
+    """
     start_batch_id = _id_option("changeStartBatchId", start_batch_id, required=True)  # type: ignore[assignment]
     end_batch_id = _id_option("changeEndBatchId", end_batch_id)
     operator_id = _id_option("operatorId", operator_id, required=True)  # type: ignore[assignment]
@@ -429,7 +489,28 @@ def read_diff(
     """What changed between the state after ``from_batch_id`` and after ``to_batch_id``:
     ``(change_type, key, old_value, new_value, partition_id)`` rows, ``change_type`` one of
     ``added``, ``removed``, ``changed`` (unchanged keys are left out). Both versions meet in
-    one external map keyed by ``(partition, key bytes)``: bounded memory."""
+    one external map keyed by ``(partition, key bytes)``: bounded memory.
+
+    Parameters
+    ----------
+    path
+        The checkpoint location (the folder holding ``offsets/``, ``commits/``, ``state/``).
+    from_batch_id
+        The batch whose resulting state is the "before".
+    to_batch_id
+        The batch whose resulting state is the "after".
+    operator_id
+        The stateful operator (Spark's ``operatorId``).
+    store_name
+        The store of the operator (``default``; joins have four).
+    memory
+        Budget of the external map the two versions meet in.
+
+    Returns
+    -------
+    Rows
+        ``(change_type, key, old_value, new_value, partition_id)`` rows (:data:`DIFF_FIELDS`).
+    """
     from_batch_id = _id_option("fromBatchId", from_batch_id, required=True)  # type: ignore[assignment]
     to_batch_id = _id_option("toBatchId", to_batch_id, required=True)  # type: ignore[assignment]
     operator_id = _id_option("operatorId", operator_id, required=True)  # type: ignore[assignment]
@@ -487,7 +568,18 @@ def read_metadata(path: str | os.PathLike[str]) -> Rows[tuple[Any, ...]]:
     """One row per operator and store, like ``spark.read.format("state-metadata")``:
     ``operatorId, operatorName, stateStoreName, numPartitions, minBatchId, maxBatchId,
     operatorProperties``; batch ids from the commit log (-1 when none). An operator whose
-    metadata cannot be read is skipped with a warning."""
+    metadata cannot be read is skipped with a warning.
+
+    Parameters
+    ----------
+    path
+        The checkpoint location (the folder holding ``offsets/``, ``commits/``, ``state/``).
+
+    Returns
+    -------
+    Rows
+        One row per operator and store.
+    """
     checkpoint = _open(path)
     batches = checkpoint.committed_batches()
     low, high = (batches[0], batches[-1]) if batches else (-1, -1)

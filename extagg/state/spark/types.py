@@ -58,23 +58,33 @@ class SparkType:
     """Base of the modelled Spark types."""
 
     def json_value(self) -> Any:  # pragma: no cover - overridden
+        """The type as Spark\'s JSON schema value (``DataType.jsonValue``)."""
         raise NotImplementedError
 
     def simple_string(self) -> str:  # pragma: no cover - overridden
+        """The type as Spark\'s ``simpleString`` (``bigint``, ``struct<k:string>``)."""
         raise NotImplementedError
 
 
 @dataclass(frozen=True)
 class AtomicType(SparkType):
     """boolean, byte, short, integer, long, float, double, date, timestamp, timestamp_ntz,
-    string, binary, void."""
+    string, binary, void.
+
+    Parameters
+    ----------
+    name
+        Spark's JSON name of the type (``"long"``, ``"string"``, ...).
+    """
 
     name: str
 
     def json_value(self) -> Any:
+        """The type as Spark\'s JSON schema value (``DataType.jsonValue``)."""
         return self.name
 
     def simple_string(self) -> str:
+        """The type as Spark\'s ``simpleString`` (``bigint``, ``struct<k:string>``)."""
         return {"integer": "int", "long": "bigint", "byte": "tinyint", "short": "smallint"}.get(
             self.name, self.name
         )
@@ -82,24 +92,51 @@ class AtomicType(SparkType):
 
 @dataclass(frozen=True)
 class DecimalType(SparkType):
+    """``decimal(precision, scale)``.
+
+    Parameters
+    ----------
+    precision
+        Total number of digits (at most 38).
+    scale
+        Digits after the decimal point.
+    """
+
     precision: int
     scale: int
 
     def json_value(self) -> Any:
+        """The type as Spark\'s JSON schema value (``DataType.jsonValue``)."""
         return f"decimal({self.precision},{self.scale})"
 
     def simple_string(self) -> str:
+        """The type as Spark\'s ``simpleString`` (``bigint``, ``struct<k:string>``)."""
         return self.json_value()
 
 
 @dataclass(frozen=True)
 class StructField:
+    """One field of a :class:`StructType`.
+
+    Parameters
+    ----------
+    name
+        The field name.
+    data_type
+        Its type.
+    nullable
+        Whether it may be null.
+    metadata
+        Spark's field metadata (not compared).
+    """
+
     name: str
     data_type: SparkType
     nullable: bool = True
     metadata: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def json_value(self) -> Any:
+        """The type as Spark\'s JSON schema value (``DataType.jsonValue``)."""
         return {
             "name": self.name,
             "type": self.data_type.json_value(),
@@ -110,9 +147,18 @@ class StructField:
 
 @dataclass(frozen=True)
 class StructType(SparkType):
+    """A struct (row) type: the schema of a state store's keys or values.
+
+    Parameters
+    ----------
+    fields
+        Its fields, in order.
+    """
+
     fields: tuple[StructField, ...]
 
     def json_value(self) -> Any:
+        """The type as Spark\'s JSON schema value (``DataType.jsonValue``)."""
         return {"type": "struct", "fields": [f.json_value() for f in self.fields]}
 
     def json(self) -> str:
@@ -120,20 +166,33 @@ class StructType(SparkType):
         return json.dumps(self.json_value(), separators=(",", ":"), ensure_ascii=False)
 
     def simple_string(self) -> str:
+        """The type as Spark\'s ``simpleString`` (``bigint``, ``struct<k:string>``)."""
         inner = ",".join(f"{f.name}:{f.data_type.simple_string()}" for f in self.fields)
         return f"struct<{inner}>"
 
     @property
     def names(self) -> list[str]:
+        """The field names, in order."""
         return [f.name for f in self.fields]
 
 
 @dataclass(frozen=True)
 class ArrayType(SparkType):
+    """``array<element_type>``.
+
+    Parameters
+    ----------
+    element_type
+        Type of the elements.
+    contains_null
+        Whether elements may be null.
+    """
+
     element_type: SparkType
     contains_null: bool = True
 
     def json_value(self) -> Any:
+        """The type as Spark\'s JSON schema value (``DataType.jsonValue``)."""
         return {
             "type": "array",
             "elementType": self.element_type.json_value(),
@@ -141,16 +200,30 @@ class ArrayType(SparkType):
         }
 
     def simple_string(self) -> str:
+        """The type as Spark\'s ``simpleString`` (``bigint``, ``struct<k:string>``)."""
         return f"array<{self.element_type.simple_string()}>"
 
 
 @dataclass(frozen=True)
 class MapType(SparkType):
+    """``map<key_type, value_type>``.
+
+    Parameters
+    ----------
+    key_type
+        Type of the keys.
+    value_type
+        Type of the values.
+    value_contains_null
+        Whether values may be null.
+    """
+
     key_type: SparkType
     value_type: SparkType
     value_contains_null: bool = True
 
     def json_value(self) -> Any:
+        """The type as Spark\'s JSON schema value (``DataType.jsonValue``)."""
         return {
             "type": "map",
             "keyType": self.key_type.json_value(),
@@ -159,6 +232,7 @@ class MapType(SparkType):
         }
 
     def simple_string(self) -> str:
+        """The type as Spark\'s ``simpleString`` (``bigint``, ``struct<k:string>``)."""
         return f"map<{self.key_type.simple_string()},{self.value_type.simple_string()}>"
 
 
@@ -211,7 +285,23 @@ def parse_type(value: Any) -> SparkType:
 
 
 def parse_schema(text: str | dict[str, Any]) -> StructType:
-    """A ``StructType`` from Spark's JSON (text or parsed)."""
+    """A ``StructType`` from Spark's JSON (text or parsed).
+
+    Parameters
+    ----------
+    text
+        The schema as Spark's JSON (``StructType.json()``), as a string or parsed into a dict.
+
+    Returns
+    -------
+    StructType
+        The schema.
+
+    Raises
+    ------
+    UnsupportedSparkTypeError
+        It is not a struct, or holds a type extagg does not model.
+    """
     value = json.loads(text) if isinstance(text, str) else text
     parsed = parse_type(value)
     if not isinstance(parsed, StructType):
@@ -220,7 +310,18 @@ def parse_schema(text: str | dict[str, Any]) -> StructType:
 
 
 def to_arrow_type(data_type: SparkType) -> Any:
-    """The PyArrow type extagg gives a column of ``data_type``."""
+    """The PyArrow type extagg gives a column of ``data_type``.
+
+    Parameters
+    ----------
+    data_type
+        The Spark type.
+
+    Returns
+    -------
+    pyarrow.DataType
+        The matching Arrow type (structs, lists and maps recursively).
+    """
     import pyarrow as pa
 
     if isinstance(data_type, AtomicType):

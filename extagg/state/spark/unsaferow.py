@@ -69,6 +69,7 @@ class SparkRow(tuple[Any, ...]):
     __fields__: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
+        """Field name -> value (a repeated name keeps its last value)."""
         return dict(zip(self.__fields__, self))
 
     def __getattr__(self, name: str) -> Any:
@@ -200,6 +201,11 @@ class RowDecoder:
 
     Like Spark's generated projections, the per-schema decoder is generated code: one
     function with every field's read inlined (fixed-width fields read straight from the slot).
+
+    Parameters
+    ----------
+    schema
+        The schema of the rows.
     """
 
     def __init__(self, schema: StructType) -> None:
@@ -251,6 +257,7 @@ class RowDecoder:
         return namespace["decode_tuple"]  # type: ignore[no-any-return,unused-ignore]
 
     def decode_at(self, buf: bytes, start: int) -> SparkRow:
+        """The row whose bytes start at offset ``start`` of ``buf`` (no copy of the slice)."""
         return self.row_class(self.decode_tuple(buf, start))
 
     def decode(self, data: bytes) -> SparkRow:
@@ -373,7 +380,13 @@ def _encode_array(element_type: SparkType, values: Sequence[Any]) -> bytes:
 
 
 class RowEncoder:
-    """Encodes rows of one schema into ``UnsafeRow`` bytes exactly as Spark writes them."""
+    """Encodes rows of one schema into ``UnsafeRow`` bytes exactly as Spark writes them.
+
+    Parameters
+    ----------
+    schema
+        The schema of the rows.
+    """
 
     def __init__(self, schema: StructType) -> None:
         self.schema = schema

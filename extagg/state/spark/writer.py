@@ -124,6 +124,44 @@ def write_state(
     has read nothing, so the resumed query reads every file of its input folder).
     Keys must be unique. For a ``groupBy().agg()`` the value schema is the aggregation buffer
     (e.g. ``count(*)`` -> ``count: long``, ``sum(long)`` -> ``sum: long``).
+
+    Parameters
+    ----------
+    checkpoint
+        The checkpoint folder (created; it must not hold this operator's state yet).
+    operator_id
+        The stateful operator the state belongs to (0 for a query's first aggregation).
+    key_schema, value_schema
+        Schemas of the key and value rows: a ``StructType``, or Spark's JSON schema as a string
+        or dict.
+    rows
+        Unique ``(key, value)`` pairs.
+    batch_id
+        The batch after which this is the state; the resumed query starts at ``batch_id + 1``.
+    num_partitions
+        The query's ``spark.sql.shuffle.partitions``.
+    operator_name
+        Operator name recorded in the operator metadata.
+    source_offsets
+        Offsets of the query's sources after ``batch_id``, one JSON value each.
+    watermark_ms
+        Event-time watermark recorded in the offset log.
+    conf
+        Extra Spark confs recorded in the offset log.
+    query_id
+        The query id written to ``metadata`` (default: a new random id).
+
+    Returns
+    -------
+    dict[int, int]
+        Number of keys written per partition.
+
+    Raises
+    ------
+    FileExistsError
+        The operator's state, or a commit / offset of ``batch_id`` or later, already exists.
+    ValueError
+        A negative id or a non-positive ``num_partitions``.
     """
     path = os.fspath(checkpoint)
     if batch_id < 0 or operator_id < 0:
