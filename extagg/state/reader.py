@@ -26,6 +26,12 @@ from extagg.state.errors import (
     StateSourceOptionError,
 )
 from extagg.state.files import DELTA, StateFileReader, list_state_files
+from extagg.state.options import (
+    check_batch_option,
+    check_store_name_option,
+    first_pair,
+    merge_pair,
+)
 from extagg.state.provider import DEFAULT_STORE_NAME
 from extagg.state.rows import ChangeRow, MetadataRow, Rows, StateRow
 from extagg.state.streams import files_for_version, open_version
@@ -51,41 +57,6 @@ _METADATA_TYPES = {
 
 
 # ------------------------------------------------------------------------------ option checks
-def check_batch_option(name: str, value: Any, required: bool = False) -> int | None:
-    """An id option: ``None`` (unless required), else a non-negative int."""
-    if value is None:
-        if required:
-            raise StateSourceOptionError(
-                name,
-                f"[STDS_REQUIRED_OPTION_UNSPECIFIED] '{name}' must be specified.",
-                error_class="STDS_REQUIRED_OPTION_UNSPECIFIED",
-            )
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"source option '{name}' must be an int, not {type(value).__name__}")
-    if value < 0:
-        raise StateSourceOptionError(
-            name,
-            f"[STDS_INVALID_OPTION_VALUE.IS_NEGATIVE] Invalid value for source option '{name}': "
-            "cannot be negative.",
-            error_class="STDS_INVALID_OPTION_VALUE.IS_NEGATIVE",
-        )
-    return value
-
-
-def check_store_name_option(value: Any, name: str = "store_name") -> str:
-    """``store_name`` trimmed; empty is an error (Spark: IS_EMPTY)."""
-    if not isinstance(value, str):
-        raise TypeError(f"source option '{name}' must be a str, not {type(value).__name__}")
-    trimmed = value.strip()
-    if not trimmed:
-        raise StateSourceOptionError(
-            name,
-            f"[STDS_INVALID_OPTION_VALUE.IS_EMPTY] Invalid value for source option '{name}': "
-            "cannot be empty.",
-            error_class="STDS_INVALID_OPTION_VALUE.IS_EMPTY",
-        )
-    return trimmed
 
 
 def open_checkpoint(path: Any) -> Checkpoint:
@@ -431,14 +402,6 @@ def read_metadata(path: str | os.PathLike[str]) -> Rows[Any]:
     return Rows(lambda: iter(rows), MetadataRow._fields, _METADATA_TYPES)
 
 
-def _first_pair(value: tuple[Any, Any]) -> tuple[Any, Any]:
-    return value
-
-
-def _merge_pair(c1: tuple[Any, Any], c2: tuple[Any, Any]) -> tuple[Any, Any]:
-    return (c1[0] if c2[0] is None else c2[0], c1[1] if c2[1] is None else c2[1])
-
-
 def read_diff(
     path: str | os.PathLike[str],
     from_batch_id: int,
@@ -460,7 +423,7 @@ def read_diff(
     new = read_state(path, to_batch_id, operator_id, store_name)
 
     def produce() -> Iterator[tuple[Any, ...]]:
-        aggregator = Aggregator(_first_pair, _merge_pair, _merge_pair)
+        aggregator = Aggregator(first_pair, merge_pair, merge_pair)
         with ExternalAppendOnlyMap(aggregator, memory, name="state-diff") as emap:
             emap.insert_all(((r.partition_id, r.key), (r.value, None)) for r in old)
             emap.insert_all(((r.partition_id, r.key), (None, r.value)) for r in new)

@@ -12,8 +12,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from extagg.state.errors import StateSourceConflictError, StateSourceOptionError
+from extagg.state.options import check_store_name_option
 from extagg.state.provider import DEFAULT_STORE_NAME
-from extagg.state.reader import check_store_name_option, read_change_feed, read_state
+from extagg.state.reader import read_change_feed, read_state
 from extagg.state.rows import Rows
 
 __all__ = ["read_state_source", "SOURCE_OPTIONS"]

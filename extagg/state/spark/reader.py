@@ -27,6 +27,12 @@ from extagg.state.errors import (
     StateSourceOptionError,
 )
 from extagg.state.files import list_state_files
+from extagg.state.options import (
+    check_batch_option,
+    check_store_name_option,
+    first_pair,
+    merge_pair,
+)
 from extagg.state.rows import Rows
 from extagg.state.spark.checkpoint import DEFAULT_STORE, SparkCheckpoint
 from extagg.state.spark.datafile import iter_records
@@ -73,38 +79,6 @@ _METADATA_TYPES = {
 
 
 # ------------------------------------------------------------------------------ options
-def _id_option(name: str, value: Any, required: bool = False) -> int | None:
-    if value is None:
-        if required:
-            raise StateSourceOptionError(
-                name,
-                f"[STDS_REQUIRED_OPTION_UNSPECIFIED] '{name}' must be specified.",
-                error_class="STDS_REQUIRED_OPTION_UNSPECIFIED",
-            )
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"source option '{name}' must be an int, not {type(value).__name__}")
-    if value < 0:
-        raise StateSourceOptionError(
-            name,
-            f"[STDS_INVALID_OPTION_VALUE.IS_NEGATIVE] Invalid value for source option '{name}': "
-            "cannot be negative.",
-            error_class="STDS_INVALID_OPTION_VALUE.IS_NEGATIVE",
-        )
-    return value
-
-
-def _store_option(value: Any) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"source option 'storeName' must be a str, not {type(value).__name__}")
-    if not value.strip():
-        raise StateSourceOptionError(
-            "storeName",
-            "[STDS_INVALID_OPTION_VALUE.IS_EMPTY] Invalid value for source option 'storeName': "
-            "cannot be empty.",
-            error_class="STDS_INVALID_OPTION_VALUE.IS_EMPTY",
-        )
-    return value.strip()
 
 
 def _open(path: Any) -> SparkCheckpoint:
@@ -300,11 +274,11 @@ def read_state(
     StateFileNotFoundError
         A delta or snapshot file of the version is missing.
     """
-    batch_id = _id_option("batchId", batch_id)
-    operator_id = _id_option("operatorId", operator_id, required=True)  # type: ignore[assignment]
-    store_name = _store_option(store_name)
-    partition_id = _id_option("snapshotPartitionId", partition_id)
-    snapshot_start_batch_id = _id_option("snapshotStartBatchId", snapshot_start_batch_id)
+    batch_id = check_batch_option("batchId", batch_id)
+    operator_id = check_batch_option("operatorId", operator_id, required=True)  # type: ignore[assignment]
+    store_name = check_store_name_option(store_name, "storeName")
+    partition_id = check_batch_option("snapshotPartitionId", partition_id)
+    snapshot_start_batch_id = check_batch_option("snapshotStartBatchId", snapshot_start_batch_id)
     if join_side not in JOIN_SIDES:
         raise StateSourceOptionError(
             "joinSide", f"must be one of {', '.join(JOIN_SIDES)}, got {join_side!r}"
@@ -411,11 +385,11 @@ def read_change_feed(
     StateSourceOptionError
         An invalid option (e.g. ``end_batch_id < start_batch_id``), as Spark names it.
     """
-    start_batch_id = _id_option("changeStartBatchId", start_batch_id, required=True)  # type: ignore[assignment]
-    end_batch_id = _id_option("changeEndBatchId", end_batch_id)
-    operator_id = _id_option("operatorId", operator_id, required=True)  # type: ignore[assignment]
-    store_name = _store_option(store_name)
-    partition_id = _id_option("partitionId", partition_id)
+    start_batch_id = check_batch_option("changeStartBatchId", start_batch_id, required=True)  # type: ignore[assignment]
+    end_batch_id = check_batch_option("changeEndBatchId", end_batch_id)
+    operator_id = check_batch_option("operatorId", operator_id, required=True)  # type: ignore[assignment]
+    store_name = check_store_name_option(store_name, "storeName")
+    partition_id = check_batch_option("partitionId", partition_id)
     checkpoint = _open(path)
     if end_batch_id is None:
         end_batch_id = _default_batch(checkpoint)
@@ -469,14 +443,6 @@ def read_change_feed(
     )
 
 
-def _pair_first(value: tuple[Any, Any]) -> tuple[Any, Any]:
-    return value
-
-
-def _pair_merge(c1: tuple[Any, Any], c2: tuple[Any, Any]) -> tuple[Any, Any]:
-    return (c1[0] if c2[0] is None else c2[0], c1[1] if c2[1] is None else c2[1])
-
-
 def read_diff(
     path: str | os.PathLike[str],
     from_batch_id: int,
@@ -511,10 +477,10 @@ def read_diff(
     Rows
         ``(change_type, key, old_value, new_value, partition_id)`` rows (:data:`DIFF_FIELDS`).
     """
-    from_batch_id = _id_option("fromBatchId", from_batch_id, required=True)  # type: ignore[assignment]
-    to_batch_id = _id_option("toBatchId", to_batch_id, required=True)  # type: ignore[assignment]
-    operator_id = _id_option("operatorId", operator_id, required=True)  # type: ignore[assignment]
-    store_name = _store_option(store_name)
+    from_batch_id = check_batch_option("fromBatchId", from_batch_id, required=True)  # type: ignore[assignment]
+    to_batch_id = check_batch_option("toBatchId", to_batch_id, required=True)  # type: ignore[assignment]
+    operator_id = check_batch_option("operatorId", operator_id, required=True)  # type: ignore[assignment]
+    store_name = check_store_name_option(store_name, "storeName")
     checkpoint = _open(path)
     checkpoint.check_supported(to_batch_id)
     _operator, store = _store(checkpoint, operator_id, store_name)
@@ -532,7 +498,7 @@ def read_diff(
     def produce() -> Iterator[tuple[Any, ...]]:
         for partition, old_paths, new_paths in plans:
             emap = ExternalAppendOnlyMap(
-                Aggregator(_pair_first, _pair_merge, _pair_merge), memory, name="spark-state-diff"
+                Aggregator(first_pair, merge_pair, merge_pair), memory, name="spark-state-diff"
             )
             try:
                 emap.insert_all(

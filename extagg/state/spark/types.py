@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,16 +55,16 @@ class UnsupportedSparkTypeError(ExtaggError, ValueError):
     """A schema holds a Spark type that extagg cannot read or write in an ``UnsafeRow``."""
 
 
-class SparkType:
+class SparkType(ABC):
     """Base of the modelled Spark types."""
 
-    def json_value(self) -> Any:  # pragma: no cover - overridden
+    @abstractmethod
+    def json_value(self) -> Any:
         """The type as Spark\'s JSON schema value (``DataType.jsonValue``)."""
-        raise NotImplementedError
 
-    def simple_string(self) -> str:  # pragma: no cover - overridden
+    @abstractmethod
+    def simple_string(self) -> str:
         """The type as Spark\'s ``simpleString`` (``bigint``, ``struct<k:string>``)."""
-        raise NotImplementedError
 
 
 @dataclass(frozen=True)
