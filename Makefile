@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo demo-generic test lint format docs plots trace bench bench-columnar bench-files clean java faults
+.PHONY: setup demo demo-generic test lint format docs plots trace bench bench-columnar bench-files bench-scaling clean java faults
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "extagg needs Python >= 3.10")'
@@ -75,6 +75,11 @@ bench-columnar: $(STAMP)
 bench-files: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) benchmarks/bench_files.py
+
+## bench-scaling: time and peak RSS against rows, groups, the budget and threads (docs/img/scaling-*.png)
+bench-scaling: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[bench]'
+	$(PY) benchmarks/bench_scaling.py
 
 clean:
 	rm -rf $(VENV) build site *.egg-info .pytest_cache .ruff_cache

@@ -73,6 +73,25 @@ def test_columnar_quick_runs_and_engines_agree(tmp_path: Path) -> None:
     assert by_case[("extagg", "1/8")]["case"]["budget"] == granted // 8
 
 
+def test_scaling_quick_runs_and_engines_agree(tmp_path: Path) -> None:
+    engines = ["extagg", "generic"]
+    if importlib.util.find_spec("duckdb"):
+        engines.append("duckdb")
+    payload = _run(
+        "bench_scaling.py", tmp_path, "--curves", "rows", "budget", "--engines", *engines
+    )
+    results = payload["results"]
+    assert {r["case"]["engine"] for r in results} == set(engines)
+    for r in results:
+        (run,) = r["runs"]
+        assert "error" not in run, run
+        assert run["groups"] == r["case"]["groups"]
+    budgets = [r for r in results if r["case"]["curve"] == "budget" and r["case"]["budget"]]
+    assert budgets and all(r["runs"][0]["peak_above_baseline"] >= 0 for r in budgets)
+    extagg_limited = [r for r in budgets if r["case"]["engine"] == "extagg"]
+    assert extagg_limited and all(r["runs"][0]["spills"] > 0 for r in extagg_limited)
+
+
 @pytest.mark.parametrize(("total", "distinct"), [(1, 1), (10, 3), (1000, 10), (65_536, 4096)])
 def test_permuted_keys_are_exact_and_sliceable(total: int, distinct: int) -> None:
     whole = H.permuted_key_index(0, total, total, distinct, seed=5)
