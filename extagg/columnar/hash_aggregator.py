@@ -497,23 +497,34 @@ class HashAggregator(Spillable[ColumnBlock]):
         if bits == 0:
             self.threads = 1
             return
-        self.threads = min(self.threads, 1 << bits)
+        threads = min(self.threads, 1 << bits)
+        plan = (st.chunk_rows, st.scratch, st.io_bytes, self.budget.floor)
         st.chunk_rows, st.scratch, st.io_bytes = rows, scratch, 0
         self.budget.floor = scratch  # held until the results: the caller's task stays active
-        if not self.budget.hold(scratch):
-            raise MemoryLimitError(
-                f"{self.name} needs {format_size(scratch)} for the chunk buffers of "
-                f"{self.threads} threads ({self.budget.describe()})"
-            )
-        self._threaded = ThreadedFold(
+        threaded = ThreadedFold(
             name=self.name,
-            threads=self.threads,
+            threads=threads,
             bits=bits,
             memory_manager=self.task_memory_manager.memory_manager,
+            owner_task=self.task_memory_manager.task_id,
             make_child=self._thread_child,
             encode=lambda part, n: self._encode([part[k] for k in self.keys], n),
             on_peak=self._note_peak,
         )
+        self._threaded = threaded
+        try:
+            if not self.budget.hold(scratch):
+                raise MemoryLimitError(f"{format_size(scratch)} of chunk buffers not granted")
+            threaded.start()  # every child takes its table now, before any worker runs
+        except MemoryLimitError as err:  # the share left is too small: one thread
+            log.info("%s: %d threads not started (%s): 1 thread", self.name, threads, err)
+            self._threaded = None
+            threaded.close()
+            st.chunk_rows, st.scratch, st.io_bytes, self.budget.floor = plan
+            self.budget.trim()
+            self.threads = 1
+            return
+        self.threads = threads
 
     def _child_floor(self, max_memory: int) -> int:
         """The memory a thread partition's child planning with ``max_memory`` holds at least."""

@@ -57,9 +57,6 @@ MAX_PARTITION_BITS = 8
 #: chunks of fewer rows are folded in the caller's thread (same children, same result)
 INLINE_ROWS = 1 << 14
 
-_serial = iter(range(1 << 62))
-_serial_lock = threading.Lock()
-
 
 def partition_bits(threads: int) -> int:
     """``log2`` of the thread partitions for ``threads`` workers: the power of two >= it."""
@@ -114,6 +111,8 @@ class ThreadedFold:
         ``log2`` of the partitions (P = 2**bits >= N).
     memory_manager
         The manager the workers' tasks take memory from.
+    owner_task
+        The caller's task id (the workers' task ids derive from it).
     make_child
         ``make_child(partition, task manager, rotation bits)``: a started-empty child.
     encode
@@ -129,6 +128,7 @@ class ThreadedFold:
         threads: int,
         bits: int,
         memory_manager: UnifiedMemoryManager,
+        owner_task: Hashable,
         make_child: Callable[[int, TaskMemoryManager, int], ThreadChild],
         encode: Callable[[dict[str, Column], int], EncodedKeys],
         on_peak: Callable[[int], None],
@@ -137,10 +137,10 @@ class ThreadedFold:
         self.bits = bits
         self.parts = 1 << bits
         self.threads = min(threads, self.parts)
-        with _serial_lock:
-            serial = next(_serial)
-        ids: list[Hashable] = [("extagg-thread", serial, w) for w in range(self.threads)]
-        #: one task per worker (explicit ids: any thread may act for it)
+        ids: list[Hashable] = [("extagg-thread", owner_task, w) for w in range(self.threads)]
+        #: one task per worker (explicit ids: any thread may act for it), the same for every
+        #: threaded aggregator of the caller's task (they fold one after the other): the fair
+        #: share is split among the caller and its N workers, not among N per aggregator
         self.tasks = [task_memory_manager(memory_manager, i) for i in ids]
         self._make_child = make_child
         self._encode = encode
@@ -155,10 +155,15 @@ class ThreadedFold:
         worker runs: every worker task holds memory (is counted in the fair share) from now."""
         if self.children:
             return
-        for p in range(self.parts):
-            child = self._make_child(p, self.tasks[p % self.threads], self.bits)
-            self.children.append(child)
-            child.start()
+        try:
+            for p in range(self.parts):
+                child = self._make_child(p, self.tasks[p % self.threads], self.bits)
+                self.children.append(child)
+                child.start()
+        except BaseException:
+            self.close()
+            self.children = []
+            raise
 
     def held(self) -> int:
         """Bytes the workers' tasks hold together."""
