@@ -65,3 +65,16 @@ def radix_partition(hashes, bits, order, bounds):
             order[pos] = r
             pos += 1
         bounds[p + 1] = pos
+
+
+def gather_hashes(hashes, rows, bits, out):
+    """Reference of :func:`extagg.columnar._radix_kernels.gather_hashes`."""
+    for i, r in enumerate(rows.tolist()):
+        h = int(hashes[r])
+        out[i] = ((h << bits) | (h >> (64 - bits))) & (2**64 - 1) if bits else h
+
+
+def gather_words(words, rows, out):
+    """Reference of :func:`extagg.columnar._radix_kernels.gather_words`."""
+    for i, r in enumerate(rows.tolist()):
+        out[i, :] = words[r, :]

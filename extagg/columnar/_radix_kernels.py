@@ -3,7 +3,9 @@
 :func:`radix_partition` is a stable counting sort of a chunk's rows by partition (the top
 ``bits`` of each key hash): one pass counts, one pass places. Stable, so a partition's rows keep
 their input order (``first``/``last`` rely on it). It releases the GIL (``extagg._numba``), so
-the slices of a chunk are sorted side by side. Plain-Python reference:
+the slices of a chunk are sorted side by side. :func:`gather_hashes` and :func:`gather_words`
+copy one partition's keys out of a slice in one pass each (the hashes rotated as the
+partition's aggregator sees them). Plain-Python reference:
 :func:`extagg.columnar._key_reference.radix_partition`.
 """
 
@@ -13,7 +15,7 @@ import numpy as np
 
 from extagg._numba import jit
 
-__all__ = ["radix_partition"]
+__all__ = ["gather_hashes", "gather_words", "radix_partition"]
 
 _jit = jit()
 
@@ -38,3 +40,23 @@ def radix_partition(hashes, bits, order, bounds):
         p = np.int64(hashes[i] >> shift)
         order[cursor[p]] = i
         cursor[p] += 1
+
+
+@_jit
+def gather_hashes(hashes, rows, bits, out):
+    """``out[i] = rotate_left(hashes[rows[i]], bits)`` (``0 <= bits < 64``)."""
+    b = np.uint64(bits)
+    back = np.uint64((64 - bits) % 64)
+    for i in range(rows.shape[0]):
+        h = hashes[rows[i]]
+        out[i] = (h << b) | (h >> back) if bits else h
+
+
+@_jit
+def gather_words(words, rows, out):
+    """``out[i, :] = words[rows[i], :]`` (2-D uint64 key words)."""
+    width = words.shape[1]
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for j in range(width):
+            out[i, j] = words[r, j]

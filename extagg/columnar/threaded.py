@@ -43,7 +43,6 @@ import numpy as np
 from extagg.columnar import _radix_kernels as RK
 from extagg.columnar.columns import Column
 from extagg.columnar.keys import EncodedKeys
-from extagg.columnar.partition_files import rotate_left
 from extagg.memory import TaskMemoryManager, UnifiedMemoryManager, task_memory_manager
 from extagg.metrics import SpillMetrics
 from extagg.spill.blocks import ColumnBlock
@@ -210,7 +209,7 @@ class ThreadedFold:
                 if lo == hi:
                     continue
                 rows = s.order[lo:hi]
-                enc = s.enc.take(rows, rotate_left(s.enc.hashes[rows], self.bits))
+                enc = s.enc.take(rows, self.bits)
                 sub = {k: c.take(rows) for k, c in s.cols.items()}
                 child.fold_encoded(sub, enc, hi - lo)
 

@@ -64,6 +64,29 @@ def test_radix_partition_matches_reference(hashes: list[int], bits: int) -> None
     assert got_bounds.tolist() == want_bounds.tolist()
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    hashes=st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=100),
+    picks=st.lists(st.integers(0, 10**6), max_size=100),
+    bits=st.integers(0, 63),
+    width=st.integers(1, 3),
+)
+def test_gather_kernels_match_reference(
+    hashes: list[int], picks: list[int], bits: int, width: int
+) -> None:
+    h = np.array(hashes, dtype=np.uint64)
+    rows = np.array([p % len(h) for p in picks], dtype=np.int64)
+    words = (h[:, None] * np.arange(1, width + 1, dtype=np.uint64)).copy()
+    got, want = np.empty(len(rows), np.uint64), np.empty(len(rows), np.uint64)
+    RK.gather_hashes(h, rows, bits, got)
+    KR.gather_hashes(h, rows, bits, want)
+    assert got.tolist() == want.tolist()
+    got_w, want_w = np.empty((len(rows), width), np.uint64), np.empty((len(rows), width), np.uint64)
+    RK.gather_words(words, rows, got_w)
+    KR.gather_words(words, rows, want_w)
+    assert got_w.tolist() == want_w.tolist()
+
+
 def test_partition_bits() -> None:
     assert [T.partition_bits(n) for n in (1, 2, 3, 4, 5, 8, 9)] == [0, 1, 2, 2, 3, 3, 4]
     assert T.partition_bits(10_000) == T.MAX_PARTITION_BITS
