@@ -97,11 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     H.add_common_arguments(parser)
     parser.add_argument("--threads", type=int, nargs="+", help="thread counts (default 1 2)")
+    parser.add_argument("--workloads", nargs="+", help="workload names (default all)")
     args = parser.parse_args(argv)
     if args.child:
         H.run_guarded(lambda: child(json.loads(args.child)))
         return 0
     workloads = QUICK if args.quick else WORKLOADS
+    if args.workloads:
+        workloads = {k: v for k, v in workloads.items() if k in args.workloads}
     runs = args.runs or (1 if args.quick else 3)
     warmup = args.warmup if args.warmup is not None else (0 if args.quick else 1)
     counts = args.threads or [1, 2]
