@@ -578,14 +578,15 @@ class HashAggregator(Spillable[ColumnBlock]):
         st = self.table_state
         threaded = self._threaded
         assert threaded is not None
-        state_cols = self._var_state_columns(cols)
-        state_offsets = [c.offsets for c in state_cols if c.offsets is not None]
-        state_limit = max(1, self.budget.max_memory // 8)
+        # chunks whose strings (keys and values) take at most 1/16 of the budget: they are
+        # held twice while a chunk is gathered per partition
+        var_offsets = [c.offsets for c in cols.values() if c.offsets is not None]
+        var_limit = max(1, self.budget.max_memory // 16)
         start = 0
         while start < n:
             stop = min(n, start + st.chunk_rows)
-            if state_offsets:
-                stop = chunk_stop(state_offsets, start, stop, state_limit)
+            if var_offsets:
+                stop = chunk_stop(var_offsets, start, stop, var_limit)
             part = (
                 cols
                 if (start == 0 and stop == n)
