@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -63,10 +64,16 @@ def child(case: dict[str, Any]) -> dict[str, Any]:
     aggregate(warm, "k", {"s": ("v", "sum")}, threads=case["threads"], memory="64m")
     out: dict[str, Any] = {}
 
+    cpu: dict[str, float] = {}
+
     def run() -> pa.Table:
-        return aggregate(
-            table, "k", {"s": ("v", "sum")}, threads=case["threads"], memory=case["memory"]
-        )
+        started = time.process_time()  # CPU seconds of every thread of the process
+        try:
+            return aggregate(
+                table, "k", {"s": ("v", "sum")}, threads=case["threads"], memory=case["memory"]
+            )
+        finally:
+            cpu["seconds"] = time.process_time() - started
 
     t = H.timed(run)
     result: pa.Table = t.value
@@ -88,6 +95,7 @@ def child(case: dict[str, Any]) -> dict[str, Any]:
         peak_memory_bytes=metrics.peak_memory_bytes,
         peak_granted_bytes=metrics.peak_granted_bytes,
         load=os.getloadavg()[0],
+        cpu_seconds=cpu["seconds"],
     )
     return out
 
@@ -124,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(r)
                 s = r["summary"]
                 if "error" in s:
-                    rows.append([name, mode, n, s["error"], "", "", "", ""])
+                    rows.append([name, mode, n, s["error"], "", "", "", "", ""])
                     continue
                 if base is None:
                     base = s
@@ -135,10 +143,12 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append([
                     name, mode if mode == "no limit" else f"{mode} ({H.format_bytes(limit)})", n,
                     H.format_range(s["seconds"], unit=" s"), f"{speedup:.2f}x",
+                    f"{s['cpu_seconds'][0]:.2f} s",
                     H.format_bytes(s["peak_above_baseline"][0]), s["spills"][0],
                     "yes" if same else "NO",
                 ])  # fmt: skip
     headers = ["workload", "memory", "threads", "seconds (median, min-max)", "speed-up",
+               "CPU seconds (all threads)",
                "peak RSS above baseline", "spills", "same result"]  # fmt: skip
     info = H.machine_info()
     text = (
