@@ -105,7 +105,8 @@ class HashAggregator(Spillable[ColumnBlock]):
     max_spill_bytes
         Cap on bytes on disk at once (default ``EXTAGG_MAX_SPILL_BYTES``, none).
     force_spill_rows
-        Test knob: spill after every N input rows.
+        Test knob: spill after every N input rows (with threads: each of the P thread
+        partitions after every N / P of its rows).
     chunk_rows
         Rows hashed and probed per compiled call (default: sized from the budget).
     threads
@@ -547,7 +548,10 @@ class HashAggregator(Spillable[ColumnBlock]):
             batch_size=self.batch_size,
             fan_in=self.fan_in,
             compression=self.compression,
-            force_spill_rows=self.force_spill_rows,
+            # about every N rows in all: each of the 2**bits partitions gets ~1/2**bits of them
+            force_spill_rows=(
+                None if self.force_spill_rows is None else max(1, self.force_spill_rows >> bits)
+            ),
             chunk_rows=self._chunk_rows_arg,
             threads=1,
             name=f"{self.name}/t{part}",
