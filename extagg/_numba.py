@@ -31,7 +31,11 @@ with deferred_interrupts():
 
     cpu_target.target_context.refresh()  # numba's lowering registries, loaded exactly once
 
-__all__ = ["CACHE", "FASTMATH", "NOGIL", "jit"]
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+__all__ = ["CACHE", "FASTMATH", "NOGIL", "jit", "prefetch"]
 
 CACHE = True
 NOGIL = True
@@ -50,3 +54,35 @@ def jit(**overrides: Any) -> Callable[[F], F]:
         cache=CACHE, nogil=NOGIL, fastmath=FASTMATH, **overrides
     )
     return decorator
+
+
+@intrinsic
+def prefetch(typingctx: Any, array: Any, index: Any) -> Any:
+    """``prefetch(array, i)`` in a kernel: ask the CPU to start loading the cache line of
+    ``array[i]`` (of row ``i`` of a 2-D array) for a write soon, and go on.
+
+    A hint, not a load: it never faults and changes no result (the kernels' plain-Python
+    references simply have no such line), so ``i`` may be anything the kernel would index
+    with. Probing a hash table misses the cache on nearly every row; issuing the miss of the
+    row some distance ahead lets several misses overlap instead of paying them one by one
+    (LLVM's ``llvm.prefetch``, read/write = write, locality = 3, data cache)."""
+    if not isinstance(array, types.Array) or not isinstance(index, types.Integer):
+        return None
+    sig = types.void(array, index)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        aryty, idxty = signature.args
+        ary = context.make_array(aryty)(context, builder, args[0])
+        first = context.cast(builder, args[1], idxty, types.intp)
+        zero = context.get_constant(types.intp, 0)
+        ptr = cgutils.get_item_pointer(
+            context, builder, aryty, ary, [first] + [zero] * (aryty.ndim - 1), wraparound=False
+        )
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(1), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return sig, codegen

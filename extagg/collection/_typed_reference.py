@@ -45,7 +45,8 @@ def insert_rows(
                     used += len(value)
                     g_var_off[n_groups + 1] = used
                 key_words[n_groups, :] = words[i, :]
-                key_nulls[n_groups] = key[0]
+                if len(key_nulls):  # empty: no null key anywhere (see the kernel)
+                    key_nulls[n_groups] = key[0]
                 slots[pos, 0] = h
                 slots[pos, 1] = n_groups + 1
                 out_gid[i] = n_groups

@@ -258,9 +258,11 @@ class TypedHashTable:
                 self.grow_at, out_gid,
             )  # fmt: skip
             return int(next_row), int(status)
+        # no null key seen yet: the group null masks are all zero, neither read nor written
+        key_nulls = self.key_nulls if self._nulls_seen else self.key_nulls[:0]
         next_row, status = K.insert_rows(
             hashes, words, nulls, var_offsets, var_data, start, self.slots, self.shift,
-            self.key_words, self.key_nulls, self.var_offsets, self.arena, self.meta,
+            self.key_words, key_nulls, self.var_offsets, self.arena, self.meta,
             self.grow_at, out_gid,
         )  # fmt: skip
         return int(next_row), int(status)
