@@ -13,6 +13,7 @@ presized ceiling (:mod:`numba_ceiling`) runs on the same data for the ratio. Usa
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections import defaultdict
@@ -25,6 +26,7 @@ import _datasets as D
 import bench_columnar as B
 
 TIMES: dict[str, float] = defaultdict(float)
+CPU: dict[str, float] = defaultdict(float)
 CALLS: dict[str, int] = defaultdict(int)
 
 
@@ -32,11 +34,12 @@ def _wrap(owner: Any, attr: str, label: str) -> None:
     inner = getattr(owner, attr)
 
     def timed(*args: Any, **kwargs: Any) -> Any:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         try:
             return inner(*args, **kwargs)
         finally:
             TIMES[label] += time.perf_counter() - t
+            CPU[label] += time.thread_time() - c
             CALLS[label] += 1
 
     setattr(owner, attr, timed)
@@ -50,13 +53,12 @@ def _instrument() -> None:
         return
     _INSTRUMENTED.append(True)
     from extagg.collection import typed_table
-    from extagg.columnar import functions, hash_aggregator
+    from extagg.columnar import hash_aggregator
 
     _wrap(hash_aggregator, "to_columns", "to_columns (Arrow → NumPy views)")
     _wrap(hash_aggregator.HashAggregator, "_encode", "encode keys (hash + words)")
     _wrap(typed_table.TypedHashTable, "insert", "probe / insert (group ids)")
-    _wrap(hash_aggregator.HashAggregator, "_fold", "fold aggregates (F.update, all)")
-    _wrap(functions, "update", "  of which: F.update calls")
+    _wrap(hash_aggregator.HashAggregator, "_fold", "fold aggregates (update_all)")
     _wrap(hash_aggregator, "try_grow", "grow table (rehash)")
 
 
@@ -67,43 +69,49 @@ def profile(name: str, ceiling: bool) -> None:
     table = D.load_table(D.dataset_path(spec))
     rows = table.num_rows
 
-    def run(t: Any) -> tuple[float, int]:
-        start = time.perf_counter()
+    def run(t: Any) -> tuple[float, float, int]:
+        start, cpu0 = time.perf_counter(), time.thread_time()
         with HashAggregator(spec["keys"], spec["aggs"], memory=B.NO_LIMIT) as agg:
             for batch in t.to_batches():
                 agg.update(batch)
-            mid = time.perf_counter()
+            mid, cpu1 = time.perf_counter(), time.thread_time()
             groups = sum(b.num_rows for b in agg.results())
-        end = time.perf_counter()
+        end, cpu2 = time.perf_counter(), time.thread_time()
         TIMES["results (sort + gather + Arrow)"] += end - mid
-        return end - start, groups
+        CPU["results (sort + gather + Arrow)"] += cpu2 - cpu1
+        return end - start, cpu2 - cpu0, groups
 
     run(table.slice(0, 50_000))
     _instrument()
     TIMES.clear()
+    CPU.clear()
     CALLS.clear()
-    total, groups = run(table)
-    print(f"\n{name}: {rows:,} rows, {groups:,} groups, aggs {spec['aggs']}")
-    print(f"  total {total:.3f} s ({rows / total / 1e6:.1f} M rows/s)")
+    total, cpu, groups = run(table)
+    load = os.getloadavg()[0]
+    print(f"\n{name}: {rows:,} rows, {groups:,} groups, aggs {spec['aggs']}; load {load:.1f}")
+    print(f"  total {total:.3f} s wall, {cpu:.3f} s CPU ({rows / total / 1e6:.1f} M rows/s)")
+    print(f"  {'stage':<40} {'wall s':>7}  {'CPU s':>7}  {'% CPU':>6}")
     accounted = 0.0
     for label, seconds in TIMES.items():
-        if not label.startswith("  "):
-            accounted += seconds
+        accounted += CPU[label]
+        share = 100 * CPU[label] / cpu
         print(
-            f"  {label:<40} {seconds:7.3f} s  {100 * seconds / total:5.1f} %  {CALLS[label]} calls"
+            f"  {label:<40} {seconds:7.3f}  {CPU[label]:7.3f}  {share:5.1f} %  ({CALLS[label]} calls)"
         )
-    print(f"  {'rest (Python: chunk loop, slicing, accounting)':<40} {total - accounted:7.3f} s")
+    rest = "rest (Python: chunk loop, slicing, accounting)"
+    print(f"  {rest:<40} {'':7}  {cpu - accounted:7.3f}  {100 * (cpu - accounted) / cpu:5.1f} %")
     if ceiling and spec["kind"] == "int":
         from numba_ceiling import ceiling_aggregate
 
         keys = [table.column(k).to_numpy() for k in spec["keys"]]
         values = [table.column("v").to_numpy()]
         ceiling_aggregate([k[:50_000] for k in keys], [v[:50_000] for v in values], ["sum"])
-        t = time.perf_counter()
+        t, c0 = time.perf_counter(), time.thread_time()
         ceiling_aggregate(keys, values, ["sum"], groups=spec["distinct"])
-        c = time.perf_counter() - t
+        c, ccpu = time.perf_counter() - t, time.thread_time() - c0
         print(
-            f"  ceiling (presized, sum): {c:.3f} s; extagg throughput / ceiling = {c / total:.0%}"
+            f"  ceiling (presized, sum): {c:.3f} s wall, {ccpu:.3f} s CPU; extagg throughput / "
+            f"ceiling = {c / total:.0%} (wall), {ccpu / cpu:.0%} (CPU)"
         )
 
 

@@ -434,12 +434,14 @@ class HashAggregator(Spillable[ColumnBlock]):
         layout = st.layout
         whole = lo == 0 and hi == n
         g = gids if whole else gids[lo:hi]
-        for spec, indexes in zip(layout.specs, layout.state_index):
+        columns: list[Column | None] = []
+        for spec in layout.specs:
             col = None if spec.column is None else cols[spec.column]
-            if col is not None and not whole:
-                col = col.slice(lo, hi)
-            states = [table.payload[i] for i in indexes]
-            F.update(spec, states, g, col, seq0 + lo, arena=st.var_arena)
+            columns.append(col if col is None or whole else col.slice(lo, hi))
+        states = [[table.payload[i] for i in indexes] for indexes in layout.state_index]
+        # the common aggregates in one pass over the groups' interleaved state rows
+        rows = table.row_words() if table.row_dtype.itemsize else None
+        F.update_all(layout.specs, states, g, columns, seq0 + lo, rows, arena=st.var_arena)
 
     # ------------------------------------------------------------------ partitioning
     def _spill_or_partition(self, table: TypedHashTable) -> None:
