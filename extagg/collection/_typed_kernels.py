@@ -29,7 +29,9 @@ __all__ = [
     "group_rows",
     "gather_var",
     "gather_group_keys",
+    "gather_groups",
     "take_groups",
+    "PREFETCH_ROWS",
 ]
 
 _jit = jit()
@@ -501,11 +503,15 @@ def gather_var(
     out_off[0] = 0
     total = 0
     for i in range(m):
+        if i + PREFETCH_ROWS < m:
+            prefetch(offsets, rows[i + PREFETCH_ROWS])
         r = rows[i]
         total += offsets[r + 1] - offsets[r]
         out_off[i + 1] = total
     out = np.empty(total, dtype=np.uint8)
     for i in range(m):
+        if i + PREFETCH_ROWS < m and data.shape[0] > 0:
+            prefetch(data, min(offsets[rows[i + PREFETCH_ROWS]], data.shape[0] - 1))
         r = rows[i]
         s = offsets[r]
         d = out_off[i]
@@ -522,7 +528,10 @@ def gather_group_keys(key_words, key_nulls, slot_gids, out_words, out_nulls):
     with one visit to the group's row.
     """
     k = key_words.shape[1]
-    for i in range(slot_gids.shape[0]):
+    n = slot_gids.shape[0]
+    for i in range(n):
+        if k > 0 and i + PREFETCH_ROWS < n:
+            prefetch(key_words, np.int64(slot_gids[i + PREFETCH_ROWS]) - 1)
         g = np.int64(slot_gids[i]) - 1
         for j in range(k):
             out_words[j, i] = key_words[g, j]
@@ -532,5 +541,34 @@ def gather_group_keys(key_words, key_nulls, slot_gids, out_words, out_nulls):
 @_jit
 def take_groups(values, slot_gids, out):
     """``out[i] = values[slot_gids[i] - 1]``: one payload column in the order of ``slot_gids``."""
-    for i in range(slot_gids.shape[0]):
+    n = slot_gids.shape[0]
+    for i in range(n):
+        if i + PREFETCH_ROWS < n:
+            prefetch(values, np.int64(slot_gids[i + PREFETCH_ROWS]) - 1)
         out[i] = values[np.int64(slot_gids[i]) - 1]
+
+
+@_jit
+def gather_groups(key_words, key_nulls, rows, slot_gids, out_words, out_nulls, out_rows):
+    """``gather_group_keys`` and the groups' payload rows (``rows``/``out_rows``: ``uint8``
+    ``(groups, row bytes)``) in one visit per group, the group's key and row prefetched
+    :data:`PREFETCH_ROWS` groups ahead (groups in hash order are in no order in memory)."""
+    k = key_words.shape[1]
+    n = slot_gids.shape[0]
+    width = rows.shape[1]
+    flat = rows.reshape(rows.shape[0] * width)
+    for i in range(n):
+        if i + PREFETCH_ROWS < n:
+            ahead = np.int64(slot_gids[i + PREFETCH_ROWS]) - 1
+            if k > 0:
+                prefetch(key_words, ahead)
+            prefetch(key_nulls, ahead)
+            if width > 0:
+                prefetch(flat, ahead * width)
+                prefetch(flat, ahead * width + width - 1)
+        g = np.int64(slot_gids[i]) - 1
+        for j in range(k):
+            out_words[j, i] = key_words[g, j]
+        out_nulls[i] = key_nulls[g]
+        for b in range(width):
+            out_rows[i, b] = rows[g, b]

@@ -162,3 +162,9 @@ def gather_group_keys(key_words, key_nulls, slot_gids, out_words, out_nulls):
 def take_groups(values, slot_gids, out):
     """Reference of ``take_groups``."""
     out[:] = values[slot_gids.astype(np.int64) - 1]
+
+
+def gather_groups(key_words, key_nulls, rows, slot_gids, out_words, out_nulls, out_rows):
+    """Reference of ``gather_groups``."""
+    gather_group_keys(key_words, key_nulls, slot_gids, out_words, out_nulls)
+    out_rows[:, :] = rows[slot_gids.astype(np.int64) - 1]

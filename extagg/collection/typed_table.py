@@ -6,9 +6,9 @@ byte string per row (several string columns are packed into one). Groups are num
 in order of first appearance; their keys live in group-indexed arrays (``key_words``,
 ``key_nulls``, an arena of bytes with offsets) next to caller-defined *payload* fields
 (aggregate states), so spilling is a gather in hash order. The payload fields of a group are
-interleaved in one row of a record array (:attr:`TypedHashTable.rows`, widest fields first,
-each aligned, the row padded to 8 bytes): updating every aggregate of a group touches one or
-two cache lines, not one per state array. :attr:`TypedHashTable.payload` gives each field as a
+interleaved in one packed row of a record array (:attr:`TypedHashTable.rows`, widest fields
+first): updating every aggregate of a group touches one or two cache lines, not one per state
+array. :attr:`TypedHashTable.payload` gives each field as a
 strided view.
 
 The table never allocates on its own initiative: the owner asks :meth:`bytes_after_growth` /
@@ -54,8 +54,10 @@ def null_mask_dtype(num_key_columns: int) -> np.dtype:
 
 def payload_row_dtype(payload: Sequence[tuple[np.dtype, object]]) -> np.dtype:
     """The record dtype of a group's payload row: field ``p{i}`` is payload ``i``, widest
-    fields first so each sits at a multiple of its size, the row padded to a multiple of 8
-    bytes (``itemsize`` 0 when there is no payload)."""
+    fields first so each sits at a multiple of its size within the row; rows are packed, not
+    padded (memory is the product: a padded row of a max state, 8 + 1 bytes, would take 16),
+    so a field may be unaligned in memory, which x86 loads and stores do not mind.
+    ``itemsize`` 0 when there is no payload."""
     dtypes = [np.dtype(dt) for dt, _ in payload]
     order = sorted(range(len(dtypes)), key=lambda i: -dtypes[i].itemsize)
     offsets = [0] * len(dtypes)
@@ -65,7 +67,7 @@ def payload_row_dtype(payload: Sequence[tuple[np.dtype, object]]) -> np.dtype:
         end = -(-end // size) * size
         offsets[i] = end
         end += size
-    itemsize = -(-end // 8) * 8
+    itemsize = end
     names = [f"p{i}" for i in range(len(dtypes))]
     return np.dtype({"names": names, "formats": dtypes, "offsets": offsets, "itemsize": itemsize})
 
@@ -200,14 +202,6 @@ class TypedHashTable:
         if width and keep:  # as bytes: a record-by-record copy is ~20x slower
             rows.view(np.uint8)[: keep * width] = self.rows.view(np.uint8)[: keep * width]
         self._set_rows(rows, keep)
-
-    def row_words(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The payload rows as ``(groups, itemsize // 8)`` ``float64``, ``int64`` and ``uint64``
-        views and a ``(groups, itemsize)`` ``uint8`` view (for kernels that update several
-        fields of a row at once; field ``i`` starts at byte ``row_dtype.fields[f"p{i}"][1]``)."""
-        raw = self.rows.view(np.uint8).reshape(len(self.rows), self.row_dtype.itemsize)
-        words = raw.view(np.float64)
-        return words, raw.view(np.int64), raw.view(np.uint64), raw
 
     def reset(self, capacity: int = MIN_CAPACITY) -> None:
         """Drop every group and start again at ``capacity`` (after a spill)."""
@@ -347,8 +341,27 @@ class TypedHashTable:
         K.gather_group_keys(self.key_words, self.key_nulls, slot_gids, words, nulls)
         if not self.has_var:
             return words, nulls, None, None
-        offsets, data = K.gather_var(self.var_offsets, self.arena, slot_gids.astype(np.int64) - 1)
+        offsets, data = self.gather_var_keys(slot_gids)
         return words, nulls, offsets, data
+
+    def gather_groups(self, slot_gids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Fixed-width keys (as :meth:`gather_keys`) and payload rows (a record array of
+        :attr:`row_dtype`) of the groups ``slot_gids - 1``, in one visit per group."""
+        n = slot_gids.shape[0]
+        words = np.empty((self.num_words, n), dtype=np.uint64)
+        nulls = np.empty(n, dtype=self.key_nulls.dtype)
+        out = np.empty(n, dtype=self.row_dtype)
+        width = self.row_dtype.itemsize
+        raw = self.rows.view(np.uint8).reshape(len(self.rows), width)
+        K.gather_groups(
+            self.key_words, self.key_nulls, raw, slot_gids, words, nulls,
+            out.view(np.uint8).reshape(n, width),
+        )  # fmt: skip
+        return words, nulls, out
+
+    def gather_var_keys(self, slot_gids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The variable-length key parts of the groups ``slot_gids - 1`` as (offsets, bytes)."""
+        return K.gather_var(self.var_offsets, self.arena, slot_gids.astype(np.int64) - 1)
 
     def gather_payload(self, index: int, slot_gids: np.ndarray) -> np.ndarray:
         """Payload array ``index`` of the groups ``slot_gids - 1``."""

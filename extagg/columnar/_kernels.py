@@ -566,83 +566,84 @@ def gather_var_rows(offsets, data, rows):
 
 # -- several aggregates in one pass over interleaved state rows ---------------------------------
 
-#: operation codes of :func:`fused_update` (one row of ``ops``: code, column, a, b, flag byte)
-FUSED_COUNT = 0  # int word a += 1 (count(*), count and mean's count of a column without nulls)
-FUSED_SUM_FLOAT = 1  # Neumaier sum of float column: float words a (sum), b (compensation)
-FUSED_SUM_INT = 2  # 128-bit sum of int64 column: uint word a (low), int word b (high)
-FUSED_MIN_FLOAT = 3  # float word a
+#: operation codes of :func:`fused_update` (one row of ``ops``: code, column, a, b, flag)
+FUSED_COUNT = 0  # ints[a] += 1 (count(*), count and mean's count of a column without nulls)
+FUSED_SUM_FLOAT = 1  # Neumaier sum of a float column: floats[a] (sum), floats[b] (compensation)
+FUSED_SUM_INT = 2  # 128-bit sum of an int64 column: uints[a] (low word), ints[b] (high word)
+FUSED_MIN_FLOAT = 3  # floats[a]
 FUSED_MAX_FLOAT = 4
-FUSED_MIN_INT = 5  # int word a
+FUSED_MIN_INT = 5  # ints[a]
 FUSED_MAX_INT = 6
 #: rows ahead whose state row :func:`fused_update` prefetches
 FUSED_PREFETCH_ROWS = 16
 
 
 @_jit
-def fused_update(gids, fcols, icols, ops, fw, iw, uw, raw):
-    """Fold rows into several aggregates at once, their states interleaved in one row per group.
+def fused_update(gids, fcols, icols, ops, floats, ints, uints, flags, rows, width):
+    """Fold rows into several aggregates at once, their states fields of one row per group.
 
-    ``fw``/``iw``/``uw`` are ``float64``/``int64``/``uint64`` views of the state rows (a word
-    per 8 bytes), ``raw`` their ``uint8`` view; ``ops[o] = (code, column, a, b, flag)``: the
-    operation (``FUSED_*``), its value column (an index into ``fcols`` for float codes, into
-    ``icols`` for int codes; columns have no nulls), the words it updates and the byte of its
-    ``has`` flag (set to 1; -1: none). Each operation does exactly what its one-aggregate
-    kernel does (``count_rows``, ``sum_float``, ``sum_int``, ``min_update``, ``max_update``),
-    but a group's row is fetched once for all of them, and prefetched
-    :data:`FUSED_PREFETCH_ROWS` rows ahead.
+    ``floats``/``ints``/``uints``/``flags`` are tuples of the ``float64``/``int64``/``uint64``/
+    ``bool`` state arrays (strided views of the rows), ``rows`` the rows' bytes (row ``g`` at
+    ``g * width``, only prefetched). ``ops[o] = (code, column, a, b, flag)``: the operation
+    (``FUSED_*``), its value column (an index into ``fcols`` for float codes, into ``icols``
+    for int codes; the columns have no nulls), the state arrays it updates and the index of its
+    ``has`` flag (set; -1: none). Each operation does exactly what its one-aggregate kernel
+    does (``count_rows``, ``sum_float``, ``sum_int``, ``min_update``, ``max_update``), but a
+    group's row is fetched once for all of them, and prefetched :data:`FUSED_PREFETCH_ROWS`
+    rows ahead.
     """
     n = gids.shape[0]
     m = ops.shape[0]
-    width = raw.shape[1]
     last = width - 1
-    flat = raw.reshape(raw.shape[0] * width)
     for i in range(n):
-        if i + FUSED_PREFETCH_ROWS < n:
+        if width > 0 and i + FUSED_PREFETCH_ROWS < n:
             start = gids[i + FUSED_PREFETCH_ROWS] * width
-            prefetch(flat, start)
+            prefetch(rows, start)
             if start // 64 != (start + last) // 64:
-                prefetch(flat, start + last)  # the row's end is on the next cache line
+                prefetch(rows, start + last)  # the row's end is on the next cache line
         g = gids[i]
         for o in range(m):
             code = ops[o, 0]
             col = ops[o, 1]
             a = ops[o, 2]
             if code == FUSED_COUNT:
-                iw[g, a] += 1
+                ints[a][g] += 1
                 continue
             flag = ops[o, 4]
             if code == FUSED_SUM_FLOAT:
-                b = ops[o, 3]
+                c = floats[ops[o, 3]]
+                s = floats[a]
                 x = fcols[col][i]
-                s = fw[g, a]
-                t = s + x
-                if abs(s) >= abs(x):
-                    fw[g, b] += (s - t) + x
+                sv = s[g]
+                t = sv + x
+                if abs(sv) >= abs(x):
+                    c[g] += (sv - t) + x
                 else:
-                    fw[g, b] += (x - t) + s
-                fw[g, a] = t
+                    c[g] += (x - t) + sv
+                s[g] = t
             elif code == FUSED_SUM_INT:
-                b = ops[o, 3]
+                lo = uints[a]
+                hi = ints[ops[o, 3]]
                 v = icols[col][i]
-                old = uw[g, a]
+                old = lo[g]
                 new = old + np.uint64(v)
-                uw[g, a] = new
-                iw[g, b] += (np.int64(-1) if v < 0 else np.int64(0)) + np.int64(new < old)
+                lo[g] = new
+                hi[g] += (np.int64(-1) if v < 0 else np.int64(0)) + np.int64(new < old)
             elif code == FUSED_MIN_FLOAT:
                 x = fcols[col][i]
-                if raw[g, flag] == 0 or _less(x, fw[g, a]):
-                    fw[g, a] = x
+                if not flags[flag][g] or _less(x, floats[a][g]):
+                    floats[a][g] = x
             elif code == FUSED_MAX_FLOAT:
                 x = fcols[col][i]
-                if raw[g, flag] == 0 or _greater(x, fw[g, a]):
-                    fw[g, a] = x
+                if not flags[flag][g] or _greater(x, floats[a][g]):
+                    floats[a][g] = x
             elif code == FUSED_MIN_INT:
                 v = icols[col][i]
-                if raw[g, flag] == 0 or v < iw[g, a]:
-                    iw[g, a] = v
+                if not flags[flag][g] or v < ints[a][g]:
+                    ints[a][g] = v
             elif code == FUSED_MAX_INT:
                 v = icols[col][i]
-                if raw[g, flag] == 0 or v > iw[g, a]:
-                    iw[g, a] = v
+                if not flags[flag][g] or v > ints[a][g]:
+                    ints[a][g] = v
             if flag >= 0:
-                raw[g, flag] = 1
+                flags[flag][g] = True

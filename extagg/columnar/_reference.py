@@ -352,24 +352,24 @@ FUSED_COUNT, FUSED_SUM_FLOAT, FUSED_SUM_INT = 0, 1, 2
 FUSED_MIN_FLOAT, FUSED_MAX_FLOAT, FUSED_MIN_INT, FUSED_MAX_INT = 3, 4, 5, 6
 
 
-def fused_update(gids, fcols, icols, ops, fw, iw, uw, raw):
+def fused_update(gids, fcols, icols, ops, floats, ints, uints, flags, rows, width):
     """Reference of ``fused_update``: each operation on its own, through the one-aggregate
-    references on views of its words (operations touch disjoint words, so doing them one
-    after the other gives what doing them row by row gives)."""
+    references (operations touch disjoint states, so doing them one after the other gives
+    what doing them row by row gives)."""
     none = np.zeros(0, dtype=np.bool_)
     for code, col, a, b, flag in ops.tolist():
-        has = raw[:, flag].view(np.bool_) if flag >= 0 else np.zeros(len(raw), dtype=np.bool_)
+        has = flags[flag] if flag >= 0 else None  # every code but FUSED_COUNT has one
         if code == FUSED_COUNT:
-            count_rows(gids, iw[:, a])
+            count_rows(gids, ints[a])
         elif code == FUSED_SUM_FLOAT:
-            sum_float(gids, fcols[col], none, fw[:, a], fw[:, b], has)
+            sum_float(gids, fcols[col], none, floats[a], floats[b], has)
         elif code == FUSED_SUM_INT:
-            sum_int(gids, icols[col], none, uw[:, a], iw[:, b], has)
-        elif code in (FUSED_MIN_FLOAT, FUSED_MIN_INT):
-            words = fw if code == FUSED_MIN_FLOAT else iw
-            min_update(gids, (fcols if code == FUSED_MIN_FLOAT else icols)[col], none,
-                       words[:, a], has)  # fmt: skip
+            sum_int(gids, icols[col], none, uints[a], ints[b], has)
+        elif code == FUSED_MIN_FLOAT:
+            min_update(gids, fcols[col], none, floats[a], has)
+        elif code == FUSED_MAX_FLOAT:
+            max_update(gids, fcols[col], none, floats[a], has)
+        elif code == FUSED_MIN_INT:
+            min_update(gids, icols[col], none, ints[a], has)
         else:
-            words = fw if code == FUSED_MAX_FLOAT else iw
-            max_update(gids, (fcols if code == FUSED_MAX_FLOAT else icols)[col], none,
-                       words[:, a], has)  # fmt: skip
+            max_update(gids, icols[col], none, ints[a], has)

@@ -440,8 +440,7 @@ class HashAggregator(Spillable[ColumnBlock]):
             columns.append(col if col is None or whole else col.slice(lo, hi))
         states = [[table.payload[i] for i in indexes] for indexes in layout.state_index]
         # the common aggregates in one pass over the groups' interleaved state rows
-        rows = table.row_words() if table.row_dtype.itemsize else None
-        F.update_all(layout.specs, states, g, columns, seq0 + lo, rows, arena=st.var_arena)
+        F.update_all(layout.specs, states, g, columns, seq0 + lo, table.rows, arena=st.var_arena)
 
     # ------------------------------------------------------------------ partitioning
     def _spill_or_partition(self, table: TypedHashTable) -> None:

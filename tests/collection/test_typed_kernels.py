@@ -273,6 +273,11 @@ def test_gathers_by_slot_id_match_reference(dtype, data) -> None:
         v = np.empty(len(picks), dtype=dtype)
         mod.gather_group_keys(words, nulls, slot_gids, w, n)
         mod.take_groups(values, slot_gids, v)
+        rows = np.arange(groups * 5, dtype=np.uint8).reshape(groups, 5)
+        w2, n2, r = np.empty_like(w), np.empty_like(n), np.empty((len(picks), 5), np.uint8)
+        mod.gather_groups(words, nulls, rows, slot_gids, w2, n2, r)
+        assert w2.tolist() == w.tolist() and n2.tolist() == n.tolist()
+        assert r.tolist() == [rows[p - 1].tolist() for p in picks]
         outs.append((w.tolist(), n.tolist(), v.tolist()))
     assert outs[0] == outs[1]
     assert outs[0][2] == [values[p - 1].item() for p in picks]

@@ -39,19 +39,17 @@ def test_nbytes_is_exact_and_predicted() -> None:
         assert table.nbytes == predicted
 
 
-def test_payload_rows_are_aligned_and_padded() -> None:
+def test_payload_rows_are_packed_widest_first() -> None:
     spec = [(np.dtype(np.bool_), False), (np.dtype(np.int32), -1), (np.dtype(np.float64), 0.5)]
     dtype = payload_row_dtype(spec)
-    assert dtype.itemsize == 16
-    for i, (dt, _) in enumerate(spec):
-        assert dtype.fields[f"p{i}"][1] % dt.itemsize == 0
+    assert dtype.itemsize == 13
+    assert [dtype.fields[f"p{i}"][1] for i in range(3)] == [12, 8, 0]
     table = TypedHashTable(1, 1, False, spec)
     assert [p[5] for p in table.payload] == [False, -1, 0.5]
-    floats, ints, uints, raw = table.row_words()
-    assert uints[3, 0] == np.float64(0.5).view(np.uint64)
-    assert floats.shape == (table.grow_at, 2) and raw.shape == (table.grow_at, 16)
-    assert floats[3, 0] == 0.5 and raw[3, 12] == 0  # p2 first, p1 at 8, p0 at 12
-    assert ints[3, 1] & 0xFFFFFFFF == 0xFFFFFFFF
+    raw = table.rows.view(np.uint8)
+    assert raw.shape == (table.grow_at * 13,)
+    assert raw[3 * 13 : 3 * 13 + 8].view(np.float64)[0] == 0.5
+    assert raw[3 * 13 + 8 : 3 * 13 + 12].view(np.int32)[0] == -1
     assert payload_row_dtype([]).itemsize == 0
 
 
