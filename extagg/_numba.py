@@ -35,7 +35,10 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-__all__ = ["CACHE", "FASTMATH", "NOGIL", "jit", "prefetch"]
+__all__ = [
+    "CACHE", "FASTMATH", "NOGIL", "jit", "prefetch",
+    "load_f64", "store_f64", "load_i64", "store_i64", "load_u64", "store_u64",
+]  # fmt: skip
 
 CACHE = True
 NOGIL = True
@@ -86,3 +89,52 @@ def prefetch(typingctx: Any, array: Any, index: Any) -> Any:
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+def _memory_access(nbtype: Any) -> tuple[Any, Any]:
+    """``(load, store)`` intrinsics of one ``nbtype`` value at a byte offset of a ``uint8``
+    array, aligned or not (``load(buf, offset)``, ``store(buf, offset, value)``)."""
+
+    def pointer(context: Any, builder: Any, aryty: Any, ary_value: Any, offty: Any, off: Any):
+        ary = context.make_array(aryty)(context, builder, ary_value)
+        offset = context.cast(builder, off, offty, types.intp)
+        ptr = builder.gep(ary.data, [offset])
+        return builder.bitcast(ptr, context.get_value_type(nbtype).as_pointer())
+
+    @intrinsic
+    def load(typingctx: Any, buf: Any, offset: Any) -> Any:
+        if not (isinstance(buf, types.Array) and buf.dtype == types.uint8):
+            return None
+        if not isinstance(offset, types.Integer):
+            return None
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            aryty, offty = signature.args
+            ptr = pointer(context, builder, aryty, args[0], offty, args[1])
+            return builder.load(ptr, align=1)
+
+        return nbtype(buf, offset), codegen
+
+    @intrinsic
+    def store(typingctx: Any, buf: Any, offset: Any, value: Any) -> Any:
+        if not (isinstance(buf, types.Array) and buf.dtype == types.uint8):
+            return None
+        if not isinstance(offset, types.Integer):
+            return None
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            aryty, offty, valty = signature.args
+            ptr = pointer(context, builder, aryty, args[0], offty, args[1])
+            builder.store(context.cast(builder, args[2], valty, nbtype), ptr, align=1)
+            return context.get_dummy_value()
+
+        return types.void(buf, offset, value), codegen
+
+    return load, store
+
+
+#: loads and stores of 8-byte values at any byte offset of a ``uint8`` array (a packed record
+#: row's fields, which need not be aligned): what a field view would do, without a view per field
+load_f64, store_f64 = _memory_access(types.float64)
+load_i64, store_i64 = _memory_access(types.int64)
+load_u64, store_u64 = _memory_access(types.uint64)

@@ -17,7 +17,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from extagg._numba import jit, prefetch
+from extagg._numba import (
+    jit,
+    load_f64,
+    load_i64,
+    load_u64,
+    prefetch,
+    store_f64,
+    store_i64,
+    store_u64,
+)
 
 _jit = jit()
 
@@ -566,84 +575,85 @@ def gather_var_rows(offsets, data, rows):
 
 # -- several aggregates in one pass over interleaved state rows ---------------------------------
 
-#: operation codes of :func:`fused_update` (one row of ``ops``: code, column, a, b, flag)
-FUSED_COUNT = 0  # ints[a] += 1 (count(*), count and mean's count of a column without nulls)
-FUSED_SUM_FLOAT = 1  # Neumaier sum of a float column: floats[a] (sum), floats[b] (compensation)
-FUSED_SUM_INT = 2  # 128-bit sum of an int64 column: uints[a] (low word), ints[b] (high word)
-FUSED_MIN_FLOAT = 3  # floats[a]
+#: operation codes of :func:`fused_update` (one row of ``ops``: code, column, a, b, flag),
+#: ``a``/``b``/``flag`` byte offsets of state fields in a group's row
+FUSED_COUNT = 0  # int64 at a += 1 (count(*), count and mean's count of a column without nulls)
+FUSED_SUM_FLOAT = 1  # Neumaier sum of a float column: float64 at a (sum), at b (compensation)
+FUSED_SUM_INT = 2  # 128-bit sum of an int64 column: uint64 at a (low word), int64 at b (high)
+FUSED_MIN_FLOAT = 3  # float64 at a
 FUSED_MAX_FLOAT = 4
-FUSED_MIN_INT = 5  # ints[a]
+FUSED_MIN_INT = 5  # int64 at a
 FUSED_MAX_INT = 6
 #: rows ahead whose state row :func:`fused_update` prefetches
 FUSED_PREFETCH_ROWS = 16
 
 
 @_jit
-def fused_update(gids, fcols, icols, ops, floats, ints, uints, flags, rows, width):
+def fused_update(gids, fcols, icols, ops, rows, width):
     """Fold rows into several aggregates at once, their states fields of one row per group.
 
-    ``floats``/``ints``/``uints``/``flags`` are tuples of the ``float64``/``int64``/``uint64``/
-    ``bool`` state arrays (strided views of the rows), ``rows`` the rows' bytes (row ``g`` at
-    ``g * width``, only prefetched). ``ops[o] = (code, column, a, b, flag)``: the operation
-    (``FUSED_*``), its value column (an index into ``fcols`` for float codes, into ``icols``
-    for int codes; the columns have no nulls), the state arrays it updates and the index of its
-    ``has`` flag (set; -1: none). Each operation does exactly what its one-aggregate kernel
-    does (``count_rows``, ``sum_float``, ``sum_int``, ``min_update``, ``max_update``), but a
-    group's row is fetched once for all of them, and prefetched :data:`FUSED_PREFETCH_ROWS`
-    rows ahead.
+    ``rows`` are the state rows' bytes (row ``g`` at ``g * width``; fields packed, so
+    possibly unaligned). ``ops[o] = (code, column, a, b, flag)``: the operation (``FUSED_*``),
+    its value column (an index into ``fcols`` for float codes, into ``icols`` for int codes;
+    the columns have no nulls), the byte offsets in the row of the states it updates and of its
+    ``has`` flag (set to 1; -1: none). Each operation does exactly what its one-aggregate
+    kernel does (``count_rows``, ``sum_float``, ``sum_int``, ``min_update``, ``max_update``),
+    but a group's row is fetched once for all of them, and prefetched
+    :data:`FUSED_PREFETCH_ROWS` rows ahead.
     """
     n = gids.shape[0]
     m = ops.shape[0]
     last = width - 1
     for i in range(n):
-        if width > 0 and i + FUSED_PREFETCH_ROWS < n:
-            start = gids[i + FUSED_PREFETCH_ROWS] * width
-            prefetch(rows, start)
-            if start // 64 != (start + last) // 64:
-                prefetch(rows, start + last)  # the row's end is on the next cache line
-        g = gids[i]
+        if i + FUSED_PREFETCH_ROWS < n:
+            ahead = gids[i + FUSED_PREFETCH_ROWS] * width
+            prefetch(rows, ahead)
+            if ahead // 64 != (ahead + last) // 64:
+                prefetch(rows, ahead + last)  # the row's end is on the next cache line
+        base = gids[i] * width
         for o in range(m):
             code = ops[o, 0]
-            col = ops[o, 1]
-            a = ops[o, 2]
+            a = base + ops[o, 2]
             if code == FUSED_COUNT:
-                ints[a][g] += 1
+                store_i64(rows, a, load_i64(rows, a) + 1)
                 continue
-            flag = ops[o, 4]
+            col = ops[o, 1]
             if code == FUSED_SUM_FLOAT:
-                c = floats[ops[o, 3]]
-                s = floats[a]
+                b = base + ops[o, 3]
                 x = fcols[col][i]
-                sv = s[g]
+                sv = load_f64(rows, a)
                 t = sv + x
                 if abs(sv) >= abs(x):
-                    c[g] += (sv - t) + x
+                    store_f64(rows, b, load_f64(rows, b) + ((sv - t) + x))
                 else:
-                    c[g] += (x - t) + sv
-                s[g] = t
+                    store_f64(rows, b, load_f64(rows, b) + ((x - t) + sv))
+                store_f64(rows, a, t)
             elif code == FUSED_SUM_INT:
-                lo = uints[a]
-                hi = ints[ops[o, 3]]
+                b = base + ops[o, 3]
                 v = icols[col][i]
-                old = lo[g]
+                old = load_u64(rows, a)
                 new = old + np.uint64(v)
-                lo[g] = new
-                hi[g] += (np.int64(-1) if v < 0 else np.int64(0)) + np.int64(new < old)
-            elif code == FUSED_MIN_FLOAT:
-                x = fcols[col][i]
-                if not flags[flag][g] or _less(x, floats[a][g]):
-                    floats[a][g] = x
-            elif code == FUSED_MAX_FLOAT:
-                x = fcols[col][i]
-                if not flags[flag][g] or _greater(x, floats[a][g]):
-                    floats[a][g] = x
-            elif code == FUSED_MIN_INT:
-                v = icols[col][i]
-                if not flags[flag][g] or v < ints[a][g]:
-                    ints[a][g] = v
-            elif code == FUSED_MAX_INT:
-                v = icols[col][i]
-                if not flags[flag][g] or v > ints[a][g]:
-                    ints[a][g] = v
-            if flag >= 0:
-                flags[flag][g] = True
+                store_u64(rows, a, new)
+                carry = (np.int64(-1) if v < 0 else np.int64(0)) + np.int64(new < old)
+                store_i64(rows, b, load_i64(rows, b) + carry)
+            else:
+                flag = base + ops[o, 4]
+                fresh = rows[flag] == 0
+                if code == FUSED_MIN_FLOAT:
+                    x = fcols[col][i]
+                    if fresh or _less(x, load_f64(rows, a)):
+                        store_f64(rows, a, x)
+                elif code == FUSED_MAX_FLOAT:
+                    x = fcols[col][i]
+                    if fresh or _greater(x, load_f64(rows, a)):
+                        store_f64(rows, a, x)
+                elif code == FUSED_MIN_INT:
+                    v = icols[col][i]
+                    if fresh or v < load_i64(rows, a):
+                        store_i64(rows, a, v)
+                elif code == FUSED_MAX_INT:
+                    v = icols[col][i]
+                    if fresh or v > load_i64(rows, a):
+                        store_i64(rows, a, v)
+            if ops[o, 4] >= 0:
+                rows[base + ops[o, 4]] = 1

@@ -348,103 +348,106 @@ def update_all(
     """:func:`update` of every aggregate (``states[k]`` and ``columns[k]`` those of
     ``specs[k]``), in one pass for the common ones.
 
-    Count, sum, mean, min and max of ``float64``/``int64`` columns without nulls in this chunk
-    (and ``count(*)``) are folded by one :func:`~extagg.columnar._kernels.fused_update` call
-    that visits each group once: with the states fields of one record row per group (``rows``,
-    :attr:`~extagg.collection.typed_table.TypedHashTable.rows`, whose rows it prefetches), one
-    cache miss per row for all of them. The other aggregates one by one."""
-    plan = fused_ops(specs, states, columns)
+    ``rows`` is the record array whose fields the states are
+    (:attr:`~extagg.collection.typed_table.TypedHashTable.rows`): then count, sum, mean, min and
+    max of ``float64``/``int64`` columns without nulls in this chunk (and ``count(*)``) are
+    folded by one :func:`~extagg.columnar._kernels.fused_update` call that visits each group's
+    row once (one cache miss per row for all of them, prefetched). The other aggregates, or
+    all without ``rows``, one by one."""
+    plan = None if rows is None else fused_ops(specs, states, columns, rows)
     fused: set[int] = set()
     if plan is not None:
-        ops, fcols, icols, views, fused = plan
-        raw = _NO_BYTES if rows is None else rows.view(np.uint8)
-        width = 0 if rows is None else rows.dtype.itemsize
-        kernels.fused_update(gids, fcols, icols, ops, *views, raw, width)
+        assert rows is not None
+        ops, fcols, icols, fused = plan
+        kernels.fused_update(gids, fcols, icols, ops, rows.view(np.uint8), rows.dtype.itemsize)
     for k, spec in enumerate(specs):
         if k not in fused:
             update(spec, states[k], gids, columns[k], seq_base, kernels, arena)
 
 
-_NO_BYTES = np.zeros(0, dtype=np.uint8)
 _NO_FLOATS = (np.zeros(0, dtype=np.float64),)
 _NO_INTS = (np.zeros(0, dtype=np.int64),)
-_NO_UINTS = (np.zeros(0, dtype=np.uint64),)
-_NO_FLAGS = (np.zeros(0, dtype=np.bool_),)
 
 
 def fused_ops(
     specs: Sequence[AggregateSpec],
     states: Sequence[Sequence[np.ndarray]],
     columns: Sequence[Column | None],
-) -> tuple[np.ndarray, tuple, tuple, tuple, set[int]] | None:
+    rows: np.ndarray,
+) -> tuple[np.ndarray, tuple[np.ndarray, ...], tuple[np.ndarray, ...], set[int]] | None:
     """What :func:`~extagg.columnar._kernels.fused_update` needs for the aggregates it can
-    fold: its ``ops`` table, the value columns (float, int), the state arrays (float, int,
-    uint, bool) and the indexes of those aggregates; None if there are none."""
+    fold: its ``ops`` table, the value columns (float, int) and the indexes of those
+    aggregates; None if there are none. A state's place in the row is read off its view (its
+    address minus the rows' address); states that are not fields of ``rows`` are not fused."""
+    width = rows.dtype.itemsize
+    base = rows.__array_interface__["data"][0]
+
+    def at(view: np.ndarray) -> int:
+        offset = view.__array_interface__["data"][0] - base
+        if view.strides != (width,) or not 0 <= offset < width or len(view) != len(rows):
+            raise _NotFields
+        return offset
+
     ops: list[tuple[int, int, int, int, int]] = []
     fcols: list[np.ndarray] = []
     icols: list[np.ndarray] = []
-    arrays: dict[str, list[np.ndarray]] = {"f": [], "i": [], "u": [], "b": []}
     fused: set[int] = set()
 
-    def index(items: list[np.ndarray], array: np.ndarray) -> int:
-        for j, item in enumerate(items):
-            if item is array:
+    def index(cols: list[np.ndarray], values: np.ndarray) -> int:
+        for j, c in enumerate(cols):
+            if c is values:
                 return j
-        items.append(array)
-        return len(items) - 1
-
-    def state(kind: str, array: np.ndarray) -> int:
-        return index(arrays[kind], array)
+        cols.append(values)
+        return len(cols) - 1
 
     K = _kernels
-    for k, (spec, st, col) in enumerate(zip(specs, states, columns, strict=True)):
-        family = spec.family
-        if family == "count_star":
-            ops.append((K.FUSED_COUNT, 0, state("i", st[0]), 0, -1))
-            fused.add(k)
-            continue
-        if col is None or col.valid is not None or col.values is None or col.values.ndim != 1:
-            continue
-        values = col.values
-        is_float = values.dtype == _F64
-        is_int = values.dtype == _I64 and col.kind in ("int", "decimal", "temporal")
-        if family == "count":
-            ops.append((K.FUSED_COUNT, 0, state("i", st[0]), 0, -1))
-        elif family in ("sum_float", "mean_float") and is_float:
-            j = index(fcols, values)
-            ops.append((K.FUSED_SUM_FLOAT, j, state("f", st[0]), state("f", st[1]),
-                        state("b", st[2])))  # fmt: skip
-            if family == "mean_float":
-                ops.append((K.FUSED_COUNT, 0, state("i", st[3]), 0, -1))
-        elif family in ("sum_int", "mean_int", "sum_dec", "mean_dec") and is_int:
-            j = index(icols, values)
-            ops.append((K.FUSED_SUM_INT, j, state("u", st[0]), state("i", st[1]),
-                        state("b", st[2])))  # fmt: skip
-            if family.startswith("mean"):
-                ops.append((K.FUSED_COUNT, 0, state("i", st[3]), 0, -1))
-        elif family in ("min", "max") and (is_float or is_int):
-            if is_float:
-                code = K.FUSED_MIN_FLOAT if family == "min" else K.FUSED_MAX_FLOAT
-                j, a = index(fcols, values), state("f", st[0])
+    try:
+        for k, (spec, st, col) in enumerate(zip(specs, states, columns, strict=True)):
+            family = spec.family
+            if family == "count_star":
+                ops.append((K.FUSED_COUNT, 0, at(st[0]), 0, -1))
+                fused.add(k)
+                continue
+            if col is None or col.valid is not None or col.values is None:
+                continue
+            values = col.values
+            is_float = values.dtype == _F64 and values.ndim == 1
+            is_int = values.dtype == _I64 and values.ndim == 1
+            if family == "count":
+                ops.append((K.FUSED_COUNT, 0, at(st[0]), 0, -1))
+            elif family in ("sum_float", "mean_float") and is_float:
+                j = index(fcols, values)
+                ops.append((K.FUSED_SUM_FLOAT, j, at(st[0]), at(st[1]), at(st[2])))
+                if family == "mean_float":
+                    ops.append((K.FUSED_COUNT, 0, at(st[3]), 0, -1))
+            elif family in ("sum_int", "mean_int", "sum_dec", "mean_dec") and is_int:
+                j = index(icols, values)
+                ops.append((K.FUSED_SUM_INT, j, at(st[0]), at(st[1]), at(st[2])))
+                if family.startswith("mean"):
+                    ops.append((K.FUSED_COUNT, 0, at(st[3]), 0, -1))
+            elif family in ("min", "max") and (is_float or is_int):
+                if is_float:
+                    code = K.FUSED_MIN_FLOAT if family == "min" else K.FUSED_MAX_FLOAT
+                    j = index(fcols, values)
+                else:
+                    code = K.FUSED_MIN_INT if family == "min" else K.FUSED_MAX_INT
+                    j = index(icols, values)
+                ops.append((code, j, at(st[0]), 0, at(st[1])))
             else:
-                code = K.FUSED_MIN_INT if family == "min" else K.FUSED_MAX_INT
-                j, a = index(icols, values), state("i", st[0])
-            ops.append((code, j, a, 0, state("b", st[1])))
-        else:
-            continue
-        fused.add(k)
+                continue
+            fused.add(k)
+    except _NotFields:
+        return None
     if not ops:
         return None
     table = np.array(ops, dtype=np.int64).reshape(len(ops), 5)
     floats = tuple(np.ascontiguousarray(c) for c in fcols) or _NO_FLOATS
     ints = tuple(np.ascontiguousarray(c) for c in icols) or _NO_INTS
-    views = (
-        tuple(arrays["f"]) or _NO_FLOATS,
-        tuple(arrays["i"]) or _NO_INTS,
-        tuple(arrays["u"]) or _NO_UINTS,
-        tuple(arrays["b"]) or _NO_FLAGS,
-    )
-    return table, floats, ints, views, fused
+    return table, floats, ints, fused
+
+
+class _NotFields(Exception):
+    """A state array is not a field of the rows given (then nothing is fused)."""
 
 
 def _update_var(

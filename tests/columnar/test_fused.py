@@ -96,12 +96,19 @@ def test_fused_ops_cover_the_common_functions_only() -> None:
     }
     aggs = {"a": ("*", "count"), "b": ("f", "sum"), "c": ("f", "var"), "d": ("i", "sum")}
     specs = [F.resolve(r, None if r.column is None else cols[r.column]) for r in F.parse_aggs(aggs)]
-    _table, states = _table_states(specs, 2)
-    plan = F.fused_ops(specs, states, [None, cols["f"], cols["f"], cols["i"]])
+    table, states = _table_states(specs, 2)
+    plan = F.fused_ops(specs, states, [None, cols["f"], cols["f"], cols["i"]], table.rows)
     assert plan is not None
-    ops, floats, ints, (fstates, istates, _u, flags), fused = plan
+    ops, floats, ints, fused = plan
     assert fused == {0, 1}  # var is not fused; a column with nulls neither
     assert [int(o[0]) for o in ops] == [K.FUSED_COUNT, K.FUSED_SUM_FLOAT]
     assert len(floats) == 1 and floats[0] is cols["f"].values and len(ints) == 1
-    assert fstates == (states[1][0], states[1][1]) and istates == (states[0][0],)
-    assert flags == (states[1][2],)
+    fields = table.row_dtype.fields
+    n_at, s_at, c_at, has_at = (fields[f"p{i}"][1] for i in range(4))
+    assert ops.tolist() == [
+        [K.FUSED_COUNT, 0, n_at, 0, -1],
+        [K.FUSED_SUM_FLOAT, 0, s_at, c_at, has_at],
+    ]
+    # states that are not fields of the rows are never fused
+    loose = [[np.zeros(2, dtype=f.dtype) for f in spec.states] for spec in specs]
+    assert F.fused_ops(specs, loose, [None, cols["f"], cols["f"], cols["i"]], table.rows) is None
