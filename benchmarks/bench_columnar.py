@@ -308,6 +308,8 @@ def run_workload(name: str, spec: dict[str, Any], args) -> list[dict[str, Any]]:
 
     engines = [e for e in args.engines if not (e == "ceiling" and spec["kind"] == "str")]
     in_memory = {e: run(e, "no limit", None) for e in engines}
+    if args.no_limit_only:
+        return out
     budget, how = eighth_budget(in_memory.get("extagg"), spec, rows)
     for engine in engines:
         if ENGINES[engine][1]:
@@ -442,6 +444,9 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS))
     parser.add_argument("--engines", nargs="+", choices=list(ENGINES), default=list(ENGINES))
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per child")
+    parser.add_argument(
+        "--no-limit-only", action="store_true", help="skip the runs at 1/8 of the memory"
+    )
     args = parser.parse_args()
     if args.child:
         H.run_guarded(lambda: child(json.loads(args.child)))

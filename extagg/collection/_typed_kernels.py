@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from extagg._numba import jit, prefetch
+from extagg._numba import jit, load_u64, prefetch, store_u64
 
 __all__ = [
     "DONE",
@@ -552,23 +552,32 @@ def take_groups(values, slot_gids, out):
 def gather_groups(key_words, key_nulls, rows, slot_gids, out_words, out_nulls, out_rows):
     """``gather_group_keys`` and the groups' payload rows (``rows``/``out_rows``: ``uint8``
     ``(groups, row bytes)``) in one visit per group, the group's key and row prefetched
-    :data:`PREFETCH_ROWS` groups ahead (groups in hash order are in no order in memory)."""
+    :data:`PREFETCH_ROWS` groups ahead (groups in hash order are in no order in memory). An
+    empty ``key_nulls``: no group has a null key column (``out_nulls`` are zeros)."""
     k = key_words.shape[1]
     n = slot_gids.shape[0]
     width = rows.shape[1]
+    words = width // 8
+    has_nulls = key_nulls.shape[0] > 0
     flat = rows.reshape(rows.shape[0] * width)
+    out_flat = out_rows.reshape(n * width)
     for i in range(n):
         if i + PREFETCH_ROWS < n:
             ahead = np.int64(slot_gids[i + PREFETCH_ROWS]) - 1
             if k > 0:
                 prefetch(key_words, ahead)
-            prefetch(key_nulls, ahead)
+            if has_nulls:
+                prefetch(key_nulls, ahead)
             if width > 0:
                 prefetch(flat, ahead * width)
                 prefetch(flat, ahead * width + width - 1)
         g = np.int64(slot_gids[i]) - 1
         for j in range(k):
             out_words[j, i] = key_words[g, j]
-        out_nulls[i] = key_nulls[g]
-        for b in range(width):
-            out_rows[i, b] = rows[g, b]
+        out_nulls[i] = key_nulls[g] if has_nulls else 0
+        src = g * width
+        dst = i * width
+        for w in range(words):  # eight bytes at a time, then the rest
+            store_u64(out_flat, dst + 8 * w, load_u64(flat, src + 8 * w))
+        for b in range(8 * words, width):
+            out_flat[dst + b] = flat[src + b]

@@ -166,5 +166,7 @@ def take_groups(values, slot_gids, out):
 
 def gather_groups(key_words, key_nulls, rows, slot_gids, out_words, out_nulls, out_rows):
     """Reference of ``gather_groups``."""
+    if len(key_nulls) == 0:  # no null key anywhere
+        key_nulls = np.zeros(len(key_words), dtype=out_nulls.dtype)
     gather_group_keys(key_words, key_nulls, slot_gids, out_words, out_nulls)
     out_rows[:, :] = rows[slot_gids.astype(np.int64) - 1]

@@ -353,8 +353,9 @@ class TypedHashTable:
         out = np.empty(n, dtype=self.row_dtype)
         width = self.row_dtype.itemsize
         raw = self.rows.view(np.uint8).reshape(len(self.rows), width)
+        key_nulls = self.key_nulls if self._nulls_seen else self.key_nulls[:0]
         K.gather_groups(
-            self.key_words, self.key_nulls, raw, slot_gids, words, nulls,
+            self.key_words, key_nulls, raw, slot_gids, words, nulls,
             out.view(np.uint8).reshape(n, width),
         )  # fmt: skip
         return words, nulls, out
