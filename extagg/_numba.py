@@ -31,7 +31,7 @@ with deferred_interrupts():
 
     cpu_target.target_context.refresh()  # numba's lowering registries, loaded exactly once
 
-from llvmlite import ir
+from llvmlite import ir  # type: ignore[import-untyped]
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
@@ -59,8 +59,7 @@ def jit(**overrides: Any) -> Callable[[F], F]:
     return decorator
 
 
-@intrinsic
-def prefetch(typingctx: Any, array: Any, index: Any) -> Any:
+def _prefetch(typingctx: Any, array: Any, index: Any) -> Any:
     """``prefetch(array, i)`` in a kernel: ask the CPU to start loading the cache line of
     ``array[i]`` (of row ``i`` of a 2-D array) for a write soon, and go on.
 
@@ -89,6 +88,9 @@ def prefetch(typingctx: Any, array: Any, index: Any) -> Any:
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+prefetch: Callable[..., None] = intrinsic(_prefetch)
 
 
 def _memory_access(nbtype: Any) -> tuple[Any, Any]:
