@@ -71,6 +71,9 @@ ENGINES = {
     "polars-streaming": (os.cpu_count() or 1, False),
     "pandas": (1, False),
     "ceiling": (1, False),
+    # another checkout of extagg (``EXTAGG_BENCH_BASELINE``: its root directory), side by side
+    # with this one in the same run: before/after ratios under the same machine load
+    "extagg-baseline": (1, True),
 }
 
 
@@ -221,6 +224,12 @@ def _total(column) -> float:
 
 
 def make_engine(name: str, spec: dict[str, Any], budget: int | None):
+    if name == "extagg-baseline":
+        root = os.environ.get("EXTAGG_BENCH_BASELINE")
+        if not root:
+            raise SystemExit("extagg-baseline needs EXTAGG_BENCH_BASELINE=<another checkout>")
+        sys.path.insert(0, root)  # this fresh process imports that checkout's extagg
+        return prepare_extagg(spec, budget)
     if name == "extagg":
         return prepare_extagg(spec, budget)
     if name.startswith("duckdb"):
