@@ -71,6 +71,9 @@ ENGINES = {
     "polars-streaming": (os.cpu_count() or 1, False),
     "pandas": (1, False),
     "ceiling": (1, False),
+    # another checkout of extagg (``EXTAGG_BENCH_BASELINE``: its root directory), side by side
+    # with this one in the same run: before/after ratios under the same machine load
+    "extagg-baseline": (1, True),
 }
 
 
@@ -190,22 +193,25 @@ def prepare_pandas(spec: dict[str, Any]):
 
 
 def prepare_ceiling(spec: dict[str, Any]):
+    """The bare presized table with one aggregate: ``sum`` of the first aggregated column (the
+    issue's ceiling: interleaved key/state slots, sized for the known number of groups)."""
     from numba_ceiling import ceiling_aggregate
 
-    cols = [
-        (col, "sum" if fn == "count" else fn) for col, fn in spec["aggs"].values() if col != "*"
-    ]
+    column = next(col for col, fn in spec["aggs"].values() if col != "*")
 
     def setup(table):
         if any(str(table.schema.field(k).type) != "int64" for k in spec["keys"]):
             raise SystemExit("the numba ceiling takes int64 keys only")
         keys = [table.column(k).to_numpy() for k in spec["keys"]]
-        values = [table.column(c).to_numpy() for c, _ in cols]
-        return keys, values
+        values = [table.column(column).to_numpy()]
+        groups = spec.get("distinct")
+        if groups is None:  # TPC-H: learn the number of groups once, untimed
+            groups = len(ceiling_aggregate(keys, values, ["sum"])[1])
+        return keys, values, groups
 
     def run(data):
-        keys, values = data
-        _, counts, states = ceiling_aggregate(keys, values, [op for _, op in cols])
+        keys, values, groups = data
+        _, counts, states = ceiling_aggregate(keys, values, ["sum"], groups=groups)
         return len(counts), float(states[0].sum()), {}
 
     return setup, run
@@ -218,6 +224,12 @@ def _total(column) -> float:
 
 
 def make_engine(name: str, spec: dict[str, Any], budget: int | None):
+    if name == "extagg-baseline":
+        root = os.environ.get("EXTAGG_BENCH_BASELINE")
+        if not root:
+            raise SystemExit("extagg-baseline needs EXTAGG_BENCH_BASELINE=<another checkout>")
+        sys.path.insert(0, root)  # this fresh process imports that checkout's extagg
+        return prepare_extagg(spec, budget)
     if name == "extagg":
         return prepare_extagg(spec, budget)
     if name.startswith("duckdb"):
@@ -257,8 +269,8 @@ def _head(data: Any, rows: int, pa) -> Any:
     if isinstance(data, pa.Table):
         return data.slice(0, rows)
     if isinstance(data, tuple):
-        keys, values = data
-        return [k[:rows] for k in keys], [v[:rows] for v in values]
+        keys, values, _groups = data
+        return [k[:rows] for k in keys], [v[:rows] for v in values], None
     return data.head(rows)
 
 
@@ -305,6 +317,8 @@ def run_workload(name: str, spec: dict[str, Any], args) -> list[dict[str, Any]]:
 
     engines = [e for e in args.engines if not (e == "ceiling" and spec["kind"] == "str")]
     in_memory = {e: run(e, "no limit", None) for e in engines}
+    if args.no_limit_only:
+        return out
     budget, how = eighth_budget(in_memory.get("extagg"), spec, rows)
     for engine in engines:
         if ENGINES[engine][1]:
@@ -439,6 +453,9 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS))
     parser.add_argument("--engines", nargs="+", choices=list(ENGINES), default=list(ENGINES))
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per child")
+    parser.add_argument(
+        "--no-limit-only", action="store_true", help="skip the runs at 1/8 of the memory"
+    )
     args = parser.parse_args()
     if args.child:
         H.run_guarded(lambda: child(json.loads(args.child)))

@@ -1,11 +1,14 @@
 """The ceiling of the columnar benchmark: a bare numba hash aggregation with no spilling.
 
-One open-addressing table (linear probing, power-of-two capacity, doubled at 50 % load) of
+One open-addressing table (linear probing, power-of-two capacity, at most 50 % full) of
 one to three int64 key columns and up to two float64 value columns. Each slot is one row of an
-int64 matrix ``[count, keys..., states...]`` (states stored as float64 bits, a
-row padded to 32 or 64 bytes) so a probe touches one cache line; ``count == 0`` marks an empty
-slot. One compiled pass over the rows, one thread, no memory accounting, no nulls, no spilling:
-what this machine can do when nothing but the hash table stands in the way.
+int64 matrix ``[count, keys..., states...]`` (keys and states interleaved, states stored as
+float64 bits, a row padded to 32 or 64 bytes) so a probe touches one cache line; ``count == 0``
+marks an empty slot. Given the number of groups (``groups=``) the table is *presized*: allocated
+once at its final size, never grown or rehashed. One compiled pass over the rows, one thread, no
+memory accounting, no nulls, no spilling: what this machine can do when nothing but the hash
+table stands in the way. ``bench_columnar.py`` runs it presized with one aggregate (``sum`` of
+the first aggregated column; the row count comes free as the occupancy mark).
 :func:`reference_aggregate` is its plain-Python twin (the smoke test compares them).
 """
 
@@ -16,7 +19,7 @@ from collections.abc import Sequence
 import numba
 import numpy as np
 
-__all__ = ["OPS", "ceiling_aggregate", "reference_aggregate"]
+__all__ = ["OPS", "capacity_for", "ceiling_aggregate", "reference_aggregate"]
 
 #: value-column operations: code per name
 OPS = {"sum": 0, "max": 1}
@@ -64,12 +67,12 @@ def _grow(tab, nk):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def _aggregate(k0, k1, k2, nk, v0, v1, nv, op0, op1, width):  # pragma: no cover - compiled
+def _aggregate(k0, k1, k2, nk, v0, v1, nv, op0, op1, width, capacity):  # pragma: no cover
     n = k0.shape[0]
     sc = 1 + nk  # first state column
-    tab = np.zeros((1024, width), dtype=np.int64)
+    tab = np.zeros((capacity, width), dtype=np.int64)
     ftab = tab.view(np.float64)
-    mask = np.uint64(1023)
+    mask = np.uint64(capacity - 1)
     groups = 0
     for i in range(n):
         a = k0[i]
@@ -132,13 +135,26 @@ def _aggregate(k0, k1, k2, nk, v0, v1, nv, op0, op1, width):  # pragma: no cover
     return out_keys, out_counts, out_states
 
 
+def capacity_for(groups: int) -> int:
+    """Slots of a table presized for ``groups`` groups (a power of two, at most half full)."""
+    capacity = 1024
+    while capacity < 2 * groups:
+        capacity *= 2
+    return capacity
+
+
 def ceiling_aggregate(
-    keys: Sequence[np.ndarray], values: Sequence[np.ndarray], ops: Sequence[str]
+    keys: Sequence[np.ndarray],
+    values: Sequence[np.ndarray],
+    ops: Sequence[str],
+    groups: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Group rows by the int64 ``keys`` columns; per group the row count and ``ops[j]`` of ``values[j]``.
 
     Returns ``(group_keys[len(keys), groups], counts[groups], states[len(values), groups])`` in
-    slot order. Takes 1–3 key columns and 1–2 value columns of one length.
+    slot order. Takes 1–3 key columns and 1–2 value columns of one length. ``groups``: the
+    number of groups if known, to allocate the table once at its final size (presized; the
+    table still grows should there be more).
     """
     if not 1 <= len(keys) <= MAX_KEYS:
         raise ValueError(
@@ -160,7 +176,7 @@ def ceiling_aggregate(
     width = 4 if 1 + len(ks) + len(vs) <= 4 else 8  # slot rows of 32 or 64 bytes
     return _aggregate(
         ks[0], ks[min(1, len(ks) - 1)], ks[len(ks) - 1], len(ks),
-        vs[0], vs[len(vs) - 1], len(vs), codes[0], codes[-1], width,
+        vs[0], vs[len(vs) - 1], len(vs), codes[0], codes[-1], width, capacity_for(groups or 0),
     )  # fmt: skip
 
 

@@ -31,7 +31,14 @@ with deferred_interrupts():
 
     cpu_target.target_context.refresh()  # numba's lowering registries, loaded exactly once
 
-__all__ = ["CACHE", "FASTMATH", "NOGIL", "jit"]
+from llvmlite import ir  # type: ignore[import-untyped]
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+__all__ = [
+    "CACHE", "FASTMATH", "NOGIL", "jit", "prefetch",
+    "load_f64", "store_f64", "load_i64", "store_i64", "load_u64", "store_u64",
+]  # fmt: skip
 
 CACHE = True
 NOGIL = True
@@ -50,3 +57,86 @@ def jit(**overrides: Any) -> Callable[[F], F]:
         cache=CACHE, nogil=NOGIL, fastmath=FASTMATH, **overrides
     )
     return decorator
+
+
+def _prefetch(typingctx: Any, array: Any, index: Any) -> Any:
+    """``prefetch(array, i)`` in a kernel: ask the CPU to start loading the cache line of
+    ``array[i]`` (of row ``i`` of a 2-D array) for a write soon, and go on.
+
+    A hint, not a load: it never faults and changes no result (the kernels' plain-Python
+    references simply have no such line), so ``i`` may be anything the kernel would index
+    with. Probing a hash table misses the cache on nearly every row; issuing the miss of the
+    row some distance ahead lets several misses overlap instead of paying them one by one
+    (LLVM's ``llvm.prefetch``, read/write = write, locality = 3, data cache)."""
+    if not isinstance(array, types.Array) or not isinstance(index, types.Integer):
+        return None
+    sig = types.void(array, index)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        aryty, idxty = signature.args
+        ary = context.make_array(aryty)(context, builder, args[0])
+        first = context.cast(builder, args[1], idxty, types.intp)
+        zero = context.get_constant(types.intp, 0)
+        ptr = cgutils.get_item_pointer(
+            context, builder, aryty, ary, [first] + [zero] * (aryty.ndim - 1), wraparound=False
+        )
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(1), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+prefetch: Callable[..., None] = intrinsic(_prefetch)
+
+
+def _memory_access(nbtype: Any) -> tuple[Any, Any]:
+    """``(load, store)`` intrinsics of one ``nbtype`` value at a byte offset of a ``uint8``
+    array, aligned or not (``load(buf, offset)``, ``store(buf, offset, value)``)."""
+
+    def pointer(context: Any, builder: Any, aryty: Any, ary_value: Any, offty: Any, off: Any):
+        ary = context.make_array(aryty)(context, builder, ary_value)
+        offset = context.cast(builder, off, offty, types.intp)
+        ptr = builder.gep(ary.data, [offset])
+        return builder.bitcast(ptr, context.get_value_type(nbtype).as_pointer())
+
+    @intrinsic
+    def load(typingctx: Any, buf: Any, offset: Any) -> Any:
+        if not (isinstance(buf, types.Array) and buf.dtype == types.uint8):
+            return None
+        if not isinstance(offset, types.Integer):
+            return None
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            aryty, offty = signature.args
+            ptr = pointer(context, builder, aryty, args[0], offty, args[1])
+            return builder.load(ptr, align=1)
+
+        return nbtype(buf, offset), codegen
+
+    @intrinsic
+    def store(typingctx: Any, buf: Any, offset: Any, value: Any) -> Any:
+        if not (isinstance(buf, types.Array) and buf.dtype == types.uint8):
+            return None
+        if not isinstance(offset, types.Integer):
+            return None
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            aryty, offty, valty = signature.args
+            ptr = pointer(context, builder, aryty, args[0], offty, args[1])
+            builder.store(context.cast(builder, args[2], valty, nbtype), ptr, align=1)
+            return context.get_dummy_value()
+
+        return types.void(buf, offset, value), codegen
+
+    return load, store
+
+
+#: loads and stores of 8-byte values at any byte offset of a ``uint8`` array (a packed record
+#: row's fields, which need not be aligned): what a field view would do, without a view per field
+load_f64, store_f64 = _memory_access(types.float64)
+load_i64, store_i64 = _memory_access(types.int64)
+load_u64, store_u64 = _memory_access(types.uint64)

@@ -114,15 +114,17 @@ def test_permuted_keys_are_exact_and_sliceable(total: int, distinct: int) -> Non
     ops=st.lists(st.sampled_from(["sum", "max"]), min_size=1, max_size=2),
     rows=st.integers(0, 3000),
     cardinality=st.integers(1, 2000),
+    presize=st.none() | st.integers(0, 5000),
     seed=st.integers(0, 2**32 - 1),
 )
 def test_ceiling_matches_reference(
-    n_keys: int, ops: list[str], rows: int, cardinality: int, seed: int
+    n_keys: int, ops: list[str], rows: int, cardinality: int, presize: int | None, seed: int
 ) -> None:
     rng = np.random.default_rng(seed)
     keys = [rng.integers(-cardinality, cardinality, rows) for _ in range(n_keys)]
     values = [rng.normal(size=rows) for _ in ops]
-    group_keys, counts, states = ceiling_aggregate(keys, values, ops)
+    # presized for the right number of groups, too few (it grows) or too many
+    group_keys, counts, states = ceiling_aggregate(keys, values, ops, groups=presize)
     expected = reference_aggregate(keys, values, ops)
     got = {
         tuple(int(k) for k in group_keys[:, g]): (int(counts[g]), states[:, g].tolist())

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from extagg._numba import jit
+from extagg._numba import jit, load_u64, prefetch, store_u64
 
 __all__ = [
     "DONE",
@@ -29,7 +29,9 @@ __all__ = [
     "group_rows",
     "gather_var",
     "gather_group_keys",
+    "gather_groups",
     "take_groups",
+    "PREFETCH_ROWS",
 ]
 
 _jit = jit()
@@ -39,6 +41,11 @@ TABLE_FULL = 1
 ARENA_FULL = 2
 
 _SMALL = 24  # buckets up to this size are finished by insertion sort
+#: rows ahead whose home slot a probe loop prefetches (misses of ~16 rows overlap); the
+#: group's stored key is prefetched half as far ahead, once its slot has (probably) arrived
+PREFETCH_ROWS = 16
+_HALF = PREFETCH_ROWS // 2
+_QUARTER = PREFETCH_ROWS // 4
 
 
 @_jit
@@ -64,16 +71,35 @@ def insert_rows(
     ``meta`` holds ``[num_groups, arena_bytes_used]`` and is updated in place. Stops before a
     row that needs a new group when the table holds ``grow_at`` groups (``TABLE_FULL``) or when
     its variable-length key does not fit the arena (``ARENA_FULL``). Returns
-    ``(next_row, status)``; rows before ``next_row`` have their group ids.
+    ``(next_row, status)``; rows before ``next_row`` have their group ids. An empty
+    ``key_nulls`` means no group and no row has a null key column (neither read nor written).
+
+    Each row's home slot is prefetched :data:`PREFETCH_ROWS` rows ahead, the stored key of the
+    group found there (its words, its offset in the arena) half as far ahead and its bytes in
+    the arena a quarter as far, so that the cache misses of several rows overlap.
     """
     n = hashes.shape[0]
     mask = slots.shape[0] - 1
     has_nulls = nulls.shape[0] > 0
+    has_key_nulls = key_nulls.shape[0] > 0
     has_var = g_var_off.shape[0] > 0
     k = words.shape[1]
     n_groups = meta[0]
     used = meta[1]
     for i in range(start, n):
+        if i + PREFETCH_ROWS < n:
+            prefetch(slots, np.int64(hashes[i + PREFETCH_ROWS] >> shift))
+        if i + _HALF < n:
+            ahead = slots[np.int64(hashes[i + _HALF] >> shift), 1]
+            if ahead != 0:
+                if k > 0:
+                    prefetch(key_words, np.int64(ahead) - 1)
+                if has_var:
+                    prefetch(g_var_off, np.int64(ahead) - 1)
+        if has_var and i + _QUARTER < n:
+            ahead = slots[np.int64(hashes[i + _QUARTER] >> shift), 1]
+            if ahead != 0:
+                prefetch(arena, g_var_off[np.int64(ahead) - 1])
         h = hashes[i]
         nw = nulls[i] if has_nulls else 0
         pos = np.int64(h >> shift)
@@ -98,7 +124,8 @@ def insert_rows(
                     g_var_off[n_groups + 1] = used
                 for j in range(k):
                     key_words[n_groups, j] = words[i, j]
-                key_nulls[n_groups] = nw
+                if has_key_nulls:
+                    key_nulls[n_groups] = nw
                 slots[pos, 0] = h
                 slots[pos, 1] = np.uint64(n_groups + 1)
                 out_gid[i] = n_groups
@@ -107,7 +134,7 @@ def insert_rows(
             if slots[pos, 0] == h:
                 # compare keys in line: helper calls taking arrays cost ~100 ns per row here
                 g = np.int64(g1) - 1
-                same = key_nulls[g] == nw
+                same = not has_key_nulls or key_nulls[g] == nw
                 j = 0
                 while same and j < k:
                     same = key_words[g, j] == words[i, j]
@@ -136,13 +163,16 @@ def insert_rows_hash_is_key(hashes, words, start, slots, shift, key_words, meta,
     """``insert_rows`` for one integer key word whose hash is a bijection of it, no nulls.
 
     Then equal hashes mean equal keys, so a hit needs no key comparison: the probe touches the
-    slot array only, not the group's stored key (one cache miss per row instead of two). The
-    caller guarantees the preconditions (:attr:`TypedHashTable.hash_is_key`).
+    slot array only, not the group's stored key (one cache miss per row instead of two, and
+    that one prefetched :data:`PREFETCH_ROWS` rows ahead). The caller guarantees the
+    preconditions (:attr:`TypedHashTable.hash_is_key`).
     """
     n = hashes.shape[0]
     mask = slots.shape[0] - 1
     n_groups = meta[0]
     for i in range(start, n):
+        if i + PREFETCH_ROWS < n:
+            prefetch(slots, np.int64(hashes[i + PREFETCH_ROWS] >> shift))
         h = hashes[i]
         pos = np.int64(h >> shift)
         step = 0
@@ -172,6 +202,8 @@ def rehash_slots(old, new, shift):
     """Re-insert every occupied slot of ``old`` into the empty slot array ``new``."""
     mask = new.shape[0] - 1
     for i in range(old.shape[0]):
+        if i + PREFETCH_ROWS < old.shape[0]:
+            prefetch(new, np.int64(old[i + PREFETCH_ROWS, 0] >> shift))
         g1 = old[i, 1]
         if g1 == 0:
             continue
@@ -471,11 +503,15 @@ def gather_var(
     out_off[0] = 0
     total = 0
     for i in range(m):
+        if i + PREFETCH_ROWS < m:
+            prefetch(offsets, rows[i + PREFETCH_ROWS])
         r = rows[i]
         total += offsets[r + 1] - offsets[r]
         out_off[i + 1] = total
     out = np.empty(total, dtype=np.uint8)
     for i in range(m):
+        if i + PREFETCH_ROWS < m and data.shape[0] > 0:
+            prefetch(data, min(offsets[rows[i + PREFETCH_ROWS]], data.shape[0] - 1))
         r = rows[i]
         s = offsets[r]
         d = out_off[i]
@@ -492,7 +528,10 @@ def gather_group_keys(key_words, key_nulls, slot_gids, out_words, out_nulls):
     with one visit to the group's row.
     """
     k = key_words.shape[1]
-    for i in range(slot_gids.shape[0]):
+    n = slot_gids.shape[0]
+    for i in range(n):
+        if k > 0 and i + PREFETCH_ROWS < n:
+            prefetch(key_words, np.int64(slot_gids[i + PREFETCH_ROWS]) - 1)
         g = np.int64(slot_gids[i]) - 1
         for j in range(k):
             out_words[j, i] = key_words[g, j]
@@ -502,5 +541,43 @@ def gather_group_keys(key_words, key_nulls, slot_gids, out_words, out_nulls):
 @_jit
 def take_groups(values, slot_gids, out):
     """``out[i] = values[slot_gids[i] - 1]``: one payload column in the order of ``slot_gids``."""
-    for i in range(slot_gids.shape[0]):
+    n = slot_gids.shape[0]
+    for i in range(n):
+        if i + PREFETCH_ROWS < n:
+            prefetch(values, np.int64(slot_gids[i + PREFETCH_ROWS]) - 1)
         out[i] = values[np.int64(slot_gids[i]) - 1]
+
+
+@_jit
+def gather_groups(key_words, key_nulls, rows, slot_gids, out_words, out_nulls, out_rows):
+    """``gather_group_keys`` and the groups' payload rows (``rows``/``out_rows``: ``uint8``
+    ``(groups, row bytes)``) in one visit per group, the group's key and row prefetched
+    :data:`PREFETCH_ROWS` groups ahead (groups in hash order are in no order in memory). An
+    empty ``key_nulls``: no group has a null key column (``out_nulls`` are zeros)."""
+    k = key_words.shape[1]
+    n = slot_gids.shape[0]
+    width = rows.shape[1]
+    words = width // 8
+    has_nulls = key_nulls.shape[0] > 0
+    flat = rows.reshape(rows.shape[0] * width)
+    out_flat = out_rows.reshape(n * width)
+    for i in range(n):
+        if i + PREFETCH_ROWS < n:
+            ahead = np.int64(slot_gids[i + PREFETCH_ROWS]) - 1
+            if k > 0:
+                prefetch(key_words, ahead)
+            if has_nulls:
+                prefetch(key_nulls, ahead)
+            if width > 0:
+                prefetch(flat, ahead * width)
+                prefetch(flat, ahead * width + width - 1)
+        g = np.int64(slot_gids[i]) - 1
+        for j in range(k):
+            out_words[j, i] = key_words[g, j]
+        out_nulls[i] = key_nulls[g] if has_nulls else 0
+        src = g * width
+        dst = i * width
+        for w in range(words):  # eight bytes at a time, then the rest
+            store_u64(out_flat, dst + 8 * w, load_u64(flat, src + 8 * w))
+        for b in range(8 * words, width):
+            out_flat[dst + b] = flat[src + b]

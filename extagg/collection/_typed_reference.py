@@ -45,7 +45,8 @@ def insert_rows(
                     used += len(value)
                     g_var_off[n_groups + 1] = used
                 key_words[n_groups, :] = words[i, :]
-                key_nulls[n_groups] = key[0]
+                if len(key_nulls):  # empty: no null key anywhere (see the kernel)
+                    key_nulls[n_groups] = key[0]
                 slots[pos, 0] = h
                 slots[pos, 1] = n_groups + 1
                 out_gid[i] = n_groups
@@ -161,3 +162,11 @@ def gather_group_keys(key_words, key_nulls, slot_gids, out_words, out_nulls):
 def take_groups(values, slot_gids, out):
     """Reference of ``take_groups``."""
     out[:] = values[slot_gids.astype(np.int64) - 1]
+
+
+def gather_groups(key_words, key_nulls, rows, slot_gids, out_words, out_nulls, out_rows):
+    """Reference of ``gather_groups``."""
+    if len(key_nulls) == 0:  # no null key anywhere
+        key_nulls = np.zeros(len(key_words), dtype=out_nulls.dtype)
+    gather_group_keys(key_words, key_nulls, slot_gids, out_words, out_nulls)
+    out_rows[:, :] = rows[slot_gids.astype(np.int64) - 1]

@@ -17,7 +17,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from extagg._numba import jit
+from extagg._numba import (
+    jit,
+    load_f64,
+    load_i64,
+    load_u64,
+    prefetch,
+    store_f64,
+    store_i64,
+    store_u64,
+)
 
 _jit = jit()
 
@@ -562,3 +571,89 @@ def gather_var_rows(offsets, data, rows):
         for j in range(out_off[i + 1] - d):
             out[d + j] = data[s + j]
     return out_off, out
+
+
+# -- several aggregates in one pass over interleaved state rows ---------------------------------
+
+#: operation codes of :func:`fused_update` (one row of ``ops``: code, column, a, b, flag),
+#: ``a``/``b``/``flag`` byte offsets of state fields in a group's row
+FUSED_COUNT = 0  # int64 at a += 1 (count(*), count and mean's count of a column without nulls)
+FUSED_SUM_FLOAT = 1  # Neumaier sum of a float column: float64 at a (sum), at b (compensation)
+FUSED_SUM_INT = 2  # 128-bit sum of an int64 column: uint64 at a (low word), int64 at b (high)
+FUSED_MIN_FLOAT = 3  # float64 at a
+FUSED_MAX_FLOAT = 4
+FUSED_MIN_INT = 5  # int64 at a
+FUSED_MAX_INT = 6
+#: rows ahead whose state row :func:`fused_update` prefetches
+FUSED_PREFETCH_ROWS = 16
+
+
+@_jit
+def fused_update(gids, fcols, icols, ops, rows, width):
+    """Fold rows into several aggregates at once, their states fields of one row per group.
+
+    ``rows`` are the state rows' bytes (row ``g`` at ``g * width``; fields packed, so
+    possibly unaligned). ``ops[o] = (code, column, a, b, flag)``: the operation (``FUSED_*``),
+    its value column (an index into ``fcols`` for float codes, into ``icols`` for int codes;
+    the columns have no nulls), the byte offsets in the row of the states it updates and of its
+    ``has`` flag (set to 1; -1: none). Each operation does exactly what its one-aggregate
+    kernel does (``count_rows``, ``sum_float``, ``sum_int``, ``min_update``, ``max_update``),
+    but a group's row is fetched once for all of them, and prefetched
+    :data:`FUSED_PREFETCH_ROWS` rows ahead.
+    """
+    n = gids.shape[0]
+    m = ops.shape[0]
+    last = width - 1
+    for i in range(n):
+        if i + FUSED_PREFETCH_ROWS < n:
+            ahead = gids[i + FUSED_PREFETCH_ROWS] * width
+            prefetch(rows, ahead)
+            if ahead // 64 != (ahead + last) // 64:
+                prefetch(rows, ahead + last)  # the row's end is on the next cache line
+        base = gids[i] * width
+        for o in range(m):
+            code = ops[o, 0]
+            a = base + ops[o, 2]
+            if code == FUSED_COUNT:
+                store_i64(rows, a, load_i64(rows, a) + 1)
+                continue
+            col = ops[o, 1]
+            if code == FUSED_SUM_FLOAT:
+                b = base + ops[o, 3]
+                x = fcols[col][i]
+                sv = load_f64(rows, a)
+                t = sv + x
+                if abs(sv) >= abs(x):
+                    store_f64(rows, b, load_f64(rows, b) + ((sv - t) + x))
+                else:
+                    store_f64(rows, b, load_f64(rows, b) + ((x - t) + sv))
+                store_f64(rows, a, t)
+            elif code == FUSED_SUM_INT:
+                b = base + ops[o, 3]
+                v = icols[col][i]
+                old = load_u64(rows, a)
+                new = old + np.uint64(v)
+                store_u64(rows, a, new)
+                carry = (np.int64(-1) if v < 0 else np.int64(0)) + np.int64(new < old)
+                store_i64(rows, b, load_i64(rows, b) + carry)
+            else:
+                flag = base + ops[o, 4]
+                fresh = rows[flag] == 0
+                if code == FUSED_MIN_FLOAT:
+                    x = fcols[col][i]
+                    if fresh or _less(x, load_f64(rows, a)):
+                        store_f64(rows, a, x)
+                elif code == FUSED_MAX_FLOAT:
+                    x = fcols[col][i]
+                    if fresh or _greater(x, load_f64(rows, a)):
+                        store_f64(rows, a, x)
+                elif code == FUSED_MIN_INT:
+                    v = icols[col][i]
+                    if fresh or v < load_i64(rows, a):
+                        store_i64(rows, a, v)
+                elif code == FUSED_MAX_INT:
+                    v = icols[col][i]
+                    if fresh or v > load_i64(rows, a):
+                        store_i64(rows, a, v)
+            if ops[o, 4] >= 0:
+                rows[base + ops[o, 4]] = 1

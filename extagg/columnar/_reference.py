@@ -346,3 +346,33 @@ def gather_var_rows(offsets, data, rows):
     return _pack(
         [b"" if r < 0 else bytes(data[offsets[r] : offsets[r + 1]]) for r in rows.tolist()]
     )
+
+
+FUSED_COUNT, FUSED_SUM_FLOAT, FUSED_SUM_INT = 0, 1, 2
+FUSED_MIN_FLOAT, FUSED_MAX_FLOAT, FUSED_MIN_INT, FUSED_MAX_INT = 3, 4, 5, 6
+
+
+def fused_update(gids, fcols, icols, ops, rows, width):
+    """Reference of ``fused_update``: each operation on its own, through the one-aggregate
+    references on NumPy views of its fields in the rows (operations touch disjoint fields, so
+    doing them one after the other gives what doing them row by row gives)."""
+    none = np.zeros(0, dtype=np.bool_)
+    groups = len(rows) // width if width else 0
+
+    def field(offset, dtype):
+        return np.ndarray(groups, dtype=dtype, buffer=rows, offset=offset, strides=(width,))
+
+    for code, col, a, b, flag in ops.tolist():
+        has = field(flag, np.bool_) if flag >= 0 else None  # every code but FUSED_COUNT has one
+        if code == FUSED_COUNT:
+            count_rows(gids, field(a, np.int64))
+        elif code == FUSED_SUM_FLOAT:
+            sum_float(gids, fcols[col], none, field(a, np.float64), field(b, np.float64), has)
+        elif code == FUSED_SUM_INT:
+            sum_int(gids, icols[col], none, field(a, np.uint64), field(b, np.int64), has)
+        elif code in (FUSED_MIN_FLOAT, FUSED_MAX_FLOAT):
+            update = min_update if code == FUSED_MIN_FLOAT else max_update
+            update(gids, fcols[col], none, field(a, np.float64), has)
+        else:
+            update = min_update if code == FUSED_MIN_INT else max_update
+            update(gids, icols[col], none, field(a, np.int64), has)

@@ -45,6 +45,8 @@ __all__ = [
     "parse_aggs",
     "resolve",
     "update",
+    "update_all",
+    "fused_ops",
     "merge",
     "finalize",
 ]
@@ -331,6 +333,121 @@ def update(
         raise AssertionError(family)
     if family.startswith("mean"):
         kernels.count_valid(gids, valid, states[-1])
+
+
+def update_all(
+    specs: Sequence[AggregateSpec],
+    states: Sequence[Sequence[np.ndarray]],
+    gids: np.ndarray,
+    columns: Sequence[Column | None],
+    seq_base: int,
+    rows: np.ndarray | None = None,
+    kernels: ModuleType = _kernels,
+    arena: VarArena | None = None,
+) -> None:
+    """:func:`update` of every aggregate (``states[k]`` and ``columns[k]`` those of
+    ``specs[k]``), in one pass for the common ones.
+
+    ``rows`` is the record array whose fields the states are
+    (:attr:`~extagg.collection.typed_table.TypedHashTable.rows`): then count, sum, mean, min and
+    max of ``float64``/``int64`` columns without nulls in this chunk (and ``count(*)``) are
+    folded by one :func:`~extagg.columnar._kernels.fused_update` call that visits each group's
+    row once (one cache miss per row for all of them, prefetched). The other aggregates, or
+    all without ``rows``, one by one."""
+    plan = None if rows is None else fused_ops(specs, states, columns, rows)
+    fused: set[int] = set()
+    if plan is not None:
+        assert rows is not None
+        ops, fcols, icols, fused = plan
+        kernels.fused_update(gids, fcols, icols, ops, rows.view(np.uint8), rows.dtype.itemsize)
+    for k, spec in enumerate(specs):
+        if k not in fused:
+            update(spec, states[k], gids, columns[k], seq_base, kernels, arena)
+
+
+_NO_FLOATS = (np.zeros(0, dtype=np.float64),)
+_NO_INTS = (np.zeros(0, dtype=np.int64),)
+
+
+def fused_ops(
+    specs: Sequence[AggregateSpec],
+    states: Sequence[Sequence[np.ndarray]],
+    columns: Sequence[Column | None],
+    rows: np.ndarray,
+) -> tuple[np.ndarray, tuple[np.ndarray, ...], tuple[np.ndarray, ...], set[int]] | None:
+    """What :func:`~extagg.columnar._kernels.fused_update` needs for the aggregates it can
+    fold: its ``ops`` table, the value columns (float, int) and the indexes of those
+    aggregates; None if there are none. A state's place in the row is read off its view (its
+    address minus the rows' address); states that are not fields of ``rows`` are not fused."""
+    width = rows.dtype.itemsize
+    base = rows.__array_interface__["data"][0]
+
+    def at(view: np.ndarray) -> int:
+        offset = view.__array_interface__["data"][0] - base
+        if view.strides != (width,) or not 0 <= offset < width or len(view) != len(rows):
+            raise _NotFields
+        return offset
+
+    ops: list[tuple[int, int, int, int, int]] = []
+    fcols: list[np.ndarray] = []
+    icols: list[np.ndarray] = []
+    fused: set[int] = set()
+
+    def index(cols: list[np.ndarray], values: np.ndarray) -> int:
+        for j, c in enumerate(cols):
+            if c is values:
+                return j
+        cols.append(values)
+        return len(cols) - 1
+
+    K = _kernels
+    try:
+        for k, (spec, st, col) in enumerate(zip(specs, states, columns, strict=True)):
+            family = spec.family
+            if family == "count_star":
+                ops.append((K.FUSED_COUNT, 0, at(st[0]), 0, -1))
+                fused.add(k)
+                continue
+            if col is None or col.valid is not None or col.values is None:
+                continue
+            values = col.values
+            is_float = values.dtype == _F64 and values.ndim == 1
+            is_int = values.dtype == _I64 and values.ndim == 1
+            if family == "count":
+                ops.append((K.FUSED_COUNT, 0, at(st[0]), 0, -1))
+            elif family in ("sum_float", "mean_float") and is_float:
+                j = index(fcols, values)
+                ops.append((K.FUSED_SUM_FLOAT, j, at(st[0]), at(st[1]), at(st[2])))
+                if family == "mean_float":
+                    ops.append((K.FUSED_COUNT, 0, at(st[3]), 0, -1))
+            elif family in ("sum_int", "mean_int", "sum_dec", "mean_dec") and is_int:
+                j = index(icols, values)
+                ops.append((K.FUSED_SUM_INT, j, at(st[0]), at(st[1]), at(st[2])))
+                if family.startswith("mean"):
+                    ops.append((K.FUSED_COUNT, 0, at(st[3]), 0, -1))
+            elif family in ("min", "max") and (is_float or is_int):
+                if is_float:
+                    code = K.FUSED_MIN_FLOAT if family == "min" else K.FUSED_MAX_FLOAT
+                    j = index(fcols, values)
+                else:
+                    code = K.FUSED_MIN_INT if family == "min" else K.FUSED_MAX_INT
+                    j = index(icols, values)
+                ops.append((code, j, at(st[0]), 0, at(st[1])))
+            else:
+                continue
+            fused.add(k)
+    except _NotFields:
+        return None
+    if not ops:
+        return None
+    table = np.array(ops, dtype=np.int64).reshape(len(ops), 5)
+    floats = tuple(np.ascontiguousarray(c) for c in fcols) or _NO_FLOATS
+    ints = tuple(np.ascontiguousarray(c) for c in icols) or _NO_INTS
+    return table, floats, ints, fused
+
+
+class _NotFields(Exception):
+    """A state array is not a field of the rows given (then nothing is fused)."""
 
 
 def _update_var(

@@ -465,12 +465,13 @@ class HashAggregator(Spillable[ColumnBlock]):
         layout = st.layout
         whole = lo == 0 and hi == n
         g = gids if whole else gids[lo:hi]
-        for spec, indexes in zip(layout.specs, layout.state_index):
+        columns: list[Column | None] = []
+        for spec in layout.specs:
             col = None if spec.column is None else cols[spec.column]
-            if col is not None and not whole:
-                col = col.slice(lo, hi)
-            states = [table.payload[i] for i in indexes]
-            F.update(spec, states, g, col, seq0 + lo, arena=st.var_arena)
+            columns.append(col if col is None or whole else col.slice(lo, hi))
+        states = [[table.payload[i] for i in indexes] for indexes in layout.state_index]
+        # the common aggregates in one pass over the groups' interleaved state rows
+        F.update_all(layout.specs, states, g, columns, seq0 + lo, table.rows, arena=st.var_arena)
 
     # ------------------------------------------------------------------ threads
     def _start_threads(self) -> None:

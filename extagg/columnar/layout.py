@@ -91,15 +91,17 @@ class BlockLayout:
     ) -> ColumnBlock:
         """The groups ``slot_gids - 1`` (table order ids from ``sort_by_hash``) as a block
         (``arena``: the table's string states, when it has any)."""
-        words, nulls, var_off, var_data = table.gather_keys(slot_gids)
+        # keys and state rows in one visit per group, then each state field as its column
+        words, nulls, rows = table.gather_groups(slot_gids)
         columns = {f"{WORD_PREFIX}{j}": words[j] for j in range(words.shape[0])}
         columns[NULLS_COLUMN] = nulls
         for i in range(len(table.payload)):
             if i not in self._arena_states:
-                columns[state_column(i)] = table.gather_payload(i, slot_gids)
+                columns[state_column(i)] = np.ascontiguousarray(rows[f"p{i}"])
+        del rows
         var = {}
-        if var_off is not None and var_data is not None:
-            var[VAR_COLUMN] = (var_off, var_data)
+        if table.has_var:
+            var[VAR_COLUMN] = table.gather_var_keys(slot_gids)
         if self.var_specs:
             assert arena is not None
             groups = slot_gids.astype(np.int64) - 1

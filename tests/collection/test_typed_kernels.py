@@ -273,6 +273,15 @@ def test_gathers_by_slot_id_match_reference(dtype, data) -> None:
         v = np.empty(len(picks), dtype=dtype)
         mod.gather_group_keys(words, nulls, slot_gids, w, n)
         mod.take_groups(values, slot_gids, v)
+        for width in (5, 8, 13):
+            rows = (np.arange(groups * width) % 251).astype(np.uint8).reshape(groups, width)
+            w2, n2 = np.empty_like(w), np.empty_like(n)
+            r = np.empty((len(picks), width), np.uint8)
+            mod.gather_groups(words, nulls, rows, slot_gids, w2, n2, r)
+            assert w2.tolist() == w.tolist() and n2.tolist() == n.tolist()
+            assert r.tolist() == [rows[p - 1].tolist() for p in picks]
+            mod.gather_groups(words, nulls[:0], rows, slot_gids, w2, n2, r)  # no null keys
+            assert n2.tolist() == [0] * len(picks)
         outs.append((w.tolist(), n.tolist(), v.tolist()))
     assert outs[0] == outs[1]
     assert outs[0][2] == [values[p - 1].item() for p in picks]

@@ -7,7 +7,7 @@ import pytest
 
 from extagg import hashing
 from extagg.collection._typed_kernels import ARENA_FULL, DONE, TABLE_FULL
-from extagg.collection.typed_table import MIN_CAPACITY, TypedHashTable
+from extagg.collection.typed_table import MIN_CAPACITY, TypedHashTable, payload_row_dtype
 
 E8 = np.zeros(0, dtype=np.uint8)
 E64 = np.zeros(0, dtype=np.int64)
@@ -31,11 +31,26 @@ def test_nbytes_is_exact_and_predicted() -> None:
         table = TypedHashTable(2, 3, has_var, PAYLOAD)
         assert table.nbytes == TypedHashTable.bytes_for(2, 3, has_var, PAYLOAD)
         arrays = [table.slots, table.key_words, table.key_nulls, table.meta, table.var_offsets]
-        arrays += [table.arena, *table.payload]
+        arrays += [table.arena, table.rows]  # the payload fields are views of the rows
         assert table.nbytes == sum(a.nbytes for a in arrays)
+        assert all(np.shares_memory(p, table.rows) for p in table.payload)
         predicted = table.bytes_after_growth()
         table.grow()
         assert table.nbytes == predicted
+
+
+def test_payload_rows_are_packed_widest_first() -> None:
+    spec = [(np.dtype(np.bool_), False), (np.dtype(np.int32), -1), (np.dtype(np.float64), 0.5)]
+    dtype = payload_row_dtype(spec)
+    assert dtype.itemsize == 13
+    assert [dtype.fields[f"p{i}"][1] for i in range(3)] == [12, 8, 0]
+    table = TypedHashTable(1, 1, False, spec)
+    assert [p[5] for p in table.payload] == [False, -1, 0.5]
+    raw = table.rows.view(np.uint8)
+    assert raw.shape == (table.grow_at * 13,)
+    assert raw[3 * 13 : 3 * 13 + 8].view(np.float64)[0] == 0.5
+    assert raw[3 * 13 + 8 : 3 * 13 + 12].view(np.int32)[0] == -1
+    assert payload_row_dtype([]).itemsize == 0
 
 
 def test_growth_keeps_groups_and_payload() -> None:
