@@ -27,6 +27,7 @@ from __future__ import annotations
 import operator
 import sys
 from collections.abc import Callable, Sequence
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -282,8 +283,8 @@ class TypedReduceMap:
         raw = table.arena[: offsets[-1]].tobytes()
         if self._ascii:
             text = raw.decode("ascii")
-            return [text[a:b] for a, b in zip(offsets, offsets[1:])]
-        return [raw[a:b].decode("utf-8", "surrogatepass") for a, b in zip(offsets, offsets[1:])]
+            return [text[a:b] for a, b in pairwise(offsets)]
+        return [raw[a:b].decode("utf-8", "surrogatepass") for a, b in pairwise(offsets)]
 
     def _lists(self) -> tuple[list[Any], list[Any]]:
         n = self._groups()
