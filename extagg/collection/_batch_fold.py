@@ -22,7 +22,7 @@ from extagg.collection import _kernels
 from extagg.collection._kernels import NEW
 from extagg.errors import BadKeyError
 
-__all__ = ["UNCREATED", "BatchFoldMixin", "hash_batch", "hash_key", "int_tag"]
+__all__ = ["UNCREATED", "BatchFoldMixin", "hash_batch", "hash_key", "int_tag", "python_int_hashes"]
 
 _MODULUS = sys.hash_info.modulus
 _INT_HASH_IS_VALUE = sys.hash_info.width == 64 and _MODULUS == (1 << 61) - 1
@@ -77,6 +77,20 @@ def int_tag(key: Any, h: int) -> int:
     return 1 if type(key) is int and h == key else 0
 
 
+def python_int_hashes(ints: np.ndarray) -> np.ndarray:
+    """``hash(x)`` of every ``int64`` value, vectorised: ``|x| mod P`` with the sign of ``x``
+    (``P = 2**61 - 1``), ``-1`` becoming ``-2`` (64-bit CPython's integer hash)."""
+    bits = ints.view(np.uint64)
+    negative = ints < 0
+    magnitude = np.where(negative, np.uint64(0) - bits, bits)  # |x|, also for -2**63
+    p = np.uint64(_MODULUS)
+    reduced = (magnitude & p) + (magnitude >> np.uint64(61))
+    reduced = np.where(reduced >= p, reduced - p, reduced).view(np.int64)
+    out = np.where(negative, -reduced, reduced)
+    out[out == -1] = -2
+    return out
+
+
 def hash_batch(keys: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
     """``hash()`` of every key as ``int64`` and its int tag as ``uint8``. A batch of plain ints
     is hashed vectorised: ``hash(x) == x`` for ``-P < x < P`` (``P = 2**61 - 1``) but ``x == -1``.
@@ -95,9 +109,7 @@ def hash_batch(keys: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
         else:
             tags = (ints < _MODULUS) & (ints > -_MODULUS) & (ints != -1)
             if not tags.all():
-                ints = ints.copy()
-                for i in np.flatnonzero(~tags).tolist():
-                    ints[i] = hash(keys[i])
+                ints = python_int_hashes(ints)
             return ints, tags.view(np.uint8)
     try:
         hashes = np.fromiter(map(hash, keys), dtype=np.int64, count=n)
