@@ -107,7 +107,7 @@ def test_tiny_budget_spills_to_the_same_result(pairs, op, tmp_path_factory):
     and states are the same (int values: exact whatever the grouping of the merge)."""
     func = OPS[op]
     spill_dir = str(tmp_path_factory.mktemp("spill"))
-    typed, spills, _ = run(pairs, func, True, memory="1m", spill_dirs=[spill_dir])
+    typed, _, _ = run(pairs, func, True, memory="1m", spill_dirs=[spill_dir])
     general, _, _ = run(pairs, func, False, memory="1m", spill_dirs=[spill_dir])
     assert sorted(typed) == sorted(general) == reference(pairs, func)
 
@@ -190,3 +190,13 @@ def test_fold_kernels_match_the_reference(case, op):
     want = ref(op, gids, values, want_states, groups_before)
     assert (int(got[0]), int(got[1])) == want
     assert got_states.tobytes() == want_states.tobytes()
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.one_of(INT64, st.sampled_from([-1, -2, 0, 2**61 - 1, 2**61, -(2**63)]))))
+def test_vectorised_int_hash_is_pythons(xs):
+    from extagg.collection._batch_fold import hash_batch, python_int_hashes
+
+    assert python_int_hashes(np.array(xs, dtype=np.int64)).tolist() == [hash(x) for x in xs]
+    if xs:
+        assert hash_batch(xs)[0].tolist() == [hash(x) for x in xs]
