@@ -357,6 +357,7 @@ def main() -> None:
     parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
     parser.add_argument("--records", type=int, help="override the record count of every workload")
     parser.add_argument("--distinct", type=int, help="override the distinct keys of every workload")
+    parser.add_argument("--spill-mib", type=int, help="override the spilling budget (MiB)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per child")
     args = parser.parse_args()
     if args.child:
@@ -379,6 +380,8 @@ def main() -> None:
             spec["distinct"] = min(spec["distinct"], args.records)
         if args.distinct:
             spec["distinct"] = args.distinct
+        if args.spill_mib:
+            spec["spill"] = args.spill_mib * H.MIB
         for case in cases_of(name, spec, args.engines):
             print(f"{name} {case['engine']} {case['mode']} ...", file=sys.stderr, flush=True)
             r = H.run_case(__file__, case, runs=args.runs, warmup=args.warmup, timeout=args.timeout,
