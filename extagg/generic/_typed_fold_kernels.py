@@ -7,6 +7,8 @@ the specification (the tests compare the two).
 
 from __future__ import annotations
 
+import numpy as np
+
 from extagg._numba import jit
 from extagg.generic._typed_fold_reference import OP_ADD, OP_MAX, OP_MIN
 
@@ -14,7 +16,9 @@ __all__ = ["OP_ADD", "OP_MAX", "OP_MIN", "fold_float", "fold_int"]
 
 
 @jit()
-def fold_float(op, gids, values, states, next_new):  # pragma: no cover - compiled
+def fold_float(
+    op: int, gids: np.ndarray, values: np.ndarray, states: np.ndarray, next_new: int
+) -> tuple[int, int]:  # pragma: no cover - compiled
     """Fold ``float64`` ``values`` into ``states`` (see the reference)."""
     n = gids.shape[0]
     for i in range(n):
@@ -36,7 +40,9 @@ def fold_float(op, gids, values, states, next_new):  # pragma: no cover - compil
 
 
 @jit()
-def fold_int(op, gids, values, states, next_new):  # pragma: no cover - compiled
+def fold_int(
+    op: int, gids: np.ndarray, values: np.ndarray, states: np.ndarray, next_new: int
+) -> tuple[int, int]:  # pragma: no cover - compiled
     """Fold ``int64`` ``values`` into ``states``, stopping before an overflowing sum."""
     n = gids.shape[0]
     for i in range(n):

@@ -278,7 +278,8 @@ class TypedReduceMap:
         table = self._table
         assert table is not None
         if self.key_kind is int:
-            return table.key_words[:n, 0].view(np.int64).tolist()
+            ints: list[Any] = table.key_words[:n, 0].view(np.int64).tolist()
+            return ints
         offsets = table.var_offsets[: n + 1].tolist()
         raw = table.arena[: offsets[-1]].tobytes()
         if self._ascii:
@@ -330,4 +331,4 @@ class TypedReduceMap:
 
 
 def _hash_var(offsets: np.ndarray, data: np.ndarray, out: np.ndarray) -> None:
-    hash_var_column(offsets, data, _EMPTY_BOOL, out)
+    hash_var_column(offsets, data, _EMPTY_BOOL, out)  # type: ignore[no-untyped-call]
