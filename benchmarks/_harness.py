@@ -40,6 +40,7 @@ __all__ = [
     "machine_info",
     "markdown_table",
     "peak_rss",
+    "permute_bits",
     "permuted_key_index",
     "reset_peak_rss",
     "run_case",
@@ -259,6 +260,11 @@ def _permute_bits(x: np.ndarray, bits: int, seed: int) -> np.ndarray:
     x = (x * _MIX2) & mask
     x ^= x >> np.uint64(max(1, bits // 3))
     return x
+
+
+def permute_bits(x: np.ndarray, bits: int, seed: int) -> np.ndarray:
+    """A bijection of ``[0, 2**bits)`` (see ``permuted_key_index``), for key generators."""
+    return _permute_bits(x, bits, seed)
 
 
 def permuted_key_index(start: int, stop: int, total: int, distinct: int, seed: int) -> np.ndarray:

@@ -1,8 +1,12 @@
 """Generic engine benchmark: ExternalAppendOnlyMap vs PySpark's ExternalMerger vs a plain dict.
 
-A sum of float values over 10 M ``(key, value)`` records with 1 M and 5 M distinct int keys and
-2 M distinct string keys, fed to every engine by the same generator (records made chunk by
-chunk from seeded NumPy; no input list is held). Each engine runs in memory (a budget nothing
+A sum of float values over ``(key, value)`` records: 20 M records over 1 M full-range int64 keys
+(every one outside ±2**61, where Python's ``hash(x) != x``) and 5 M records over 1 M short
+strings (``user_123``), plus the older 10 M-record workloads (1 M and 5 M int keys below 2**48,
+2 M strings ``key-%012x``), fed to every engine by the same generator (records made chunk by
+chunk from seeded NumPy; no input list is held). ``extagg`` and ``merger`` fold with the same
+Python lambdas (``lambda v: v``, ``lambda c, v: c + v``): the general path. ``extagg-typed`` is
+``Aggregator.reducing(operator.add)``, which the map folds in compiled code (its typed path). Each engine runs in memory (a budget nothing
 reaches) and at a small budget that makes both spilling engines spill. ``ExternalMerger``
 compares its limit with the whole process RSS, so it gets the budget above the child's RSS at
 the start of the timed block. Every run is a fresh process (see ``_harness``): one untimed
@@ -42,17 +46,28 @@ PRIME_RECORDS = 20_000
 
 #: name → records, distinct keys, key kind, spilling budget (bytes)
 WORKLOADS: dict[str, dict[str, Any]] = {
+    "int64-1M": {
+        "records": 20_000_000,
+        "distinct": 1_000_000,
+        "kind": "int64",
+        "spill": 64 * H.MIB,
+    },
+    "user-1M": {"records": 5_000_000, "distinct": 1_000_000, "kind": "user", "spill": 64 * H.MIB},
     "int-1M": {"records": 10_000_000, "distinct": 1_000_000, "kind": "int", "spill": 64 * H.MIB},
     "int-5M": {"records": 10_000_000, "distinct": 5_000_000, "kind": "int", "spill": 128 * H.MIB},
     "str-2M": {"records": 10_000_000, "distinct": 2_000_000, "kind": "str", "spill": 128 * H.MIB},
 }
 QUICK_WORKLOADS: dict[str, dict[str, Any]] = {
+    "int64-1M": {"records": 200_000, "distinct": 10_000, "kind": "int64", "spill": 8 * H.MIB},
+    "user-1M": {"records": 200_000, "distinct": 40_000, "kind": "user", "spill": 8 * H.MIB},
     "int-1M": {"records": 200_000, "distinct": 20_000, "kind": "int", "spill": 8 * H.MIB},
     "int-5M": {"records": 200_000, "distinct": 100_000, "kind": "int", "spill": 8 * H.MIB},
     "str-2M": {"records": 200_000, "distinct": 40_000, "kind": "str", "spill": 8 * H.MIB},
 }
-ENGINES = ("extagg", "merger", "dict", "feed")
-SPILLING_ENGINES = ("extagg", "merger")
+ENGINES = ("extagg", "extagg-typed", "merger", "dict", "feed")
+SPILLING_ENGINES = ("extagg", "extagg-typed", "merger")
+#: workloads a full run measures unless ``--workloads`` says otherwise
+DEFAULT_WORKLOADS = ("int64-1M", "user-1M")
 
 
 # ---------------------------------------------------------------------------- the input
@@ -62,30 +77,50 @@ def records(total: int, distinct: int, kind: str, seed: int = SEED) -> Iterator[
     """The deterministic record stream: every key exactly ``total // distinct`` times, scattered."""
     for start in range(0, total, CHUNK):
         stop = min(total, start + CHUNK)
-        keys = H.scramble_keys(H.permuted_key_index(start, stop, total, distinct, seed)).tolist()
+        index = H.permuted_key_index(start, stop, total, distinct, seed)
+        if kind == "int64":
+            keys = full_range_keys(index).tolist()
+        elif kind == "user":
+            keys = [f"user_{k}" for k in index.tolist()]
+        else:
+            keys = H.scramble_keys(index).tolist()
         if kind == "str":
             keys = [f"key-{k:012x}" for k in keys]
         values = np.random.default_rng([seed, start]).random(stop - start).tolist()
         yield from zip(keys, values)
 
 
+def full_range_keys(index: np.ndarray) -> np.ndarray:
+    """Distinct key numbers → distinct int64 keys with ``2**62 <= |key| < 2**63``, both signs
+    (a 62-bit bijection; its low bit is the sign): 64-bit ids, where ``hash(x) != x``."""
+    mixed = H.permute_bits(index.astype(np.uint64), 62, SEED)
+    magnitude = ((mixed >> np.uint64(1)) + np.uint64(1 << 62)).astype(np.int64)
+    return np.where((mixed & np.uint64(1)) == 1, -magnitude, magnitude)
+
+
 # ---------------------------------------------------------------------------- the engines
 
+#: the combiner functions of ``extagg`` and ``merger``: Python lambdas, as PySpark jobs pass
+LAMBDAS = (lambda v: v, lambda c, v: c + v, lambda a, b: a + b)
 
-def run_extagg(stream: Iterator[tuple[Any, float]], budget: int, force: int | None = None) -> dict:
+
+def run_extagg(
+    stream: Iterator[tuple[Any, float]], budget: int, force: int | None = None, typed: bool = False
+) -> dict:
     from extagg import Aggregator, ExternalAppendOnlyMap
 
     groups, total = 0, 0.0
-    with ExternalAppendOnlyMap(
-        Aggregator.reducing(operator.add), memory=budget, force_spill_every=force
-    ) as m:
+    aggregator = Aggregator.reducing(operator.add) if typed else Aggregator(*LAMBDAS)
+    with ExternalAppendOnlyMap(aggregator, memory=budget, force_spill_every=force) as m:
         m.insert_all(stream)
         peak_after_insert = H.peak_rss()  # where the peak came: folding or merging
+        typed_path = type(m._map).__name__ == "TypedReduceMap"
         for _, c in m.iterator():
             groups += 1
             total += c
         mt = m.metrics
     return {
+        "typed_path": typed_path,
         "groups": groups,
         "total": total,
         "spills": mt.spill_count,
@@ -105,7 +140,7 @@ def run_merger(stream: Iterator[tuple[Any, float]], budget: int) -> dict:
     disk_before, memory_before = ps.DiskBytesSpilled, ps.MemoryBytesSpilled
     try:
         m = ps.ExternalMerger(
-            ps.Aggregator(_identity, operator.add, operator.add),
+            ps.Aggregator(*LAMBDAS),
             memory_limit=limit_mib,
             localdirs=[spill_dir],
         )
@@ -129,10 +164,6 @@ def run_merger(stream: Iterator[tuple[Any, float]], budget: int) -> dict:
     }
 
 
-def _identity(v: Any) -> Any:
-    return v
-
-
 def run_dict(stream: Iterator[tuple[Any, float]], budget: int) -> dict:
     d: dict[Any, float] = {}
     get = d.get
@@ -152,7 +183,17 @@ def run_feed(stream: Iterator[tuple[Any, float]], budget: int) -> dict:
     return {"records": n}
 
 
-RUNNERS = {"extagg": run_extagg, "merger": run_merger, "dict": run_dict, "feed": run_feed}
+def run_extagg_typed(stream: Iterator[tuple[Any, float]], budget: int) -> dict:
+    return run_extagg(stream, budget, typed=True)
+
+
+RUNNERS = {
+    "extagg": run_extagg,
+    "extagg-typed": run_extagg_typed,
+    "merger": run_merger,
+    "dict": run_dict,
+    "feed": run_feed,
+}
 
 
 def child(case: dict[str, Any]) -> dict[str, Any]:
@@ -165,8 +206,8 @@ def child(case: dict[str, Any]) -> dict[str, Any]:
     run = RUNNERS[case["engine"]]
     budget = case["budget"]
     prime = records(PRIME_RECORDS, max(1, PRIME_RECORDS // 10), case["kind"], seed=SEED + 1)
-    if case["engine"] == "extagg":
-        run_extagg(prime, budget, force=PRIME_RECORDS // 4)  # loads the spill and merge paths
+    if case["engine"].startswith("extagg"):  # loads the spill and merge paths
+        run_extagg(prime, budget, force=PRIME_RECORDS // 4, typed=case["engine"] != "extagg")
     else:
         run(prime, budget)
     stream = records(case["records"], case["distinct"], case["kind"])
@@ -237,16 +278,21 @@ def _median(results: list[dict[str, Any]], workload: str, engine: str, mode: str
 
 
 def target_rows(results: list[dict[str, Any]], workloads: list[str]) -> list[list[str]]:
+    """Issue 11's targets: the general path ≥ 1.2× ExternalMerger in memory and ≥ 2× while both
+    spill, the typed path ≥ 1× a dict loop; peak RSS ≤ 1.25 × the budget."""
+
+    def ratio(a, b, target=None):
+        if not (a and b):
+            return "–"
+        mark = "" if target is None else (" ✅" if a >= target * b else " ❌")
+        return f"{a / b:.2f}×{mark}"
+
     rows = []
     for w in workloads:
-        ext_mem = _median(results, w, "extagg", "in memory", "seconds")
-        ext_sp = _median(results, w, "extagg", "spilling", "seconds")
-        em_mem = _median(results, w, "merger", "in memory", "seconds")
-        em_sp = _median(results, w, "merger", "spilling", "seconds")
-        dict_mem = _median(results, w, "dict", "in memory", "seconds")
-        em_spills = _median(results, w, "merger", "spilling", "spills")
-        ext_spills = _median(results, w, "extagg", "spilling", "spills")
-        peak = _median(results, w, "extagg", "spilling", "peak_above_baseline")
+
+        def med(engine, mode, field="seconds", w=w):
+            return _median(results, w, engine, mode, field)
+
         budget = next(
             (
                 r["case"]["budget"]
@@ -255,24 +301,23 @@ def target_rows(results: list[dict[str, Any]], workloads: list[str]) -> list[lis
             ),
             None,
         )
-
-        def ratio(a, b):
-            return f"{a / b:.2f}×" if a and b else "–"
-
-        no_spill = ratio(em_mem, ext_mem)
-        spill = ratio(em_sp, ext_sp)
+        peaks = []
+        for engine in ("extagg", "extagg-typed"):
+            peak = med(engine, "spilling", "peak_above_baseline")
+            if peak is not None and budget:
+                mark = " ✅" if peak <= 1.25 * budget else " ❌"
+                peaks.append(f"{engine}: {peak / budget:.2f}×{mark}")
+        spills = [med(e, "spilling", "spills") for e in ("extagg", "extagg-typed", "merger")]
         rows.append(
             [
                 w,
-                no_spill + (" ✅" if em_mem and ext_mem and em_mem >= ext_mem else " ❌"),
-                spill + (" ✅" if em_sp and ext_sp and em_sp >= 1.5 * ext_sp else " ❌"),
-                f"{ext_spills:.0f} / {em_spills:.0f}"
-                if ext_spills is not None and em_spills is not None
-                else "–",
-                (f"{peak / budget:.2f}× budget" + (" ✅" if peak <= 1.25 * budget else " ❌"))
-                if peak is not None and budget
-                else "–",
-                ratio(dict_mem, ext_mem),
+                ratio(med("merger", "in memory"), med("extagg", "in memory"), 1.2),
+                ratio(med("merger", "spilling"), med("extagg", "spilling"), 2.0),
+                ratio(med("dict", "in memory"), med("extagg-typed", "in memory"), 1.0),
+                ratio(med("merger", "spilling"), med("extagg-typed", "spilling")),
+                ratio(med("dict", "in memory"), med("extagg", "in memory")),
+                " / ".join("–" if x is None else f"{x:.0f}" for x in spills),
+                "; ".join(peaks) or "–",
             ]
         )
     return rows
@@ -284,9 +329,10 @@ def render(results: list[dict[str, Any]], workloads: list[str], info: dict[str, 
         "spills", "spilled (disk)", "peak RSS above baseline (min–max)", "peak/budget", "baseline RSS",
     ]  # fmt: skip
     targets = [
-        "workload", "no spill: ExternalMerger time / extagg time (target ≥ 1)",
-        "both spill: ExternalMerger / extagg (target ≥ 1.5)", "spills extagg / merger",
-        "extagg peak RSS above baseline (target ≤ 1.25 × budget)", "dict time / extagg time",
+        "workload", "in memory: merger / extagg (target ≥ 1.2)",
+        "both spill: merger / extagg (target ≥ 2)", "dict / extagg-typed (target ≥ 1)",
+        "both spill: merger / extagg-typed", "dict / extagg", "spills extagg / typed / merger",
+        "peak RSS above baseline / budget (target ≤ 1.25)",
     ]  # fmt: skip
     load = ", ".join(f"{x:.1f}" for x in info["load_average"])
     load_end = ", ".join(f"{x:.1f}" for x in info.get("load_average_end", []))
@@ -310,6 +356,8 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS))
     parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
     parser.add_argument("--records", type=int, help="override the record count of every workload")
+    parser.add_argument("--distinct", type=int, help="override the distinct keys of every workload")
+    parser.add_argument("--spill-mib", type=int, help="override the spilling budget (MiB)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per child")
     args = parser.parse_args()
     if args.child:
@@ -321,7 +369,7 @@ def main() -> None:
     args.checkpoint = H.checkpoint_file(args, f"generic{suffix}")
     args.runs = args.runs if args.runs is not None else (1 if args.quick else 3)
     args.warmup = args.warmup if args.warmup is not None else (0 if args.quick else 1)
-    names = args.workloads or list(table)
+    names = args.workloads or list(table if args.quick else DEFAULT_WORKLOADS)
     info = H.machine_info()
     results = []
     started = time.perf_counter()
@@ -330,6 +378,10 @@ def main() -> None:
         if args.records:
             spec["records"] = args.records
             spec["distinct"] = min(spec["distinct"], args.records)
+        if args.distinct:
+            spec["distinct"] = args.distinct
+        if args.spill_mib:
+            spec["spill"] = args.spill_mib * H.MIB
         for case in cases_of(name, spec, args.engines):
             print(f"{name} {case['engine']} {case['mode']} ...", file=sys.stderr, flush=True)
             r = H.run_case(__file__, case, runs=args.runs, warmup=args.warmup, timeout=args.timeout,

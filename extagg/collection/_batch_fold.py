@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 
 from extagg.collection import _kernels
-from extagg.collection._kernels import NEW
+from extagg.collection._kernels import NEW, UNCONFIRMED
 from extagg.errors import BadKeyError
 
-__all__ = ["UNCREATED", "BatchFoldMixin", "hash_batch", "hash_key", "int_tag"]
+__all__ = ["UNCREATED", "BatchFoldMixin", "hash_batch", "hash_key", "int_tag", "python_int_hashes"]
 
 _MODULUS = sys.hash_info.modulus
 _INT_HASH_IS_VALUE = sys.hash_info.width == 64 and _MODULUS == (1 << 61) - 1
@@ -77,9 +77,24 @@ def int_tag(key: Any, h: int) -> int:
     return 1 if type(key) is int and h == key else 0
 
 
-def hash_batch(keys: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
-    """``hash()`` of every key as ``int64`` and its int tag as ``uint8``. A batch of plain ints
-    is hashed vectorised: ``hash(x) == x`` for ``-P < x < P`` (``P = 2**61 - 1``) but ``x == -1``.
+def python_int_hashes(ints: np.ndarray) -> np.ndarray:
+    """``hash(x)`` of every ``int64`` value, vectorised: ``|x| mod P`` with the sign of ``x``
+    (``P = 2**61 - 1``), ``-1`` becoming ``-2`` (64-bit CPython's integer hash)."""
+    bits = ints.view(np.uint64)
+    negative = ints < 0
+    magnitude = np.where(negative, np.uint64(0) - bits, bits)  # |x|, also for -2**63
+    p = np.uint64(_MODULUS)
+    reduced = (magnitude & p) + (magnitude >> np.uint64(61))
+    reduced = np.where(reduced >= p, reduced - p, reduced).view(np.int64)
+    out = np.where(negative, -reduced, reduced)
+    out[out == -1] = -2
+    return out
+
+
+def hash_batch(keys: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``hash()`` of every key as ``int64``, its int tag as ``uint8``, and the keys themselves as
+    ``int64`` when all are exact ints that fit (else ``None``). A batch of plain ints is hashed
+    vectorised: ``hash(x) == x`` for ``-P < x < P`` (``P = 2**61 - 1``) but ``x == -1``.
     """
     n = len(keys)
     if (
@@ -94,11 +109,8 @@ def hash_batch(keys: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
             pass
         else:
             tags = (ints < _MODULUS) & (ints > -_MODULUS) & (ints != -1)
-            if not tags.all():
-                ints = ints.copy()
-                for i in np.flatnonzero(~tags).tolist():
-                    ints[i] = hash(keys[i])
-            return ints, tags.view(np.uint8)
+            hashes = ints if tags.all() else python_int_hashes(ints)
+            return hashes, tags.view(np.uint8), ints
     try:
         hashes = np.fromiter(map(hash, keys), dtype=np.int64, count=n)
     except Exception as err:
@@ -107,7 +119,7 @@ def hash_batch(keys: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
             raise
         index, key_err = failure
         raise key_error(index, keys[index], key_err) from err
-    return hashes, np.zeros(n, dtype=np.uint8)
+    return hashes, np.zeros(n, dtype=np.uint8), None
 
 
 def first_mismatch(
@@ -139,6 +151,8 @@ class BatchFoldMixin:
     __slots__ = ()
     _table: np.ndarray
     _hashes: np.ndarray
+    _int_keys: np.ndarray
+    _is_int: np.ndarray
     _keys: list[Any]
     _values: list[Any]
     _size: int
@@ -170,7 +184,7 @@ class BatchFoldMixin:
         if n == 0:
             return
         try:
-            hashes, tags = hash_batch(keys)
+            hashes, tags, ints = hash_batch(keys)
         except BadKeyError as failure:
             if failure.index:  # fold the records before the bad key, then report it
                 self.fold(keys[: failure.index], values[: failure.index], create_combiner,
@@ -204,7 +218,8 @@ class BatchFoldMixin:
                     keys,
                     values,
                     hashes,
-                    entries[start:stop].tolist(),
+                    ints,
+                    entries[start:stop],
                     status[start:stop],
                     start,
                     size_before,
@@ -240,7 +255,8 @@ class BatchFoldMixin:
         keys: Sequence[Hashable],
         values: Sequence[Any],
         hashes: np.ndarray,
-        chunk_entries: list[int],
+        ints: np.ndarray | None,
+        entry_array: np.ndarray,
         chunk_status: np.ndarray,
         start: int,
         size_before: int,
@@ -259,17 +275,25 @@ class BatchFoldMixin:
         the entries left without a key or combiner (:meth:`_drop_uncreated`).
         """
         table_keys, table_values = self._keys, self._values
+        chunk_entries = entry_array.tolist()
         count = len(chunk_entries)
         chunk_keys = keys[start : start + count]
+        chunk_ints = None if ints is None else ints[start : start + count]
         added = self._size - size_before
         new_positions: list[int] = []
         if added:
-            new_positions = np.flatnonzero(chunk_status == NEW).tolist()
+            new_array = np.flatnonzero(chunk_status == NEW)
+            new_positions = new_array.tolist()
             table_keys.extend([chunk_keys[i] for i in new_positions])
             table_values.extend([UNCREATED] * added)
+            if chunk_ints is not None:  # keep a copy of int keys: matches confirm in NumPy
+                self._int_keys[size_before : self._size] = chunk_ints[new_array]
+            self._is_int[size_before : self._size] = chunk_ints is not None
         end = count
         eq_error: BaseException | None = None
-        if unconfirmed:
+        if unconfirmed and not (
+            chunk_ints is not None and self._ints_confirm(entry_array, chunk_status, chunk_ints)
+        ):
             end, eq_error = first_mismatch(table_keys, chunk_entries, chunk_keys)
             if end < count:
                 self._truncate(size_before + bisect.bisect_left(new_positions, end))
@@ -311,6 +335,18 @@ class BatchFoldMixin:
             self._insert_new(key, h, create_combiner(value), ~entry)
         self._after_updates(1)
         return record + 1
+
+    def _ints_confirm(
+        self, entry_array: np.ndarray, chunk_status: np.ndarray, chunk_ints: np.ndarray
+    ) -> bool:
+        """Whether every hash match of an all-int chunk is a key match, decided on the entries'
+        int-key copies (exact ints equal exactly when their values are); ``False`` sends the
+        chunk to the Python comparison, which finds the first mismatch."""
+        matched = np.flatnonzero(chunk_status == UNCONFIRMED)
+        found = entry_array[matched]
+        return bool(
+            self._is_int[found].all() and np.array_equal(self._int_keys[found], chunk_ints[matched])
+        )
 
     def _after_updates(self, n: int) -> None:
         """Hook: ``n`` records were folded (the size-tracking subclass counts them)."""

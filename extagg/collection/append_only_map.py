@@ -50,6 +50,10 @@ SORT_BYTES_PER_ENTRY = 24
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _M64 = (1 << 64) - 1
+_INT64_MIN = -(1 << 63)
+_INT64_MAX = (1 << 63) - 1
+#: bytes per entry of the entry arrays: the cached hash, the int-key copy and its flag
+ENTRY_ARRAY_BYTES = 8 + 8 + 1
 
 
 def next_power_of_2(n: int) -> int:
@@ -80,6 +84,8 @@ class AppendOnlyMap(BatchFoldMixin):
         "_folded",
         "_grow_threshold",
         "_hashes",
+        "_int_keys",
+        "_is_int",
         "_keys",
         "_mask",
         "_shift",
@@ -110,6 +116,8 @@ class AppendOnlyMap(BatchFoldMixin):
         self._keys: list[Any] = []
         self._values: list[Any] = []
         self._hashes = np.empty(0, dtype=np.int64)
+        self._int_keys = np.empty(0, dtype=np.int64)
+        self._is_int = np.empty(0, dtype=np.bool_)
         self._set_capacity(next_power_of_2(initial_capacity))
         self._table = np.full(self._capacity, EMPTY, dtype=np.int32)
 
@@ -119,6 +127,9 @@ class AppendOnlyMap(BatchFoldMixin):
         hashes = np.empty(self._grow_threshold, dtype=np.int64)
         hashes[: self._size] = self._hashes[: self._size]
         self._hashes = hashes
+        self._int_keys, self._is_int = _grown_int_keys(
+            self._int_keys, self._is_int, self._grow_threshold, self._size
+        )
 
     def _check_valid(self) -> None:
         if self._destroyed:
@@ -184,6 +195,10 @@ class AppendOnlyMap(BatchFoldMixin):
         entry = self._size
         self._table[empty_pos] = 2 * entry + int_tag(key, h)
         self._hashes[entry] = h
+        is_int = type(key) is int and _INT64_MIN <= key <= _INT64_MAX
+        self._is_int[entry] = is_int
+        if is_int:
+            self._int_keys[entry] = key
         self._keys.append(key)
         self._values.append(value)
         self._size = entry + 1
@@ -239,7 +254,7 @@ class AppendOnlyMap(BatchFoldMixin):
         The engine asks the memory manager for these before a chunk that may grow the table.
         """
         new_capacity = self._capacity * 2
-        return new_capacity * 4 + int(LOAD_FACTOR * new_capacity) * 8
+        return new_capacity * 4 + int(LOAD_FACTOR * new_capacity) * ENTRY_ARRAY_BYTES
 
     def _grow_table(self) -> None:
         """Double the capacity, re-inserting every slot in slot order (Spark's growTable).
@@ -256,7 +271,9 @@ class AppendOnlyMap(BatchFoldMixin):
         hashes[: self._size] = self._hashes[: self._size]
         table = np.full(new_capacity, EMPTY, dtype=np.int32)
         _kernels.rehash_table(self._table, hashes, table, shift, mask)
+        int_keys, is_int = _grown_int_keys(self._int_keys, self._is_int, threshold, self._size)
         self._table, self._hashes = table, hashes
+        self._int_keys, self._is_int = int_keys, is_int
         self._capacity, self._mask, self._shift, self._grow_threshold = (
             capacity,
             mask,
@@ -322,8 +339,7 @@ class AppendOnlyMap(BatchFoldMixin):
         self._destroyed = True
         self._size = 0
         self._keys, self._values = [], []
-        self._table = np.empty(0, dtype=np.int32)
-        self._hashes = np.empty(0, dtype=np.int64)
+        self._drop_arrays()
         order = _kernels.stable_argsort_u64(unsorted)
         hashes = unsorted[order]
         return hashes, order, keys, values
@@ -335,9 +351,14 @@ class AppendOnlyMap(BatchFoldMixin):
         self._destroyed = True
         self._size = 0
         self._keys, self._values = [], []
+        self._drop_arrays()
+        return keys, values
+
+    def _drop_arrays(self) -> None:
         self._table = np.empty(0, dtype=np.int32)
         self._hashes = np.empty(0, dtype=np.int64)
-        return keys, values
+        self._int_keys = np.empty(0, dtype=np.int64)
+        self._is_int = np.empty(0, dtype=np.bool_)
 
     def destructive_sorted_iterator(self) -> Iterator[tuple[Any, Any]]:
         """Destroy the map now and iterate ``(key, value)`` in order-hash order."""
@@ -370,6 +391,8 @@ class AppendOnlyMap(BatchFoldMixin):
                 raise AssertionError(f"entry {entry}: cached hash != hash({key!r})")
             if table[pos] & 1 and not int_tag(key, h):  # 0 is always safe (no shortcut)
                 raise AssertionError(f"entry {entry}: int tag on {key!r}")
+            if self._is_int[entry] and self._int_keys[entry] != key:
+                raise AssertionError(f"entry {entry}: int key copy != {key!r}")
             if self._values[entry] is UNCREATED:
                 raise AssertionError(f"entry {entry} ({key!r}) has no combiner")
             probe, step = (((h * _GOLDEN) & _M64) >> self._shift) & mask, 1
@@ -380,6 +403,17 @@ class AppendOnlyMap(BatchFoldMixin):
             if key in seen:
                 raise AssertionError(f"key {key!r} is entries {seen[key]} and {entry}")
             seen[key] = entry
+
+
+def _grown_int_keys(
+    int_keys: np.ndarray, is_int: np.ndarray, length: int, keep: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The int-key copy arrays resized to ``length`` entries, the first ``keep`` kept."""
+    new_keys = np.empty(length, dtype=np.int64)
+    new_is_int = np.zeros(length, dtype=np.bool_)
+    new_keys[:keep] = int_keys[:keep]
+    new_is_int[:keep] = is_int[:keep]
+    return new_keys, new_is_int
 
 
 def _gather_pairs(

@@ -128,6 +128,8 @@ class SizeTrackingAppendOnlyMap(AppendOnlyMap):
             getsizeof(self)
             + getsizeof(self._table)
             + getsizeof(self._hashes)
+            + getsizeof(self._int_keys)
+            + getsizeof(self._is_int)
             + getsizeof(self._keys)
             + getsizeof(self._values)
         )

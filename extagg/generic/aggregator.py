@@ -48,6 +48,15 @@ class Aggregator(Generic[V, C]):
         """An aggregator for ``reduceByKey``-style folds: ``func`` merges values and combiners."""
         return cls(_identity, func, func)
 
+    @property
+    def reduce_function(self) -> Callable[[Any, Any], Any] | None:
+        """``func`` when this aggregator is ``Aggregator.reducing(func)`` (the identity creates
+        the combiner, ``func`` merges values and combiners), else ``None``. The generic engine
+        folds ``operator.add``, ``min`` and ``max`` over plain numbers in compiled code."""
+        if self.create_combiner is _identity and self.merge_value is self.merge_combiners:
+            return self.merge_value
+        return None
+
 
 def _identity(value: Any) -> Any:
     return value

@@ -16,6 +16,7 @@ acquired like any other memory; it is also capped at 1/16 of the manager so tiny
 from __future__ import annotations
 
 import logging
+import operator
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from itertools import chain, islice
@@ -36,6 +37,7 @@ from extagg.generic.aggregator import Aggregator
 from extagg.generic.keys import canonical_keys
 from extagg.generic.memory_rows import SpillableMemorySource, UnsortedMemoryRows
 from extagg.generic.merge_phase import OBJECT_EXPANSION, merged_pairs
+from extagg.generic.typed_map import TypedReduceMap, typed_op
 from extagg.memory import Consumer, TaskMemoryManager, UnifiedMemoryManager
 from extagg.merge.heap import BlockSource, RunSource
 from extagg.spill.blocks import ObjectBlock, PermutedObjectBlock
@@ -48,6 +50,8 @@ log = logging.getLogger(__name__)
 
 #: records folded per call into the map; spilling is checked between chunks (Spark: every 32)
 CHUNK = 1024
+#: the same on the typed path (compiled folds amortise their per-chunk cost over more records)
+TYPED_CHUNK = 4096
 MIN_SPILL_FLOOR = 64 * 1024
 
 INSERT_AFTER_ITERATOR = "Cannot insert new elements into a map after calling iterator"
@@ -87,6 +91,10 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
         spill after every N records.
     name
         Name in logs and memory reports (default: class name and a counter).
+    typed_path
+        Fold ``Aggregator.reducing(operator.add | min | max)`` over plain ``int``/``str`` keys
+        and ``int``/``float`` values in compiled code (:mod:`extagg.generic.typed_map`) while
+        the records allow it (default ``True``; results are the same either way).
 
     Raises
     ------
@@ -127,6 +135,7 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
         max_spill_bytes: int | str | None = None,
         force_spill_every: int | None = None,
         name: str | None = None,
+        typed_path: bool = True,
     ) -> None:
         if not isinstance(aggregator, Aggregator):
             raise TypeError(
@@ -148,13 +157,29 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
         self.initial_threshold = max(
             min(INITIAL_MEMORY_THRESHOLD, max_memory // 16), min(MIN_SPILL_FLOOR, max_memory // 4)
         )
-        self._map: SizeTrackingAppendOnlyMap | None = SizeTrackingAppendOnlyMap()
+        #: the typed path's operation while records fit it (None: the general path for good)
+        self._typed_op = typed_op(aggregator.reduce_function) if typed_path else None
+        self._map: SizeTrackingAppendOnlyMap | TypedReduceMap | None = self._new_map()
         self._row_bytes = 64  # in-memory bytes of one row, as last measured
         self._reading: SpillableMemorySource | UnsortedMemoryRows | None = None
         #: the rows of a spill not yet committed (put back into the map if it fails)
         self._unspilled: tuple[list[Any], list[Any]] | None = None
         every = self.force_spill_every
-        self._chunk = CHUNK if every is None else min(CHUNK, every)
+        chunk = CHUNK if self._typed_op is None else TYPED_CHUNK
+        self._chunk = chunk if every is None else min(chunk, every)
+
+    def _new_map(self) -> SizeTrackingAppendOnlyMap | TypedReduceMap:
+        if self._typed_op is not None:
+            return TypedReduceMap(self._typed_op)
+        return SizeTrackingAppendOnlyMap()
+
+    def _to_general(self, typed: TypedReduceMap) -> SizeTrackingAppendOnlyMap:
+        """Records that do not fit the typed path: move its groups to a general map, for good."""
+        general = typed.to_general()
+        self._map = general
+        self._typed_op = None
+        log.debug("%s: records left the typed path; %d groups moved", self.name, len(general))
+        return general
 
     # ------------------------------------------------------------------ inserting
     def insert(self, key: Hashable, value: Any) -> None:
@@ -184,20 +209,12 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
             if not chunk:
                 return
             failure: BaseException | None = None
-            try:
-                keys, values = zip(*chunk, strict=True)
-            except (TypeError, ValueError):
+            split = _split_pairs(chunk)
+            if split is None:
                 bad = _first_bad_pair(chunk)
                 failure = TypeError(_bad_pairs_message(chunk[bad], offset + bad))
-                chunk = chunk[:bad]
-                keys, values = zip(*chunk) if chunk else ((), ())
-            key_list = list(keys)
-            try:
-                canonical_keys(key_list, offset)
-            except BadKeyError as err:
-                failure = err
-                del key_list[err.index - offset :]
-                values = values[: len(key_list)]
+                split = _split_pairs(chunk[:bad]) or ([], [])
+            key_list, values = split
             if key_list:
                 self._fold_chunk(key_list, values, create, merge, offset)
             if failure is not None:
@@ -231,26 +248,52 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
                 current = self._map
                 assert current is not None
             with deferred_interrupts():
-                try:
-                    current.fold(keys, values, create, merge)
-                except BadKeyError as err:
-                    err.index += offset
-                    raise
-                except BaseException as err:
-                    at = offset + current.last_fold_count
-                    if hasattr(err, "add_note"):  # Python 3.11+
-                        err.add_note(
-                            f"raised while folding record {at} of the input into {self.name}; "
-                            f"the {at} records before it are folded, it and the rest are not"
-                        )
-                    raise
-                finally:
-                    done = current.last_fold_count
-                    self.elements_read += done
-                    self.metrics.records_read += done
+                if isinstance(current, TypedReduceMap):
+                    typed = current.fold_typed(keys, values)
+                    self.elements_read += typed
+                    self.metrics.records_read += typed
+                    if typed < len(keys):  # the rest does not fit: the general path from here
+                        current = self._to_general(current)
+                        keys, values = keys[typed:], values[typed:]
+                        offset += typed
+                if not isinstance(current, TypedReduceMap):
+                    try:
+                        canonical_keys(keys, offset)  # the typed path takes plain keys only
+                    except BadKeyError as err:
+                        cut = err.index - offset  # fold the records before the bad key
+                        self._fold_general(current, keys[:cut], values[:cut], create, merge, offset)
+                        raise
+                    self._fold_general(current, keys, values, create, merge, offset)
             self._check_largest_entry(current)
 
-    def _check_largest_entry(self, current: SizeTrackingAppendOnlyMap) -> None:
+    def _fold_general(
+        self,
+        current: SizeTrackingAppendOnlyMap,
+        keys: list[Any],
+        values: Sequence[Any],
+        create: Callable[[Any], Any],
+        merge: Callable[[Any, Any], Any],
+        offset: int,
+    ) -> None:
+        try:
+            current.fold(keys, values, create, merge)
+        except BadKeyError as err:
+            err.index += offset
+            raise
+        except BaseException as err:
+            at = offset + current.last_fold_count
+            if hasattr(err, "add_note"):  # Python 3.11+
+                err.add_note(
+                    f"raised while folding record {at} of the input into {self.name}; "
+                    f"the {at} records before it are folded, it and the rest are not"
+                )
+            raise
+        finally:
+            done = current.last_fold_count
+            self.elements_read += done
+            self.metrics.records_read += done
+
+    def _check_largest_entry(self, current: SizeTrackingAppendOnlyMap | TypedReduceMap) -> None:
         """A record larger than the whole budget can never be spilled and merged: say so now
         (and take no more input), not at the merge after reading everything."""
         size, key = current.largest_entry
@@ -342,7 +385,7 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
         started = time.perf_counter()
         with deferred_interrupts():
             hashes, order, keys, values = self._map.destructive_sort_order()
-            self._map = SizeTrackingAppendOnlyMap()
+            self._map = self._new_map()
             self._unspilled = (keys, values)
         try:
             self._write_run(
@@ -366,7 +409,15 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
             return
         with deferred_interrupts():
             keys, values = pending
-            self._map.fold(keys, values, _identity, self.aggregator.merge_combiners)
+            current = self._map
+            if isinstance(current, TypedReduceMap):
+                typed = current.fold_typed(keys, values)  # combiners fold as values do
+                if typed == len(keys):
+                    self._unspilled = None
+                    return
+                current = self._to_general(current)
+                keys, values = keys[typed:], values[typed:]
+            current.fold(keys, values, _identity, self.aggregator.merge_combiners)
             self._unspilled = None
 
     def _batch_rows(self, block: ObjectBlock | PermutedObjectBlock | None = None) -> int:
@@ -510,6 +561,25 @@ def _identity(combiner: Any) -> Any:
 
 def _forced_by(trigger: Any) -> str:
     return f"forced by {getattr(trigger, 'name', trigger)}"
+
+
+_FIRST = operator.itemgetter(0)
+_SECOND = operator.itemgetter(1)
+
+
+def _split_pairs(chunk: list[Any]) -> tuple[list[Any], list[Any]] | None:
+    """``(keys, values)`` of a chunk of ``(key, value)`` pairs, or ``None`` if an item is not
+    a pair. Plain 2-tuples (the usual input) are split by C-level passes; ``zip(*chunk)``
+    costs ~0.6 µs per record here, four times more."""
+    n = len(chunk)
+    count = operator.countOf
+    if count(map(type, chunk), tuple) == n and count(map(len, chunk), 2) == n:
+        return list(map(_FIRST, chunk)), list(map(_SECOND, chunk))
+    try:
+        keys, values = zip(*chunk, strict=True)
+    except (TypeError, ValueError):
+        return None
+    return list(keys), list(values)
 
 
 def _first_bad_pair(chunk: list[Any]) -> int:

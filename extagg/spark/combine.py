@@ -140,16 +140,12 @@ def merge_partition(
     Callable[[Iterator], Iterator]
         Yields one ``(key, combiner)`` pair per key of its partition.
     """
-    aggregator: Aggregator[Any, Any] = Aggregator(_identity, merge_combiners, merge_combiners)
+    aggregator: Aggregator[Any, Any] = Aggregator.reducing(merge_combiners)
 
     def merge_combined(pairs: Iterable[tuple[Any, Any]]) -> Iterator[tuple[Any, Any]]:
         return _run_map(aggregator, pairs, memory, spill_dirs, force_spill_every)
 
     return merge_combined
-
-
-def _identity(value: Any) -> Any:
-    return value
 
 
 def _require_rdd(rdd: Any, function: str) -> None:

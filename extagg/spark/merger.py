@@ -42,10 +42,6 @@ def report_spill(metrics: SpillMetrics) -> None:
     shuffle.DiskBytesSpilled += int(metrics.disk_bytes_spilled)
 
 
-def _identity(value: Any) -> Any:
-    return value
-
-
 def _is_group_by_key(agg: Any) -> bool:
     """Whether ``agg`` is the list aggregator PySpark's ``RDD.groupByKey`` builds."""
     fn = getattr(agg, "createCombiner", None)
@@ -115,7 +111,7 @@ class SparkMerger:
         if mode == "values":
             aggregator = Aggregator(agg.createCombiner, agg.mergeValue, agg.mergeCombiners)
         else:
-            aggregator = Aggregator(_identity, agg.mergeCombiners, agg.mergeCombiners)
+            aggregator = Aggregator.reducing(agg.mergeCombiners)
         self._mode = mode
         self._map = ExternalAppendOnlyMap(
             aggregator, memory=self.budget, spill_dirs=self.localdirs, name="pyspark-merger"

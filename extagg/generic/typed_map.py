@@ -1,0 +1,334 @@
+"""The typed path of :class:`~extagg.generic.external_map.ExternalAppendOnlyMap`.
+
+For ``Aggregator.reducing(operator.add | min | max)`` — ``reduceByKey(add)``, the sums, minima
+and maxima most jobs run — over records whose keys are all exact ``int`` (fitting ``int64``) or
+all exact ``str`` and whose values are all exact ``float`` or all exact ``int``, a chunk of
+records becomes NumPy arrays (keys, their :func:`extagg.hashing.order_hash`, values) and is folded
+in compiled code: the typed table (:class:`~extagg.collection.typed_table.TypedHashTable`) gives
+every record its group, :mod:`extagg.generic._typed_fold_kernels` folds the values. No Python
+code runs per record.
+
+The result is exactly the general path's: groups are numbered in order of first appearance (the
+general map's insertion order), a spill orders them by ``(order hash, first appearance)`` as the
+general map's stable sort does, the states are what the Python operation computes (IEEE float
+adds, ``min``/``max`` with Python's NaN and ``-0.0`` behaviour). A chunk that does not fit (a
+``bool``, a float or tuple key, an ``int`` beyond ``int64``, values of mixed types, an ``int``
+sum leaving ``int64``) makes the map hand its groups to a general
+:class:`~extagg.collection.SizeTrackingAppendOnlyMap` (:meth:`TypedReduceMap.to_general`); the
+engine folds the rest there.
+
+Memory: the table's arrays exactly, plus what the groups will cost as Python objects when they
+are spilled or read (two list slots, a key and a value object each), since that is held next to
+the table at that moment.
+"""
+
+from __future__ import annotations
+
+import operator
+import sys
+from collections.abc import Callable, Sequence
+from itertools import pairwise
+from typing import Any
+
+import numpy as np
+
+from extagg._hash_kernels import hash_var_column
+from extagg.collection import SizeTrackingAppendOnlyMap
+from extagg.collection import _typed_kernels as TK
+from extagg.collection.size_estimator import allocated_size
+from extagg.collection.typed_table import TypedHashTable
+from extagg.errors import DestroyedError
+from extagg.generic import _typed_fold_kernels as FK
+from extagg.hashing import hash_array
+
+__all__ = ["TYPED_OPS", "TypedReduceMap", "typed_op"]
+
+#: reduce function → kernel operation code
+TYPED_OPS: dict[Callable[[Any, Any], Any], int] = {
+    operator.add: FK.OP_ADD,
+    min: FK.OP_MIN,
+    max: FK.OP_MAX,
+}
+
+#: Python objects a group becomes when read: two list slots and a boxed value (int or float)
+_ENTRY_BYTES = 16 + 32
+_INT_KEY_BYTES = 32
+_EMPTY_NULLS = np.empty(0, dtype=np.uint8)
+_EMPTY_I64 = np.empty(0, dtype=np.int64)
+_EMPTY_U8 = np.empty(0, dtype=np.uint8)
+_EMPTY_BOOL = np.empty(0, dtype=np.bool_)
+
+
+def typed_op(reduce_function: Callable[[Any, Any], Any] | None) -> int | None:
+    """The kernel operation of a reducing aggregator's function, or ``None`` (general path)."""
+    if reduce_function is None:
+        return None
+    try:
+        return TYPED_OPS.get(reduce_function)
+    except TypeError:  # an unhashable callable object
+        return None
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _never(_combiner: Any, _value: Any) -> Any:  # pragma: no cover - keys are distinct
+    raise AssertionError("to_general folds distinct keys")
+
+
+class TypedReduceMap:
+    """Groups of plain keys with one numeric state each, folded in compiled code.
+
+    It offers what :class:`~extagg.generic.external_map.ExternalAppendOnlyMap` uses of its
+    general map (size estimate, growth, destructive sort, destructive arrays), but folds with
+    :meth:`fold_typed`, which reports how many records fitted.
+    """
+
+    def __init__(self, op: int) -> None:
+        self.op = op
+        self.key_kind: type | None = None  # int or str, fixed by the first chunk
+        self.value_kind: type | None = None  # float or int
+        self._table: TypedHashTable | None = None
+        self._ascii = True  # every str key so far is ASCII: the arena decodes in one piece
+        self._key_bytes = 0  # sampled allocated bytes of str keys ...
+        self._key_samples = 0  # ... over this many keys
+        self._largest: tuple[int, Any] = (0, None)
+        self._folded = 0
+        self._destroyed = False
+
+    # -- sizes ---------------------------------------------------------------------------------
+    def _check_valid(self) -> None:
+        if self._destroyed:
+            raise DestroyedError("Map state is invalid from destructive sorting!")
+
+    def __len__(self) -> int:
+        self._check_valid()
+        return 0 if self._table is None else self._table.num_groups
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def __repr__(self) -> str:
+        return f"TypedReduceMap(op={self.op}, keys={getattr(self.key_kind, '__name__', None)})"
+
+    @property
+    def last_fold_count(self) -> int:
+        """Records folded by the last :meth:`fold_typed`."""
+        return self._folded
+
+    @property
+    def largest_entry(self) -> tuple[int, Any]:
+        """``(bytes, key)`` of the largest key seen (values are numbers)."""
+        return self._largest
+
+    @property
+    def grow_threshold(self) -> int:
+        """Groups the table holds before it doubles."""
+        self._check_valid()
+        return 0 if self._table is None else self._table.grow_at
+
+    def growth_bytes(self) -> int:
+        """Bytes the next doubling (and arena growth, for str keys) adds for a moment."""
+        table = self._table
+        if table is None:
+            return 64 * 1024
+        extra = table.bytes_after_growth() - table.nbytes
+        if table.has_var and 2 * table.arena_used > table.arena.shape[0]:
+            extra += table.arena.shape[0]
+        return extra
+
+    def _key_object_bytes(self) -> int:
+        if self.key_kind is str:
+            return self._key_bytes // max(1, self._key_samples)
+        return _INT_KEY_BYTES
+
+    def estimate_size(self) -> int:
+        """Bytes of the table plus its groups as Python objects (exact arrays, sampled keys)."""
+        self._check_valid()
+        table = self._table
+        if table is None:
+            return 0
+        per_group = _ENTRY_BYTES + self._key_object_bytes()
+        return table.nbytes + table.num_groups * per_group
+
+    # -- folding -------------------------------------------------------------------------------
+    def fold_typed(self, keys: Sequence[Any], values: Sequence[Any]) -> int:
+        """Fold as many records of the chunk as fit the typed path; returns their number.
+
+        Either the whole chunk (it fits), none (a key or value type that does not fit), or the
+        records before an ``int`` sum that would leave ``int64``. Fewer than all means the map
+        must be handed over with :meth:`to_general` before anything else is folded.
+        """
+        self._check_valid()
+        self._folded = 0
+        n = len(keys)
+        if n == 0:
+            return 0
+        value_array = self._values_array(values, n)
+        if value_array is None:
+            return 0
+        prepared = self._keys_arrays(keys, n)
+        if prepared is None:
+            return 0
+        hashes, words, offsets, data = prepared
+        table = self._table_for(value_array.dtype)
+        gids = np.empty(n, dtype=np.int64)
+        groups_before = table.num_groups
+        start = 0
+        while True:
+            start, status = table.insert(hashes, words, _EMPTY_NULLS, offsets, data, start, gids)
+            if status == TK.DONE:
+                break
+            if status == TK.TABLE_FULL:
+                table.grow()
+            else:
+                table.grow_arena(table.pending_var_bytes(offsets, start))
+        fold = FK.fold_float if self.value_kind is float else FK.fold_int
+        done, next_new = fold(self.op, gids, value_array, table.payload[0], groups_before)
+        done = int(done)
+        if done < n:
+            self._valid_groups = int(next_new)
+        self._folded = done
+        return done
+
+    def _values_array(self, values: Sequence[Any], n: int) -> np.ndarray | None:
+        kind = self.value_kind
+        first = type(values[0])
+        if kind is None:
+            if first is not float and first is not int:
+                return None
+            kind = first
+        if operator.countOf(map(type, values), kind) != n:
+            return None
+        if kind is float:
+            array = np.fromiter(values, dtype=np.float64, count=n)
+        else:
+            try:
+                array = np.fromiter(values, dtype=np.int64, count=n)
+            except OverflowError:
+                return None
+        self.value_kind = kind
+        return array
+
+    def _keys_arrays(
+        self, keys: Sequence[Any], n: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+        """``(hashes, key words, var offsets, var bytes)`` of the chunk's keys, or ``None``."""
+        kind = self.key_kind
+        if kind is None:
+            kind = type(keys[0])
+            if kind is not int and kind is not str:
+                return None
+        if operator.countOf(map(type, keys), kind) != n:
+            return None
+        if kind is int:
+            try:
+                ints = np.fromiter(keys, dtype=np.int64, count=n)
+            except OverflowError:
+                return None
+            self.key_kind = int
+            return hash_array(ints), ints.view(np.uint64).reshape(n, 1), _EMPTY_I64, _EMPTY_U8
+        lengths = list(map(len, keys))
+        joined = "".join(keys)
+        try:
+            data = joined.encode("utf-8", "surrogatepass")
+        except UnicodeEncodeError:  # pragma: no cover - surrogatepass encodes every str
+            return None
+        if len(data) != len(joined):  # not all ASCII: byte lengths differ from str lengths
+            encoded = [k.encode("utf-8", "surrogatepass") for k in keys]
+            lengths = list(map(len, encoded))
+            data = b"".join(encoded)
+            self._ascii = False
+        self.key_kind = str
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(lengths, dtype=np.int64, count=n), out=offsets[1:])
+        raw = np.frombuffer(data, dtype=np.uint8)
+        hashes = np.empty(n, dtype=np.uint64)
+        _hash_var(offsets, raw, hashes)
+        self._sample_keys(keys, lengths)
+        return hashes, np.empty((n, 0), dtype=np.uint64), offsets, raw
+
+    def _sample_keys(self, keys: Sequence[Any], lengths: list[int]) -> None:
+        getsizeof = sys.getsizeof
+        for key in keys[:8]:
+            self._key_bytes += allocated_size(getsizeof(key))
+        self._key_samples += min(8, len(keys))
+        longest = max(lengths)
+        if longest > self._largest[0]:
+            key = keys[lengths.index(longest)]
+            self._largest = (allocated_size(getsizeof(key)) + _ENTRY_BYTES, key)
+
+    def _table_for(self, dtype: np.dtype) -> TypedHashTable:
+        if self._table is None:
+            is_int = self.key_kind is int
+            self._table = TypedHashTable(
+                1 if is_int else 0, 1, not is_int, [(dtype, 0)], hash_is_key=is_int
+            )
+        return self._table
+
+    # -- handing out ---------------------------------------------------------------------------
+    def _groups(self) -> int:
+        table = self._table
+        if table is None:
+            return 0
+        return min(table.num_groups, getattr(self, "_valid_groups", table.num_groups))
+
+    def _key_list(self, n: int) -> list[Any]:
+        table = self._table
+        assert table is not None
+        if self.key_kind is int:
+            ints: list[Any] = table.key_words[:n, 0].view(np.int64).tolist()
+            return ints
+        offsets = table.var_offsets[: n + 1].tolist()
+        raw = table.arena[: offsets[-1]].tobytes()
+        if self._ascii:
+            text = raw.decode("ascii")
+            return [text[a:b] for a, b in pairwise(offsets)]
+        return [raw[a:b].decode("utf-8", "surrogatepass") for a, b in pairwise(offsets)]
+
+    def _lists(self) -> tuple[list[Any], list[Any]]:
+        n = self._groups()
+        if n == 0 or self._table is None:
+            return [], []
+        return self._key_list(n), self._table.payload[0][:n].tolist()
+
+    def _destroy(self) -> None:
+        self._destroyed = True
+        self._table = None
+
+    def to_general(self) -> SizeTrackingAppendOnlyMap:
+        """Destroy this map and return a general map holding its groups, in the same order."""
+        self._check_valid()
+        keys, values = self._lists()
+        self._destroy()
+        general = SizeTrackingAppendOnlyMap()
+        general.fold(keys, values, _identity, _never)
+        return general
+
+    def destructive_arrays(self) -> tuple[list[Any], list[Any]]:
+        """Destroy the map; its keys and states in order of first appearance."""
+        self._check_valid()
+        keys, values = self._lists()
+        self._destroy()
+        return keys, values
+
+    def destructive_sort_order(self) -> tuple[np.ndarray, np.ndarray, list[Any], list[Any]]:
+        """Destroy the map; ``(order hashes ascending, order, keys, values)`` as
+        :meth:`~extagg.collection.AppendOnlyMap.destructive_sort_order` gives them."""
+        self._check_valid()
+        table = self._table
+        if table is None:
+            self._destroy()
+            return np.empty(0, np.uint64), np.empty(0, np.int64), [], []
+        assert self._groups() == table.num_groups, "a partial fold must go to_general first"
+        keys, values = self._lists()
+        hashes, gids = table.sort_by_hash()
+        order = gids.astype(np.int64) - 1
+        hashes = hashes.copy()
+        self._destroy()
+        return hashes, order, keys, values
+
+
+def _hash_var(offsets: np.ndarray, data: np.ndarray, out: np.ndarray) -> None:
+    hash_var_column(offsets, data, _EMPTY_BOOL, out)  # type: ignore[no-untyped-call]

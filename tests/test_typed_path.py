@@ -1,0 +1,204 @@
+"""The generic engine's typed path (``Aggregator.reducing(add | min | max)`` over plain keys and
+numbers, folded in compiled code) gives exactly what the general path gives: same groups, same
+states bit for bit, same order (insertion order in memory, hash order once spilled), with spills
+forced, and it hands over to the general path exactly when a record does not fit."""
+
+from __future__ import annotations
+
+import math
+import operator
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from extagg import Aggregator, ExternalAppendOnlyMap
+from extagg.collection import SizeTrackingAppendOnlyMap
+from extagg.generic import _typed_fold_kernels as K
+from extagg.generic import _typed_fold_reference as R
+from extagg.generic.keys import NAN
+from extagg.generic.typed_map import TypedReduceMap
+
+OPS = {"add": operator.add, "min": min, "max": max}
+INT64 = st.integers(-(2**63), 2**63 - 1)
+
+
+def exact(value):
+    """A value with its type and, for floats, its bits (-0.0 distinct from 0.0). Every NaN is
+    one value: adding two NaNs gives one of them, and which one (its sign bit) is the compiler's
+    choice of operand order, in CPython as in numba."""
+    if type(value) is float:
+        return ("float", "nan" if value != value else struct.pack("<d", value))
+    if type(value) is tuple:
+        return ("tuple", tuple(exact(v) for v in value))
+    return (type(value).__name__, value)
+
+
+def run(pairs, func, typed, **options):
+    with ExternalAppendOnlyMap(Aggregator.reducing(func), typed_path=typed, **options) as m:
+        m.insert_all(pairs)
+        kind = type(m._map)
+        out = [(exact(k), exact(c)) for k, c in m.iterator()]
+        return out, m.metrics.spill_count, kind
+
+
+def reference(pairs, func):
+    out = {}
+    for k, v in pairs:
+        k = NAN if isinstance(k, float) and math.isnan(k) else k
+        out[k] = func(out[k], v) if k in out else v
+    return sorted((exact(k), exact(c)) for k, c in out.items())
+
+
+plain_keys = st.one_of(
+    st.integers(0, 40),
+    st.integers(-(2**63), 2**63 - 1),
+    st.sampled_from(["a", "b", "user_1", "é", "\ud800x", ""]),
+)
+odd_keys = st.one_of(
+    st.booleans(),
+    st.floats(allow_nan=True),
+    st.integers(2**63, 2**70),
+    st.tuples(st.integers(0, 3), st.text(max_size=2)),
+)
+int_values = st.one_of(st.integers(-5, 5), INT64)
+float_values = st.floats(allow_nan=True, allow_infinity=True)
+
+
+@st.composite
+def workloads(draw):
+    key_kind = draw(st.sampled_from(["int", "str", "mixed"]))
+    value_kind = draw(st.sampled_from(["int", "float", "mixed"]))
+    keys = {
+        "int": st.one_of(st.integers(-3, 30), INT64),
+        "str": st.sampled_from(["a", "bb", "user_123", "é", "\ud800", ""]),
+        "mixed": st.one_of(plain_keys, odd_keys),
+    }[key_kind]
+    values = {
+        "int": int_values,
+        "float": float_values,
+        "mixed": st.one_of(int_values, float_values, st.integers(2**63, 2**65), st.booleans()),
+    }[value_kind]
+    # mostly fitting records, so that the typed path runs before a record makes it hand over
+    n = draw(st.integers(0, 300))
+    pairs = draw(st.lists(st.tuples(keys, values), min_size=n, max_size=n))
+    return pairs
+
+
+@settings(max_examples=100, deadline=None)
+@given(workloads(), st.sampled_from(sorted(OPS)), st.sampled_from([None, 1, 7, 64]))
+def test_typed_equals_general_and_reference(pairs, op, every):
+    func = OPS[op]
+    typed, typed_spills, _ = run(pairs, func, True, memory="16m", force_spill_every=every)
+    general, general_spills, _ = run(pairs, func, False, memory="16m", force_spill_every=every)
+    assert typed == general  # same order too: insertion order, or hash order once spilled
+    assert typed_spills == general_spills
+    if not general_spills:  # after a spill, min/max of NaN or of equal values of other types
+        assert sorted(typed) == reference(pairs, func)  # depend on the merge's grouping
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    pairs=st.lists(st.tuples(st.integers(0, 5000), st.integers(-(2**40), 2**40)), max_size=3000),
+    op=st.sampled_from(sorted(OPS)),
+)
+def test_tiny_budget_spills_to_the_same_result(pairs, op, tmp_path_factory):
+    """Budget-driven spills (not forced) happen at other records on the two paths; the groups
+    and states are the same (int values: exact whatever the grouping of the merge)."""
+    func = OPS[op]
+    spill_dir = str(tmp_path_factory.mktemp("spill"))
+    typed, _, _ = run(pairs, func, True, memory="1m", spill_dirs=[spill_dir])
+    general, _, _ = run(pairs, func, False, memory="1m", spill_dirs=[spill_dir])
+    assert sorted(typed) == sorted(general) == reference(pairs, func)
+
+
+def test_large_input_spills_on_the_typed_path(tmp_path):
+    rng = np.random.default_rng(5)
+    keys = rng.integers(-(2**63), 2**63 - 1, size=50_000).tolist()
+    pairs = [(keys[i % 50_000], i) for i in range(200_000)]
+    typed, spills, kind = run(pairs, operator.add, True, memory="2m", spill_dirs=[str(tmp_path)])
+    general, _, _ = run(pairs, operator.add, False, memory="2m", spill_dirs=[str(tmp_path)])
+    assert spills > 0 and kind is TypedReduceMap
+    assert [k for k, _ in typed] == [k for k, _ in general]  # both spilled: hash order
+    assert sorted(typed) == sorted(general) == reference(pairs, operator.add)
+
+
+@pytest.mark.parametrize(
+    ("pairs", "why"),
+    [
+        ([(1, 2**62), (2, 1), (1, 2**62), (1, 5)], "int sum leaves int64"),
+        ([(1, 1), (True, 1), (1, 1)], "bool key"),
+        ([(1, 1.0), (2, 2)], "values of mixed types"),
+        ([("a", 1.0), (b"a", 1.0)], "bytes key"),
+        ([(1, 1), (2**64, 1)], "int key beyond int64"),
+        ([(1.5, 1.0), (1.5, 1.0)], "float key"),
+    ],
+)
+def test_hands_over_exactly_when_a_record_does_not_fit(pairs, why):
+    pairs = pairs * 3000  # several chunks: the hand-over happens mid-stream
+    typed, _, kind = run(pairs, operator.add, True, memory="64m")
+    general, _, _ = run(pairs, operator.add, False, memory="64m")
+    assert kind is SizeTrackingAppendOnlyMap, why
+    assert typed == general, why
+
+
+def test_stays_typed_on_fitting_records():
+    pairs = [(f"user_{i % 100}", i) for i in range(10_000)]
+    for func in OPS.values():
+        _, _, kind = run(pairs, func, True, memory="64m")
+        assert kind is TypedReduceMap
+
+
+def test_reduce_function():
+    assert Aggregator.reducing(operator.add).reduce_function is operator.add
+    assert Aggregator(lambda v: v, operator.add, operator.add).reduce_function is None
+
+
+# ---------------------------------------------------------------------- kernels vs reference
+
+
+@st.composite
+def folds(draw, ints):
+    n = draw(st.integers(0, 200))
+    groups_before = draw(st.integers(0, 5))
+    gids, next_new = [], groups_before
+    for _ in range(n):
+        if draw(st.booleans()) or next_new == 0:
+            gids.append(next_new)
+            next_new += 1
+        else:
+            gids.append(draw(st.integers(0, next_new - 1)))
+    if ints:
+        values = draw(st.lists(st.one_of(st.integers(-9, 9), INT64), min_size=n, max_size=n))
+        dtype = np.int64
+    else:
+        values = draw(st.lists(float_values, min_size=n, max_size=n))
+        dtype = np.float64
+    states = np.array(
+        draw(st.lists(st.integers(-9, 9), min_size=next_new, max_size=next_new)), dtype=dtype
+    )
+    return np.array(gids, dtype=np.int64), np.array(values, dtype=dtype), states, groups_before
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.booleans().flatmap(lambda ints: st.tuples(st.just(ints), folds(ints))), st.integers(0, 2))
+def test_fold_kernels_match_the_reference(case, op):
+    ints, (gids, values, states, groups_before) = case
+    kernel, ref = (K.fold_int, R.fold_int) if ints else (K.fold_float, R.fold_float)
+    got_states, want_states = states.copy(), states.copy()
+    got = kernel(op, gids, values, got_states, groups_before)
+    want = ref(op, gids, values, want_states, groups_before)
+    assert (int(got[0]), int(got[1])) == want
+    assert [exact(x) for x in got_states.tolist()] == [exact(x) for x in want_states.tolist()]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.one_of(INT64, st.sampled_from([-1, -2, 0, 2**61 - 1, 2**61, -(2**63)]))))
+def test_vectorised_int_hash_is_pythons(xs):
+    from extagg.collection._batch_fold import hash_batch, python_int_hashes
+
+    assert python_int_hashes(np.array(xs, dtype=np.int64)).tolist() == [hash(x) for x in xs]
+    if xs:
+        assert hash_batch(xs)[0].tolist() == [hash(x) for x in xs]
