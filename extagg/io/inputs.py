@@ -117,10 +117,25 @@ class InputScan:
                     return InputError(
                         f"cannot read {path}{where}: {reason}", path=path, row_group=rg
                     )
-        hint = ""
+        hint = _mixed_json_hint(reason)
         if fmt in ("csv", "tsv") and "conversion" in reason.lower():
             hint = " (the type was inferred from the first block; give it with --column-types)"
         return InputError(f"cannot read {path}: {reason}{hint}", path=path)
+
+
+_JSON_MIXED = re.compile(r"Column\(/([^)]*)\) changed from (\w+) to (\w+)")
+
+
+def _mixed_json_hint(reason: str) -> str:
+    """Arrow reads a JSON field as one type: say which field mixes which types."""
+    m = _JSON_MIXED.search(reason)
+    if m is None:
+        return ""
+    name, was, now = m.groups()
+    return (
+        f" (field {name.replace('/', '.')!r} holds both {was} and {now} values; a column has "
+        "one type: make the field one type in every line, e.g. quote the numbers)"
+    )
 
 
 def _is_zstd(path: str) -> bool:
@@ -358,7 +373,8 @@ def open_input(
             )
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-            raise InputError(f"cannot read {path} as {fmt}: {reason}", path=path) from exc
+            hint = _mixed_json_hint(reason)
+            raise InputError(f"cannot read {path} as {fmt}: {reason}{hint}", path=path) from exc
     hive: dict[str, pa.DataType] = {}
     for path, base in files:
         if base is None:

@@ -84,13 +84,18 @@ class FileQuery:
         """Read and fold the whole input now; return a reader over the merged result."""
         from extagg.columnar import HashAggregator
         from extagg.columnar.distinct import DistinctAggregator, has_distinct
+        from extagg.columnar.objects import ObjectAggregator, untyped_columns
         from extagg.memory import resolve_task_memory_manager
 
         m = self.metrics
         started = time.perf_counter()
         m.rss_import_bytes = current_rss()
         tmm = resolve_task_memory_manager(self.memory, self.memory_manager)
-        factory = DistinctAggregator if has_distinct(self.aggs) else HashAggregator
+        factory: Any = DistinctAggregator if has_distinct(self.aggs) else HashAggregator
+        untyped = untyped_columns(self.scan.schema, self.scan.columns)
+        if untyped:  # nested or null-typed columns: Python objects in the generic engine
+            log.info("columns %s: aggregated by the generic engine", untyped)
+            factory = ObjectAggregator
         agg = factory(self.by, self.aggs, memory_manager=tmm, spill_dirs=self.spill_dirs)
         m.budget_bytes = tmm.memory_manager.max_memory
         self._agg = agg
@@ -101,7 +106,7 @@ class FileQuery:
             try:  # resolves every aggregate against its column's type: the result schema
                 agg.update(self.scan.schema.empty_table())
             except TypeError as exc:
-                raise QueryError(str(exc)) from None
+                raise QueryError(f"{exc} (in {_files_named(self.scan.files)})") from None
             first = True
             for batch in self.scan.batches():
                 agg.update(batch)
@@ -189,6 +194,12 @@ class _ScanMemory(MemoryConsumer):
         rows = budget // 8 // (width * batches)
         scan.batch_rows = int(max(4_096, min(scan.batch_rows, rows)))
         self.acquire_memory(scan.batch_rows * width * batches)
+
+
+def _files_named(files: Sequence[str]) -> str:
+    if len(files) == 1:
+        return files[0]
+    return f"{len(files)} files: {', '.join(files[:3])}{', ...' if len(files) > 3 else ''}"
 
 
 def _filter(batch: pa.RecordBatch, expr: Any) -> pa.RecordBatch:
