@@ -30,6 +30,9 @@ __all__ = ["FileQuery", "aggregate_files", "plan_query"]
 
 log = logging.getLogger(__name__)
 
+#: the smallest scan batch (at tiny budgets; per-batch overheads dominate below it)
+MIN_BATCH_ROWS = 1_024
+
 ProgressArg = bool | Callable[[RunMetrics], None] | None
 
 
@@ -181,8 +184,9 @@ class _ScanMemory(MemoryConsumer):
     """The scan's decoded batches (the one being folded and the ones Arrow reads ahead),
     accounted to the memory manager like the aggregator's tables; not spillable.
 
-    The batch size is chosen so that they take at most 1/8 of the budget (4 096 to 65 536
-    rows), and that much is acquired before the scan starts.
+    The batch size is chosen so that they take at most 1/8 of the budget (1 024 to 65 536
+    rows; CSV/JSON text blocks 64 KiB to 4 MiB, of which one is parsed at a time), and that
+    much is acquired before the scan starts.
     """
 
     def __init__(self, tmm: Any) -> None:
@@ -191,9 +195,12 @@ class _ScanMemory(MemoryConsumer):
     def reserve(self, scan: InputScan, budget: int) -> None:
         width = row_bytes(scan.schema)
         batches = scan.readahead + 1
-        rows = budget // 8 // (width * batches)
-        scan.batch_rows = int(max(4_096, min(scan.batch_rows, rows)))
-        self.acquire_memory(scan.batch_rows * width * batches)
+        share = budget // 8
+        rows = share // (width * batches)
+        scan.batch_rows = int(max(MIN_BATCH_ROWS, min(scan.batch_rows, rows)))
+        scan.block_bytes = int(max(64 << 10, min(scan.block_bytes, share // batches)))
+        text = scan.block_bytes if scan.format in ("csv", "tsv", "json") else 0
+        self.acquire_memory(scan.batch_rows * width * batches + text)
 
 
 def _files_named(files: Sequence[str]) -> str:
@@ -240,11 +247,13 @@ def plan_query(
         requests = parse_aggs(aggs, distinct=True)
     except (TypeError, ValueError) as exc:
         raise QueryError(str(exc)) from None
+    sample = 1 << 22
     if memory is not None:
         try:
-            parse_size(memory, name="memory")
+            budget = parse_size(memory, name="memory")
         except (TypeError, ValueError) as exc:
             raise QueryError(str(exc)) from None
+        sample = max(1 << 20, min(sample, budget // 16))  # CSV type inference: ~25x this
     where_expr = _parse_where(where)
     having_expr = _parse_where(having)
     needed = list(dict.fromkeys([*keys, *(r.column for r in requests if r.column)]))
@@ -260,6 +269,7 @@ def plan_query(
         paths, needed, filter=None if where_expr is None else where_expr.expression,
         filter_columns=[] if where_expr is None else where_expr.columns, format=format,
         delimiter=delimiter, column_types=types, schema=schema, header=header,
+        sample_bytes=sample,
     )  # fmt: skip
     scan.batch_rows = batch_rows
     if having_expr is not None:
