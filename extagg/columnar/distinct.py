@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from extagg._config import format_size
 from extagg.columnar import functions as F
 from extagg.columnar.hash_aggregator import HashAggregator
-from extagg._config import format_size
 from extagg.errors import ExtaggError, MemoryLimitError, UsageError
 from extagg.memory import MemoryConsumer, resolve_task_memory_manager
 from extagg.metrics import SpillMetrics
