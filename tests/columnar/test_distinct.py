@@ -180,7 +180,7 @@ def test_join_buffers_refused_raise_memory_limit() -> None:
     buffers = JoinBuffers(task_memory_manager(mm), "join")
     buffers.hold(1 << 20)
     assert buffers.used == 1 << 20
-    with pytest.raises(MemoryLimitError, match="join of count_distinct results needs 3.0 MiB"):
+    with pytest.raises(MemoryLimitError, match=r"join of count_distinct results needs 3\.0 MiB"):
         buffers.hold(3 << 20)
     buffers.hold(1 << 10)
     assert buffers.used == 1 << 10
