@@ -4,7 +4,7 @@ Each case runs the CLI in a fresh process with ``--json-summary`` and prints the
 when the run started (after planning), after the first batch was folded ("fixed": interpreter,
 imports, kernels, first batch), the process peak, and the peak above "fixed" against the budget.
 
-    python benchmarks/scan_memory.py --parquet a.parquet b.parquet --csv l.csv \\
+    python benchmarks/scan_memory.py --parquet a.parquet --parquet b.parquet --csv l.csv \\
         pq:q1:16m pq:orderkey:64m csv:q1:16m
 
 Cases are ``INPUT:QUERY:BUDGET`` with INPUT ``pq`` or ``csv`` and QUERY ``q1`` (TPC-H Q1's
@@ -32,8 +32,8 @@ QUERIES = {
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parquet", nargs="*", default=[], help="Parquet input file(s)")
-    parser.add_argument("--csv", nargs="*", default=[], help="CSV input file(s)")
+    parser.add_argument("--parquet", action="append", default=[], help="a Parquet input file")
+    parser.add_argument("--csv", action="append", default=[], help="a CSV input file")
     parser.add_argument("--python", default=sys.executable, help="interpreter with extagg")
     parser.add_argument("cases", nargs="+", help="INPUT:QUERY:BUDGET, e.g. pq:q1:16m")
     args = parser.parse_args()

@@ -75,9 +75,9 @@ class InputScan:
     row_groups_total: int
     row_groups_selected: int
     batch_rows: int = 65_536
-    #: batches Arrow may decode ahead of the one being folded, per fragment (a Parquet row
-    #: group or a text file); fragments are read one at a time
-    readahead: int = 0
+    #: batches decoded ahead of the one being folded (by a reader thread, so that decoding
+    #: overlaps the aggregation); fragments (row groups, text files) are read one at a time
+    readahead: int = 1
     #: bytes of CSV/JSON text parsed at once (one block becomes one batch)
     block_bytes: int = 1 << 22
     progress: ScanProgress = field(default_factory=ScanProgress)
@@ -94,7 +94,7 @@ class InputScan:
                         path, fmt, file_format, part_schema, self.columns, self.filter
                     )
                 else:
-                    it = self._fragment_batches(dataset, fmt)
+                    it = _prefetched(self._fragment_batches(dataset, fmt), self.readahead)
                 for batch in it:
                     if batch.num_rows:
                         self.progress.rows += batch.num_rows
@@ -114,8 +114,8 @@ class InputScan:
         for fragment in dataset.get_fragments():
             yield from fragment.to_batches(
                 schema=dataset.schema, columns=self.columns, filter=self.filter,
-                batch_size=self.batch_rows, batch_readahead=self.readahead,
-                fragment_readahead=0, fragment_scan_options=options, use_threads=True,
+                batch_size=self.batch_rows, batch_readahead=0, fragment_readahead=0,
+                fragment_scan_options=options, use_threads=True,
             )  # fmt: skip
 
     def _read_error(self, path: str, dataset: Any, fmt: str, exc: Exception) -> InputError:
@@ -149,6 +149,56 @@ def _mixed_json_hint(reason: str) -> str:
         f" (field {name.replace('/', '.')!r} holds both {was} and {now} values; a column has "
         "one type: make the field one type in every line, e.g. quote the numbers)"
     )
+
+
+_DONE = object()
+
+
+def _prefetched(batches: Iterator[Any], ahead: int) -> Iterator[Any]:
+    """``batches``, read by a thread at most ``ahead`` items in front of the caller (Arrow
+    decodes without the GIL, so reading overlaps the aggregation); its exceptions are raised
+    here, where the item would have come. Leaving early stops the thread."""
+    if ahead <= 0:
+        yield from batches
+        return
+    import queue
+    import threading
+
+    items: queue.Queue[Any] = queue.Queue(maxsize=ahead)
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                items.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def read() -> None:
+        try:
+            for batch in batches:
+                if not put(batch):
+                    return
+        except BaseException as exc:  # handed to the caller
+            put((_DONE, exc))
+            return
+        put((_DONE, None))
+
+    thread = threading.Thread(target=read, name="extagg-scan", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = items.get()
+            if isinstance(item, tuple) and len(item) == 2 and item[0] is _DONE:
+                if item[1] is not None:
+                    raise item[1]
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _text_scan_options(fmt: str, file_format: Any, block_bytes: int) -> Any:

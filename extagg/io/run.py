@@ -116,6 +116,7 @@ class FileQuery:
                 if first:
                     m.rss_fixed_bytes = current_rss()
                     first = False
+                    self._scan_memory.resize(self.scan, batch, m.budget_bytes)
                 self._sync(agg, started)
                 if progress is not None:
                     progress(m)
@@ -191,16 +192,34 @@ class _ScanMemory(MemoryConsumer):
 
     def __init__(self, tmm: Any) -> None:
         super().__init__(tmm, None)
+        self._batch_rows = 65_536  # the largest batch asked for
 
     def reserve(self, scan: InputScan, budget: int) -> None:
-        width = row_bytes(scan.schema)
-        batches = scan.readahead + 1
+        """Size the scan's batches from the schema's estimated row width; acquire them."""
+        self._batch_rows = scan.batch_rows
         share = budget // 8
-        rows = share // (width * batches)
-        scan.batch_rows = int(max(MIN_BATCH_ROWS, min(scan.batch_rows, rows)))
+        batches = scan.readahead + 1
         scan.block_bytes = int(max(64 << 10, min(scan.block_bytes, share // batches)))
+        self._size(scan, row_bytes(scan.schema), budget)
+
+    def resize(self, scan: InputScan, batch: pa.RecordBatch, budget: int) -> None:
+        """Size them again from the first batch's real width (the schema's estimate counts
+        32 bytes for every string: 7 times a TPC-H flag's), from the next fragment on."""
+        if batch.num_rows:
+            width = -(-batch.nbytes // batch.num_rows)  # the rows' bytes, not the whole
+            # buffers a slice of a bigger decoded row group points into
+            self._size(scan, max(width, 1), budget)
+
+    def _size(self, scan: InputScan, width: int, budget: int) -> None:
+        batches = scan.readahead + 1
+        rows = budget // 8 // (width * batches)
+        scan.batch_rows = int(max(MIN_BATCH_ROWS, min(self._batch_rows, rows)))
         text = scan.block_bytes if scan.format in ("csv", "tsv", "json") else 0
-        self.acquire_memory(scan.batch_rows * width * batches + text)
+        want = min(scan.batch_rows * width * batches, budget // 8) + text
+        if want > self.used:
+            self.acquire_memory(want - self.used)
+        elif want < self.used:
+            self.free_memory(self.used - want)
 
 
 def _files_named(files: Sequence[str]) -> str:
