@@ -114,6 +114,10 @@ def run_aggregate(args: argparse.Namespace) -> int:
             fmt = output_format(output, args.output_format)
             if output != "-" and os.path.exists(output) and not args.overwrite:
                 raise QueryError(f"output {output} exists; pass --overwrite to replace it")
+        if args.json_summary:
+            folder = os.path.dirname(os.path.abspath(args.json_summary))
+            if not os.path.isdir(folder):
+                raise QueryError(f"--json-summary: directory {folder} does not exist")
         query = plan_query(
             args.paths, by=by, aggs=aggs, where=args.where, having=args.having,
             memory=args.memory, spill_dirs=args.spill_dirs, sort=args.sort, format=args.format,
@@ -176,10 +180,12 @@ def _execute(query: Any, args: argparse.Namespace, output: str | None, fmt: str 
     if not args.quiet:
         print(m.summary(), file=sys.stderr)
     if args.json_summary:
+        from extagg.io.output import atomic_output
+
         info = {"paths": list(args.paths), "output": output, **m.as_dict()}
-        with open(args.json_summary, "w", encoding="utf-8") as f:
-            json.dump(info, f, indent=2)
-            f.write("\n")
+        text = json.dumps(info, indent=2) + "\n"
+        with atomic_output(args.json_summary) as f:  # a reader never sees half a summary
+            f.write(text.encode("utf-8"))
 
 
 def _print_table(reader: Any, limit: int) -> None:

@@ -134,6 +134,47 @@ def test_where_having_and_json_summary(tmp_path, data, capsys):
     assert info["groups"] >= len(g) and info["finished"] is True
 
 
+def test_json_summary_is_written_atomically(tmp_path, data, capsys):
+    src, _ = data
+    summary = tmp_path / "summary.json"
+    summary.write_text("old")
+    argv = ["aggregate", str(src), *ARGS, "-o", str(tmp_path / "o.csv"), "-q"]
+    assert main([*argv, "--json-summary", str(summary)]) == 0
+    assert json.loads(summary.read_text())["finished"] is True
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp file
+    missing = tmp_path / "nowhere" / "s.json"
+    assert main([*argv, "--overwrite", "--json-summary", str(missing)]) == 2
+    assert f"directory {missing.parent} does not exist" in capsys.readouterr().err
+
+
+def test_atomic_output_removes_its_temp_file_on_error(tmp_path):
+    from extagg.io.output import atomic_output
+
+    target = tmp_path / "s.json"
+    target.write_text("old")
+    with pytest.raises(RuntimeError), atomic_output(target) as f:
+        f.write(b"half")
+        raise RuntimeError("stop")
+    assert target.read_text() == "old" and os.listdir(tmp_path) == ["s.json"]
+
+
+def test_disk_full_writing_the_json_summary(tmp_path, data, tiny_fs, capsys):
+    src, _ = data
+    fd = os.open(tiny_fs / "filler", os.O_WRONLY | os.O_CREAT)
+    try:  # fill the 1 MiB file system
+        while os.write(fd, b"x" * 4096):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    out = tmp_path / "o.csv"
+    rc = main(["aggregate", str(src), *ARGS, "-o", str(out), "-q",
+               "--json-summary", str(tiny_fs / "s.json")])  # fmt: skip
+    assert rc == 1 and "No space left" in capsys.readouterr().err
+    assert os.listdir(tiny_fs) == ["filler"]  # no partial summary, no temp file
+
+
 def test_sort_under_a_tiny_budget_uses_runs(tmp_path, capsys):
     t = table(100_000, keys=30_000, seed=5)
     src = tmp_path / "big.parquet"

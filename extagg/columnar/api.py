@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -9,7 +10,9 @@ import pyarrow as pa
 
 from extagg.columnar.columns import dataset_batches, is_batch, is_dataset
 from extagg.columnar.distinct import DistinctAggregator, has_distinct
+from extagg.columnar.functions import parse_aggs
 from extagg.columnar.hash_aggregator import HashAggregator
+from extagg.columnar.objects import ObjectAggregator, untyped_columns
 from extagg.metrics import SpillMetrics, metrics_metadata
 
 __all__ = ["aggregate", "make_aggregator"]
@@ -41,6 +44,11 @@ def make_aggregator(
     if has_distinct(aggs):
         return DistinctAggregator(keys, aggs, **options)
     return HashAggregator(keys, aggs, **options)
+
+
+def _columns(keys: str | Sequence[str], aggs: Mapping[str, tuple[str, str]]) -> list[str]:
+    names = [keys] if isinstance(keys, str) else list(keys) if isinstance(keys, Sequence) else []
+    return [*names, *(r.column for r in parse_aggs(aggs, distinct=True) if r.column)]
 
 
 def aggregate(
@@ -86,6 +94,11 @@ def aggregate(
 
     Notes
     -----
+    A key or aggregated column the columnar engine cannot type (nested structs, lists and maps,
+    Arrow ``null`` columns, pandas ``object`` columns of mixed values; judged on the first batch)
+    is aggregated by :class:`~extagg.columnar.objects.ObjectAggregator` in the generic engine,
+    under the same budget and memory manager, with results in the same form.
+
     O(rows) time plus the spill and merge costs of ``HashAggregator``; memory held is the
     aggregator's (bounded by the budget) plus the output table, which is in memory (one row per
     group): iterate ``HashAggregator.results()`` instead to stream large outputs.
@@ -102,14 +115,18 @@ def aggregate(
         from extagg._progress import progress_bar, progress_enabled
 
         bar = progress_bar(enabled=progress_enabled(True), unit=" rows", unit_scale=True)
-    with make_aggregator(keys, aggs, **options) as agg:
-        batches: Iterable[Any]
-        if is_batch(source):
-            batches = [source]
-        elif is_dataset(source):
+    probe: Any = source
+    batches: Iterable[Any] = [source]
+    if not is_batch(source) and not is_dataset(source):  # the first batch shows the types
+        it = iter(source)
+        probe = next(it, None)
+        batches = [] if probe is None else itertools.chain([probe], it)
+    factory: Callable[..., Any] = make_aggregator
+    if probe is not None and untyped_columns(probe, _columns(keys, aggs)):
+        factory = ObjectAggregator  # Python objects: the generic engine
+    with factory(keys, aggs, **options) as agg:
+        if is_dataset(source):
             batches = dataset_batches(source, agg.input_columns)
-        else:
-            batches = source
         for batch in batches:
             before = agg.metrics.records_read
             agg.update(batch)

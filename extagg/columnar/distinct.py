@@ -21,13 +21,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from extagg._config import format_size
 from extagg.columnar import functions as F
 from extagg.columnar.hash_aggregator import HashAggregator
-from extagg.errors import ExtaggError, UsageError
-from extagg.memory import resolve_task_memory_manager
+from extagg.errors import ExtaggError, MemoryLimitError, UsageError
+from extagg.memory import MemoryConsumer, resolve_task_memory_manager
 from extagg.metrics import SpillMetrics
 
-__all__ = ["DistinctAggregator", "has_distinct"]
+__all__ = ["DistinctAggregator", "JoinBuffers", "has_distinct"]
 
 _ROWS = "__extagg_rows"
 _EMPTY_HASHES = np.zeros(0, dtype=np.uint64)
@@ -77,7 +78,9 @@ class DistinctAggregator:
         if clash:
             raise ValueError(f"aggregate outputs {sorted(clash)} have the names of key columns")
         tmm = resolve_task_memory_manager(memory, memory_manager)
+        self._tmm = tmm
         base = name or "DistinctAggregator"
+        self._name = base
         shared = dict(options, memory_manager=tmm)
         plain = {o: spec for o, spec in aggs.items() if not _is_distinct(spec)}
         self._plain = HashAggregator(self.keys, plain, name=base, **shared) if plain else None
@@ -178,7 +181,8 @@ class DistinctAggregator:
                 first.close()
             streams = [a.hashed_results() for a in [self._plain] if a is not None]
             streams += [lv[3].hashed_results() for lv in self._levels]
-            for hashes, batch in join_hashed(streams, self.keys, self._outputs):
+            buffers = JoinBuffers(self._tmm, f"{self._name}/join")
+            for hashes, batch in join_hashed(streams, self.keys, self._outputs, buffers):
                 self._groups += batch.num_rows
                 yield hashes, batch
         finally:
@@ -210,6 +214,27 @@ def _canon(value: Any) -> Any:
     return ("<nan>",) if isinstance(value, float) and math.isnan(value) else value
 
 
+class JoinBuffers(MemoryConsumer):
+    """The join's buffered rows (each stream's unjoined rows, the batch being built),
+    accounted to the task's memory manager beside the aggregators; not spillable: a grant
+    refused even after the aggregators spilled raises :class:`~extagg.MemoryLimitError`."""
+
+    def hold(self, nbytes: int) -> None:
+        """Hold exactly ``nbytes`` (acquire the growth, free the rest)."""
+        if nbytes > self.used:
+            need = nbytes - self.used
+            granted = self.acquire_memory(need)
+            if granted < need:
+                raise MemoryLimitError(
+                    f"{self.name}: the join of count_distinct results needs "
+                    f"{format_size(nbytes)} of buffers but the memory manager granted "
+                    f"{format_size(self.used)} (max_memory "
+                    f"{format_size(self.task_memory_manager.memory_manager.max_memory)})"
+                )
+        elif nbytes < self.used:
+            self.free_memory(self.used - nbytes)
+
+
 class _Stream:
     """One hash-ordered ``(hashes, batch)`` stream with a buffer of its unjoined rows."""
 
@@ -218,6 +243,12 @@ class _Stream:
         self.hashes = _EMPTY_HASHES
         self.table: pa.Table | None = None
         self.done = False
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the buffered rows."""
+        table = 0 if self.table is None else self.table.get_total_buffer_size()
+        return int(self.hashes.nbytes) + table
 
     def fill(self, rows: int) -> None:
         """Buffer at least ``rows`` rows, unless the stream ends first."""
@@ -248,10 +279,17 @@ def join_hashed(
     sources: list[Iterator[tuple[np.ndarray, pa.RecordBatch]]],
     keys: Sequence[str],
     outputs: Sequence[str],
+    buffers: JoinBuffers | None = None,
 ) -> Iterator[tuple[np.ndarray, pa.RecordBatch]]:
     """Join hash-ordered result streams over the same groups into batches of ``keys`` then
-    ``outputs`` (each output taken from the stream that has it)."""
+    ``outputs`` (each output taken from the stream that has it). ``buffers`` accounts the
+    rows held for the join to its memory manager (released when the join ends)."""
     streams = [_Stream(s) for s in sources]
+
+    def account(extra: int = 0) -> None:
+        if buffers is not None:
+            buffers.hold(sum(s.nbytes for s in streams) + extra)
+
     try:
         if len(streams) == 1:
             for hashes, batch in sources[0]:
@@ -260,12 +298,14 @@ def join_hashed(
         while True:
             for s in streams:
                 s.fill(1)
+            account()
             sizes = [len(s.hashes) for s in streams]
             if max(sizes) == 0:
                 return
             if min(sizes) == 0:
                 raise JoinError("aggregator outputs to be joined have different group counts")
             n = _cut(streams, min(sizes))
+            account()
             hashes = streams[0].hashes[:n].copy()
             for s in streams[1:]:
                 if not np.array_equal(s.hashes[:n], hashes):
@@ -278,13 +318,16 @@ def join_hashed(
                 for name in outputs:
                     if name in table.column_names and name not in columns:
                         columns[name] = table.column(name)
-            joined = pa.table({name: columns[name] for name in [*keys, *outputs]})
-            for batch in joined.combine_chunks().to_batches():
+            joined = pa.table({name: columns[name] for name in [*keys, *outputs]}).combine_chunks()
+            account(joined.get_total_buffer_size())
+            for batch in joined.to_batches():
                 yield hashes[: batch.num_rows], batch
                 hashes = hashes[batch.num_rows :]
     finally:
         for s in streams:
             s.close()
+        if buffers is not None:
+            buffers.close_memory()
 
 
 def _cut(streams: list[_Stream], n: int) -> int:

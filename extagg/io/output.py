@@ -8,6 +8,7 @@ directory, which is fsynced and renamed over the final name when the last batch 
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
 import decimal
 import errno as errno_mod
@@ -15,13 +16,14 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from typing import IO, Any, Literal
 
 import pyarrow as pa
 
 from extagg.errors import OutputError, QueryError
 
-__all__ = ["OUTPUT_FORMATS", "ResultWriter", "output_format"]
+__all__ = ["OUTPUT_FORMATS", "ResultWriter", "atomic_output", "output_format"]
 
 OUTPUT_FORMATS = ("parquet", "csv", "jsonl", "ipc")
 _EXT = {
@@ -55,6 +57,59 @@ def output_format(path: str, explicit: str | None = None) -> str:
             f"--output-format ({', '.join(OUTPUT_FORMATS)})"
         )
     return by_ext
+
+
+def _temp_beside(path: str) -> tuple[str, IO[bytes]]:
+    """A new temporary file in ``path``'s directory (same filesystem: the rename is atomic)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(
+        prefix=f".{os.path.basename(path)}.", suffix=".extagg-tmp", dir=directory
+    )
+    return tmp, os.fdopen(fd, "wb")
+
+
+def _publish(handle: IO[bytes], tmp: str, path: str) -> None:
+    """fsync ``handle`` (the open temp file ``tmp``), close it, rename it over ``path`` and
+    fsync the directory, so that ``path`` is either the old file or the whole new one."""
+    handle.flush()
+    os.fsync(handle.fileno())
+    handle.close()
+    os.replace(tmp, path)
+    try:
+        dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    except OSError:  # pragma: no cover - directories that cannot be opened
+        return
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike[str]) -> Iterator[IO[bytes]]:
+    """A binary file to write ``path`` through: a temp file in the same directory, fsynced
+    and renamed over ``path`` when the block ends normally, removed if it raises.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> target = os.path.join(tempfile.mkdtemp(), "summary.json")
+    >>> with atomic_output(target) as f:
+    ...     _ = f.write(b"{}\\n")
+    >>> open(target, "rb").read()
+    b'{}\\n'
+    """
+    target = os.fspath(path)
+    tmp, handle = _temp_beside(target)
+    try:
+        yield handle
+        _publish(handle, tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):  # closing flushes, which fails again on a full disk
+            handle.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def _json_default(value: Any) -> Any:
@@ -97,10 +152,7 @@ class ResultWriter:
             self.directory = os.path.dirname(os.path.abspath(path))
             if not os.path.isdir(self.directory):
                 raise OutputError(f"output directory {self.directory} does not exist")
-            fd, self._tmp = tempfile.mkstemp(
-                prefix=f".{os.path.basename(path)}.", suffix=".extagg-tmp", dir=self.directory
-            )
-            self._file = os.fdopen(fd, "wb")
+            self._tmp, self._file = _temp_beside(path)
         self._open()
 
     def _open(self) -> None:
@@ -176,19 +228,9 @@ class ResultWriter:
             self._file.flush()
             if self._tmp is None:
                 return
-            os.fsync(self._file.fileno())
-            self._file.close()
+            _publish(self._file, self._tmp, self.path)
             self._file = None
-            os.replace(self._tmp, self.path)
             self._tmp = None
-            try:
-                dfd = os.open(self.directory, os.O_RDONLY)
-            except OSError:  # pragma: no cover - directories that cannot be opened
-                return
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
 
     def abort(self) -> None:
         """Drop the partial output (idempotent)."""

@@ -30,6 +30,9 @@ __all__ = ["FileQuery", "aggregate_files", "plan_query"]
 
 log = logging.getLogger(__name__)
 
+#: the smallest scan batch (at tiny budgets; per-batch overheads dominate below it)
+MIN_BATCH_ROWS = 1_024
+
 ProgressArg = bool | Callable[[RunMetrics], None] | None
 
 
@@ -86,17 +89,22 @@ class FileQuery:
         """Read and fold the whole input now; return a reader over the merged result."""
         from extagg.columnar import HashAggregator
         from extagg.columnar.distinct import DistinctAggregator, has_distinct
+        from extagg.columnar.objects import ObjectAggregator, untyped_columns
         from extagg.memory import resolve_task_memory_manager
 
         m = self.metrics
         started = time.perf_counter()
         m.rss_import_bytes = current_rss()
         tmm = resolve_task_memory_manager(self.memory, self.memory_manager)
-        factory = DistinctAggregator if has_distinct(self.aggs) else HashAggregator
+        factory: Any = DistinctAggregator if has_distinct(self.aggs) else HashAggregator
+        options: dict[str, Any] = {"threads": self.threads}
+        untyped = untyped_columns(self.scan.schema, self.scan.columns)
+        if untyped:  # nested or null-typed columns: Python objects in the generic engine
+            log.info("columns %s: aggregated by the generic engine", untyped)
+            factory, options = ObjectAggregator, {}
         agg = factory(
-            self.by, self.aggs, memory_manager=tmm, spill_dirs=self.spill_dirs,
-            threads=self.threads,
-        )  # fmt: skip
+            self.by, self.aggs, memory_manager=tmm, spill_dirs=self.spill_dirs, **options
+        )
         m.budget_bytes = tmm.memory_manager.max_memory
         self._agg = agg
         self._tmm = tmm
@@ -106,13 +114,14 @@ class FileQuery:
             try:  # resolves every aggregate against its column's type: the result schema
                 agg.update(self.scan.schema.empty_table())
             except TypeError as exc:
-                raise QueryError(str(exc)) from None
+                raise QueryError(f"{exc} (in {_files_named(self.scan.files)})") from None
             first = True
             for batch in self.scan.batches():
                 agg.update(batch)
                 if first:
                     m.rss_fixed_bytes = current_rss()
                     first = False
+                    self._scan_memory.resize(self.scan, batch, m.budget_bytes)
                 self._sync(agg, started)
                 if progress is not None:
                     progress(m)
@@ -181,19 +190,47 @@ class _ScanMemory(MemoryConsumer):
     """The scan's decoded batches (the one being folded and the ones Arrow reads ahead),
     accounted to the memory manager like the aggregator's tables; not spillable.
 
-    The batch size is chosen so that they take at most 1/8 of the budget (4 096 to 65 536
-    rows), and that much is acquired before the scan starts.
+    The batch size is chosen so that they take at most 1/8 of the budget (1 024 to 65 536
+    rows; CSV/JSON text blocks 64 KiB to 4 MiB, of which one is parsed at a time), and that
+    much is acquired before the scan starts.
     """
 
     def __init__(self, tmm: Any) -> None:
         super().__init__(tmm, None)
+        self._batch_rows = 65_536  # the largest batch asked for
 
     def reserve(self, scan: InputScan, budget: int) -> None:
-        width = row_bytes(scan.schema)
+        """Size the scan's batches from the schema's estimated row width; acquire them."""
+        self._batch_rows = scan.batch_rows
+        share = budget // 8
+        batches = scan.readahead + 1
+        scan.block_bytes = int(max(64 << 10, min(scan.block_bytes, share // batches)))
+        self._size(scan, row_bytes(scan.schema), budget)
+
+    def resize(self, scan: InputScan, batch: pa.RecordBatch, budget: int) -> None:
+        """Size them again from the first batch's real width (the schema's estimate counts
+        32 bytes for every string: 7 times a TPC-H flag's), from the next fragment on."""
+        if batch.num_rows:
+            width = -(-batch.nbytes // batch.num_rows)  # the rows' bytes, not the whole
+            # buffers a slice of a bigger decoded row group points into
+            self._size(scan, max(width, 1), budget)
+
+    def _size(self, scan: InputScan, width: int, budget: int) -> None:
         batches = scan.readahead + 1
         rows = budget // 8 // (width * batches)
-        scan.batch_rows = int(max(4_096, min(scan.batch_rows, rows)))
-        self.acquire_memory(scan.batch_rows * width * batches)
+        scan.batch_rows = int(max(MIN_BATCH_ROWS, min(self._batch_rows, rows)))
+        text = scan.block_bytes if scan.format in ("csv", "tsv", "json") else 0
+        want = min(scan.batch_rows * width * batches, budget // 8) + text
+        if want > self.used:
+            self.acquire_memory(want - self.used)
+        elif want < self.used:
+            self.free_memory(self.used - want)
+
+
+def _files_named(files: Sequence[str]) -> str:
+    if len(files) == 1:
+        return files[0]
+    return f"{len(files)} files: {', '.join(files[:3])}{', ...' if len(files) > 3 else ''}"
 
 
 def _filter(batch: pa.RecordBatch, expr: Any) -> pa.RecordBatch:
@@ -235,11 +272,13 @@ def plan_query(
         requests = parse_aggs(aggs, distinct=True)
     except (TypeError, ValueError) as exc:
         raise QueryError(str(exc)) from None
+    sample = 1 << 22
     if memory is not None:
         try:
-            parse_size(memory, name="memory")
+            budget = parse_size(memory, name="memory")
         except (TypeError, ValueError) as exc:
             raise QueryError(str(exc)) from None
+        sample = max(1 << 20, min(sample, budget // 16))  # CSV type inference: ~25x this
     if threads is not None:
         from extagg._config import resolve_threads
 
@@ -262,6 +301,7 @@ def plan_query(
         paths, needed, filter=None if where_expr is None else where_expr.expression,
         filter_columns=[] if where_expr is None else where_expr.columns, format=format,
         delimiter=delimiter, column_types=types, schema=schema, header=header,
+        sample_bytes=sample,
     )  # fmt: skip
     scan.batch_rows = batch_rows
     if having_expr is not None:

@@ -26,7 +26,7 @@ from extagg.spill.codecs import OBJECT_CODEC
 from extagg.spill.tempdir import SpillDirs
 from extagg.spillable import Spillable
 
-__all__ = ["SpilledValues", "SpillingGroupBy"]
+__all__ = ["ChunkGrant", "SpilledValues", "SpillingGroupBy"]
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +44,50 @@ def _remove(path: str) -> None:
         pass
 
 
+class ChunkGrant:
+    """Memory for the values the merge phase keeps in :class:`SpilledValues`' in-memory
+    chunks, acquired by the group-by (its consumer) as the chunks fill; a chunk that cannot
+    get more is written to its file instead of growing. Grants are kept for reuse and given
+    back when the group-by closes."""
+
+    def __init__(self, owner: SpillingGroupBy, value_bytes: float) -> None:
+        self.owner = owner
+        self.value_bytes = max(value_bytes, 1.0)
+        #: bytes acquired for chunks, and bytes of the values they hold now
+        self.granted = 0
+        self.held = 0
+        self.peak_held = 0
+
+    def charge(self, values: int) -> bool:
+        """Account ``values`` more values in memory; ``False`` if the manager refused."""
+        need = int(values * self.value_bytes)
+        if self.held + need > self.granted:
+            want = max(self.held + need - self.granted, self.owner.chunk_bytes)
+            self.granted += self.owner.acquire_memory(want)
+            self.owner.budget.note_granted()
+        if self.held + need > self.granted:
+            return False
+        self.held += need
+        self.peak_held = max(self.peak_held, self.held)
+        return True
+
+    def reserve(self, nbytes: int) -> None:
+        """Acquire ``nbytes`` ahead (room for one chunk before the merge takes its buffers)."""
+        self.granted += self.owner.acquire_memory(nbytes)
+        self.owner.budget.note_granted()
+
+    def release(self, values: int) -> None:
+        """``values`` left memory (written to a file)."""
+        self.held = max(0, self.held - int(values * self.value_bytes))
+
+
 class SpilledValues:
     """One key's values, mostly on disk: ``len()``, repeated iteration, pickles as a list.
 
     Holds at most ``chunk_values`` values in memory; full chunks are pickled (protocol 5) to a
-    file of its own in ``dirs``, removed when the object is garbage collected.
+    file of its own in ``dirs``, removed when the object is garbage collected. With a
+    :attr:`grant`, the values held in memory are charged to it, and written out at once when
+    it is refused.
     """
 
     def __init__(self, dirs: list[str], chunk_values: int) -> None:
@@ -59,6 +98,9 @@ class SpilledValues:
         self._on_disk = 0
         self._pickles = 0  # lists pickled to the file (a flush may write a partial chunk)
         self._finalizer: weakref.finalize | None = None
+        #: where the in-memory values are accounted (the merge phase's), or None
+        self.grant: ChunkGrant | None = None
+        self._charged = 0
 
     def extend(self, values: Iterable[Any]) -> None:
         buffer = self._buffer
@@ -67,9 +109,23 @@ class SpilledValues:
             if len(buffer) >= self._chunk:
                 self.flush()
                 buffer = self._buffer
+        grow = len(buffer) - self._charged
+        if self.grant is not None and grow > 0:
+            if self.grant.charge(grow):
+                self._charged += grow
+            else:
+                self.flush()
+
+    @property
+    def in_memory(self) -> int:
+        """Values held in memory (not yet in the file)."""
+        return len(self._buffer)
 
     def flush(self) -> None:
         """Append the values held in memory to the file (its memory can then be given back)."""
+        if self.grant is not None and self._charged:
+            self.grant.release(self._charged)
+        self._charged = 0
         if not self._buffer:
             return
         if self._path is None:
@@ -134,6 +190,8 @@ class SpillingGroupBy(Spillable[ObjectBlock]):
         self.chunk_memory = 0
         self.values = 0
         self.value_bytes = 32.0  # running estimate of one value's bytes, plus its list slot
+        #: the merge phase's accounting of big keys' in-memory chunks (set when it starts)
+        self.merge_chunks: ChunkGrant | None = None
         self.key_bytes = 64.0 + KEY_OVERHEAD  # running estimate of one key's bytes, as above
 
     # ------------------------------------------------------------------ folding
@@ -248,10 +306,14 @@ class SpillingGroupBy(Spillable[ObjectBlock]):
                 self.release_down_to(0)
         try:
             fan_in = self.fan_in
+            grant = self.merge_chunks = ChunkGrant(self, self.value_bytes)
             if sources:
                 # the big keys' chunks go to their files and their grants back to the budget
                 # first, so that they cannot starve the merge of its read buffers
                 self._release_chunks()
+                for spilled in self.big.values():  # refilled by the merge: accounted now
+                    spilled.grant = grant
+                grant.reserve(self.chunk_bytes)  # one key's chunk, before the read buffers
                 # run files to read: hold their read buffers (the collection was spilled and
                 # its memory given back above, so the budget has room for them)
                 fan_in, _ = self.reserve_merge_memory(
@@ -274,6 +336,7 @@ class SpillingGroupBy(Spillable[ObjectBlock]):
                     return a
                 if not isinstance(a, SpilledValues):
                     gathered = SpilledValues(dirs, chunk_values)
+                    gathered.grant = grant
                     gathered.extend(a)
                     a = gathered
                 a.extend(b)
@@ -287,18 +350,19 @@ class SpillingGroupBy(Spillable[ObjectBlock]):
                     blocks, OBJECT_CODEC, ROWS_PER_BATCH
                 ),
             ):
-                if not big:
-                    self.metrics.groups += len(block.keys)
-                    yield from zip(block.keys, block.values)
-                    continue
                 for key, values in zip(block.keys, block.values):
-                    if key in big:
+                    if big and key in big:
                         big[key].extend(values)
-                    else:
-                        self.metrics.groups += 1
-                        yield key, values
+                        continue
+                    self.metrics.groups += 1
+                    if isinstance(values, SpilledValues):
+                        values.flush()  # handed over whole on disk: its chunk grant is free
+                    yield key, values
             self.metrics.groups += len(big)
-            yield from big.items()
+            for key, spilled in big.items():
+                if spilled.grant is not None:
+                    spilled.flush()
+                yield key, spilled
             self.big = {}
         finally:
             self.close()

@@ -24,10 +24,12 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from typing import BinaryIO
 
 __all__ = [
     "AtomicFile",
+    "atomic_open",
     "FencedError",
     "file_identity",
     "remove_stale_temp_files",
@@ -197,6 +199,20 @@ class AtomicFile:
         if self.temp_path is not None:
             with _active_lock:
                 _active_temp_files.discard(self.temp_path)
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+    """The binary temp file of an :class:`AtomicFile` for ``path``, for writers that need a
+    real file (Parquet writers, text wrappers): committed when the block ends normally,
+    removed if it raises."""
+    atomic = AtomicFile(path)
+    try:
+        yield atomic._open()
+    except BaseException:
+        atomic.cancel()
+        raise
+    atomic.commit()
 
 
 def _describe_os_error(exc: OSError, directory: str, size: int) -> OSError:

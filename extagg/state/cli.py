@@ -11,6 +11,7 @@ import argparse
 import csv
 import datetime as dt
 import decimal
+import io
 import json
 import os
 import sys
@@ -19,6 +20,7 @@ from typing import Any, TextIO
 
 from extagg.errors import CorruptFileError, ExtaggError
 from extagg.state import spark as spark_state
+from extagg.state.atomic import atomic_open
 from extagg.state.reader import (
     is_spark_checkpoint,
     read_change_feed,
@@ -226,21 +228,23 @@ def _write_parquet(rows: Rows[Any], path: str, limit: int | None) -> int:
     writer = None
     count = 0
     try:
-        for batch in limited.iter_batches():
-            if writer is None:
-                writer = pq.ParquetWriter(path, batch.schema)
-            elif batch.schema != writer.schema:
-                batch = batch.cast(writer.schema)
-            writer.write_batch(batch)
-            count += batch.num_rows
-        if writer is None:  # no rows: an empty table with the fixed column types
-            table = limited.to_arrow()
-            pq.write_table(table, path)
+        with atomic_open(path) as handle:  # the file appears only complete
+            try:
+                for batch in limited.iter_batches():
+                    if writer is None:
+                        writer = pq.ParquetWriter(handle, batch.schema)
+                    elif batch.schema != writer.schema:
+                        batch = batch.cast(writer.schema)
+                    writer.write_batch(batch)
+                    count += batch.num_rows
+                if writer is None:  # no rows: an empty table with the fixed column types
+                    table = limited.to_arrow()
+                    pq.write_table(table, handle)
+            finally:
+                if writer is not None:
+                    writer.close()
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise TypeError(f"cannot write {path} as Parquet: {exc}") from None
-    finally:
-        if writer is not None:
-            writer.close()
     return count
 
 
@@ -277,8 +281,11 @@ def run_state_command(
                 raise ValueError("--format parquet needs --output FILE")
             _write_parquet(rows, args.output, args.limit)
         elif args.output:
-            with open(args.output, "w", encoding="utf-8", newline="") as handle:
-                _write_rows(rows, fmt, handle, args.limit)
+            with atomic_open(args.output) as raw:  # the file appears only complete
+                text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
+                _write_rows(rows, fmt, text, args.limit)
+                text.flush()
+                text.detach()
         else:
             _write_rows(rows, fmt, stdout, args.limit)
             stdout.flush()

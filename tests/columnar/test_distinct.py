@@ -149,3 +149,39 @@ def test_join_reports_groups_that_differ() -> None:
     right = _stream([1, 3], [1, 3], "b", [1, 3], [])
     with pytest.raises(JoinError):
         list(join_hashed([left, right], ["k"], ["a", "b"]))
+
+
+def test_join_buffers_are_accounted_to_the_manager() -> None:
+    from extagg.columnar.distinct import JoinBuffers
+    from extagg.memory import UnifiedMemoryManager, task_memory_manager
+
+    mm = UnifiedMemoryManager("16m")
+    tmm = task_memory_manager(mm)
+    n = 50_000
+    rng = np.random.default_rng(4)
+    batch = pa.table({"k": rng.integers(0, 20_000, n), "url": rng.integers(0, 5, n),
+                      "i": rng.integers(0, 9, n)})  # fmt: skip
+    held = []
+    with DistinctAggregator("k", {"u": ("url", "count_distinct"), "s": ("i", "sum")},
+                            memory_manager=mm) as agg:  # fmt: skip
+        agg.update(batch)
+        for _ in agg.results():
+            held.append(sum(c.used for c in tmm.consumers if isinstance(c, JoinBuffers)))
+    assert max(held) > 0  # the rows buffered for the join are granted by the manager
+    assert tmm.memory_used == 0 and not any(isinstance(c, JoinBuffers) for c in tmm.consumers)
+
+
+def test_join_buffers_refused_raise_memory_limit() -> None:
+    from extagg.columnar.distinct import JoinBuffers
+    from extagg.errors import MemoryLimitError
+    from extagg.memory import UnifiedMemoryManager, task_memory_manager
+
+    mm = UnifiedMemoryManager("2m")
+    buffers = JoinBuffers(task_memory_manager(mm), "join")
+    buffers.hold(1 << 20)
+    assert buffers.used == 1 << 20
+    with pytest.raises(MemoryLimitError, match=r"join of count_distinct results needs 3\.0 MiB"):
+        buffers.hold(3 << 20)
+    buffers.hold(1 << 10)
+    assert buffers.used == 1 << 10
+    buffers.close_memory()

@@ -46,8 +46,13 @@ def test_missing_column_is_named() -> None:
 
 def test_unsupported_key_type_names_column_and_type() -> None:
     batch = pa.table({"k": pa.array([[1], [2]]), "v": pa.array([1, 2])})
-    with pytest.raises(TypeError, match=r"column 'k' has unsupported type list<item: int64>"):
-        aggregate(batch, keys="k", aggs=AGG, memory="8m")
+    with (
+        HashAggregator("k", AGG, memory="8m") as agg,
+        pytest.raises(TypeError, match=r"column 'k' has unsupported type list<item: int64>"),
+    ):
+        agg.update(batch)
+    # aggregate() routes such columns to the generic engine (tests/columnar/test_objects.py)
+    assert aggregate(batch, keys="k", aggs=AGG, memory="8m").num_rows == 2
 
 
 def test_sum_of_strings_names_column_and_type() -> None:

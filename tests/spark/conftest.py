@@ -32,3 +32,11 @@ def spark_context(tmp_path_factory):
     session.sparkContext.setLogLevel("ERROR")
     yield session.sparkContext
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def spark(spark_context):
+    """The SparkSession of the shared ``local[2]`` context (for DataFrame tests)."""
+    from pyspark.sql import SparkSession
+
+    return SparkSession.builder.getOrCreate()

@@ -8,17 +8,12 @@ import random
 from decimal import Decimal
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import extagg.spark as es
 
 pytestmark = pytest.mark.spark
-
-
-@pytest.fixture(scope="module")
-def spark(spark_context):
-    from pyspark.sql import SparkSession
-
-    return SparkSession.builder.getOrCreate()
 
 
 def rows(n: int, seed: int = 11):
@@ -182,3 +177,28 @@ def test_rdd_or_bad_column_is_refused(spark, spark_context):
         es.aggregate(spark_context.parallelize([(1, 2)]), ["k"], {"s": ("v", "sum")})
     with pytest.raises(ValueError, match="nope"):
         es.aggregate(df, ["k"], {"s": ("nope", "sum")})
+
+
+@settings(
+    max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    data=st.lists(
+        st.tuples(
+            st.one_of(st.none(), st.integers(-3, 12)),
+            st.one_of(st.none(), st.integers(-(10**6), 10**6)),
+            st.one_of(st.none(), st.floats(-1e6, 1e6, allow_nan=False), st.just(float("nan"))),
+        ),
+        max_size=300,
+    )
+)
+def test_random_rows_same_as_group_by_agg(spark, data):
+    """extagg.spark.aggregate against df.groupBy().agg() on random rows (null keys, nulls,
+    NaN), with spills forced in both phases."""
+    df = spark.createDataFrame(data, "k int, x long, y double").repartition(2)
+    aggs = {"rows": ("*", "count")}
+    for col in ("x", "y"):
+        for fn in ("count", "sum", "mean", "min", "max", "var_pop"):
+            aggs[f"{fn}_{col}"] = (col, fn)
+    ours = es.aggregate(df, ["k"], aggs, memory="4m", force_spill_rows=40)
+    assert_same(as_dict(ours, ["k"]), as_dict(spark_agg(df, ["k"], aggs), ["k"]))

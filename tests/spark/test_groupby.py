@@ -112,3 +112,51 @@ def test_estimate_counts_what_the_lists_really_take() -> None:
     assert len(group.runs) == 0
     assert 0.7 * real <= group.estimated_bytes() <= 2 * real
     group.close()
+
+
+def test_merge_phase_big_key_chunks_are_charged_to_the_manager() -> None:
+    """A key with more values than the budget, found in many runs: the values the merge keeps
+    in its SpilledValues' memory chunk are granted by the manager (charged as they arrive,
+    given back when the key is handed over), never held beside the budget."""
+    pieces = []
+    for r in range(100):  # ~1 000 values of "big" in every run: below the fold's big-key line
+        pieces += [("big", [r * 1_000 + j]) for j in range(1_000)]
+        pieces += [(r * 1_000 + j, [j]) for j in range(1_000)]
+    group = SpillingGroupBy(memory=BUDGET, force_spill_every=2_000)
+    group.merge_pieces(pieces)
+    assert len(group.runs) > 50 and "big" not in group.big
+    seen = []
+    out = {}
+    for key, values in group:
+        grant = group.merge_chunks
+        assert grant is not None and grant.held <= grant.granted <= group.used <= BUDGET
+        seen.append(grant.held)
+        out[key] = list(values) if isinstance(values, SpilledValues) else values
+        if isinstance(values, SpilledValues):
+            assert values.in_memory == 0  # handed over on disk, its chunk grant free
+    grant = group.merge_chunks
+    assert grant is not None and grant.peak_held > 0  # the big key's chunk was accounted
+    assert sorted(out["big"]) == list(range(100_000)) and len(out) == 100_001
+    assert group.closed and group.used == 0
+
+
+def test_a_refused_chunk_grant_writes_the_values_out() -> None:
+    from extagg.memory import MemoryConsumer, UnifiedMemoryManager, task_memory_manager
+    from extagg.spark.groupby import ChunkGrant
+
+    mm = UnifiedMemoryManager(BUDGET)
+    group = SpillingGroupBy(memory_manager=mm)
+    hog = MemoryConsumer(task_memory_manager(mm), "hog")
+    hog.acquire_memory(BUDGET - group.used)  # nothing left to grant
+    values = SpilledValues([], chunk_values=1_000)
+    values.grant = ChunkGrant(group, 32.0)
+    values.extend(range(500))
+    assert values.in_memory == 0 and values.on_disk == 500  # refused: written, not held
+    assert list(values) == list(range(500))
+    hog.free_memory(BUDGET // 2)
+    values.extend(range(500, 600))
+    assert values.in_memory == 100 and values.grant.held == 3_200 <= values.grant.granted
+    values.flush()
+    assert values.grant.held == 0
+    hog.close_memory()
+    group.close()

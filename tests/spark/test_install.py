@@ -184,11 +184,17 @@ def test_workers_really_use_extagg_and_uninstall_restores(spark_context):
     )
 )
 def test_random_pairs_same_as_stock(spark_context, pairs):
+    """Every call the drop-in covers (reduceByKey, foldByKey, aggregateByKey, combineByKey,
+    groupByKey, countByKey) over random pairs of mixed key types, None keys included, with
+    and without install(); ours with 1m workers (the engines' smallest budget)."""
     rdd = spark_context.parallelize(pairs, 3)
-    stock = all_calls(rdd, quick=True)
-    with es.installed():
-        ours = all_calls(rdd, quick=True)
+    stock = all_calls(rdd)
+    with spark_setting(spark_context, "spark.python.worker.memory", "1m"), es.installed():
+        ours = all_calls(rdd)
     assert ours == stock
+    groups = reference_groups(pairs)
+    assert ours["reduceByKey"] == {k: sum(v) for k, v in groups.items()}
+    assert ours["countByKey"] == {k: len(v) for k, v in groups.items()}
 
 
 def test_budget_reaches_the_worker_from_each_setting(spark_context):

@@ -119,3 +119,14 @@ def test_runs_as_a_module(path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0].startswith("operator_id,operator_name")
     assert main(["metadata", path]) == 0
+
+
+@pytest.mark.parametrize("name", ["rows.jsonl", "rows.parquet"])
+def test_a_failed_export_leaves_the_old_file_and_no_temp_file(path, tmp_path, name):
+    target = tmp_path / name
+    target.write_bytes(b"old contents")
+    os.unlink(os.path.join(path, "state", "0", "1", "2.delta"))  # partition 1 fails mid-read
+    status, _, err = run(["state", "show", path, "-o", str(target)])
+    assert status == 1 and "2.delta does not exist" in err
+    assert target.read_bytes() == b"old contents"  # never half a file
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []

@@ -1,0 +1,127 @@
+"""``aggregate()`` routes columns the columnar engine cannot type to the generic engine
+(:class:`extagg.columnar.objects.ObjectAggregator`): pandas object columns, nested Arrow
+columns; property test against a plain-dict reference with forced spills."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import extagg
+from extagg.columnar.objects import ObjectAggregator, untyped_columns
+from extagg.memory import UnifiedMemoryManager, task_memory_manager
+
+
+def test_pandas_object_column_of_python_objects():
+    df = pd.DataFrame(
+        {
+            "k": [(1, "a"), (1, "a"), (2, "b"), None, (2, "b")],  # tuples: no Arrow type
+            "v": [1.0, float("nan"), 2.0, 4.0, None],
+            "o": [1, "x", 2.5, None, "x"],  # mixed: no Arrow type
+        }
+    )
+    assert [c for c, _ in untyped_columns(df, ["k", "v", "o"])] == ["k", "o"]
+    t = extagg.aggregate(
+        df, "v", {"n": ("o", "count"), "d": ("o", "count_distinct"), "c": ("*", "count")}
+    )
+    rows = {("nan" if math.isnan(r["v"]) else r["v"]): r for r in t.to_pylist()}
+    assert rows.keys() == {1.0, "nan", 2.0, 4.0}  # pandas made None a NaN: one NaN group
+    assert (rows["nan"]["c"], rows["nan"]["n"], rows["nan"]["d"]) == (2, 2, 1)
+    assert (rows[1.0]["n"], rows[2.0]["d"], rows[4.0]["n"]) == (1, 1, 0)
+
+
+def test_pandas_tuple_keys_come_back_as_arrow_lists():
+    df = pd.DataFrame({"k": [(1, 2), (1, 2), (3, 4)], "v": [1, 2, 3]})
+    t = extagg.aggregate(df, "k", {"s": ("v", "sum"), "m": ("v", "mean")})
+    assert sorted((tuple(r["k"]), r["s"], r["m"]) for r in t.to_pylist()) == [
+        ((1, 2), 3, 1.5), ((3, 4), 3, 3.0),
+    ]  # fmt: skip
+    assert t.schema.field("s").type == pa.int64()
+
+
+def test_mixed_result_column_is_a_clear_error():
+    df = pd.DataFrame({"k": [1, "a", 1], "v": [1, 2, 3]})
+    with pytest.raises(
+        TypeError, match=r"result column 'k' holds values of types \['int', 'str'\]"
+    ):
+        extagg.aggregate(df, "k", {"s": ("v", "sum")})
+    with pytest.raises(TypeError, match=r"sum\('s'\).*type struct<a: int64>"):
+        extagg.aggregate(pa.table({"k": [1], "s": [{"a": 1}]}), "k", {"x": ("s", "sum")})
+
+
+def test_decimal_and_bool_results_keep_the_columnar_types():
+    import decimal
+
+    t = pa.table(
+        {
+            "k": pa.array([[1], [1], [2]]),
+            "d": pa.array(
+                [decimal.Decimal("1.10"), decimal.Decimal("2.25"), None], pa.decimal128(10, 2)
+            ),
+            "b": [True, True, False],
+        }
+    )
+    out = extagg.aggregate(t, "k", {"s": ("d", "sum"), "m": ("d", "mean"), "sb": ("b", "sum")})
+    assert out.schema.field("s").type == pa.decimal128(20, 2)
+    assert out.schema.field("m").type == pa.decimal128(14, 6)
+    rows = {tuple(r["k"]): r for r in out.to_pylist()}
+    assert rows[(1,)]["s"] == decimal.Decimal("3.35") and rows[(1,)]["sb"] == 2
+    assert rows[(1,)]["m"] == decimal.Decimal("1.675000") and rows[(2,)]["s"] is None
+
+
+values = st.one_of(st.none(), st.lists(st.integers(0, 3), max_size=2))
+pairs = st.lists(st.tuples(st.integers(0, 30), values, st.integers(-5, 5)), max_size=300)
+
+
+@settings(max_examples=25, deadline=None)
+@given(pairs, st.sampled_from([None, 7]))
+def test_against_a_dict_reference_with_spills(rows, spill_every):
+    mm = UnifiedMemoryManager("8m")
+    batches = [
+        pa.table(
+            {
+                "k": pa.array([[k] for k, _, _ in rows[i : i + 50]], pa.list_(pa.int64())),
+                "l": pa.array([v for _, v, _ in rows[i : i + 50]], pa.list_(pa.int64())),
+                "x": pa.array([x for _, _, x in rows[i : i + 50]], pa.int64()),
+            }
+        )
+        for i in range(0, len(rows), 50)
+    ]
+    aggs = {
+        "n": ("*", "count"), "c": ("l", "count"), "d": ("l", "count_distinct"),
+        "f": ("l", "first"), "la": ("l", "last_non_null"), "mx": ("l", "max"),
+        "s": ("x", "sum"), "v": ("x", "var_pop"),
+    }  # fmt: skip
+    with ObjectAggregator("k", aggs, memory_manager=mm, force_spill_rows=spill_every) as agg:
+        for b in batches:
+            agg.update(b)
+        got = {tuple(r["k"]): r for b in agg.results() for r in b.to_pylist()}
+    assert task_memory_manager(mm).memory_used == 0
+    want: dict = {}
+    for k, v, x in rows:
+        w = want.setdefault((k,), {"n": 0, "c": 0, "d": set(), "f": ("unset",), "la": None,
+                                   "mx": None, "xs": []})  # fmt: skip
+        w["n"] += 1
+        w["xs"].append(x)
+        if w["f"] == ("unset",):
+            w["f"] = v
+        if v is not None:
+            w["c"] += 1
+            w["d"].add(tuple(v))
+            w["la"] = v
+            w["mx"] = v if w["mx"] is None or v > w["mx"] else w["mx"]
+    assert got.keys() == want.keys()
+    for key, w in want.items():
+        g = got[key]
+        assert (g["n"], g["c"], g["d"], g["f"], g["la"], g["mx"], g["s"]) == (
+            w["n"], w["c"], len(w["d"]), w["f"], w["la"], w["mx"], sum(w["xs"]),
+        )  # fmt: skip
+        mean = sum(w["xs"]) / len(w["xs"])
+        assert g["v"] == pytest.approx(
+            sum((x - mean) ** 2 for x in w["xs"]) / len(w["xs"]), abs=1e-9
+        )
