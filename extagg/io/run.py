@@ -102,9 +102,7 @@ class FileQuery:
         if untyped:  # nested or null-typed columns: Python objects in the generic engine
             log.info("columns %s: aggregated by the generic engine", untyped)
             factory, options = ObjectAggregator, {}
-        agg = factory(
-            self.by, self.aggs, memory_manager=tmm, spill_dirs=self.spill_dirs, **options
-        )
+        agg = factory(self.by, self.aggs, memory_manager=tmm, spill_dirs=self.spill_dirs, **options)
         m.budget_bytes = tmm.memory_manager.max_memory
         self._agg = agg
         self._tmm = tmm
