@@ -283,7 +283,7 @@ def test_kernel_error_in_one_worker_stops_all(
     """A fold kernel failing in a worker thread: the caller gets its error, all is closed."""
     from extagg.columnar import hash_aggregator as HA
 
-    original = HA.F.update
+    original = HA.F.update_all  # every aggregate of a chunk is folded through it
     calls = {"n": 0}
 
     def update(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -293,7 +293,7 @@ def test_kernel_error_in_one_worker_stops_all(
                 raise RuntimeError("kernel failed in a worker")
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(HA.F, "update", update)
+    monkeypatch.setattr(HA.F, "update_all", update)
     mm = UnifiedMemoryManager("64m")
     agg = HashAggregator("k", {"s": ("v", "sum")}, memory_manager=mm, threads=4,
                          spill_dirs=str(tmp_path), force_spill_rows=2_000)  # fmt: skip
