@@ -30,7 +30,7 @@ def exact(value):
     one value: adding two NaNs gives one of them, and which one (its sign bit) is the compiler's
     choice of operand order, in CPython as in numba."""
     if type(value) is float:
-        return ("float", "nan" if value != value else struct.pack("<d", value))
+        return ("float", b"nan" if value != value else struct.pack("<d", value))
     if type(value) is tuple:
         return ("tuple", tuple(exact(v) for v in value))
     return (type(value).__name__, value)
