@@ -15,6 +15,8 @@ __all__ = [
     "env_int",
     "env_flag",
     "default_spill_dirs",
+    "resolve_threads",
+    "THREADS_ENV",
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_FAN_IN",
     "INITIAL_MEMORY_THRESHOLD",
@@ -123,6 +125,26 @@ def env_int(var: str, default: int | None = None) -> int | None:
     if value <= 0:
         raise ValueError(f"environment variable {var}={raw!r} must be positive")
     return value
+
+
+#: environment variable with the default thread count of the columnar engine
+THREADS_ENV = "EXTAGG_THREADS"
+
+
+def resolve_threads(threads: int | None) -> int:
+    """The thread count to use: ``threads``, else ``EXTAGG_THREADS``, else the CPUs this
+    process may run on (``os.sched_getaffinity``). ``ValueError`` unless a positive int."""
+    if threads is None:
+        from_env = env_int(THREADS_ENV)
+        if from_env is not None:
+            return from_env
+        affinity = getattr(os, "sched_getaffinity", None)
+        return len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+    if isinstance(threads, bool) or not isinstance(threads, int):
+        raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
+    if threads < 1:
+        raise ValueError(f"threads must be a positive integer, got {threads}")
+    return threads
 
 
 def env_flag(var: str, default: bool) -> bool:

@@ -54,6 +54,9 @@ def add_aggregate_command(sub: Any) -> None:
     p.add_argument("--schema", help="all CSV columns in order, e.g. 'id:int64,name:string'")
     p.add_argument("--no-header", action="store_true", help="CSV files have no header line")
     p.add_argument("--spill-dir", action="append", dest="spill_dirs", help="spill directory")
+    p.add_argument(
+        "--threads", type=int, help="worker threads (default: EXTAGG_THREADS or the CPUs usable)"
+    )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar, no summary")
     p.add_argument("--json-summary", metavar="FILE", help="write the run's metrics as JSON")
     p.add_argument("--show", type=int, default=SHOW_ROWS, help="rows shown without -o")
@@ -115,7 +118,7 @@ def run_aggregate(args: argparse.Namespace) -> int:
             args.paths, by=by, aggs=aggs, where=args.where, having=args.having,
             memory=args.memory, spill_dirs=args.spill_dirs, sort=args.sort, format=args.format,
             delimiter=args.delimiter, column_types=_column_types(args.column_types),
-            schema=_schema(args.schema), header=not args.no_header,
+            schema=_schema(args.schema), header=not args.no_header, threads=args.threads,
         )  # fmt: skip
         _execute(query, args, output, fmt)
     except QueryError as exc:

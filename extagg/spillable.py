@@ -91,6 +91,8 @@ class MemoryBudget:
         self.max_memory = max_memory
         self.floor = 0
         self.usage: Callable[[], int] = usage if usage is not None else self._consumer_used
+        #: called after each grant (e.g. to record the peak of several consumers together)
+        self.on_grant: Callable[[], None] | None = None
 
     def _consumer_used(self) -> int:
         return self.consumer.used
@@ -104,6 +106,8 @@ class MemoryBudget:
         """Record the most memory held at once (``metrics.peak_granted_bytes``)."""
         if self.consumer.used > self.metrics.peak_granted_bytes:
             self.metrics.peak_granted_bytes = self.consumer.used
+        if self.on_grant is not None:
+            self.on_grant()
 
     def acquire(self, num_bytes: int) -> int:
         """Ask for ``num_bytes``; returns what was granted (possibly less)."""

@@ -19,6 +19,12 @@ settings.register_profile("ci", parent=settings.get_profile("extagg"), derandomi
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "extagg"))
 
 
+#: the columnar engine's default thread count in tests: 1, so that tests of the single-thread
+#: engine's internals see them; ``EXTAGG_TEST_THREADS=2 pytest`` runs the suite threaded
+#: (tests/columnar/test_threads.py covers threads explicitly either way)
+TEST_THREADS = os.environ.get("EXTAGG_TEST_THREADS", "1")
+
+
 @pytest.fixture(autouse=True)
 def _clean_extagg_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """No EXTAGG_* setting of the developer's shell leaks into a test."""
@@ -26,6 +32,7 @@ def _clean_extagg_env(monkeypatch: pytest.MonkeyPatch) -> None:
         if name.startswith("EXTAGG_"):
             monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("EXTAGG_PROGRESS", "0")
+    monkeypatch.setenv("EXTAGG_THREADS", TEST_THREADS)
 
 
 @pytest.fixture

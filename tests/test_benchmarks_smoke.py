@@ -165,3 +165,21 @@ def test_files_quick_runs_and_answers_match_duckdb(tmp_path: Path) -> None:
         for name, value in duck["sums"].items():
             rel = 1e-5 if name.startswith("avg") else 1e-9  # decimal means round at scale + 4
             assert mine["sums"][name] == pytest.approx(value, rel=rel), (query, name)
+
+
+def test_threads_quick_runs_and_every_thread_count_agrees(tmp_path: Path) -> None:
+    payload = _run("bench_threads.py", tmp_path, "--threads", "1", "2", "--workloads", "str-quick")
+    results = payload["results"]
+    assert [(r["case"]["name"], r["case"]["mode"], r["case"]["threads"]) for r in results] == [
+        (name, mode, n)
+        for name in ("str-quick",)
+        for mode in ("no limit", "1/8 of the table")
+        for n in (1, 2)
+    ]
+    digests = {}
+    for r in results:
+        (run,) = r["runs"]
+        assert "error" not in run, run
+        assert run["peak_rss"] >= run["baseline_rss"] > 0
+        digests.setdefault(r["case"]["name"], set()).add(run["digest"])
+    assert all(len(d) == 1 for d in digests.values()), digests

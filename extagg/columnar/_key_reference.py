@@ -51,3 +51,30 @@ def unpack_var(blob_offsets, blob, index):
     out_off = np.zeros(len(values) + 1, dtype=np.int64)
     out_off[1:] = np.cumsum([len(v) for v in values], dtype=np.int64)
     return out_off, np.frombuffer(b"".join(values), dtype=np.uint8).copy()
+
+
+def radix_partition(hashes, bits, order, bounds):
+    """Reference of :func:`extagg.columnar._radix_kernels.radix_partition`."""
+    parts: list[list[int]] = [[] for _ in range(len(bounds) - 1)]
+    for i, h in enumerate(hashes.tolist()):
+        parts[h >> (64 - bits)].append(i)
+    bounds[0] = 0
+    pos = 0
+    for p, rows in enumerate(parts):
+        for r in rows:
+            order[pos] = r
+            pos += 1
+        bounds[p + 1] = pos
+
+
+def gather_hashes(hashes, rows, bits, out):
+    """Reference of :func:`extagg.columnar._radix_kernels.gather_hashes`."""
+    for i, r in enumerate(rows.tolist()):
+        h = int(hashes[r])
+        out[i] = ((h << bits) | (h >> (64 - bits))) & (2**64 - 1) if bits else h
+
+
+def gather_words(words, rows, out):
+    """Reference of :func:`extagg.columnar._radix_kernels.gather_words`."""
+    for i, r in enumerate(rows.tolist()):
+        out[i, :] = words[r, :]

@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from extagg.collection._typed_kernels import gather_var
+
 __all__ = [
     "Column",
     "KINDS",
@@ -87,6 +89,16 @@ class Column:
             )
         assert self.values is not None
         return Column(self.name, self.kind, self.arrow_type, self.values[start:stop], valid)
+
+    def take(self, rows: np.ndarray) -> Column:
+        """Rows ``rows`` (int64 row numbers) as a new column (copies; offsets from 0)."""
+        valid = None if self.valid is None else self.valid[rows]
+        if self.is_var:
+            assert self.offsets is not None and self.data is not None
+            off, data = gather_var(self.offsets, self.data, rows)
+            return Column(self.name, self.kind, self.arrow_type, None, valid, off, data)
+        assert self.values is not None
+        return Column(self.name, self.kind, self.arrow_type, self.values[rows], valid)
 
     def nbytes(self) -> int:
         total = 0

@@ -23,6 +23,7 @@ Memory held = table arrays (exact) + chunk buffers (an upper bound per row) + on
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -34,6 +35,7 @@ from extagg._config import (
     DEFAULT_FAN_IN,
     INITIAL_MEMORY_THRESHOLD,
     format_size,
+    resolve_threads,
 )
 from extagg._interrupts import deferred_interrupts
 from extagg.collection import _typed_kernels as TK
@@ -57,15 +59,19 @@ from extagg.columnar.partition_files import (
 from extagg.columnar.partitioning import set_aside, spill_or_partition, start_partitioning
 from extagg.columnar.runs import spill_table
 from extagg.columnar.state import TableState
+from extagg.columnar.threaded import ThreadedFold, partition_bits
 from extagg.columnar.var_states import MIN_VAR_ARENA, VarArena, chunk_stop
 from extagg.errors import MemoryLimitError, SpillError
-from extagg.memory import Consumer, TaskMemoryManager, UnifiedMemoryManager
+from extagg.memory import ENGINE_MIN_BUDGET, Consumer, TaskMemoryManager, UnifiedMemoryManager
 from extagg.spill.blocks import ColumnBlock
 from extagg.spillable import OPEN, Spillable
 
 __all__ = ["HashAggregator"]
 
 log = logging.getLogger(__name__)
+
+#: rows per chunk at most with threads (each worker folds its partitions' share of it)
+THREAD_CHUNK_ROWS = 1 << 18
 
 
 class HashAggregator(Spillable[ColumnBlock]):
@@ -99,9 +105,16 @@ class HashAggregator(Spillable[ColumnBlock]):
     max_spill_bytes
         Cap on bytes on disk at once (default ``EXTAGG_MAX_SPILL_BYTES``, none).
     force_spill_rows
-        Test knob: spill after every N input rows.
+        Test knob: spill after every N input rows (with threads: each of the P thread
+        partitions after every N / P of its rows).
     chunk_rows
         Rows hashed and probed per compiled call (default: sized from the budget).
+    threads
+        Worker threads (default ``EXTAGG_THREADS``, else the CPUs the process may use,
+        ``os.sched_getaffinity``). With more than one, the keys are split by hash among
+        thread partitions folded side by side (:mod:`extagg.columnar.threaded`); the result,
+        rows and order, is the same for every thread count. ``1`` folds in the caller's thread.
+        A budget too small for a child per partition falls back to fewer threads.
     name
         Name in logs and memory reports.
 
@@ -143,9 +156,11 @@ class HashAggregator(Spillable[ColumnBlock]):
         max_spill_bytes: int | str | None = None,
         force_spill_rows: int | None = None,
         chunk_rows: int | None = None,
+        threads: int | None = None,
         name: str | None = None,
     ) -> None:
         self.keys = [keys] if isinstance(keys, str) else list(keys)
+        self.threads = resolve_threads(threads) if self.keys else 1
         if not all(isinstance(k, str) for k in self.keys):
             raise TypeError(f"keys must be column names (strings), got {keys!r}")
         if len(set(self.keys)) != len(self.keys):
@@ -190,6 +205,9 @@ class HashAggregator(Spillable[ColumnBlock]):
         self._schema: dict[str, tuple[str, pa.DataType]] | None = None
         self._source: TableSource | None = None
         self._partitions: PartitionWriter | None = None
+        #: the thread partitions and their pool (``threads`` > 1, from the first batch on)
+        self._threaded: ThreadedFold | None = None
+        self._peak_lock = threading.Lock()
 
     @property
     def run_rows(self) -> int:
@@ -234,6 +252,8 @@ class HashAggregator(Spillable[ColumnBlock]):
         self.table_state.layout_or_none = BlockLayout(keys, specs)
         self._schema = {n: (c.kind, c.arrow_type) for n, c in cols.items()}
         self._plan()
+        if self.threads > 1:
+            self._start_threads()
 
     def _plan(self, chunk_share: int = 64) -> None:
         """Size the chunk and I/O buffers and the floor for this aggregator's budget."""
@@ -328,8 +348,14 @@ class HashAggregator(Spillable[ColumnBlock]):
                 self.fail(err)  # folding on would grow past the grant: take no more input
                 raise
 
-    def _update_columns(self, cols: dict[str, Column], n: int) -> None:
-        """Fold ``n`` rows of checked input columns, chunk by chunk."""
+    def _update_columns(
+        self, cols: dict[str, Column], n: int, enc: EncodedKeys | None = None
+    ) -> None:
+        """Fold ``n`` rows of checked input columns, chunk by chunk (``enc``: their keys
+        already encoded, hashes as this aggregator sees them)."""
+        if self._threaded is not None:
+            self._update_threaded(cols, n)
+            return
         st = self.table_state
         step = st.chunk_rows
         every = self.force_spill_rows
@@ -354,17 +380,21 @@ class HashAggregator(Spillable[ColumnBlock]):
             # spill it needs written and the table emptied) before a Ctrl-C is raised:
             # ``metrics.records_read`` counts exactly the rows folded
             with deferred_interrupts():
-                self._update_chunk(part, stop - start)
+                self._update_chunk(
+                    part, stop - start, None if enc is None else enc.slice(start, stop)
+                )
                 if every is not None and st.rows_since_spill >= every:
                     if st.table is not None and st.table.num_groups:
                         spill_table(st, f"forced every {every} rows")
                     st.rows_since_spill = 0
             start = stop
 
-    def _update_chunk(self, cols: dict[str, Column], n: int) -> None:
+    def _update_chunk(
+        self, cols: dict[str, Column], n: int, enc: EncodedKeys | None = None
+    ) -> None:
         st = self.table_state
         if self._partitions is not None:
-            self._set_aside(cols, n, 0)
+            self._set_aside(cols, n, 0, None if enc is None else enc.hashes)
             return
         table = self._ensure_table()
         if st.layout.has_var_states:  # first: growing the arena trims what is held to its use
@@ -377,7 +407,8 @@ class HashAggregator(Spillable[ColumnBlock]):
         if var_bytes:
             self._make_room_for_key_bytes(var_bytes)
             table = self._ensure_table()
-        enc = self._encode(key_cols, n)
+        if enc is None:
+            enc = self._encode(key_cols, n)
         gids = np.empty(n, dtype=np.int64)
         seq0 = self.metrics.records_read
         pos = 0
@@ -441,6 +472,175 @@ class HashAggregator(Spillable[ColumnBlock]):
             states = [table.payload[i] for i in indexes]
             F.update(spec, states, g, col, seq0 + lo, arena=st.var_arena)
 
+    # ------------------------------------------------------------------ threads
+    def _start_threads(self) -> None:
+        """Plan the thread partitions for the budget (fewer when a child per partition would
+        not fit) and hold the chunk buffers; ``self.threads`` becomes what is used."""
+        st = self.table_state
+        max_memory = self.budget.max_memory
+        per_row = st.layout.keys.scratch_bytes(1, 0) + 8 + 2 * 16 * len(self._needed)
+        rows = max(1 << 10, min(THREAD_CHUNK_ROWS, max_memory // (16 * per_row)))
+        rows = 1 << (rows.bit_length() - 1)
+        scratch = rows * per_row
+        wanted = bits = partition_bits(self.threads)
+        while bits:
+            child_max = (max_memory - scratch) >> bits
+            floor = self._child_floor(child_max)
+            if child_max >= ENGINE_MIN_BUDGET and (floor << bits) + scratch <= max_memory // 2:
+                break
+            bits -= 1
+        if bits < wanted:
+            log.info(
+                "%s: a budget of %s holds %d thread partitions, not %d: %d thread%s",
+                self.name, format_size(max_memory), 1 << bits, 1 << wanted,
+                min(self.threads, 1 << bits), "" if bits == 0 else "s",
+            )  # fmt: skip
+        if bits == 0:
+            self.threads = 1
+            return
+        threads = min(self.threads, 1 << bits)
+        plan = (st.chunk_rows, st.scratch, st.io_bytes, self.budget.floor)
+        st.chunk_rows, st.scratch, st.io_bytes = rows, scratch, 0
+        self.budget.floor = scratch  # held until the results: the caller's task stays active
+        threaded = ThreadedFold(
+            name=self.name,
+            threads=threads,
+            bits=bits,
+            memory_manager=self.task_memory_manager.memory_manager,
+            owner_task=self.task_memory_manager.task_id,
+            make_child=self._thread_child,
+            encode=lambda part, n: self._encode([part[k] for k in self.keys], n),
+            on_peak=self._note_peak,
+        )
+        self._threaded = threaded
+        try:
+            if not self.budget.hold(scratch):
+                raise MemoryLimitError(f"{format_size(scratch)} of chunk buffers not granted")
+            threaded.start()  # every child takes its table now, before any worker runs
+        except MemoryLimitError as err:  # the share left is too small: one thread
+            log.info("%s: %d threads not started (%s): 1 thread", self.name, threads, err)
+            self._threaded = None
+            threaded.close()
+            st.chunk_rows, st.scratch, st.io_bytes, self.budget.floor = plan
+            self.budget.trim()
+            self.threads = 1
+            return
+        self.threads = threads
+
+    def _child_floor(self, max_memory: int) -> int:
+        """The memory a thread partition's child planning with ``max_memory`` holds at least."""
+        st = self.table_state
+        plan = plan_buffers(
+            st.layout, len(self._needed), max_memory, self.batch_size, self._chunk_rows_arg
+        )
+        arena = MIN_VAR_ARENA if st.layout.has_var_states else 0
+        least = self._table_bytes() + arena + plan.scratch_bytes + plan.io_bytes
+        return max(least, min(INITIAL_MEMORY_THRESHOLD, max_memory // 16))
+
+    def _thread_child(self, part: int, task: TaskMemoryManager, bits: int) -> HashAggregator:
+        """The aggregator of thread partition ``part``: same query, a worker's task, the
+        spill dirs shared, hashes rotated by ``bits``."""
+        st = self.table_state
+        child = HashAggregator(
+            self.keys,
+            self._aggs,
+            memory_manager=task,
+            batch_size=self.batch_size,
+            fan_in=self.fan_in,
+            compression=self.compression,
+            # about every N rows in all: each of the 2**bits partitions gets ~1/2**bits of them
+            force_spill_rows=(
+                None if self.force_spill_rows is None else max(1, self.force_spill_rows >> bits)
+            ),
+            chunk_rows=self._chunk_rows_arg,
+            threads=1,
+            name=f"{self.name}/t{part}",
+        )
+        child.share_spill_dirs(self.runs)
+        child.table_state.rotation = child.table_state.rotate_back = bits
+        child.budget.max_memory = child._task_budget = max(
+            1, (self.budget.max_memory - st.scratch) >> bits
+        )
+        child._schema = self._schema
+        child.table_state.layout_or_none = st.layout
+        child._plan()
+        threaded = self._threaded
+        assert threaded is not None
+        child.budget.on_grant = threaded.note_grant
+        return child
+
+    def _note_peak(self, workers: int) -> None:
+        """Record the most memory this aggregator and its workers held together."""
+        with self._peak_lock:
+            total = workers + self.used
+            if total > self.metrics.peak_granted_bytes:
+                self.metrics.peak_granted_bytes = total
+
+    def _update_threaded(self, cols: dict[str, Column], n: int) -> None:
+        """Fold ``n`` rows chunk by chunk on the threads; on any error the aggregator closes
+        (its children and files too) and the error propagates unchanged."""
+        st = self.table_state
+        threaded = self._threaded
+        assert threaded is not None
+        # chunks whose strings (keys and values) take at most 1/16 of the budget: they are
+        # held twice while a chunk is gathered per partition
+        var_offsets = [c.offsets for c in cols.values() if c.offsets is not None]
+        var_limit = max(1, self.budget.max_memory // 16)
+        start = 0
+        while start < n:
+            stop = min(n, start + st.chunk_rows)
+            if var_offsets:
+                stop = chunk_stop(var_offsets, start, stop, var_limit)
+            part = (
+                cols
+                if (start == 0 and stop == n)
+                else {k: c.slice(start, stop) for k, c in cols.items()}
+            )
+            # a chunk is folded by every worker before a Ctrl-C is raised (or not at all, the
+            # aggregator then closed, if a worker failed): ``records_read`` counts the rows folded
+            with deferred_interrupts():
+                try:
+                    self._fold_threaded(threaded, part, stop - start)
+                except BaseException:
+                    self.close()
+                    raise
+            start = stop
+
+    def _fold_threaded(self, threaded: ThreadedFold, cols: dict[str, Column], n: int) -> None:
+        # the strings of a chunk are copied once more, gathered per partition
+        var_bytes = sum(c.data.nbytes for c in cols.values() if c.data is not None)
+        if var_bytes and not self.budget.hold_more(2 * var_bytes):
+            raise MemoryLimitError(
+                f"{self.name} needs {format_size(2 * var_bytes)} more for the strings of a "
+                f"chunk ({self.budget.describe()})"
+            )
+        self._note_peak(threaded.held())
+        threaded.fold(cols, n)
+        self.metrics.records_read += n
+        if var_bytes:
+            self.budget.trim()
+
+    # -- what a thread partition's child does for ThreadedFold
+    def start(self) -> None:
+        """Take the starting memory (the table) now."""
+        with self.lock:
+            self._ensure_table()
+
+    def fold_encoded(self, cols: dict[str, Column], enc: EncodedKeys, n: int) -> None:
+        """Fold ``n`` rows whose keys are already encoded (hashes as this aggregator sees
+        them, i.e. rotated); the columns must have the types of the first batch."""
+        with self.lock:
+            self.check_open(f"{self.name}: update() after results() or close()")
+            try:
+                self._update_columns(cols, n, enc)
+            except SpillError as err:
+                self.fail(err)
+                raise
+
+    def blocks(self) -> Iterator[ColumnBlock]:
+        """Every group once, combined, in hash order (hashed as the parent sees them)."""
+        return self._blocks()
+
     # ------------------------------------------------------------------ partitioning
     def _spill_or_partition(self, table: TypedHashTable) -> None:
         """The full table cannot grow: spill it, and maybe partition the input from now on."""
@@ -486,9 +686,12 @@ class HashAggregator(Spillable[ColumnBlock]):
             compression=self.compression,
             chunk_rows=self._chunk_rows_arg,
             name=f"{self.name}/p{level}",
+            threads=1,
         )
         child.share_spill_dirs(self.runs)
         child.table_state.level = level
+        child.table_state.rotation = st.rotation + PARTITION_BITS
+        child.table_state.rotate_back = PARTITION_BITS
         # what this aggregator and its own parents still hold is not the child's to plan with
         child.budget.max_memory = max(1, self._task_budget - self.task_memory_manager.memory_used)
         child._task_budget = self._task_budget
@@ -533,6 +736,9 @@ class HashAggregator(Spillable[ColumnBlock]):
         """Drop the hash table and its arena; close the source read and abort open partitions."""
         self.table_state.table = None
         self.table_state.var_arena = None
+        if self._threaded is not None:
+            threaded, self._threaded = self._threaded, None
+            threaded.close()
         if self._source is not None:
             self._source.close()
             self._source = None
@@ -580,6 +786,13 @@ class HashAggregator(Spillable[ColumnBlock]):
         """Every group once, as combined blocks in hash order: the in-memory table, the runs
         and the partitions merged."""
         st = self.table_state
+        if self._threaded is not None:
+            with self.lock:
+                threaded = self._threaded
+                st.scratch = 0  # no more chunks: give back their buffers
+                self.budget.floor = 0
+                self.budget.trim()
+            return threaded.blocks(self.metrics.absorb)
         with self.lock:
             if st.table is not None:
                 self.metrics.peak_memory_bytes = max(self.metrics.peak_memory_bytes, st.in_use())
@@ -618,10 +831,10 @@ class HashAggregator(Spillable[ColumnBlock]):
     def _encode(self, key_cols: list[Column], n: int | None = None) -> EncodedKeys:
         """Hash and canonicalise keys (``n`` rows: needed without key columns); a partition's
         aggregator rotates the hashes (see :func:`~extagg.columnar.partition_files.rotate_left`)."""
-        level = self.table_state.level
+        rotation = self.table_state.rotation
         enc = self.table_state.layout.keys.encode(key_cols, n)
-        if level:
-            enc.hashes = rotate_left(enc.hashes, PARTITION_BITS * level)
+        if rotation:
+            enc.hashes = rotate_left(enc.hashes, rotation)
         return enc
 
     # ------------------------------------------------------------------ cleanup

@@ -14,8 +14,10 @@ import numpy as np
 import pyarrow as pa
 
 from extagg import _hash_kernels as H
+from extagg.collection._typed_kernels import gather_var
 from extagg.collection.typed_table import null_mask_dtype
 from extagg.columnar import _key_kernels as KK
+from extagg.columnar import _radix_kernels as RK
 from extagg.columnar.columns import Column, decimal_array, is_decimal64
 
 __all__ = ["KeyLayout", "EncodedKeys", "WORD_PREFIX", "NULLS_COLUMN", "VAR_COLUMN"]
@@ -42,6 +44,28 @@ class EncodedKeys:
 
     def nbytes(self) -> int:
         return sum(a.nbytes for a in (self.hashes, self.words, self.nulls, self.var_offsets))
+
+    def slice(self, lo: int, hi: int) -> EncodedKeys:
+        """Rows ``lo..hi`` as views (variable-length offsets keep pointing into the bytes)."""
+        if lo == 0 and hi == len(self.hashes):
+            return self
+        nulls = self.nulls[lo:hi] if len(self.nulls) else self.nulls
+        offsets = self.var_offsets[lo : hi + 1] if len(self.var_offsets) else self.var_offsets
+        return EncodedKeys(self.hashes[lo:hi], self.words[lo:hi], nulls, offsets, self.var_data)
+
+    def take(self, rows: np.ndarray, rotate: int = 0) -> EncodedKeys:
+        """The keys of rows ``rows`` (int64 row numbers), copied, hashes rotated left by
+        ``rotate`` bits (as a partition's aggregator sees them)."""
+        hashes = np.empty(len(rows), dtype=np.uint64)
+        RK.gather_hashes(self.hashes, rows, rotate, hashes)
+        words = np.empty((len(rows), self.words.shape[1]), dtype=np.uint64)
+        if self.words.shape[1]:
+            RK.gather_words(self.words, rows, words)
+        nulls = self.nulls[rows] if len(self.nulls) else self.nulls
+        offsets, data = self.var_offsets, self.var_data
+        if len(offsets):
+            offsets, data = gather_var(offsets, data, rows)
+        return EncodedKeys(hashes, words, nulls, offsets, data)
 
 
 def _valid(col: Column) -> np.ndarray:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Generator, Iterator
 
 from extagg.columnar._sources import TableSource
 from extagg.columnar.buffers import MERGE_COPIES
-from extagg.columnar.partition_files import PARTITION_BITS, rotate_right
+from extagg.columnar.partition_files import rotate_right
 from extagg.columnar.runs import write_merged_run
 from extagg.columnar.state import TableState
 from extagg.merge.heap import BlockSource, merge_in_passes
@@ -93,12 +93,12 @@ def result_blocks(
         blocks = drain(partitions)
     else:
         blocks = merge_blocks(st, table_source, partitions, reserve, io_batch_bytes)
-    if not st.level:
+    if not st.rotate_back:
         yield from blocks
         return
     with contextlib.closing(blocks):  # a partition's groups, hashed as its parent sees them
         for block in blocks:
-            hashes = rotate_right(block.hashes, PARTITION_BITS)
+            hashes = rotate_right(block.hashes, st.rotate_back)
             yield ColumnBlock(hashes, block.columns, block.var_columns)
 
 

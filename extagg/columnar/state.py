@@ -40,6 +40,11 @@ class TableState:
     lock: threading.RLock
     #: partitioning depth: 0 for the aggregator the caller made, 1 for its partitions' ...
     level: int = 0
+    #: bits the key hashes are rotated left by before this aggregator sees them (a thread's or
+    #: a partition's aggregator: its hashes share their top bits, the next bits should lead)
+    rotation: int = 0
+    #: bits of that rotation its output undoes (its parent's hashes are rotated by the rest)
+    rotate_back: int = 0
     layout_or_none: BlockLayout | None = None
     table: TypedHashTable | None = None
     #: the table's min/max/first/last string and binary values (None without such aggregates)

@@ -50,8 +50,10 @@ class FileQuery:
         memory_manager: Any,
         spill_dirs: Sequence[str] | str | None,
         sort: bool,
+        threads: int | None = None,
     ) -> None:
         self.scan = scan
+        self.threads = threads
         self.by = by
         self.aggs = aggs
         self.having = having
@@ -91,7 +93,10 @@ class FileQuery:
         m.rss_import_bytes = current_rss()
         tmm = resolve_task_memory_manager(self.memory, self.memory_manager)
         factory = DistinctAggregator if has_distinct(self.aggs) else HashAggregator
-        agg = factory(self.by, self.aggs, memory_manager=tmm, spill_dirs=self.spill_dirs)
+        agg = factory(
+            self.by, self.aggs, memory_manager=tmm, spill_dirs=self.spill_dirs,
+            threads=self.threads,
+        )  # fmt: skip
         m.budget_bytes = tmm.memory_manager.max_memory
         self._agg = agg
         self._tmm = tmm
@@ -219,6 +224,7 @@ def plan_query(
     schema: pa.Schema | None = None,
     header: bool = True,
     batch_rows: int = 65_536,
+    threads: int | None = None,
 ) -> FileQuery:
     """Check a query and plan its scan (see :func:`aggregate_files`); reads no data rows."""
     from extagg._config import parse_size
@@ -233,6 +239,13 @@ def plan_query(
         try:
             parse_size(memory, name="memory")
         except (TypeError, ValueError) as exc:
+            raise QueryError(str(exc)) from None
+    if threads is not None:
+        from extagg._config import resolve_threads
+
+        try:
+            resolve_threads(threads)
+        except ValueError as exc:
             raise QueryError(str(exc)) from None
     where_expr = _parse_where(where)
     having_expr = _parse_where(having)
@@ -256,7 +269,9 @@ def plan_query(
         for name in having_expr.columns:
             if name not in out_cols:
                 raise unknown_column(name, out_cols, "result column")
-    return FileQuery(scan, keys, dict(aggs), having_expr, memory, memory_manager, spill_dirs, sort)
+    return FileQuery(
+        scan, keys, dict(aggs), having_expr, memory, memory_manager, spill_dirs, sort, threads
+    )
 
 
 def aggregate_files(
@@ -306,7 +321,8 @@ def aggregate_files(
         :class:`~extagg.metrics.RunMetrics`.
     **options
         Shape the scan: ``format``, ``delimiter``, ``column_types``, ``schema``, ``header``,
-        ``spill_dirs``, ``memory_manager``.
+        ``spill_dirs``, ``memory_manager``; ``threads`` for the aggregation (see
+        :class:`~extagg.columnar.HashAggregator`).
 
     Returns
     -------

@@ -215,8 +215,9 @@ class AggregationPlan:
         target: pa.Schema,
         finish: Callable[[pa.RecordBatch], dict[str, pa.Array]],
     ) -> Iterator[pa.RecordBatch]:
+        # one thread: Spark already runs a task per core
         with HashAggregator(
-            self.by, aggs, memory=self.memory, force_spill_rows=self.force_spill_rows
+            self.by, aggs, memory=self.memory, force_spill_rows=self.force_spill_rows, threads=1
         ) as agg:
             for batch in batches:
                 if batch.num_rows:

@@ -1,0 +1,62 @@
+"""numba kernels of the threaded columnar engine: rows grouped by the top bits of their hash.
+
+:func:`radix_partition` is a stable counting sort of a chunk's rows by partition (the top
+``bits`` of each key hash): one pass counts, one pass places. Stable, so a partition's rows keep
+their input order (``first``/``last`` rely on it). It releases the GIL (``extagg._numba``), so
+the slices of a chunk are sorted side by side. :func:`gather_hashes` and :func:`gather_words`
+copy one partition's keys out of a slice in one pass each (the hashes rotated as the
+partition's aggregator sees them). Plain-Python reference:
+:func:`extagg.columnar._key_reference.radix_partition`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from extagg._numba import jit
+
+__all__ = ["gather_hashes", "gather_words", "radix_partition"]
+
+_jit = jit()
+
+
+@_jit
+def radix_partition(hashes, bits, order, bounds):
+    """Rows of ``hashes`` grouped by their top ``bits`` (1..16), stably.
+
+    Fills ``order`` (int64, one per row: the row numbers of partition 0, then 1, ...) and
+    ``bounds`` (int64, ``2**bits + 1``: partition ``p`` is ``order[bounds[p]:bounds[p + 1]]``).
+    """
+    shift = np.uint64(64 - bits)
+    parts = bounds.shape[0] - 1
+    for p in range(parts + 1):
+        bounds[p] = 0
+    for i in range(hashes.shape[0]):
+        bounds[np.int64(hashes[i] >> shift) + 1] += 1
+    for p in range(parts):
+        bounds[p + 1] += bounds[p]
+    cursor = bounds[:parts].copy()
+    for i in range(hashes.shape[0]):
+        p = np.int64(hashes[i] >> shift)
+        order[cursor[p]] = i
+        cursor[p] += 1
+
+
+@_jit
+def gather_hashes(hashes, rows, bits, out):
+    """``out[i] = rotate_left(hashes[rows[i]], bits)`` (``0 <= bits < 64``)."""
+    b = np.uint64(bits)
+    back = np.uint64((64 - bits) % 64)
+    for i in range(rows.shape[0]):
+        h = hashes[rows[i]]
+        out[i] = (h << b) | (h >> back) if bits else h
+
+
+@_jit
+def gather_words(words, rows, out):
+    """``out[i, :] = words[rows[i], :]`` (2-D uint64 key words)."""
+    width = words.shape[1]
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for j in range(width):
+            out[i, j] = words[r, j]

@@ -1,0 +1,285 @@
+"""Threads for :class:`~extagg.columnar.HashAggregator`: owner-partitioned radix aggregation.
+
+With ``threads=N > 1`` the aggregator owns ``P`` (the power of two >= N) *thread partitions*,
+chosen by the top ``log2(P)`` bits of the key hash, each folded by a child aggregator that sees
+its hashes rotated left by those bits (:func:`~extagg.columnar.partition_files.rotate_left`:
+the bits that still differ lead, the order inside the partition is unchanged). Every chunk of
+input goes through two parallel phases on a pool of N threads:
+
+1. the chunk is cut into N row slices; each slice's keys are hashed and encoded once
+   (``KeyLayout.encode``) and its rows are grouped by partition with a stable counting sort
+   (:func:`extagg.columnar._radix_kernels.radix_partition`);
+2. worker ``w`` folds partitions ``w, w + N, ...``: for each, it gathers the partition's rows of
+   every slice, in slice order (so ``first``/``last`` see the input order), and folds them into
+   that partition's child, which takes the keys already encoded.
+
+Partition ``p`` is only ever touched by worker ``p % N``, one chunk at a time: no locks on the
+hot path and no final combine, since all the rows of a key go to one child. The children's
+outputs, one partition after the other, are the single-thread hash order exactly: the result
+does not depend on the thread count.
+
+Memory: the children of worker ``w`` are consumers of one task (``TaskMemoryManager`` with an
+explicit id) of the caller's ``UnifiedMemoryManager``, so each worker gets its fair share and
+spills its own children cooperatively, and the one budget holds over all of them. Every child
+takes its starting memory before any worker runs, and holds at least a floor until the results
+are read, so every worker task stays active and none waits for the share of an idle one.
+
+Errors: the first exception of a worker (a kernel error, ``MemoryLimitError``, ``SpillError``,
+``KeyboardInterrupt``) stops the others at their next partition; the caller re-raises it
+unchanged once every worker has stopped, and closes the aggregator.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Hashable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from functools import partial
+from typing import Protocol, TypeVar
+
+import numpy as np
+
+from extagg.columnar import _radix_kernels as RK
+from extagg.columnar.columns import Column
+from extagg.columnar.keys import EncodedKeys
+from extagg.memory import TaskMemoryManager, UnifiedMemoryManager, task_memory_manager
+from extagg.metrics import SpillMetrics
+from extagg.spill.blocks import ColumnBlock
+
+__all__ = ["MAX_PARTITION_BITS", "ThreadChild", "ThreadedFold", "partition_bits"]
+
+log = logging.getLogger(__name__)
+
+#: at most 2**8 thread partitions
+MAX_PARTITION_BITS = 8
+#: chunks of fewer rows are folded in the caller's thread (same children, same result)
+INLINE_ROWS = 1 << 14
+
+
+def partition_bits(threads: int) -> int:
+    """``log2`` of the thread partitions for ``threads`` workers: the power of two >= it."""
+    return min(MAX_PARTITION_BITS, max(0, (threads - 1).bit_length()))
+
+
+class ThreadChild(Protocol):
+    """What :class:`ThreadedFold` needs of a partition's aggregator."""
+
+    @property
+    def metrics(self) -> SpillMetrics: ...
+
+    def start(self) -> None:
+        """Take the starting memory (its table)."""
+
+    def fold_encoded(self, cols: dict[str, Column], enc: EncodedKeys, n: int) -> None:
+        """Fold ``n`` rows whose keys are already encoded (hashes as the child sees them)."""
+
+    def blocks(self) -> Iterator[ColumnBlock]:
+        """Every group once, hashed as the parent sees them, in hash order."""
+
+    def close(self) -> None: ...
+
+
+_T = TypeVar("_T")
+
+
+class _Slice:
+    """One row slice of a chunk: its columns, encoded keys and rows grouped by partition."""
+
+    __slots__ = ("cols", "enc", "order", "bounds")
+
+    def __init__(
+        self, cols: dict[str, Column], enc: EncodedKeys, order: np.ndarray, bounds: np.ndarray
+    ) -> None:
+        self.cols = cols
+        self.enc = enc
+        self.order = order
+        self.bounds = bounds
+
+
+class ThreadedFold:
+    """The thread partitions of one aggregator, their children and the pool that folds them.
+
+    Parameters
+    ----------
+    name
+        The aggregator's name (threads and tasks are named after it).
+    threads
+        Worker threads (N).
+    bits
+        ``log2`` of the partitions (P = 2**bits >= N).
+    memory_manager
+        The manager the workers' tasks take memory from.
+    owner_task
+        The caller's task id (the workers' task ids derive from it).
+    make_child
+        ``make_child(partition, task manager, rotation bits)``: a started-empty child.
+    encode
+        Hashes and encodes the key columns of a slice of rows.
+    on_peak
+        Receives the bytes all workers' tasks hold together after each grant.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        threads: int,
+        bits: int,
+        memory_manager: UnifiedMemoryManager,
+        owner_task: Hashable,
+        make_child: Callable[[int, TaskMemoryManager, int], ThreadChild],
+        encode: Callable[[dict[str, Column], int], EncodedKeys],
+        on_peak: Callable[[int], None],
+    ) -> None:
+        self.name = name
+        self.bits = bits
+        self.parts = 1 << bits
+        self.threads = min(threads, self.parts)
+        ids: list[Hashable] = [("extagg-thread", owner_task, w) for w in range(self.threads)]
+        #: one task per worker (explicit ids: any thread may act for it), the same for every
+        #: threaded aggregator of the caller's task (they fold one after the other): the fair
+        #: share is split among the caller and its N workers, not among N per aggregator
+        self.tasks = [task_memory_manager(memory_manager, i) for i in ids]
+        self._make_child = make_child
+        self._encode = encode
+        self._on_peak = on_peak
+        self.children: list[ThreadChild] = []
+        self._pool: ThreadPoolExecutor | None = None
+        self._stop = threading.Event()
+
+    # ------------------------------------------------------------------ set-up
+    def start(self) -> None:
+        """Make every partition's child and its table, in the caller's thread, before any
+        worker runs: every worker task holds memory (is counted in the fair share) from now."""
+        if self.children:
+            return
+        try:
+            for p in range(self.parts):
+                child = self._make_child(p, self.tasks[p % self.threads], self.bits)
+                self.children.append(child)
+                child.start()
+        except BaseException:
+            self.close()
+            self.children = []
+            raise
+
+    def held(self) -> int:
+        """Bytes the workers' tasks hold together."""
+        return sum(t.memory_used for t in self.tasks)
+
+    def note_grant(self) -> None:
+        """A child was granted memory: report what all workers hold now."""
+        self._on_peak(self.held())
+
+    # ------------------------------------------------------------------ folding
+    def fold(self, cols: dict[str, Column], n: int) -> None:
+        """Fold ``n`` rows of checked input columns (one chunk) into the partitions' children.
+
+        Returns once every worker is done with the chunk; re-raises the first worker error."""
+        self.start()
+        inline = n < INLINE_ROWS or self.threads == 1
+        slices_n = 1 if inline else self.threads
+        bounds = [n * s // slices_n for s in range(slices_n + 1)]
+        ranges = [(bounds[s], bounds[s + 1]) for s in range(slices_n)]
+        if inline:
+            slices = [self._slice(cols, lo, hi, n) for lo, hi in ranges]
+            for w in range(self.threads):
+                self._fold_worker(w, slices)
+            return
+        slices = self._run([partial(self._slice, cols, lo, hi, n) for lo, hi in ranges])
+        self._run([partial(self._fold_worker, w, slices) for w in range(self.threads)])
+
+    def _slice(self, cols: dict[str, Column], lo: int, hi: int, n: int) -> _Slice:
+        part = cols if (lo == 0 and hi == n) else {k: c.slice(lo, hi) for k, c in cols.items()}
+        enc = self._encode(part, hi - lo)
+        order = np.empty(hi - lo, dtype=np.int64)
+        bounds = np.empty(self.parts + 1, dtype=np.int64)
+        RK.radix_partition(enc.hashes, self.bits, order, bounds)
+        return _Slice(part, enc, order, bounds)
+
+    def _fold_worker(self, w: int, slices: list[_Slice]) -> None:
+        """Worker ``w``: its partitions, each gathered from every slice in slice order."""
+        for p in range(w, self.parts, self.threads):
+            child = self.children[p]
+            for s in slices:
+                if self._stop.is_set():
+                    return
+                lo, hi = int(s.bounds[p]), int(s.bounds[p + 1])
+                if lo == hi:
+                    continue
+                rows = s.order[lo:hi]
+                enc = s.enc.take(rows, self.bits)
+                sub = {k: c.take(rows) for k, c in s.cols.items()}
+                child.fold_encoded(sub, enc, hi - lo)
+
+    def _run(self, jobs: list[Callable[[], _T]]) -> list[_T]:
+        """Run ``jobs`` on the pool; their results in order, or the first error (by job
+        order) once all have stopped."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix=self.name)
+        pool = self._pool
+        self._stop.clear()
+        futures: list[Future[_T]] = [pool.submit(self._guard, job) for job in jobs]
+        try:
+            wait(futures)
+        except BaseException:  # the caller was interrupted: stop the workers, then go on
+            self._stop.set()
+            _wait_all(futures)
+            raise
+        for f in futures:
+            err = f.exception()
+            if err is not None:
+                raise err
+        return [f.result() for f in futures]
+
+    def _guard(self, job: Callable[[], _T]) -> _T:
+        try:
+            return job()
+        except BaseException:
+            self._stop.set()  # the other workers stop at their next partition
+            raise
+
+    # ------------------------------------------------------------------ results
+    def blocks(self, absorb: Callable[[SpillMetrics], None]) -> Iterator[ColumnBlock]:
+        """Every group once in hash order: partition 0's blocks, then 1's, ...; each child's
+        metrics go to ``absorb`` and the child is closed when its last block is out."""
+        self.shutdown()
+        try:
+            for p, child in enumerate(self.children):
+                yield from child.blocks()
+                absorb(child.metrics)
+                child.close()
+                log.debug("%s: thread partition %d read", self.name, p)
+        finally:
+            self.close()
+
+    # ------------------------------------------------------------------ cleanup
+    def shutdown(self) -> None:
+        """Stop the pool's threads (after the last chunk)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    def close(self) -> None:
+        """Stop the pool, close every child (their files deleted, their memory released)."""
+        self._stop.set()
+        self.shutdown()
+        errors: list[BaseException] = []
+        for child in self.children:
+            try:
+                child.close()
+            except BaseException as err:  # close the others anyway
+                errors.append(err)
+        if errors:
+            raise errors[0]
+
+
+def _wait_all(futures: list[Future[_T]]) -> None:
+    """Wait for every future even if interrupted again meanwhile."""
+    while True:
+        try:
+            wait(futures)
+            return
+        except BaseException:  # pragma: no cover - a second Ctrl-C while the workers stop
+            continue

@@ -1,0 +1,437 @@
+"""``threads=N`` in the columnar engine: same rows in the same order for every thread count.
+
+The threaded path (thread partitions by the top hash bits, a child per partition on a worker's
+memory task, :mod:`extagg.columnar.threaded`) is compared with ``threads=1`` (order and values)
+and with a plain-Python reference (values), spills forced; errors in a worker must stop every
+worker, reach the caller with their own type and leave no file and no memory behind.
+"""
+
+from __future__ import annotations
+
+import decimal
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from extagg.columnar import HashAggregator, aggregate
+from extagg.columnar import _key_reference as KR
+from extagg.columnar import _radix_kernels as RK
+from extagg.columnar import threaded as T
+from extagg.errors import MemoryLimitError, SpillError
+from extagg.memory import UnifiedMemoryManager
+
+from .reference import assert_same_groups, reference_groupby, result_dict
+
+THREADS = (1, 2, 4, 8)
+
+
+@pytest.fixture(autouse=True)
+def _pool_even_for_small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tiny test inputs go through the thread pool too (not the caller-thread shortcut)."""
+    monkeypatch.setattr(T, "INLINE_ROWS", 0)
+
+
+def _files(path: Path) -> list[str]:
+    return [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
+
+
+# ----------------------------------------------------------------------------- the kernel
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    hashes=st.lists(st.integers(0, 2**64 - 1), max_size=300),
+    bits=st.integers(1, T.MAX_PARTITION_BITS),
+)
+def test_radix_partition_matches_reference(hashes: list[int], bits: int) -> None:
+    h = np.array(hashes, dtype=np.uint64)
+    got_order, got_bounds = np.empty(len(h), np.int64), np.empty((1 << bits) + 1, np.int64)
+    want_order, want_bounds = np.empty(len(h), np.int64), np.empty((1 << bits) + 1, np.int64)
+    RK.radix_partition(h, bits, got_order, got_bounds)
+    KR.radix_partition(h, bits, want_order, want_bounds)
+    assert got_order.tolist() == want_order.tolist()
+    assert got_bounds.tolist() == want_bounds.tolist()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    hashes=st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=100),
+    picks=st.lists(st.integers(0, 10**6), max_size=100),
+    bits=st.integers(0, 63),
+    width=st.integers(1, 3),
+)
+def test_gather_kernels_match_reference(
+    hashes: list[int], picks: list[int], bits: int, width: int
+) -> None:
+    h = np.array(hashes, dtype=np.uint64)
+    rows = np.array([p % len(h) for p in picks], dtype=np.int64)
+    words = (h[:, None] * np.arange(1, width + 1, dtype=np.uint64)).copy()
+    got, want = np.empty(len(rows), np.uint64), np.empty(len(rows), np.uint64)
+    RK.gather_hashes(h, rows, bits, got)
+    KR.gather_hashes(h, rows, bits, want)
+    assert got.tolist() == want.tolist()
+    got_w, want_w = np.empty((len(rows), width), np.uint64), np.empty((len(rows), width), np.uint64)
+    RK.gather_words(words, rows, got_w)
+    KR.gather_words(words, rows, want_w)
+    assert got_w.tolist() == want_w.tolist()
+
+
+def test_partition_bits() -> None:
+    assert [T.partition_bits(n) for n in (1, 2, 3, 4, 5, 8, 9)] == [0, 1, 2, 2, 3, 3, 4]
+    assert T.partition_bits(10_000) == T.MAX_PARTITION_BITS
+
+
+# ----------------------------------------------------------------------------- same results
+
+AGGS = {
+    "o_n": ("*", "count"),
+    "o_sum": ("v", "sum"),
+    "o_first": ("v", "first"),
+    "o_last": ("v", "last"),
+    "o_smin": ("s", "min"),
+    "o_smax": ("s", "max"),
+    "o_fsum": ("f", "sum"),
+}
+
+
+def _table(rows: list[tuple[int | None, str | None, int | None, float]]) -> pa.Table:
+    return pa.table(
+        {
+            "k": pa.array([r[0] for r in rows], pa.int64()),
+            "s": pa.array([r[1] for r in rows], pa.string()),
+            "v": pa.array([r[2] for r in rows], pa.int64()),
+            "f": pa.array([r[3] for r in rows], pa.float64()),
+        }
+    )
+
+
+def _batches(table: pa.Table, size: int) -> list[pa.RecordBatch]:
+    return table.to_batches(max_chunksize=size)
+
+
+def _assert_same(got: pa.Table, want: pa.Table, keys: list[str], floats: list[str]) -> None:
+    """Same rows in the same order; float columns within rounding (sum order may differ)."""
+    assert got.schema.names == want.schema.names
+    assert got.num_rows == want.num_rows
+    for name in got.schema.names:
+        g, w = got[name].to_pylist(), want[name].to_pylist()
+        if name in floats:
+            assert all(
+                (a is None and b is None) or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+                for a, b in zip(g, w)
+            ), name
+        else:
+            assert g == w, name
+
+
+row = st.tuples(
+    st.one_of(st.none(), st.integers(-50, 50), st.integers(-(2**63), 2**63 - 1)),
+    st.one_of(st.none(), st.text(max_size=6)),
+    st.one_of(st.none(), st.integers(-1000, 1000)),
+    st.floats(-1e6, 1e6),
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rows=st.lists(row, min_size=1, max_size=400),
+    keys=st.sampled_from([["k"], ["s"], ["k", "s"]]),
+    batch=st.integers(1, 200),
+    spill_every=st.one_of(st.none(), st.integers(20, 200)),
+)
+def test_same_rows_same_order_for_every_thread_count(
+    rows: list[tuple[int | None, str | None, int | None, float]],
+    keys: list[str],
+    batch: int,
+    spill_every: int | None,
+) -> None:
+    table = _table(rows)
+    aggs = {k: v for k, v in AGGS.items() if v[0] not in keys}
+    outs = {}
+    for threads in THREADS:
+        outs[threads] = aggregate(
+            _batches(table, batch),
+            keys,
+            aggs,
+            threads=threads,
+            memory="64m",
+            force_spill_rows=spill_every,
+        )
+    for threads in THREADS[1:]:
+        _assert_same(outs[threads], outs[1], keys, ["o_fsum"])
+    want = reference_groupby(table.to_pydict(), keys, aggs)
+    assert_same_groups(result_dict(outs[8], keys), want)
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    values=st.lists(
+        st.tuples(st.integers(0, 30), st.decimals(-(10**6), 10**6, places=2, allow_nan=False)),
+        min_size=1,
+        max_size=200,
+    )
+)
+def test_decimal_and_count_distinct(values: list[tuple[int, decimal.Decimal]]) -> None:
+    table = pa.table(
+        {
+            "k": pa.array([v[0] for v in values], pa.int32()),
+            "d": pa.array([v[1] for v in values], pa.decimal128(12, 2)),
+        }
+    )
+    aggs = {"sd": ("d", "sum"), "mx": ("d", "max"), "nd": ("d", "count_distinct")}
+    outs = [aggregate(table, "k", aggs, threads=t, memory="64m") for t in THREADS]
+    for out in outs[1:]:
+        assert out.equals(outs[0])
+    groups: dict[int, list[decimal.Decimal]] = {}
+    for k, d in values:
+        groups.setdefault(k, []).append(d.quantize(decimal.Decimal("0.01")))
+    want = {(k,): {"sd": sum(ds), "mx": max(ds), "nd": len(set(ds))} for k, ds in groups.items()}
+    assert result_dict(outs[-1], ["k"]) == want
+
+
+def _spill_input(n: int = 60_000, distinct: int = 30_000) -> pa.Table:
+    rng = np.random.default_rng(3)
+    idx = rng.integers(0, distinct, n)
+    keys = (idx.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)).view(np.int64)
+    return pa.table({"k": keys, "v": rng.integers(0, 100, n), "f": rng.random(n)})
+
+
+def test_spilling_threads_same_result_and_budget_held(tmp_path: Path) -> None:
+    """A budget that makes every thread's child spill: same output as one thread, the memory
+    granted to all threads together never above the budget, no file left."""
+    table = _spill_input(150_000, 100_000)
+    aggs = {"s": ("v", "sum"), "n": ("*", "count"), "m": ("f", "mean"), "l": ("v", "last")}
+    want = aggregate(table, "k", aggs, threads=1, memory="64m")
+    for threads in (2, 4):
+        with HashAggregator("k", aggs, memory="8m", threads=threads, spill_dirs=str(tmp_path),
+                            chunk_rows=2048) as agg:  # fmt: skip
+            for b in _batches(table, 7000):
+                agg.update(b)
+            assert agg.threads == threads
+            got = pa.Table.from_batches(list(agg.results()))
+            assert agg.metrics.spill_count > 0
+            assert 0 < agg.metrics.peak_granted_bytes <= 8 << 20
+            assert agg.metrics.records_read == table.num_rows
+        _assert_same(got, want, ["k"], ["m"])
+        assert _files(tmp_path) == []
+
+
+def test_small_budget_falls_back_to_fewer_threads(caplog: pytest.LogCaptureFixture) -> None:
+    table = _spill_input(20_000, 5_000)
+    want = aggregate(table, "k", {"s": ("v", "sum")}, threads=1, memory="2m")
+    with (
+        caplog.at_level("INFO", logger="extagg.columnar.hash_aggregator"),
+        HashAggregator("k", {"s": ("v", "sum")}, memory="2m", threads=8) as agg,
+    ):
+        agg.update(table)
+        assert agg.threads < 8
+        got = pa.Table.from_batches(list(agg.results()))
+    assert "thread partitions" in caplog.text
+    assert got.equals(want)
+
+
+def test_global_aggregate_uses_one_thread() -> None:
+    table = _spill_input(5_000)
+    with HashAggregator([], {"s": ("v", "sum")}, threads=4) as agg:
+        assert agg.threads == 1
+        agg.update(table)
+        (batch,) = list(agg.results())
+    assert batch.column(0).to_pylist() == [int(pa.compute.sum(table["v"]).as_py())]
+
+
+# ----------------------------------------------------------------------------- options
+
+
+def test_threads_option_validated_and_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    aggs = {"n": ("*", "count")}
+    for bad in (0, -2, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="threads"):
+            HashAggregator("k", aggs, threads=bad)  # type: ignore[arg-type]
+    monkeypatch.setenv("EXTAGG_THREADS", "3")
+    assert HashAggregator("k", aggs).threads == 3
+    assert HashAggregator("k", aggs, threads=2).threads == 2  # the argument wins
+    monkeypatch.setenv("EXTAGG_THREADS", "many")
+    with pytest.raises(ValueError, match="EXTAGG_THREADS"):
+        HashAggregator("k", aggs)
+    monkeypatch.delenv("EXTAGG_THREADS")
+    assert HashAggregator("k", aggs).threads == len(os.sched_getaffinity(0))
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def _assert_clean(agg: HashAggregator, mm: UnifiedMemoryManager, spill_dir: Path) -> None:
+    assert agg.closed
+    assert _files(spill_dir) == []
+    assert mm.execution_memory_used == 0
+
+
+def test_kernel_error_in_one_worker_stops_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fold kernel failing in a worker thread: the caller gets its error, all is closed."""
+    from extagg.columnar import hash_aggregator as HA
+
+    original = HA.F.update
+    calls = {"n": 0}
+
+    def update(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if threading.current_thread() is not threading.main_thread():
+            calls["n"] += 1
+            if calls["n"] == 5:
+                raise RuntimeError("kernel failed in a worker")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(HA.F, "update", update)
+    mm = UnifiedMemoryManager("64m")
+    agg = HashAggregator("k", {"s": ("v", "sum")}, memory_manager=mm, threads=4,
+                         spill_dirs=str(tmp_path), force_spill_rows=2_000)  # fmt: skip
+    with pytest.raises(RuntimeError, match="kernel failed in a worker"):
+        for b in _batches(_spill_input(40_000), 10_000):
+            agg.update(b)
+    _assert_clean(agg, mm, tmp_path)
+
+
+def test_overflow_at_results_closes_every_thread_partition(tmp_path: Path) -> None:
+    """An int64 sum that overflows (found when the results are finished): OverflowError,
+    every child closed, no file left."""
+    n = 50_000
+    keys = np.arange(n, dtype=np.int64)
+    values = np.ones(n, dtype=np.int64)
+    values[[7, 8]] = 2**62 * 3 // 2
+    keys[8] = 7  # key 7 twice: its sum leaves the int64 range
+    mm = UnifiedMemoryManager("64m")
+    agg = HashAggregator("k", {"s": ("v", "sum")}, memory_manager=mm, threads=4,
+                         spill_dirs=str(tmp_path), force_spill_rows=5_000)  # fmt: skip
+    agg.update({"k": keys, "v": values})
+    with pytest.raises(OverflowError, match="overflow"):
+        list(agg.results())
+    _assert_clean(agg, mm, tmp_path)
+
+
+def _fail_in_partition(monkeypatch: pytest.MonkeyPatch, part: int, error: BaseException) -> None:
+    """Make the child of thread partition ``part`` raise ``error`` on its second fold."""
+    original = HashAggregator.fold_encoded
+    calls = {"n": 0}
+
+    def fold_encoded(self: HashAggregator, cols, enc, n):  # type: ignore[no-untyped-def]
+        if self.name.endswith(f"/t{part}"):
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise error
+        original(self, cols, enc, n)
+
+    monkeypatch.setattr(HashAggregator, "fold_encoded", fold_encoded)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [MemoryLimitError("no memory for partition 1"), KeyboardInterrupt("stop partition 1")],
+    ids=["MemoryLimitError", "KeyboardInterrupt"],
+)
+def test_worker_error_reaches_caller_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: BaseException
+) -> None:
+    _fail_in_partition(monkeypatch, 1, error)
+    mm = UnifiedMemoryManager("64m")
+    table = _spill_input(40_000)
+    agg = HashAggregator("k", {"s": ("v", "sum")}, memory_manager=mm, threads=2,
+                         spill_dirs=str(tmp_path), force_spill_rows=3_000)  # fmt: skip
+    with pytest.raises(type(error)) as info:
+        for b in _batches(table, 10_000):
+            agg.update(b)
+    assert info.value is error
+    _assert_clean(agg, mm, tmp_path)
+
+
+def test_spill_cap_in_workers_raises_spill_error(tmp_path: Path) -> None:
+    mm = UnifiedMemoryManager("64m")
+    agg = HashAggregator("k", {"s": ("v", "sum")}, memory_manager=mm, threads=4,
+                         spill_dirs=str(tmp_path), force_spill_rows=2_000,
+                         max_spill_bytes=50_000)  # fmt: skip
+    with pytest.raises(SpillError, match="spill cap"):
+        agg.update(_spill_input(60_000))
+    _assert_clean(agg, mm, tmp_path)
+    with pytest.raises(Exception, match=r"closed|after|no more input"):
+        agg.update(_spill_input(10))
+
+
+def test_ctrl_c_while_workers_run_finishes_the_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGINT to the main thread while workers fold: the chunk is folded whole, then
+    KeyboardInterrupt; the aggregator stays open and consistent."""
+    original = HashAggregator.fold_encoded
+    sent = {"done": False}
+
+    def fold_encoded(self: HashAggregator, cols, enc, n):  # type: ignore[no-untyped-def]
+        if not sent["done"]:
+            sent["done"] = True
+            os.kill(os.getpid(), signal.SIGINT)
+        original(self, cols, enc, n)
+
+    monkeypatch.setattr(HashAggregator, "fold_encoded", fold_encoded)
+    table = _spill_input(30_000, 1_000)
+    with HashAggregator("k", {"n": ("*", "count")}, threads=2, memory="64m") as agg:
+        with pytest.raises(KeyboardInterrupt):
+            agg.update(table)
+        assert not agg.closed
+        assert agg.metrics.records_read == table.num_rows  # one chunk: folded whole
+        got = pa.Table.from_batches(list(agg.results()))
+    assert sum(got["n"].to_pylist()) == table.num_rows
+
+
+# ----------------------------------------------------------------------------- memory (RSS)
+
+_RSS_SCRIPT = textwrap.dedent(
+    """
+    import numpy as np, pyarrow as pa, resource
+    from extagg.columnar import HashAggregator
+
+    def rss():
+        with open("/proc/self/status") as f:
+            return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS"))
+
+    def hwm():
+        with open("/proc/self/status") as f:
+            return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmHWM"))
+
+    limit = 48 << 20
+    rng = np.random.default_rng(1)
+    n = 3_000_000
+    keys = (rng.integers(0, 1_000_000, n).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+    table = pa.table({"k": keys.view(np.int64), "v": rng.integers(0, 9, n)})
+    with HashAggregator("k", {"s": ("v", "sum")}, memory="64m", threads=2) as warm:
+        warm.update(table.slice(0, 300_000))
+        for _ in warm.results():
+            pass
+    open("/proc/self/clear_refs", "w").write("5")
+    base = rss()
+    with HashAggregator("k", {"s": ("v", "sum")}, memory=limit, threads=2) as agg:
+        for b in table.to_batches(max_chunksize=1 << 20):
+            agg.update(b)
+        groups = sum(b.num_rows for b in agg.results())
+        spills = agg.metrics.spill_count
+    print(hwm() - base, limit, groups, spills)
+    """
+)
+
+
+@pytest.mark.slow
+def test_peak_rss_with_all_threads_spilling() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _RSS_SCRIPT], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    above, limit, groups, spills = map(int, proc.stdout.split())
+    assert groups > 900_000 and spills > 0
+    assert above <= 1.25 * limit, (above, limit)
