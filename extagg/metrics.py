@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import weakref
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -76,6 +77,17 @@ class SpillMetrics:
         self.merge_passes += other.merge_passes
         self.merge_files += other.merge_files
         self.peak_memory_bytes = max(self.peak_memory_bytes, other.peak_memory_bytes)
+
+    def take_spills_of(self, helpers: Iterable[SpillMetrics]) -> None:
+        """Set the spill and merge figures to the sum of ``helpers``' (the thread partitions'
+        aggregators, which do all the spilling of a threaded one): live while they run,
+        never counted twice however often it is called."""
+        total = SpillMetrics()
+        for other in helpers:
+            total.absorb(other)
+        for name in _HELPER_FIELDS:
+            setattr(self, name, getattr(total, name))
+        self.peak_memory_bytes = max(self.peak_memory_bytes, total.peak_memory_bytes)
 
     def as_dict(self) -> dict[str, float]:
         """Every counter by name (for JSON and benchmarks)."""
@@ -250,3 +262,17 @@ def run_metrics(result: Any) -> RunMetrics | SpillMetrics:
         f"{type(result).__name__} carries no extagg metrics (only what aggregate() and "
         "aggregate_files() return does)"
     )
+
+
+#: the figures :meth:`SpillMetrics.absorb` adds up (peak memory is a maximum instead)
+_HELPER_FIELDS = (
+    "spill_count",
+    "num_spill_files",
+    "memory_bytes_spilled",
+    "disk_bytes_spilled",
+    "raw_bytes_spilled",
+    "spill_time_s",
+    "merge_time_s",
+    "merge_passes",
+    "merge_files",
+)

@@ -616,10 +616,18 @@ class HashAggregator(Spillable[ColumnBlock]):
                 f"chunk ({self.budget.describe()})"
             )
         self._note_peak(threaded.held())
-        threaded.fold(cols, n)
+        try:
+            threaded.fold(cols, n)
+        finally:
+            self._sync_thread_metrics(threaded)  # spills are seen (progress bars) as they happen
         self.metrics.records_read += n
         if var_bytes:
             self.budget.trim()
+
+    def _sync_thread_metrics(self, threaded: ThreadedFold) -> None:
+        """The thread partitions do all the spilling: this aggregator's spill and merge
+        figures are theirs, summed."""
+        self.metrics.take_spills_of(threaded.child_metrics())
 
     # -- what a thread partition's child does for ThreadedFold
     def start(self) -> None:
@@ -793,7 +801,7 @@ class HashAggregator(Spillable[ColumnBlock]):
                 st.scratch = 0  # no more chunks: give back their buffers
                 self.budget.floor = 0
                 self.budget.trim()
-            return threaded.blocks(self.metrics.absorb)
+            return threaded.blocks(lambda _merged: self._sync_thread_metrics(threaded))
         with self.lock:
             if st.table is not None:
                 self.metrics.peak_memory_bytes = max(self.metrics.peak_memory_bytes, st.in_use())

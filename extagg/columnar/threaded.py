@@ -164,6 +164,10 @@ class ThreadedFold:
             self.children = []
             raise
 
+    def child_metrics(self) -> list[SpillMetrics]:
+        """The partitions' aggregators' metrics (live: they spill while the workers fold)."""
+        return [child.metrics for child in self.children]
+
     def held(self) -> int:
         """Bytes the workers' tasks hold together."""
         return sum(t.memory_used for t in self.tasks)
@@ -242,8 +246,8 @@ class ThreadedFold:
 
     # ------------------------------------------------------------------ results
     def blocks(self, absorb: Callable[[SpillMetrics], None]) -> Iterator[ColumnBlock]:
-        """Every group once in hash order: partition 0's blocks, then 1's, ...; each child's
-        metrics go to ``absorb`` and the child is closed when its last block is out."""
+        """Every group once in hash order: partition 0's blocks, then 1's, ...; ``absorb`` is
+        called with each child's metrics once its last block is out, then the child closed."""
         self.shutdown()
         try:
             for p, child in enumerate(self.children):
