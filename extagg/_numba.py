@@ -10,6 +10,11 @@ Every ``_kernels``-style module compiles its functions with :func:`jit`:
 * ``boundscheck`` left to numba's ``NUMBA_BOUNDSCHECK`` environment variable (off by default,
   for speed): set ``NUMBA_BOUNDSCHECK=1`` to debug a kernel with checked indexing.
 
+Besides the decorator, three kinds of intrinsics the kernels of the hash tables use:
+:func:`prefetch` (start loading a cache line ahead of its use) and 8-byte loads and stores at
+any byte offset of a ``uint8`` array (:data:`load_f64`, :data:`store_f64`, ... : the fields of
+a packed record row, which need not be aligned).
+
 numba fills global registries (boxing, lowering) the first time it is imported and the first
 time its CPU target is used; Ctrl-C in the middle leaves them half-filled, and every later
 compile in the process fails (``KeyError: duplicate registration for UnicodeType``). So this

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 import pytest
 
 from extagg import hashing
 from extagg.collection._typed_kernels import ARENA_FULL, DONE, TABLE_FULL
-from extagg.collection.typed_table import MIN_CAPACITY, TypedHashTable, payload_row_dtype
+from extagg.collection.typed_table import MIN_CAPACITY, TypedHashTable, payload_row_dtype, zeros
 
 E8 = np.zeros(0, dtype=np.uint8)
 E64 = np.zeros(0, dtype=np.int64)
@@ -167,3 +169,27 @@ def test_clear_after_a_spill_keeps_the_arrays_and_forgets_every_group() -> None:
     _hashes, slot_gids = table.sort_by_hash()
     _words, key_nulls, _o, _d = table.gather_keys(slot_gids)
     assert int(key_nulls.sum()) == 1  # only the null group says null
+
+
+def _rss_anon() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no RssAnon in /proc/self/status")
+
+
+@pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE"), reason="no MADV_HUGEPAGE here")
+def test_large_arrays_are_mapped_zeroed_and_given_back() -> None:
+    small = zeros((100, 2), np.uint64)
+    assert not isinstance(small.base, mmap.mmap) and not small.any()
+    size = 64 << 20
+    before = _rss_anon()
+    big = zeros((size // 16, 2), np.uint64)
+    assert big.nbytes == size and big.shape == (size // 16, 2) and big.flags.writeable
+    assert not big.any()  # the kernel's zero pages
+    big[:] = 7  # touch every page
+    touched = _rss_anon()
+    assert touched - before >= size * 0.9
+    del big  # the mapping goes with the array
+    assert touched - _rss_anon() >= size * 0.9
