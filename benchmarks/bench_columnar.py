@@ -65,6 +65,7 @@ QUICK_WORKLOADS = {
 #: engine → threads it uses, and whether it can be given a memory limit
 ENGINES = {
     "extagg": (1, True),
+    "extagg-2t": (2, True),
     "duckdb-1t": (1, True),
     "duckdb-2t": (2, True),
     "polars-eager": (os.cpu_count() or 1, False),
@@ -82,11 +83,15 @@ ENGINES = {
 # the baseline) and returns ``run(table_or_input) -> (groups, first aggregate's total, extra)``.
 
 
-def prepare_extagg(spec: dict[str, Any], budget: int | None):
+def prepare_extagg(spec: dict[str, Any], budget: int | None, threads: int | None = None):
     from extagg import HashAggregator
 
+    options = {} if threads is None else {"threads": threads}  # the baseline may predate it
+
     def run(table):
-        with HashAggregator(spec["keys"], spec["aggs"], memory=budget or NO_LIMIT) as agg:
+        with HashAggregator(
+            spec["keys"], spec["aggs"], memory=budget or NO_LIMIT, **options
+        ) as agg:
             for batch in table.to_batches():
                 agg.update(batch)
             peak_after_update = H.peak_rss()  # where the peak came: folding or merging
@@ -230,8 +235,8 @@ def make_engine(name: str, spec: dict[str, Any], budget: int | None):
             raise SystemExit("extagg-baseline needs EXTAGG_BENCH_BASELINE=<another checkout>")
         sys.path.insert(0, root)  # this fresh process imports that checkout's extagg
         return prepare_extagg(spec, budget)
-    if name == "extagg":
-        return prepare_extagg(spec, budget)
+    if name in ("extagg", "extagg-2t"):
+        return prepare_extagg(spec, budget, ENGINES[name][0])
     if name.startswith("duckdb"):
         return prepare_duckdb(spec, budget, ENGINES[name][0])
     if name.startswith("polars"):
