@@ -34,6 +34,8 @@ from extagg._config import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_FAN_IN,
     INITIAL_MEMORY_THRESHOLD,
+    THREADS_ENV,
+    env_int,
     format_size,
     resolve_threads,
 )
@@ -72,6 +74,10 @@ log = logging.getLogger(__name__)
 
 #: rows per chunk at most with threads (each worker folds its partitions' share of it)
 THREAD_CHUNK_ROWS = 1 << 18
+#: the least budget per thread partition when the thread count was not asked for: measured
+#: (benchmarks/bench_scaling.py, budget curve, 10 M groups) two threads were no faster than one
+#: at 30-120 MiB in all and at 30 MiB peaked 1.8x the limit (each thread's allocator arena)
+AUTO_THREAD_MIN_BUDGET = 64 << 20
 
 
 class HashAggregator(Spillable[ColumnBlock]):
@@ -114,7 +120,9 @@ class HashAggregator(Spillable[ColumnBlock]):
         ``os.sched_getaffinity``). With more than one, the keys are split by hash among
         thread partitions folded side by side (:mod:`extagg.columnar.threaded`); the result,
         rows and order, is the same for every thread count. ``1`` folds in the caller's thread.
-        A budget too small for a child per partition falls back to fewer threads.
+        A budget too small for a child per partition falls back to fewer threads; without a
+        count asked for, each thread partition needs 64 MiB of the budget (below that threads
+        were measured slower than one, and each thread's allocator arena costs RSS).
     name
         Name in logs and memory reports.
 
@@ -161,6 +169,8 @@ class HashAggregator(Spillable[ColumnBlock]):
     ) -> None:
         self.keys = [keys] if isinstance(keys, str) else list(keys)
         self.threads = resolve_threads(threads) if self.keys else 1
+        #: no count asked for (argument or EXTAGG_THREADS): threads only where they pay
+        self._threads_auto = threads is None and env_int(THREADS_ENV) is None
         if not all(isinstance(k, str) for k in self.keys):
             raise TypeError(f"keys must be column names (strings), got {keys!r}")
         if len(set(self.keys)) != len(self.keys):
@@ -487,7 +497,8 @@ class HashAggregator(Spillable[ColumnBlock]):
         while bits:
             child_max = (max_memory - scratch) >> bits
             floor = self._child_floor(child_max)
-            if child_max >= ENGINE_MIN_BUDGET and (floor << bits) + scratch <= max_memory // 2:
+            least = AUTO_THREAD_MIN_BUDGET if self._threads_auto else ENGINE_MIN_BUDGET
+            if child_max >= least and (floor << bits) + scratch <= max_memory // 2:
                 break
             bits -= 1
         if bits < wanted:

@@ -243,6 +243,21 @@ def test_small_budget_falls_back_to_fewer_threads(caplog: pytest.LogCaptureFixtu
     assert got.equals(want)
 
 
+def test_default_thread_count_needs_64_mib_per_partition(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Threads not asked for: every core at a large budget, one thread at a small one (where
+    threads were measured slower); an explicit count is obeyed down to the engine minimum."""
+    monkeypatch.delenv("EXTAGG_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1}, raising=False)
+    table = _spill_input(70_000, 20_000)
+    want = aggregate(table, "k", {"s": ("v", "sum")}, threads=1, memory="64m")
+    for memory, explicit, threads in (("512m", None, 2), ("32m", None, 1), ("32m", 2, 2)):
+        with HashAggregator("k", {"s": ("v", "sum")}, memory=memory, threads=explicit) as agg:
+            agg.update(table)
+            assert agg.threads == threads, (memory, explicit)
+            got = pa.Table.from_batches(list(agg.results()))
+        assert got.equals(want)
+
+
 def test_global_aggregate_uses_one_thread() -> None:
     table = _spill_input(5_000)
     with HashAggregator([], {"s": ("v", "sum")}, threads=4) as agg:
