@@ -75,9 +75,10 @@ log = logging.getLogger(__name__)
 #: rows per chunk at most with threads (each worker folds its partitions' share of it)
 THREAD_CHUNK_ROWS = 1 << 18
 #: the least budget per thread partition when the thread count was not asked for: measured
-#: (benchmarks/bench_scaling.py, budget curve, 10 M groups) two threads were no faster than one
-#: at 30-120 MiB in all and at 30 MiB peaked 1.8x the limit (each thread's allocator arena)
-AUTO_THREAD_MIN_BUDGET = 64 << 20
+#: (benchmarks/bench_scaling.py, budget curve, 20 M rows, 10 M groups, two threads) peak RSS
+#: above baseline 0.81x a 60 MiB limit but 1.2-1.4x a 30 MiB one (the merges' working set at
+#: 15 MiB per partition), and two threads no faster than one at 30-120 MiB in all
+AUTO_THREAD_MIN_BUDGET = 32 << 20
 
 
 class HashAggregator(Spillable[ColumnBlock]):
@@ -121,8 +122,8 @@ class HashAggregator(Spillable[ColumnBlock]):
         thread partitions folded side by side (:mod:`extagg.columnar.threaded`); the result,
         rows and order, is the same for every thread count. ``1`` folds in the caller's thread.
         A budget too small for a child per partition falls back to fewer threads; without a
-        count asked for, each thread partition needs 64 MiB of the budget (below that threads
-        were measured slower than one, and each thread's allocator arena costs RSS).
+        count asked for, each thread partition needs 32 MiB of the budget (below that threads
+        were measured to exceed the limit in RSS, and to be no faster than one).
     name
         Name in logs and memory reports.
 

@@ -24,6 +24,12 @@ spills its own children cooperatively, and the one budget holds over all of them
 takes its starting memory before any worker runs, and holds at least a floor until the results
 are read, so every worker task stays active and none waits for the share of an idle one.
 
+Resident memory: worker threads allocate their temporaries from their own malloc arenas, which
+keep freed memory resident; the fold gives it back to the kernel
+(:func:`extagg._malloc.release_free_memory`) after a chunk during which a partition spilled,
+after the last chunk, and while the results are read whenever the reading worker's grant has
+dropped by :data:`TRIM_BYTES` or a partition is done.
+
 Errors: the first exception of a worker (a kernel error, ``MemoryLimitError``, ``SpillError``,
 ``KeyboardInterrupt``) stops the others at their next partition; the caller re-raises it
 unchanged once every worker has stopped, and closes the aggregator.
@@ -40,6 +46,7 @@ from typing import Protocol, TypeVar
 
 import numpy as np
 
+from extagg._malloc import release_free_memory
 from extagg.columnar import _radix_kernels as RK
 from extagg.columnar.columns import Column
 from extagg.columnar.keys import EncodedKeys
@@ -55,6 +62,8 @@ log = logging.getLogger(__name__)
 MAX_PARTITION_BITS = 8
 #: chunks of fewer rows are folded in the caller's thread (same children, same result)
 INLINE_ROWS = 1 << 14
+#: while results are read: give freed heap memory back once a worker's grant dropped this much
+TRIM_BYTES = 1 << 20
 
 
 def partition_bits(threads: int) -> int:
@@ -186,13 +195,20 @@ class ThreadedFold:
         slices_n = 1 if inline else self.threads
         bounds = [n * s // slices_n for s in range(slices_n + 1)]
         ranges = [(bounds[s], bounds[s + 1]) for s in range(slices_n)]
+        spills = self._spills()
         if inline:
             slices = [self._slice(cols, lo, hi, n) for lo, hi in ranges]
             for w in range(self.threads):
                 self._fold_worker(w, slices)
-            return
-        slices = self._run([partial(self._slice, cols, lo, hi, n) for lo, hi in ranges])
-        self._run([partial(self._fold_worker, w, slices) for w in range(self.threads)])
+        else:
+            slices = self._run([partial(self._slice, cols, lo, hi, n) for lo, hi in ranges])
+            self._run([partial(self._fold_worker, w, slices) for w in range(self.threads)])
+        if self._spills() != spills:  # a spill's I/O buffers were freed in the workers' arenas
+            del slices
+            release_free_memory()
+
+    def _spills(self) -> int:
+        return sum(child.metrics.spill_count for child in self.children)
 
     def _slice(self, cols: dict[str, Column], lo: int, hi: int, n: int) -> _Slice:
         part = cols if (lo == 0 and hi == n) else {k: c.slice(lo, hi) for k, c in cols.items()}
@@ -248,15 +264,46 @@ class ThreadedFold:
     def blocks(self, absorb: Callable[[SpillMetrics], None]) -> Iterator[ColumnBlock]:
         """Every group once in hash order: partition 0's blocks, then 1's, ...; ``absorb`` is
         called with each child's metrics once its last block is out, then the child closed."""
-        self.shutdown()
         try:
+            streams = self._open_results()
+            self.shutdown()
+            release_free_memory()  # the chunks' temporaries, freed in the workers' arenas
             for p, child in enumerate(self.children):
-                yield from child.blocks()
+                task = self.tasks[p % self.threads]
+                high = task.memory_used  # the most held since the last trim
+                for block in streams[p]:
+                    yield block
+                    held = task.memory_used
+                    if held <= high - TRIM_BYTES:  # a source or merge buffers were freed
+                        release_free_memory()
+                        high = held
+                    high = max(high, held)
                 absorb(child.metrics)
                 child.close()
+                release_free_memory()
                 log.debug("%s: thread partition %d read", self.name, p)
         finally:
             self.close()
+
+    def _open_results(self) -> list[Iterator[ColumnBlock]]:
+        """Every child's result stream, opened on the pool: opening one sorts its in-memory
+        table by hash (the merge itself starts when its first block is read), so the children's
+        sorts run side by side."""
+        streams: list[Iterator[ColumnBlock] | None] = [None] * len(self.children)
+
+        def open_worker(w: int) -> None:
+            for p in range(w, len(self.children), self.threads):
+                if self._stop.is_set():
+                    return
+                streams[p] = self.children[p].blocks()
+
+        if self.threads == 1 or len(self.children) < 2:
+            open_worker(0)
+        else:
+            self._run([partial(open_worker, w) for w in range(self.threads)])
+        opened = [s for s in streams if s is not None]
+        assert len(opened) == len(streams)
+        return opened
 
     # ------------------------------------------------------------------ cleanup
     def shutdown(self) -> None:

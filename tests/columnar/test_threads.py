@@ -11,6 +11,7 @@ from __future__ import annotations
 import decimal
 import math
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from extagg import _malloc as M
 from extagg.columnar import HashAggregator, aggregate
 from extagg.columnar import _key_reference as KR
 from extagg.columnar import _radix_kernels as RK
@@ -243,19 +245,56 @@ def test_small_budget_falls_back_to_fewer_threads(caplog: pytest.LogCaptureFixtu
     assert got.equals(want)
 
 
-def test_default_thread_count_needs_64_mib_per_partition(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Threads not asked for: every core at a large budget, one thread at a small one (where
-    threads were measured slower); an explicit count is obeyed down to the engine minimum."""
+def test_default_thread_count_needs_32_mib_per_partition(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Threads not asked for: every core at a budget of 32 MiB per partition and more, one
+    thread below (where threads were measured past the limit in RSS); an explicit count is
+    obeyed down to the engine minimum."""
     monkeypatch.delenv("EXTAGG_THREADS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1}, raising=False)
     table = _spill_input(70_000, 20_000)
     want = aggregate(table, "k", {"s": ("v", "sum")}, threads=1, memory="64m")
-    for memory, explicit, threads in (("512m", None, 2), ("32m", None, 1), ("32m", 2, 2)):
+    cases = (("512m", None, 2), ("72m", None, 2), ("48m", None, 1), ("32m", None, 1),
+             ("32m", 2, 2))  # fmt: skip
+    for memory, explicit, threads in cases:
         with HashAggregator("k", {"s": ("v", "sum")}, memory=memory, threads=explicit) as agg:
             agg.update(table)
             assert agg.threads == threads, (memory, explicit)
             got = pa.Table.from_batches(list(agg.results()))
         assert got.equals(want)
+
+
+def test_freed_heap_memory_given_back_after_spills_and_partitions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The workers' malloc arenas are trimmed after a chunk during which a partition spilled,
+    after the last chunk and after every partition's results (the RSS the memory manager
+    cannot see)."""
+    calls: list[str] = []
+    monkeypatch.setattr(T, "release_free_memory", lambda: calls.append("trim") or True)
+    table = _spill_input(150_000, 100_000)
+    with HashAggregator("k", {"s": ("v", "sum")}, memory="8m", threads=2, chunk_rows=2048) as agg:
+        for b in _batches(table, 7000):
+            agg.update(b)
+        folded = len(calls)
+        assert agg.metrics.spill_count > 0 and folded > 0
+        groups = sum(b.num_rows for b in agg.results())
+    assert groups == len(set(table["k"].to_pylist()))
+    assert len(calls) >= folded + 1 + 2  # the last chunk, then each of the two partitions
+
+
+def test_release_free_memory_is_safe_anywhere() -> None:
+    """glibc: trims and counts; elsewhere nothing happens. Concurrent calls are fine."""
+    before = M.trims()
+    results: list[bool] = []
+    workers = [threading.Thread(target=lambda: results.append(M.release_free_memory()))
+               for _ in range(4)]  # fmt: skip
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert len(results) == 4 and all(isinstance(r, bool) for r in results)
+    glibc = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+    assert M.trims() - before == (4 if glibc else 0)
 
 
 def test_global_aggregate_uses_one_thread() -> None:
