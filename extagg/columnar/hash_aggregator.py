@@ -44,12 +44,18 @@ from extagg.collection import _typed_kernels as TK
 from extagg.collection.typed_table import MIN_ARENA, MIN_CAPACITY, TypedHashTable
 from extagg.columnar import functions as F
 from extagg.columnar._sources import TableSource
-from extagg.columnar.buffers import BATCH_VAR_BYTES, IO_COPIES, partition_chunks, plan_buffers
+from extagg.columnar.buffers import (
+    BATCH_VAR_BYTES,
+    IO_COPIES,
+    MERGE_COPIES,
+    partition_chunks,
+    plan_buffers,
+)
 from extagg.columnar.columns import Column, iter_record_batches, to_columns
 from extagg.columnar.growth import grow_arena_or_spill, make_room_for_var_states, try_grow
 from extagg.columnar.keys import EncodedKeys, KeyLayout
 from extagg.columnar.layout import GLOBAL_HASHES, BlockLayout, global_row_untyped
-from extagg.columnar.merging import result_blocks
+from extagg.columnar.merging import ReserveMerge, result_blocks
 from extagg.columnar.partition_files import (
     MAX_LEVEL,
     PARTITION_BITS,
@@ -59,12 +65,13 @@ from extagg.columnar.partition_files import (
     rotate_left,
 )
 from extagg.columnar.partitioning import set_aside, spill_or_partition, start_partitioning
-from extagg.columnar.runs import spill_table
+from extagg.columnar.runs import spill_table, write_merged_run
 from extagg.columnar.state import TableState
 from extagg.columnar.threaded import ThreadedFold, partition_bits
 from extagg.columnar.var_states import MIN_VAR_ARENA, VarArena, chunk_stop
 from extagg.errors import MemoryLimitError, SpillError
 from extagg.memory import ENGINE_MIN_BUDGET, Consumer, TaskMemoryManager, UnifiedMemoryManager
+from extagg.merge.heap import BlockSource, merge_in_passes
 from extagg.spill.blocks import ColumnBlock
 from extagg.spillable import OPEN, Spillable
 
@@ -218,6 +225,8 @@ class HashAggregator(Spillable[ColumnBlock]):
         self._partitions: PartitionWriter | None = None
         #: the thread partitions and their pool (``threads`` > 1, from the first batch on)
         self._threaded: ThreadedFold | None = None
+        #: bytes of a thread partition's spill batch (the merge of thread-local tables reads them)
+        self._thread_io_batch = 0
         self._peak_lock = threading.Lock()
 
     @property
@@ -524,6 +533,8 @@ class HashAggregator(Spillable[ColumnBlock]):
             make_child=self._thread_child,
             encode=lambda part, n: self._encode([part[k] for k in self.keys], n),
             on_peak=self._note_peak,
+            make_local=self._thread_local_child if self._order_free else None,
+            merge=self._merge_thread_streams,
         )
         self._threaded = threaded
         try:
@@ -550,7 +561,9 @@ class HashAggregator(Spillable[ColumnBlock]):
         least = self._table_bytes() + arena + plan.scratch_bytes + plan.io_bytes
         return max(least, min(INITIAL_MEMORY_THRESHOLD, max_memory // 16))
 
-    def _thread_child(self, part: int, task: TaskMemoryManager, bits: int) -> HashAggregator:
+    def _thread_child(
+        self, part: int, task: TaskMemoryManager, bits: int, name: str | None = None
+    ) -> HashAggregator:
         """The aggregator of thread partition ``part``: same query, a worker's task, the
         spill dirs shared, hashes rotated by ``bits``."""
         st = self.table_state
@@ -567,7 +580,7 @@ class HashAggregator(Spillable[ColumnBlock]):
             ),
             chunk_rows=self._chunk_rows_arg,
             threads=1,
-            name=f"{self.name}/t{part}",
+            name=name or f"{self.name}/t{part}",
         )
         child.share_spill_dirs(self.runs)
         child.table_state.rotation = child.table_state.rotate_back = bits
@@ -577,10 +590,58 @@ class HashAggregator(Spillable[ColumnBlock]):
         child._schema = self._schema
         child.table_state.layout_or_none = st.layout
         child._plan()
+        self._thread_io_batch = max(self._thread_io_batch, child.io_batch_bytes)
         threaded = self._threaded
         assert threaded is not None
         child.budget.on_grant = threaded.note_grant
         return child
+
+    def _thread_local_child(self, worker: int, task: TaskMemoryManager) -> HashAggregator:
+        """Worker ``worker``'s own table when there are few groups: a thread partition's
+        aggregator that sees every hash unrotated."""
+        threaded = self._threaded
+        assert threaded is not None
+        child = self._thread_child(worker, task, threaded.bits, f"{self.name}/local{worker}")
+        child.table_state.rotation = child.table_state.rotate_back = 0
+        child.budget.floor = child._min_bytes()  # few groups: no room kept for growth
+        return child
+
+    def drop_floor(self) -> None:
+        """Keep no memory beyond what the table and buffers use (a thread partition whose
+        rows now go to thread-local tables; its worker's task stays active through them)."""
+        with self.lock:
+            self.budget.floor = 0
+            self.budget.trim()
+
+    def _merge_thread_streams(
+        self,
+        sources: list[BlockSource[ColumnBlock]],
+        groups: list[int | None],
+        reserve: ReserveMerge,
+    ) -> Iterator[ColumnBlock]:
+        """The thread partitions' stream and the thread-local tables' streams merged, equal
+        keys combined, in hash order; ``groups``: the most rows a source holds (``None``: any
+        number). Merge buffers are held through ``reserve`` (a worker's: the caller's task has
+        the smallest share): about two batches per source, a small table's no more than its
+        rows."""
+        st = self.table_state
+        batch = max(self._thread_io_batch, st.runs.max_batch_bytes, 1)
+        row = max(1, st.layout.fixed_row_bytes)
+        need = [batch if g is None else max(1, min(batch, g * row)) for g in groups]
+        per_source = -(-sum(need) // len(need)) * MERGE_COPIES
+        fan_in, _ = reserve(per_source, len(sources), None, None)
+        yield from merge_in_passes(
+            sources,
+            st.layout.combine,
+            fan_in=fan_in,
+            write_run=lambda blocks: write_merged_run(st, blocks),
+        )
+
+    @property
+    def groups_in_memory(self) -> int:
+        """Groups in the in-memory table now."""
+        table = self.table_state.table
+        return 0 if table is None else table.num_groups
 
     def _note_peak(self, workers: int) -> None:
         """Record the most memory this aggregator and its workers held together."""

@@ -14,7 +14,18 @@ input goes through two parallel phases on a pool of N threads:
    that partition's child, which takes the keys already encoded.
 
 Partition ``p`` is only ever touched by worker ``p % N``, one chunk at a time: no locks on the
-hot path and no final combine, since all the rows of a key go to one child. The children's
+hot path and no final combine, since all the rows of a key go to one child.
+
+Few groups: when the first chunk folded on the pool leaves at most :data:`LOCAL_MAX_GROUPS`
+groups in all, the partitioning (counting sort and gather, about as much work as the fold
+itself when the tables sit in the cache) is not worth it: each worker then folds its row slice
+of every chunk into a table of its own (a *local* child, unrotated; thread-local
+pre-aggregation), and the results merge the partitions' stream with the locals' streams,
+combining equal keys (:func:`extagg.merge.heap.merge_in_passes`). If a local table outgrows
+``2 * LOCAL_MAX_GROUPS`` or spills, the chunks after it are partitioned again (the locals keep
+what they hold, merged at the end). Not with ``first``/``last``, whose order the combine would
+not keep. Same rows in the same order; float sums may differ in the last bits (the additions
+are grouped differently, as a spill does). The children's
 outputs, one partition after the other, are the single-thread hash order exactly: the result
 does not depend on the thread count.
 
@@ -50,11 +61,20 @@ from extagg._malloc import release_free_memory
 from extagg.columnar import _radix_kernels as RK
 from extagg.columnar.columns import Column
 from extagg.columnar.keys import EncodedKeys
+from extagg.columnar.merging import ReserveMerge
+from extagg.errors import MemoryLimitError
 from extagg.memory import TaskMemoryManager, UnifiedMemoryManager, task_memory_manager
+from extagg.merge.heap import BlockSource
 from extagg.metrics import SpillMetrics
 from extagg.spill.blocks import ColumnBlock
 
-__all__ = ["MAX_PARTITION_BITS", "ThreadChild", "ThreadedFold", "partition_bits"]
+__all__ = [
+    "LOCAL_MAX_GROUPS",
+    "MAX_PARTITION_BITS",
+    "ThreadChild",
+    "ThreadedFold",
+    "partition_bits",
+]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +82,8 @@ log = logging.getLogger(__name__)
 MAX_PARTITION_BITS = 8
 #: chunks of fewer rows are folded in the caller's thread (same children, same result)
 INLINE_ROWS = 1 << 14
+#: at most this many groups after the first chunk: fold into thread-local tables from then on
+LOCAL_MAX_GROUPS = 1 << 16
 #: while results are read: give freed heap memory back once a worker's grant dropped this much
 TRIM_BYTES = 1 << 20
 
@@ -77,8 +99,24 @@ class ThreadChild(Protocol):
     @property
     def metrics(self) -> SpillMetrics: ...
 
+    @property
+    def groups_in_memory(self) -> int:
+        """Groups in its in-memory table now."""
+
     def start(self) -> None:
         """Take the starting memory (its table)."""
+
+    def drop_floor(self) -> None:
+        """Give back the memory held beyond what it uses."""
+
+    def reserve_merge_memory(
+        self,
+        per_source: int,
+        num_sources: int,
+        spill_rest: Callable[[], bool] | None = None,
+        limit: int | None = None,
+    ) -> tuple[int, int]:
+        """Hold merge buffers (:meth:`extagg.spillable.Spillable.reserve_merge_memory`)."""
 
     def fold_encoded(self, cols: dict[str, Column], enc: EncodedKeys, n: int) -> None:
         """Fold ``n`` rows whose keys are already encoded (hashes as the child sees them)."""
@@ -127,6 +165,14 @@ class ThreadedFold:
         Hashes and encodes the key columns of a slice of rows.
     on_peak
         Receives the bytes all workers' tasks hold together after each grant.
+    make_local
+        ``make_local(worker, task manager)``: a started-empty unrotated child for thread-local
+        folding, or ``None`` (no thread-local folding: ``first``/``last``).
+    merge
+        ``merge(sources, groups, reserve)`` merges hash-sorted block sources, combining equal
+        keys (the partitions' stream and the locals' streams; ``groups``: the most rows of each
+        source, ``None`` for any number), its buffers held through ``reserve`` (the first
+        local child's, on worker 0's task).
     """
 
     def __init__(
@@ -140,6 +186,12 @@ class ThreadedFold:
         make_child: Callable[[int, TaskMemoryManager, int], ThreadChild],
         encode: Callable[[dict[str, Column], int], EncodedKeys],
         on_peak: Callable[[int], None],
+        make_local: Callable[[int, TaskMemoryManager], ThreadChild] | None = None,
+        merge: Callable[
+            [list[BlockSource[ColumnBlock]], list[int | None], ReserveMerge],
+            Iterator[ColumnBlock],
+        ]
+        | None = None,
     ) -> None:
         self.name = name
         self.bits = bits
@@ -154,6 +206,12 @@ class ThreadedFold:
         self._encode = encode
         self._on_peak = on_peak
         self.children: list[ThreadChild] = []
+        self._make_local = make_local if merge is not None else None
+        self._merge = merge
+        #: the thread-local children (few groups), one per worker, once chosen
+        self.locals: list[ThreadChild] = []
+        #: "first" (no chunk on the pool yet), "local" or "partition"
+        self.mode = "first" if self._make_local is not None and self.threads > 1 else "partition"
         self._pool: ThreadPoolExecutor | None = None
         self._stop = threading.Event()
 
@@ -175,7 +233,7 @@ class ThreadedFold:
 
     def child_metrics(self) -> list[SpillMetrics]:
         """The partitions' aggregators' metrics (live: they spill while the workers fold)."""
-        return [child.metrics for child in self.children]
+        return [child.metrics for child in [*self.children, *self.locals]]
 
     def held(self) -> int:
         """Bytes the workers' tasks hold together."""
@@ -196,19 +254,63 @@ class ThreadedFold:
         bounds = [n * s // slices_n for s in range(slices_n + 1)]
         ranges = [(bounds[s], bounds[s + 1]) for s in range(slices_n)]
         spills = self._spills()
-        if inline:
+        if self.mode == "local":
+            if inline:
+                self._fold_local(0, cols, 0, n, n)
+            else:
+                self._run([partial(self._fold_local, w, cols, lo, hi, n)
+                           for w, (lo, hi) in enumerate(ranges)])  # fmt: skip
+            self._check_locals()
+        elif inline:
             slices = [self._slice(cols, lo, hi, n) for lo, hi in ranges]
             for w in range(self.threads):
                 self._fold_worker(w, slices)
         else:
             slices = self._run([partial(self._slice, cols, lo, hi, n) for lo, hi in ranges])
             self._run([partial(self._fold_worker, w, slices) for w in range(self.threads)])
-        if self._spills() != spills:  # a spill's I/O buffers were freed in the workers' arenas
             del slices
+            if self.mode == "first":
+                self._choose_mode()
+        if self._spills() != spills:  # a spill's I/O buffers were freed in the workers' arenas
             release_free_memory()
 
     def _spills(self) -> int:
-        return sum(child.metrics.spill_count for child in self.children)
+        return sum(m.spill_count for m in self.child_metrics())
+
+    def _choose_mode(self) -> None:
+        """After the first chunk folded on the pool: few groups and no spill -> thread-local
+        tables from now on (if their starting memory is granted)."""
+        self.mode = "partition"
+        groups = sum(child.groups_in_memory for child in self.children)
+        if groups > LOCAL_MAX_GROUPS or self._spills() or self._make_local is None:
+            return
+        try:
+            for w in range(self.threads):
+                local = self._make_local(w, self.tasks[w])
+                self.locals.append(local)
+                local.start()
+        except MemoryLimitError as err:
+            log.debug("%s: no thread-local tables (%s)", self.name, err)
+            locals_, self.locals = self.locals, []
+            for local in locals_:
+                local.close()
+            return
+        self.mode = "local"
+        for child in self.children:  # few groups, no more rows: the locals keep the tasks active
+            child.drop_floor()
+        log.debug("%s: %d groups after the first chunk: thread-local tables", self.name, groups)
+
+    def _fold_local(self, w: int, cols: dict[str, Column], lo: int, hi: int, n: int) -> None:
+        """Worker ``w``: rows ``lo..hi`` of the chunk into its own table, unpartitioned."""
+        part = cols if (lo == 0 and hi == n) else {k: c.slice(lo, hi) for k, c in cols.items()}
+        self.locals[w].fold_encoded(part, self._encode(part, hi - lo), hi - lo)
+
+    def _check_locals(self) -> None:
+        """A local table that grew large or spilled: partition the chunks from now on."""
+        grown = max(local.groups_in_memory for local in self.locals) > 2 * LOCAL_MAX_GROUPS
+        if grown or any(local.metrics.spill_count for local in self.locals):
+            self.mode = "partition"
+            log.debug("%s: thread-local tables outgrown: partitioning again", self.name)
 
     def _slice(self, cols: dict[str, Column], lo: int, hi: int, n: int) -> _Slice:
         part = cols if (lo == 0 and hi == n) else {k: c.slice(lo, hi) for k, c in cols.items()}
@@ -262,28 +364,49 @@ class ThreadedFold:
 
     # ------------------------------------------------------------------ results
     def blocks(self, absorb: Callable[[SpillMetrics], None]) -> Iterator[ColumnBlock]:
-        """Every group once in hash order: partition 0's blocks, then 1's, ...; ``absorb`` is
-        called with each child's metrics once its last block is out, then the child closed."""
+        """Every group once in hash order: partition 0's blocks, then 1's, ... (merged with
+        the thread-local tables' blocks, if any); ``absorb`` is called with each child's
+        metrics once its last block is out, then the child closed."""
         try:
             streams = self._open_results()
             self.shutdown()
             release_free_memory()  # the chunks' temporaries, freed in the workers' arenas
-            for p, child in enumerate(self.children):
-                task = self.tasks[p % self.threads]
-                high = task.memory_used  # the most held since the last trim
-                for block in streams[p]:
-                    yield block
-                    held = task.memory_used
-                    if held <= high - TRIM_BYTES:  # a source or merge buffers were freed
-                        release_free_memory()
-                        high = held
-                    high = max(high, held)
-                absorb(child.metrics)
-                child.close()
-                release_free_memory()
-                log.debug("%s: thread partition %d read", self.name, p)
+            if not self.locals:
+                yield from self._partition_blocks(streams, absorb)
+                return
+            assert self._merge is not None
+            sources: list[BlockSource[ColumnBlock]] = [
+                _Stream(self._partition_blocks(streams, absorb))
+            ]
+            groups: list[int | None] = [None]
+            for local in self.locals:
+                groups.append(local.groups_in_memory if not local.metrics.spill_count else None)
+                sources.append(_Stream(local.blocks()))
+            yield from self._merge(sources, groups, self.locals[0].reserve_merge_memory)
+            for local in self.locals:
+                absorb(local.metrics)
+                local.close()
         finally:
             self.close()
+
+    def _partition_blocks(
+        self, streams: list[Iterator[ColumnBlock]], absorb: Callable[[SpillMetrics], None]
+    ) -> Iterator[ColumnBlock]:
+        """The partitions' blocks, one partition after the other (trimming freed memory)."""
+        for p, child in enumerate(self.children):
+            task = self.tasks[p % self.threads]
+            high = task.memory_used  # the most held since the last trim
+            for block in streams[p]:
+                yield block
+                held = task.memory_used
+                if held <= high - TRIM_BYTES:  # a source or merge buffers were freed
+                    release_free_memory()
+                    high = held
+                high = max(high, held)
+            absorb(child.metrics)
+            child.close()
+            release_free_memory()
+            log.debug("%s: thread partition %d read", self.name, p)
 
     def _open_results(self) -> list[Iterator[ColumnBlock]]:
         """Every child's result stream, opened on the pool: opening one sorts its in-memory
@@ -317,7 +440,7 @@ class ThreadedFold:
         self._stop.set()
         self.shutdown()
         errors: list[BaseException] = []
-        for child in self.children:
+        for child in [*self.children, *self.locals]:
             try:
                 child.close()
             except BaseException as err:  # close the others anyway
@@ -334,3 +457,38 @@ def _wait_all(futures: list[Future[_T]]) -> None:
             return
         except BaseException:  # pragma: no cover - a second Ctrl-C while the workers stop
             continue
+
+
+class _Stream(BlockSource[ColumnBlock]):
+    """A hash-sorted iterator of blocks as a merge source."""
+
+    def __init__(self, blocks: Iterator[ColumnBlock]) -> None:
+        self._blocks = blocks
+        self._next: ColumnBlock | None = None
+        self._done = False
+
+    def _peek(self) -> ColumnBlock | None:
+        while self._next is None and not self._done:
+            block = next(self._blocks, None)
+            if block is None:
+                self._done = True
+            elif len(block):
+                self._next = block
+        return self._next
+
+    def next_min_hash(self) -> int | None:
+        block = self._peek()
+        return None if block is None else int(block.hashes[0])
+
+    def read_next(self) -> ColumnBlock:
+        block = self._peek()
+        assert block is not None
+        self._next = None
+        return block
+
+    def close(self) -> None:
+        self._done = True
+        self._next = None
+        close = getattr(self._blocks, "close", None)
+        if close is not None:
+            close()

@@ -145,21 +145,26 @@ row = st.tuples(
 )
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     rows=st.lists(row, min_size=1, max_size=400),
     keys=st.sampled_from([["k"], ["s"], ["k", "s"]]),
     batch=st.integers(1, 200),
     spill_every=st.one_of(st.none(), st.integers(20, 200)),
+    order_free=st.booleans(),
 )
 def test_same_rows_same_order_for_every_thread_count(
     rows: list[tuple[int | None, str | None, int | None, float]],
     keys: list[str],
     batch: int,
     spill_every: int | None,
+    order_free: bool,
 ) -> None:
+    """``order_free``: without first/last, so few groups fold into thread-local tables."""
     table = _table(rows)
     aggs = {k: v for k, v in AGGS.items() if v[0] not in keys}
+    if order_free:
+        aggs = {k: v for k, v in aggs.items() if v[1] not in ("first", "last")}
     outs = {}
     for threads in THREADS:
         outs[threads] = aggregate(
@@ -280,6 +285,47 @@ def test_freed_heap_memory_given_back_after_spills_and_partitions(
         groups = sum(b.num_rows for b in agg.results())
     assert groups == len(set(table["k"].to_pylist()))
     assert len(calls) >= folded + 1 + 2  # the last chunk, then each of the two partitions
+
+
+def test_few_groups_fold_into_thread_local_tables_then_partition_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Few groups after the first chunk: every worker folds into its own table; once a local
+    table outgrows the limit the chunks are partitioned again; the results merge both, the
+    same rows in the same order as one thread, memory within the budget, no file left."""
+    monkeypatch.setattr(T, "LOCAL_MAX_GROUPS", 64)
+    rng = np.random.default_rng(5)
+    few = rng.integers(0, 50, 40_000)
+    many = rng.integers(0, 30_000, 60_000)
+    idx = np.concatenate([few, few[:5000], many])
+    keys = (idx.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)).view(np.int64)
+    table = pa.table({"k": keys, "v": rng.integers(0, 100, len(idx)), "f": rng.random(len(idx))})
+    aggs = {"s": ("v", "sum"), "n": ("*", "count"), "m": ("f", "mean"), "x": ("v", "max")}
+    want = aggregate(table, "k", aggs, threads=1, memory="64m")
+    for memory in ("64m", "8m"):
+        with HashAggregator("k", aggs, memory=memory, threads=2, spill_dirs=str(tmp_path)) as agg:
+            threaded = None
+            modes = []
+            for b in _batches(table, 5000):
+                agg.update(b)
+                threaded = threaded or agg._threaded
+                assert threaded is not None
+                modes.append(threaded.mode)
+            assert threaded is not None and len(threaded.locals) == 2
+            assert modes[0] == "local" and modes[-1] == "partition", modes
+            got = pa.Table.from_batches(list(agg.results()))
+            assert 0 < agg.metrics.peak_granted_bytes <= agg.budget.max_memory
+        _assert_same(got, want, ["k"], ["m"])
+        assert _files(tmp_path) == []
+
+
+def test_first_last_never_fold_into_thread_local_tables() -> None:
+    table = _spill_input(20_000, 10)
+    with HashAggregator("k", {"l": ("v", "last")}, memory="64m", threads=2) as agg:
+        agg.update(table)
+        assert agg._threaded is not None and agg._threaded.mode == "partition"
+        got = pa.Table.from_batches(list(agg.results()))
+    assert got.equals(aggregate(table, "k", {"l": ("v", "last")}, threads=1, memory="64m"))
 
 
 def test_release_free_memory_is_safe_anywhere() -> None:
