@@ -14,20 +14,20 @@ input goes through two parallel phases on a pool of N threads:
    that partition's child, which takes the keys already encoded.
 
 Partition ``p`` is only ever touched by worker ``p % N``, one chunk at a time: no locks on the
-hot path and no final combine, since all the rows of a key go to one child.
-
-Few groups: when the first chunk folded on the pool leaves at most :data:`LOCAL_MAX_GROUPS`
-groups in all, the partitioning (counting sort and gather, about as much work as the fold
-itself when the tables sit in the cache) is not worth it: each worker then folds its row slice
-of every chunk into a table of its own (a *local* child, unrotated; thread-local
-pre-aggregation), and the results merge the partitions' stream with the locals' streams,
-combining equal keys (:func:`extagg.merge.heap.merge_in_passes`). If a local table outgrows
-``2 * LOCAL_MAX_GROUPS`` or spills, the chunks after it are partitioned again (the locals keep
-what they hold, merged at the end). Not with ``first``/``last``, whose order the combine would
-not keep. Same rows in the same order; float sums may differ in the last bits (the additions
-are grouped differently, as a spill does). The children's
+hot path and no final combine, since all the rows of a key go to one child. The children's
 outputs, one partition after the other, are the single-thread hash order exactly: the result
 does not depend on the thread count.
+
+Few groups: when the first chunk folded on the pool leaves at most :data:`LOCAL_MAX_GROUPS`
+groups in all, and at most half as many as its rows, the partitioning (counting sort and
+gather, about as much work as the fold itself when the tables sit in the cache) is not worth
+it: each worker then folds its row slice of every chunk into a table of its own (a *local*
+child, unrotated; thread-local pre-aggregation), and the results merge the partitions' stream
+with the locals' streams, combining equal keys (:func:`extagg.merge.heap.merge_in_passes`). If
+a local table outgrows ``2 * LOCAL_MAX_GROUPS`` or spills, the chunks after it are partitioned
+again (the locals keep what they hold, merged at the end). Not with ``first``/``last``, whose
+order the combine would not keep. Same rows in the same order; float sums may differ in the
+last bits (the additions are grouped differently, as a spill does).
 
 Memory: the children of worker ``w`` are consumers of one task (``TaskMemoryManager`` with an
 explicit id) of the caller's ``UnifiedMemoryManager``, so each worker gets its fair share and
@@ -83,7 +83,7 @@ MAX_PARTITION_BITS = 8
 #: chunks of fewer rows are folded in the caller's thread (same children, same result)
 INLINE_ROWS = 1 << 14
 #: at most this many groups after the first chunk: fold into thread-local tables from then on
-LOCAL_MAX_GROUPS = 1 << 16
+LOCAL_MAX_GROUPS = 1 << 17
 #: while results are read: give freed heap memory back once a worker's grant dropped this much
 TRIM_BYTES = 1 << 20
 
@@ -270,19 +270,21 @@ class ThreadedFold:
             self._run([partial(self._fold_worker, w, slices) for w in range(self.threads)])
             del slices
             if self.mode == "first":
-                self._choose_mode()
+                self._choose_mode(n)
         if self._spills() != spills:  # a spill's I/O buffers were freed in the workers' arenas
             release_free_memory()
 
     def _spills(self) -> int:
         return sum(m.spill_count for m in self.child_metrics())
 
-    def _choose_mode(self) -> None:
-        """After the first chunk folded on the pool: few groups and no spill -> thread-local
-        tables from now on (if their starting memory is granted)."""
+    def _choose_mode(self, rows: int) -> None:
+        """After the first chunk folded on the pool (``rows`` rows): few groups, keys that
+        repeat (at least two rows per group) and no spill -> thread-local tables from now on
+        (if their starting memory is granted)."""
         self.mode = "partition"
         groups = sum(child.groups_in_memory for child in self.children)
-        if groups > LOCAL_MAX_GROUPS or self._spills() or self._make_local is None:
+        few = groups <= LOCAL_MAX_GROUPS and 2 * groups <= rows
+        if not few or self._spills() or self._make_local is None:
             return
         try:
             for w in range(self.threads):
