@@ -12,9 +12,13 @@ compares its limit with the whole process RSS, so it gets the budget above the c
 the start of the timed block. Every run is a fresh process (see ``_harness``): one untimed
 warm-up, then medians of ``--runs`` runs with min–max, peak RSS above the child's baseline
 (imports + a small priming run) for each. ``feed`` is the generator alone (its cost is in
-every engine's time). Usage::
+every engine's time). A default run measures issue 11's two workloads scaled down
+(``int64-125k``, ``user-250k``: same records per key and budget per key; ``--workloads int64-1M
+user-1M`` for the full sizes) and then the *interleaved* comparison: every engine in turn in one
+process, three rounds, CPU seconds (load on a shared machine then hits all engines alike);
+about ten minutes on an idle 2-core machine. Usage::
 
-    python benchmarks/bench_generic.py            # full size, updates benchmarks/README.md
+    python benchmarks/bench_generic.py            # default run, updates benchmarks/README.md
     python benchmarks/bench_generic.py --quick    # tiny data, one run, no README update
 """
 
@@ -54,6 +58,8 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     },
     "user-1M": {"records": 5_000_000, "distinct": 1_000_000, "kind": "user", "spill": 64 * H.MIB},
     # issue 11's workloads scaled down (records per key and budget per key kept): the default
+    "int64-125k": {"records": 2_500_000, "distinct": 125_000, "kind": "int64", "spill": 8 * H.MIB},
+    "user-250k": {"records": 1_250_000, "distinct": 250_000, "kind": "user", "spill": 16 * H.MIB},
     "int64-250k": {"records": 5_000_000, "distinct": 250_000, "kind": "int64", "spill": 16 * H.MIB},
     "user-500k": {"records": 2_500_000, "distinct": 500_000, "kind": "user", "spill": 32 * H.MIB},
     "int-1M": {"records": 10_000_000, "distinct": 1_000_000, "kind": "int", "spill": 64 * H.MIB},
@@ -63,6 +69,8 @@ WORKLOADS: dict[str, dict[str, Any]] = {
 QUICK_WORKLOADS: dict[str, dict[str, Any]] = {
     "int64-1M": {"records": 200_000, "distinct": 10_000, "kind": "int64", "spill": 8 * H.MIB},
     "user-1M": {"records": 200_000, "distinct": 40_000, "kind": "user", "spill": 8 * H.MIB},
+    "int64-125k": {"records": 200_000, "distinct": 10_000, "kind": "int64", "spill": 8 * H.MIB},
+    "user-250k": {"records": 200_000, "distinct": 40_000, "kind": "user", "spill": 8 * H.MIB},
     "int64-250k": {"records": 200_000, "distinct": 10_000, "kind": "int64", "spill": 8 * H.MIB},
     "user-500k": {"records": 200_000, "distinct": 40_000, "kind": "user", "spill": 8 * H.MIB},
     "int-1M": {"records": 200_000, "distinct": 20_000, "kind": "int", "spill": 8 * H.MIB},
@@ -73,7 +81,7 @@ ENGINES = ("extagg", "extagg-typed", "merger", "dict", "feed")
 SPILLING_ENGINES = ("extagg", "extagg-typed", "merger")
 #: workloads a full run measures unless ``--workloads`` says otherwise: issue 11's two, scaled
 #: down so that a default run (fresh processes and the interleaved table) takes ~10 minutes
-DEFAULT_WORKLOADS = ("int64-250k", "user-500k")
+DEFAULT_WORKLOADS = ("int64-125k", "user-250k")
 #: the interleaved in-process comparison: name → records, distinct keys, kind, spilling budget
 INTERLEAVED: dict[str, dict[str, Any]] = {
     "int64": {"records": 2_000_000, "distinct": 100_000, "kind": "int64", "spill": 8 * H.MIB},
