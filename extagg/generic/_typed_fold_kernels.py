@@ -89,7 +89,7 @@ def fold_int(
 
 
 @jit()
-def _put_long1(out, pos, bits):  # pragma: no cover - compiled
+def _put_long1(out: np.ndarray, pos: int, bits: np.uint64) -> int:  # pragma: no cover
     """LONG1 with the 8 little-endian bytes of ``bits`` (an int64's two's complement)."""
     out[pos] = LONG1
     out[pos + 1] = 8
@@ -100,8 +100,15 @@ def _put_long1(out, pos, bits):  # pragma: no cover - compiled
 
 @jit()
 def pickle_rows(
-    order, key_is_str, key_bits, var_offsets, arena, value_is_float, state_bits, out
-):  # pragma: no cover - compiled
+    order: np.ndarray,
+    key_is_str: bool,
+    key_bits: np.ndarray,
+    var_offsets: np.ndarray,
+    arena: np.ndarray,
+    value_is_float: bool,
+    state_bits: np.ndarray,
+    out: np.ndarray,
+) -> int:  # pragma: no cover - compiled
     """``pickle.dumps((keys, values))`` of the groups ``order`` into ``out`` (see the reference)."""
     out[0] = 0x80
     out[1] = 5
