@@ -18,8 +18,9 @@ sum leaving ``int64``) makes the map hand its groups to a general
 engine folds the rest there.
 
 Memory: the table's arrays exactly, plus what the groups will cost as Python objects when they
-are spilled or read (two list slots, a key and a value object each), since that is held next to
-the table at that moment.
+are read at the end (two list slots, a key and a value object each), since that is held next to
+the table at that moment. A spill makes no such objects: :class:`TypedSortedRows` writes the
+run's pickle bytes from the arrays (the estimate stays, conservatively, the same).
 """
 
 from __future__ import annotations
