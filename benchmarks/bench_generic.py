@@ -12,9 +12,13 @@ compares its limit with the whole process RSS, so it gets the budget above the c
 the start of the timed block. Every run is a fresh process (see ``_harness``): one untimed
 warm-up, then medians of ``--runs`` runs with min–max, peak RSS above the child's baseline
 (imports + a small priming run) for each. ``feed`` is the generator alone (its cost is in
-every engine's time). Usage::
+every engine's time). A default run measures issue 11's two workloads scaled down
+(``int64-125k``, ``user-250k``: same records per key and budget per key; ``--workloads int64-1M
+user-1M`` for the full sizes) and then the *interleaved* comparison: every engine in turn in one
+process, three rounds, CPU seconds (load on a shared machine then hits all engines alike);
+about ten minutes on an idle 2-core machine. Usage::
 
-    python benchmarks/bench_generic.py            # full size, updates benchmarks/README.md
+    python benchmarks/bench_generic.py            # default run, updates benchmarks/README.md
     python benchmarks/bench_generic.py --quick    # tiny data, one run, no README update
 """
 
@@ -53,6 +57,11 @@ WORKLOADS: dict[str, dict[str, Any]] = {
         "spill": 64 * H.MIB,
     },
     "user-1M": {"records": 5_000_000, "distinct": 1_000_000, "kind": "user", "spill": 64 * H.MIB},
+    # issue 11's workloads scaled down (records per key and budget per key kept): the default
+    "int64-125k": {"records": 2_500_000, "distinct": 125_000, "kind": "int64", "spill": 8 * H.MIB},
+    "user-250k": {"records": 1_250_000, "distinct": 250_000, "kind": "user", "spill": 16 * H.MIB},
+    "int64-250k": {"records": 5_000_000, "distinct": 250_000, "kind": "int64", "spill": 16 * H.MIB},
+    "user-500k": {"records": 2_500_000, "distinct": 500_000, "kind": "user", "spill": 32 * H.MIB},
     "int-1M": {"records": 10_000_000, "distinct": 1_000_000, "kind": "int", "spill": 64 * H.MIB},
     "int-5M": {"records": 10_000_000, "distinct": 5_000_000, "kind": "int", "spill": 128 * H.MIB},
     "str-2M": {"records": 10_000_000, "distinct": 2_000_000, "kind": "str", "spill": 128 * H.MIB},
@@ -60,14 +69,28 @@ WORKLOADS: dict[str, dict[str, Any]] = {
 QUICK_WORKLOADS: dict[str, dict[str, Any]] = {
     "int64-1M": {"records": 200_000, "distinct": 10_000, "kind": "int64", "spill": 8 * H.MIB},
     "user-1M": {"records": 200_000, "distinct": 40_000, "kind": "user", "spill": 8 * H.MIB},
+    "int64-125k": {"records": 200_000, "distinct": 10_000, "kind": "int64", "spill": 8 * H.MIB},
+    "user-250k": {"records": 200_000, "distinct": 40_000, "kind": "user", "spill": 8 * H.MIB},
+    "int64-250k": {"records": 200_000, "distinct": 10_000, "kind": "int64", "spill": 8 * H.MIB},
+    "user-500k": {"records": 200_000, "distinct": 40_000, "kind": "user", "spill": 8 * H.MIB},
     "int-1M": {"records": 200_000, "distinct": 20_000, "kind": "int", "spill": 8 * H.MIB},
     "int-5M": {"records": 200_000, "distinct": 100_000, "kind": "int", "spill": 8 * H.MIB},
     "str-2M": {"records": 200_000, "distinct": 40_000, "kind": "str", "spill": 8 * H.MIB},
 }
 ENGINES = ("extagg", "extagg-typed", "merger", "dict", "feed")
 SPILLING_ENGINES = ("extagg", "extagg-typed", "merger")
-#: workloads a full run measures unless ``--workloads`` says otherwise
-DEFAULT_WORKLOADS = ("int64-1M", "user-1M")
+#: workloads a full run measures unless ``--workloads`` says otherwise: issue 11's two, scaled
+#: down so that a default run (fresh processes and the interleaved table) takes ~10 minutes
+DEFAULT_WORKLOADS = ("int64-125k", "user-250k")
+#: the interleaved in-process comparison: name → records, distinct keys, kind, spilling budget
+INTERLEAVED: dict[str, dict[str, Any]] = {
+    "int64": {"records": 2_000_000, "distinct": 100_000, "kind": "int64", "spill": 8 * H.MIB},
+    "user_N": {"records": 1_000_000, "distinct": 200_000, "kind": "user", "spill": 8 * H.MIB},
+}
+QUICK_INTERLEAVED: dict[str, dict[str, Any]] = {
+    "int64": {"records": 50_000, "distinct": 5_000, "kind": "int64", "spill": 1 * H.MIB},
+    "user_N": {"records": 50_000, "distinct": 10_000, "kind": "user", "spill": 1 * H.MIB},
+}
 
 
 # ---------------------------------------------------------------------------- the input
@@ -196,11 +219,95 @@ RUNNERS = {
 }
 
 
+#: engine → runner of the interleaved comparison (``mode`` chooses the budget)
+INTERLEAVED_ENGINES = ("merger", "extagg", "extagg-typed", "dict", "feed")
+
+
+def interleaved(case: dict[str, Any]) -> dict[str, Any]:
+    """Every engine in this one process, in turn, ``rounds`` times, in memory and spilling:
+    the load of a shared machine then hits all engines alike. CPU and wall seconds per run."""
+    rounds, spill = case["rounds"], case["spill"]
+    prime = records(PRIME_RECORDS, PRIME_RECORDS // 10, case["kind"], seed=SEED + 1)
+    run_extagg(prime, spill, force=PRIME_RECORDS // 4, typed=True)
+    run_extagg(records(PRIME_RECORDS, PRIME_RECORDS // 10, case["kind"]), spill, typed=False)
+    out: dict[str, Any] = {}
+    for _ in range(rounds):
+        for mode, budget in (("in memory", IN_MEMORY_BUDGET), ("spilling", spill)):
+            for engine in INTERLEAVED_ENGINES:
+                if mode == "spilling" and engine not in SPILLING_ENGINES:
+                    continue
+                stream = records(case["records"], case["distinct"], case["kind"])
+                cpu, wall = time.process_time(), time.perf_counter()
+                result = RUNNERS[engine](stream, budget)
+                cell = out.setdefault(f"{engine}|{mode}", {"cpu": [], "wall": [], "spills": 0})
+                cell["cpu"].append(time.process_time() - cpu)
+                cell["wall"].append(time.perf_counter() - wall)
+                cell["spills"] = result.get("spills", 0)
+    return {"interleaved": out, "load_average": list(os.getloadavg())}
+
+
+def interleaved_table(results: dict[str, dict[str, Any]], rounds: int) -> str:
+    """Ratios of the interleaved run's median CPU seconds (wall seconds in brackets)."""
+    import statistics
+
+    rows = []
+    for name, res in results.items():
+        cells = res["interleaved"]
+
+        def med(engine: str, mode: str, field: str = "cpu", cells: dict = cells) -> float:
+            return statistics.median(cells[f"{engine}|{mode}"][field])
+
+        def ratio(a: str, b: str, mode: str, target: float | None = None) -> str:
+            cpu = med(a, mode) / med(b, mode)
+            wall = med(a, mode, "wall") / med(b, mode, "wall")
+            mark = "" if target is None else (" ✅" if cpu >= target else " ❌")
+            return f"{cpu:.2f}×{mark} ({wall:.2f}×)"
+
+        spec = res["spec"]
+        rows.append(
+            [
+                f"{name} ({spec['records'] / 1e6:g} M / {spec['distinct'] / 1e3:g} k, "
+                f"{H.format_bytes(spec['spill'])})",
+                ratio("merger", "extagg", "in memory", 1.2),
+                ratio("merger", "extagg", "spilling", 2.0),
+                ratio("dict", "extagg-typed", "in memory", 1.0),
+                ratio("merger", "extagg-typed", "spilling"),
+                ratio("dict", "extagg", "in memory"),
+                " / ".join(
+                    str(cells[f"{e}|spilling"]["spills"])
+                    for e in ("extagg", "extagg-typed", "merger")
+                ),
+                ", ".join(
+                    f"{e} {med(e, 'in memory'):.2f}"
+                    for e in ("merger", "extagg", "extagg-typed", "dict", "feed")
+                ),
+                ", ".join(f"{x:.1f}" for x in res["load_average"]),
+            ]
+        )
+    headers = [
+        "workload (records / keys, spilling budget)", "in memory: merger / extagg (target ≥ 1.2)",
+        "both spill: merger / extagg (target ≥ 2)", "dict / extagg-typed (target ≥ 1)",
+        "both spill: merger / extagg-typed", "dict / extagg", "spills extagg / typed / merger",
+        "CPU s in memory (medians)", "load at end",
+    ]  # fmt: skip
+    return "\n".join(
+        [
+            f"Interleaved in one process ({rounds} rounds of every engine in turn, medians of "
+            "CPU seconds, wall-clock ratios in brackets; every engine includes `feed`):",
+            "",
+            H.markdown_table(headers, rows),
+        ]
+    )
+
+
 def child(case: dict[str, Any]) -> dict[str, Any]:
     """One measured run in this fresh process (the parent reads the printed result)."""
     import pyspark.shuffle  # noqa: F401  - every child carries the same libraries
 
     import extagg  # noqa: F401
+
+    if case["engine"] == "interleaved":
+        return interleaved(case)
 
     rss_after_imports = H.current_rss()
     run = RUNNERS[case["engine"]]
@@ -211,8 +318,10 @@ def child(case: dict[str, Any]) -> dict[str, Any]:
     else:
         run(prime, budget)
     stream = records(case["records"], case["distinct"], case["kind"])
+    cpu_started = time.process_time()
     t = H.timed(lambda: run(stream, budget))
-    out = {**t.as_dict(), **t.value, "rss_after_imports": rss_after_imports}
+    cpu = time.process_time() - cpu_started
+    out = {**t.as_dict(), **t.value, "rss_after_imports": rss_after_imports, "cpu_s": cpu}
     if "peak_rss_after_insert" in out:
         out["peak_above_baseline_after_insert"] = out.pop("peak_rss_after_insert") - t.baseline_rss
     out["records_per_s"] = case["records"] / t.seconds
@@ -243,7 +352,7 @@ def summary_rows(results: list[dict[str, Any]]) -> list[list[str]]:
         budget = "–" if c["engine"] in ("dict", "feed") else H.format_bytes(c["budget"])
         if "error" in s:
             rows.append(
-                [c["workload"], c["engine"], c["mode"], budget, f"failed: {s['error']}"] + [""] * 6
+                [c["workload"], c["engine"], c["mode"], budget, f"failed: {s['error']}"] + [""] * 7
             )
             continue
         peak = s["peak_above_baseline"]
@@ -257,6 +366,7 @@ def summary_rows(results: list[dict[str, Any]]) -> list[list[str]]:
                 c["mode"],
                 budget,
                 H.format_range(s["seconds"]),
+                f"{s['cpu_s'][0]:.2f}" if "cpu_s" in s else "–",
                 f"{s['records_per_s'][0] / 1e6:.2f} M",
                 str(int(s["spills"][0])) if "spills" in s else "–",
                 H.format_bytes(s["disk_bytes_spilled"][0]) if "disk_bytes_spilled" in s else "–",
@@ -325,7 +435,7 @@ def target_rows(results: list[dict[str, Any]], workloads: list[str]) -> list[lis
 
 def render(results: list[dict[str, Any]], workloads: list[str], info: dict[str, Any], args) -> str:
     headers = [
-        "workload", "engine", "mode", "budget", "time s, median (min–max)", "records/s",
+        "workload", "engine", "mode", "budget", "time s, median (min–max)", "CPU s", "records/s",
         "spills", "spilled (disk)", "peak RSS above baseline (min–max)", "peak/budget", "baseline RSS",
     ]  # fmt: skip
     targets = [
@@ -359,6 +469,11 @@ def main() -> None:
     parser.add_argument("--distinct", type=int, help="override the distinct keys of every workload")
     parser.add_argument("--spill-mib", type=int, help="override the spilling budget (MiB)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per child")
+    parser.add_argument(
+        "--interleaved-rounds",
+        type=int,
+        help="rounds of the interleaved in-process comparison (default 3, quick 1; 0: skip)",
+    )
     args = parser.parse_args()
     if args.child:
         H.run_guarded(lambda: child(json.loads(args.child)))
@@ -368,7 +483,9 @@ def main() -> None:
     suffix = "-quick" if args.quick else ""
     args.checkpoint = H.checkpoint_file(args, f"generic{suffix}")
     args.runs = args.runs if args.runs is not None else (1 if args.quick else 3)
-    args.warmup = args.warmup if args.warmup is not None else (0 if args.quick else 1)
+    # no warm-up child by default: each child primes the engine (imports, compiled kernels,
+    # spill and merge paths) before its timed block
+    args.warmup = args.warmup if args.warmup is not None else 0
     names = args.workloads or list(table if args.quick else DEFAULT_WORKLOADS)
     info = H.machine_info()
     results = []
@@ -393,11 +510,30 @@ def main() -> None:
                       file=sys.stderr, flush=True)  # fmt: skip
             results.append(r)
     _check_agreement(results)
+    rounds = args.interleaved_rounds
+    rounds = rounds if rounds is not None else (1 if args.quick else 3)
+    mixed: dict[str, dict[str, Any]] = {}
+    for name, spec in (QUICK_INTERLEAVED if args.quick else INTERLEAVED).items():
+        if not rounds:
+            break
+        print(f"interleaved {name} ...", file=sys.stderr, flush=True)
+        case = {"engine": "interleaved", "rounds": rounds, **spec}
+        r = H.run_case(__file__, case, runs=1, warmup=0, timeout=args.timeout * 4)
+        if "error" in r["summary"]:
+            raise SystemExit(f"interleaved {name} failed: {r['summary']['error']}")
+        mixed[name] = {**r["runs"][0], "spec": spec}
     info["load_average_end"] = list(os.getloadavg())
     info["wall_s"] = time.perf_counter() - started
     text = render(results, names, info, args)
+    if mixed:
+        text += "\n\n" + interleaved_table(mixed, rounds)
     print(text)
-    payload = {"machine": info, "workloads": {n: table[n] for n in names}, "results": results}
+    payload = {
+        "machine": info,
+        "workloads": {n: table[n] for n in names},
+        "results": results,
+        "interleaved": mixed,
+    }
     H.write_results(f"generic{suffix}", payload, text, args.out)
     args.checkpoint.unlink(missing_ok=True)
     if not args.quick and not args.no_readme:

@@ -12,6 +12,10 @@ Array arguments named ``valid`` are boolean validity masks; an empty array means
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 
 from extagg import hashing as _h
@@ -28,6 +32,7 @@ __all__ = [
     "hash_var_column",
     "tuple_hash_start",
     "tuple_hash_mix",
+    "hash_str_list",
 ]
 
 _jit = jit()
@@ -51,6 +56,9 @@ _FIVE = _U(5)
 _S33 = _U(33)
 _MANTISSA = _U((1 << 52) - 1)
 _HIDDEN = _U(1 << 52)
+#: keys hashed per compiled call by :func:`hash_str_list` (bounds its temporary copies)
+STR_PIECE = 16384
+_NO_NULLS = np.empty(0, dtype=np.bool_)
 
 
 @_jit
@@ -228,3 +236,30 @@ def tuple_hash_mix(acc, column_hashes):
     """Fold one column's element hashes into the tuple-hash accumulator, in place."""
     for i in range(acc.shape[0]):
         acc[i] = fmix64((acc[i] * _GOLDEN) ^ column_hashes[i])
+
+
+def hash_str_list(keys: Sequence[Any]) -> np.ndarray | None:
+    """:func:`extagg.hashing.stable_hash` of every key, as ``uint64``, when all are exact
+    ``str`` (else ``None``): a piece of keys is joined and encoded once and hashed by
+    :func:`hash_var_column`, instead of one Python-level encode and hash call per key (~5x
+    faster; a spill of a map of string keys hashes every key). Temporary copies are bounded
+    by :data:`STR_PIECE` keys at a time."""
+    n = len(keys)
+    if operator.countOf(map(type, keys), str) != n:
+        return None
+    out = np.empty(n, dtype=np.uint64)
+    for start in range(0, n, STR_PIECE):
+        piece = keys[start : start + STR_PIECE]
+        joined = "".join(piece)
+        if joined.isascii():
+            data = joined.encode("ascii")
+            lengths = map(len, piece)
+        else:  # byte lengths differ from str lengths: encode key by key
+            encoded = [k.encode("utf-8", "surrogatepass") for k in piece]
+            data = b"".join(encoded)
+            lengths = map(len, encoded)
+        offsets = np.zeros(len(piece) + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(lengths, dtype=np.int64, count=len(piece)), out=offsets[1:])
+        raw = np.frombuffer(data, dtype=np.uint8)
+        hash_var_column(offsets, raw, _NO_NULLS, out[start : start + len(piece)])
+    return out

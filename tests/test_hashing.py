@@ -124,3 +124,33 @@ def test_independent_of_pythonhashseed():
         )
         outputs.add(out.stdout.strip())
     assert len(outputs) == 1
+
+
+@given(st.lists(st.text(), max_size=40), st.integers(1, 7))
+def test_hash_str_list_is_stable_hash(strings, piece):
+    """The compiled string hashing (spills of str-keyed maps) equals ``stable_hash`` per key,
+    for ASCII, non-ASCII and lone-surrogate text, across piece boundaries."""
+    import extagg._hash_kernels as hk
+
+    saved = hk.STR_PIECE
+    hk.STR_PIECE = piece
+    try:
+        got = hk.hash_str_list(strings)
+    finally:
+        hk.STR_PIECE = saved
+    assert got is not None
+    assert got.tolist() == [stable_hash(s) for s in strings]
+    assert got.tolist() == hash_objects(strings).tolist()
+
+
+def test_hash_str_list_declines_other_keys():
+    import extagg._hash_kernels as hk
+
+    class Name(str):
+        pass
+
+    assert hk.hash_str_list(["a", 1]) is None
+    assert hk.hash_str_list(["a", Name("a")]) is None
+    assert hk.hash_str_list(["\ud800", "é", ""]).tolist() == [
+        stable_hash(s) for s in ["\ud800", "é", ""]
+    ]

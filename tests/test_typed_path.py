@@ -202,3 +202,60 @@ def test_vectorised_int_hash_is_pythons(xs):
     assert python_int_hashes(np.array(xs, dtype=np.int64)).tolist() == [hash(x) for x in xs]
     if xs:
         assert hash_batch(xs)[0].tolist() == [hash(x) for x in xs]
+
+
+# -- spills written from the arrays (TypedSortedRows.pickled_rows) ---------------------------------
+spill_keys = st.one_of(
+    st.lists(INT64, max_size=40),
+    st.lists(st.one_of(st.text(max_size=12), st.text(min_size=250, max_size=300)), max_size=40),
+)
+spill_values = st.one_of(
+    st.lists(INT64, min_size=40, max_size=40),
+    st.lists(float_values, min_size=40, max_size=40),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(spill_keys, spill_values, st.randoms(use_true_random=False))
+def test_pickled_rows_kernel_is_pickle_of_the_rows(keys, values, rnd):
+    """The compiled writer, its reference and ``pickle.dumps`` agree: the bytes load as exactly
+    the keys and values (str with surrogates, keys of 256+ bytes, NaN and -0.0 bits, int64
+    extremes), whatever the order of the groups."""
+    import pickle
+
+    keys = list(dict.fromkeys(keys)) or [0]  # a spilled map holds a group at least
+    values = values[: len(keys)]
+    m = TypedReduceMap(R.OP_ADD)
+    assert m.fold_typed(keys, values) == len(keys)
+    rows = m.destructive_sorted_rows()
+    order = list(range(len(keys)))
+    rnd.shuffle(order)
+    part = rows.slice(0, len(rows))
+    part.order = np.array(order, dtype=np.int64)
+    got = part.pickled_rows()
+    is_str = bool(keys) and type(keys[0]) is str
+    is_float = bool(values) and type(values[0]) is float
+    out = np.zeros(K.pickled_size(len(keys), 4 * sum(map(len, keys)) if is_str else 0), np.uint8)
+    end = R.pickle_rows(
+        np.array(order, dtype=np.int64), is_str, part._keys, part._offsets, part._arena,
+        is_float, part._states, out,
+    )  # fmt: skip
+    assert got == out[:end].tobytes()
+    loaded_keys, loaded_values = pickle.loads(got)
+    assert loaded_keys == [keys[i] for i in order]
+    assert [exact(v) for v in loaded_values] == [exact(values[i]) for i in order]
+    assert rows.lists()[0] == keys  # what a failed spill puts back: first-appearance order
+    assert [exact(v) for v in rows.lists()[1]] == [exact(v) for v in values]
+
+
+def test_string_keys_spill_from_the_arrays_like_the_general_path(tmp_path):
+    """A typed map of str keys spills many runs (written without str objects); the merge reads
+    them as the general path's runs: same pairs, same order."""
+    rng = np.random.default_rng(11)
+    names = [f"user_{i}" if i % 7 else f"ü{i}\ud800" for i in range(20_000)]
+    pairs = [(names[i], float(v)) for i, v in zip(rng.integers(0, 20_000, 100_000), range(100_000))]
+    typed, spills, kind = run(pairs, operator.add, True, memory="2m", spill_dirs=[str(tmp_path)])
+    general, g_spills, _ = run(pairs, operator.add, False, memory="2m", spill_dirs=[str(tmp_path)])
+    assert spills > 1 and g_spills > 1 and kind is TypedReduceMap
+    assert sorted(typed) == sorted(general) == reference(pairs, operator.add)
+    assert [k for k, _ in typed] == [k for k, _ in general]  # hash order

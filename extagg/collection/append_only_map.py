@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from extagg._hash_kernels import hash_str_list
 from extagg.collection import _kernels
 from extagg.collection._batch_fold import UNCREATED, BatchFoldMixin, hash_key, int_tag
 from extagg.collection._kernels import EMPTY
@@ -335,7 +336,9 @@ class AppendOnlyMap(BatchFoldMixin):
         """
         self._check_valid()
         keys, values = self._keys, self._values
-        unsorted = order_hashes(keys)  # may run user __hash__: the map is still intact
+        unsorted = hash_str_list(keys)  # all str keys: compiled
+        if unsorted is None:
+            unsorted = order_hashes(keys)  # may run user __hash__: the map is still intact
         self._destroyed = True
         self._size = 0
         self._keys, self._values = [], []

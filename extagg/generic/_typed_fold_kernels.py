@@ -10,9 +10,31 @@ from __future__ import annotations
 import numpy as np
 
 from extagg._numba import jit
-from extagg.generic._typed_fold_reference import OP_ADD, OP_MAX, OP_MIN
+from extagg.generic._typed_fold_reference import (
+    APPENDS,
+    BINFLOAT,
+    BINUNICODE,
+    EMPTY_LIST,
+    LONG1,
+    MARK,
+    OP_ADD,
+    OP_MAX,
+    OP_MIN,
+    SHORT_BINUNICODE,
+    STOP,
+    TUPLE2,
+    pickled_size,
+)
 
-__all__ = ["OP_ADD", "OP_MAX", "OP_MIN", "fold_float", "fold_int"]
+__all__ = [
+    "OP_ADD",
+    "OP_MAX",
+    "OP_MIN",
+    "fold_float",
+    "fold_int",
+    "pickle_rows",
+    "pickled_size",
+]
 
 
 @jit()
@@ -64,3 +86,70 @@ def fold_int(
         elif v > s:
             states[g] = v
     return n, next_new
+
+
+@jit()
+def _put_long1(out: np.ndarray, pos: int, bits: np.uint64) -> int:  # pragma: no cover
+    """LONG1 with the 8 little-endian bytes of ``bits`` (an int64's two's complement)."""
+    out[pos] = LONG1
+    out[pos + 1] = 8
+    for j in range(8):
+        out[pos + 2 + j] = np.uint8((bits >> np.uint64(8 * j)) & np.uint64(0xFF))
+    return pos + 10
+
+
+@jit()
+def pickle_rows(
+    order: np.ndarray,
+    key_is_str: bool,
+    key_bits: np.ndarray,
+    var_offsets: np.ndarray,
+    arena: np.ndarray,
+    value_is_float: bool,
+    state_bits: np.ndarray,
+    out: np.ndarray,
+) -> int:  # pragma: no cover - compiled
+    """``pickle.dumps((keys, values))`` of the groups ``order`` into ``out`` (see the reference)."""
+    out[0] = 0x80
+    out[1] = 5
+    out[2] = EMPTY_LIST
+    out[3] = MARK
+    pos = 4
+    n = order.shape[0]
+    for i in range(n):
+        g = order[i]
+        if key_is_str:
+            start = var_offsets[g]
+            length = var_offsets[g + 1] - start
+            if length < 256:
+                out[pos] = SHORT_BINUNICODE
+                out[pos + 1] = length
+                pos += 2
+            else:
+                out[pos] = BINUNICODE
+                for j in range(4):
+                    out[pos + 1 + j] = (length >> (8 * j)) & 0xFF
+                pos += 5
+            for j in range(length):
+                out[pos + j] = arena[start + j]
+            pos += length
+        else:
+            pos = _put_long1(out, pos, key_bits[g])
+    out[pos] = APPENDS
+    out[pos + 1] = EMPTY_LIST
+    out[pos + 2] = MARK
+    pos += 3
+    for i in range(n):
+        g = order[i]
+        if value_is_float:
+            bits = state_bits[g]
+            out[pos] = BINFLOAT
+            for j in range(8):
+                out[pos + 1 + j] = np.uint8((bits >> np.uint64(56 - 8 * j)) & np.uint64(0xFF))
+            pos += 9
+        else:
+            pos = _put_long1(out, pos, state_bits[g])
+    out[pos] = APPENDS
+    out[pos + 1] = TUPLE2
+    out[pos + 2] = STOP
+    return pos + 3

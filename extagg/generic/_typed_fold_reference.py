@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["OP_ADD", "OP_MAX", "OP_MIN", "fold_float", "fold_int"]
+__all__ = ["OP_ADD", "OP_MAX", "OP_MIN", "fold_float", "fold_int", "pickle_rows", "pickled_size"]
 
 OP_ADD = 0
 OP_MIN = 1
@@ -74,3 +74,64 @@ def fold_int(
         elif v > s:
             states[g] = v
     return gids.shape[0], next_new
+
+
+# -- spilling without Python objects -------------------------------------------------------------
+# A spilled batch of the generic engine is ``pickle.dumps((keys, values))`` after its hashes
+# (:class:`extagg.spill.codecs.ObjectCodec`). The typed path writes those bytes itself, from its
+# arrays, with the opcodes below (protocol 5 without frames or memo, both optional): the merge
+# then reads what it would have read had the rows been pickled as ``str``/``int``/``float``.
+PROTO = b"\x80\x05"
+EMPTY_LIST = 0x5D  # ]
+MARK = 0x28  # (
+APPENDS = 0x65  # e
+TUPLE2 = 0x86
+STOP = 0x2E  # .
+SHORT_BINUNICODE = 0x8C  # 1-byte length, UTF-8 bytes
+BINUNICODE = 0x58  # X, 4-byte little-endian length, UTF-8 bytes
+LONG1 = 0x8A  # 1-byte length (8 here), little-endian two's complement
+BINFLOAT = 0x47  # G, 8 bytes big-endian IEEE 754
+
+
+def pickled_size(n: int, key_bytes: int) -> int:
+    """An upper bound of the bytes :func:`pickle_rows` writes for ``n`` rows whose str keys
+    hold ``key_bytes`` UTF-8 bytes together (0 for int keys)."""
+    return 16 + n * (5 + 10) + key_bytes + n * 10
+
+
+def pickle_rows(
+    order: np.ndarray,
+    key_is_str: bool,
+    key_bits: np.ndarray,
+    var_offsets: np.ndarray,
+    arena: np.ndarray,
+    value_is_float: bool,
+    state_bits: np.ndarray,
+    out: np.ndarray,
+) -> int:
+    """Write ``pickle.dumps((keys, values))`` of the groups ``order`` (in that order) into
+    ``out`` and return its length. Keys are the int64 whose two's complement is
+    ``key_bits[g]`` (``uint64``) or the UTF-8 (surrogatepass) bytes
+    ``arena[var_offsets[g]:var_offsets[g + 1]]``; values the float64 or int64 whose bits are
+    ``state_bits[g]``."""
+    buf = bytearray(PROTO)
+    buf += bytes((EMPTY_LIST, MARK))
+    for g in order.tolist():
+        if key_is_str:
+            raw = bytes(arena[var_offsets[g] : var_offsets[g + 1]])
+            if len(raw) < 256:
+                buf += bytes((SHORT_BINUNICODE, len(raw)))
+            else:
+                buf += bytes((BINUNICODE,)) + len(raw).to_bytes(4, "little")
+            buf += raw
+        else:
+            buf += bytes((LONG1, 8)) + int(key_bits[g]).to_bytes(8, "little")
+    buf += bytes((APPENDS, EMPTY_LIST, MARK))
+    for g in order.tolist():
+        if value_is_float:
+            buf += bytes((BINFLOAT,)) + int(state_bits[g]).to_bytes(8, "big")
+        else:
+            buf += bytes((LONG1, 8)) + int(state_bits[g]).to_bytes(8, "little")
+    buf += bytes((APPENDS, TUPLE2, STOP))
+    out[: len(buf)] = np.frombuffer(bytes(buf), dtype=np.uint8)
+    return len(buf)

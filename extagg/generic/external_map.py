@@ -37,7 +37,7 @@ from extagg.generic.aggregator import Aggregator
 from extagg.generic.keys import canonical_keys
 from extagg.generic.memory_rows import SpillableMemorySource, UnsortedMemoryRows
 from extagg.generic.merge_phase import OBJECT_EXPANSION, merged_pairs
-from extagg.generic.typed_map import TypedReduceMap, typed_op
+from extagg.generic.typed_map import TypedReduceMap, TypedSortedRows, typed_op
 from extagg.memory import Consumer, TaskMemoryManager, UnifiedMemoryManager
 from extagg.merge.heap import BlockSource, RunSource
 from extagg.spill.blocks import ObjectBlock, PermutedObjectBlock
@@ -163,7 +163,7 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
         self._row_bytes = 64  # in-memory bytes of one row, as last measured
         self._reading: SpillableMemorySource | UnsortedMemoryRows | None = None
         #: the rows of a spill not yet committed (put back into the map if it fails)
-        self._unspilled: tuple[list[Any], list[Any]] | None = None
+        self._unspilled: tuple[list[Any], list[Any]] | TypedSortedRows | None = None
         every = self.force_spill_every
         chunk = CHUNK if self._typed_op is None else TYPED_CHUNK
         self._chunk = chunk if every is None else min(chunk, every)
@@ -381,23 +381,30 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
         The sorted rows stay referenced by the map (``_unspilled``) until the run is
         committed, so an interrupt at any point loses nothing: a failed write puts them back
         at once, and if a second interrupt stops that, the next call puts them back."""
-        assert self._map is not None
+        current = self._map
+        assert current is not None
         started = time.perf_counter()
+        block: PermutedObjectBlock | TypedSortedRows
         with deferred_interrupts():
-            hashes, order, keys, values = self._map.destructive_sort_order()
+            if isinstance(current, TypedReduceMap):  # written from its arrays, no objects
+                block = current.destructive_sorted_rows()
+                self._unspilled = block
+            else:
+                hashes, order, keys, values = current.destructive_sort_order()
+                self._unspilled = (keys, values)
+                block = PermutedObjectBlock(hashes, order, keys, values)
+                del hashes, order, keys, values
             self._map = self._new_map()
-            self._unspilled = (keys, values)
+        rows = len(block)
         try:
-            self._write_run(
-                PermutedObjectBlock(hashes, order, keys, values), self._forget_unspilled
-            )
+            self._write_run(block, self._forget_unspilled)
         except BaseException:
-            del hashes, order
+            del block
             self._restore_unspilled()
             raise
         finally:
             self.metrics.spill_time_s += time.perf_counter() - started
-        log.debug("spilled %d keys (%s estimated)", len(keys), format_size(estimate))
+        log.debug("spilled %d keys (%s estimated)", rows, format_size(estimate))
 
     def _forget_unspilled(self) -> None:
         self._unspilled = None
@@ -408,7 +415,7 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
         if pending is None or self._map is None:
             return
         with deferred_interrupts():
-            keys, values = pending
+            keys, values = pending.lists() if isinstance(pending, TypedSortedRows) else pending
             current = self._map
             if isinstance(current, TypedReduceMap):
                 typed = current.fold_typed(keys, values)  # combiners fold as values do
@@ -420,7 +427,9 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
             current.fold(keys, values, _identity, self.aggregator.merge_combiners)
             self._unspilled = None
 
-    def _batch_rows(self, block: ObjectBlock | PermutedObjectBlock | None = None) -> int:
+    def _batch_rows(
+        self, block: ObjectBlock | PermutedObjectBlock | TypedSortedRows | None = None
+    ) -> int:
         """Rows per run batch: ``batch_size``, fewer when rows are big, so that the merge can
         hold one decoded batch per open run within the budget (``block`` updates the measured
         row size)."""
@@ -431,7 +440,7 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
 
     def _write_run(
         self,
-        block: ObjectBlock | PermutedObjectBlock,
+        block: ObjectBlock | PermutedObjectBlock | TypedSortedRows,
         committed: Callable[[], None] | None = None,
     ) -> str:
         rows = self._batch_rows(block)

@@ -18,8 +18,9 @@ sum leaving ``int64``) makes the map hand its groups to a general
 engine folds the rest there.
 
 Memory: the table's arrays exactly, plus what the groups will cost as Python objects when they
-are spilled or read (two list slots, a key and a value object each), since that is held next to
-the table at that moment.
+are read at the end (two list slots, a key and a value object each), since that is held next to
+the table at that moment. A spill makes no such objects: :class:`TypedSortedRows` writes the
+run's pickle bytes from the arrays (the estimate stays, conservatively, the same).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from extagg.errors import DestroyedError
 from extagg.generic import _typed_fold_kernels as FK
 from extagg.hashing import hash_array
 
-__all__ = ["TYPED_OPS", "TypedReduceMap", "typed_op"]
+__all__ = ["TYPED_OPS", "TypedReduceMap", "TypedSortedRows", "typed_op"]
 
 #: reduce function → kernel operation code
 TYPED_OPS: dict[Callable[[Any, Any], Any], int] = {
@@ -56,6 +57,7 @@ _INT_KEY_BYTES = 32
 _EMPTY_NULLS = np.empty(0, dtype=np.uint8)
 _EMPTY_I64 = np.empty(0, dtype=np.int64)
 _EMPTY_U8 = np.empty(0, dtype=np.uint8)
+_EMPTY_U64 = np.empty(0, dtype=np.uint64)
 _EMPTY_BOOL = np.empty(0, dtype=np.bool_)
 
 
@@ -277,15 +279,10 @@ class TypedReduceMap:
     def _key_list(self, n: int) -> list[Any]:
         table = self._table
         assert table is not None
-        if self.key_kind is int:
-            ints: list[Any] = table.key_words[:n, 0].view(np.int64).tolist()
-            return ints
-        offsets = table.var_offsets[: n + 1].tolist()
-        raw = table.arena[: offsets[-1]].tobytes()
-        if self._ascii:
-            text = raw.decode("ascii")
-            return [text[a:b] for a, b in pairwise(offsets)]
-        return [raw[a:b].decode("utf-8", "surrogatepass") for a, b in pairwise(offsets)]
+        return _decode_keys(
+            _key_bits(table, n), table.var_offsets[: n + 1], table.arena, self.key_kind is str,
+            self._ascii,
+        )  # fmt: skip
 
     def _lists(self) -> tuple[list[Any], list[Any]]:
         n = self._groups()
@@ -328,6 +325,133 @@ class TypedReduceMap:
         hashes = hashes.copy()
         self._destroy()
         return hashes, order, keys, values
+
+    def destructive_sorted_rows(self) -> TypedSortedRows:
+        """Destroy the map; its groups in spill order (as :meth:`destructive_sort_order`) as a
+        block that a run file stores without making a Python object per group."""
+        self._check_valid()
+        table = self._table
+        assert table is not None and self._groups() == table.num_groups, "to_general first"
+        n = table.num_groups
+        hashes, gids = table.sort_by_hash()
+        order = gids.astype(np.int64) - 1
+        rows = TypedSortedRows(
+            hashes.copy(),
+            order,
+            key_bits=_key_bits(table, n),
+            var_offsets=table.var_offsets[: n + 1],
+            arena=table.arena,
+            state_bits=table.rows[:n].view(np.uint64),
+            key_is_str=self.key_kind is str,
+            value_is_float=self.value_kind is float,
+            row_bytes=_ENTRY_BYTES + self._key_object_bytes(),
+            ascii_keys=self._ascii,
+        )
+        self._destroy()  # the slot array goes; the block holds the key and state arrays
+        return rows
+
+
+class TypedSortedRows:
+    """Hash-sorted groups of a destroyed :class:`TypedReduceMap`, spilled from its arrays.
+
+    A run file stores a batch of the generic engine as ``pickle.dumps((keys, values))``
+    (:class:`~extagg.spill.codecs.ObjectCodec`); :meth:`pickled_rows` writes those very bytes
+    in compiled code (:func:`extagg.generic._typed_fold_kernels.pickle_rows`), so a spill of
+    the typed path neither decodes a ``str`` nor boxes a number per group, and the merge reads
+    the run as any other. ``slice`` and ``hashes`` are what the run writer uses; ``nbytes``
+    estimates the rows as Python objects once read (for the batch size); :meth:`lists` gives
+    them back as objects (a spill that failed puts them back into the map).
+    """
+
+    __slots__ = (
+        "hashes", "order", "_keys", "_offsets", "_arena", "_states", "_key_is_str",
+        "_value_is_float", "_row_bytes", "_ascii",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        hashes: np.ndarray,
+        order: np.ndarray,
+        *,
+        key_bits: np.ndarray,
+        var_offsets: np.ndarray,
+        arena: np.ndarray,
+        state_bits: np.ndarray,
+        key_is_str: bool,
+        value_is_float: bool,
+        row_bytes: int,
+        ascii_keys: bool,
+    ) -> None:
+        self.hashes = hashes
+        self.order = order
+        self._keys = key_bits
+        self._offsets = var_offsets
+        self._arena = arena
+        self._states = state_bits
+        self._key_is_str = key_is_str
+        self._value_is_float = value_is_float
+        self._row_bytes = row_bytes
+        self._ascii = ascii_keys
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def slice(self, start: int, stop: int) -> TypedSortedRows:
+        """Rows ``start:stop`` (views; the arrays are shared)."""
+        part = TypedSortedRows.__new__(TypedSortedRows)
+        for name in self.__slots__:
+            setattr(part, name, getattr(self, name))
+        part.hashes = self.hashes[start:stop]
+        part.order = self.order[start:stop]
+        return part
+
+    def nbytes(self) -> int:
+        """Estimated bytes of the rows as Python objects (a key and a number each)."""
+        n = len(self.order)
+        return int(self.hashes.nbytes + 2 * (56 + 8 * n) + self._row_bytes * n)
+
+    def pickled_rows(self) -> bytes:
+        """``pickle.dumps((keys, values))`` of these rows, written from the arrays."""
+        order = self.order
+        key_bytes = 0
+        if self._key_is_str:
+            key_bytes = int((self._offsets[order + 1] - self._offsets[order]).sum())
+        out = np.empty(FK.pickled_size(len(order), key_bytes), dtype=np.uint8)
+        end = FK.pickle_rows(
+            order, self._key_is_str, self._keys, self._offsets, self._arena,
+            self._value_is_float, self._states, out,
+        )  # fmt: skip
+        return out[: int(end)].tobytes()
+
+    def lists(self) -> tuple[list[Any], list[Any]]:
+        """Keys and values of every group of the map, in order of first appearance."""
+        n = len(self._states)
+        keys = _decode_keys(self._keys, self._offsets, self._arena, self._key_is_str, self._ascii)
+        kind = np.float64 if self._value_is_float else np.int64
+        values: list[Any] = self._states[:n].view(kind).tolist()
+        return keys, values
+
+
+def _key_bits(table: TypedHashTable, n: int) -> np.ndarray:
+    """The int64 keys of groups ``0..n-1`` as ``uint64`` words (empty for str keys)."""
+    if table.key_words.shape[1] == 0:
+        return _EMPTY_U64
+    return table.key_words[:n, 0]
+
+
+def _decode_keys(
+    key_bits: np.ndarray, offsets: np.ndarray, arena: np.ndarray, is_str: bool, ascii_keys: bool
+) -> list[Any]:
+    """The Python keys of groups ``0..n-1`` (int64 words, or str from the arena)."""
+    if not is_str:
+        ints: list[Any] = key_bits.view(np.int64).tolist()
+        return ints
+    bounds = offsets.tolist()
+    raw = arena[: bounds[-1]].tobytes()
+    if ascii_keys:
+        text = raw.decode("ascii")
+        return [text[a:b] for a, b in pairwise(bounds)]
+    return [raw[a:b].decode("utf-8", "surrogatepass") for a, b in pairwise(bounds)]
 
 
 def _hash_var(offsets: np.ndarray, data: np.ndarray, out: np.ndarray) -> None:

@@ -46,17 +46,25 @@ class BatchCodec(ABC):
 
 
 class ObjectCodec(BatchCodec):
-    """``u32 n | n × u64 hashes | pickle((keys, values))``."""
+    """``u32 n | n × u64 hashes | pickle((keys, values))``.
+
+    A block with a ``pickled_rows()`` method (the generic engine's typed path,
+    :class:`extagg.generic.typed_map.TypedSortedRows`) supplies those pickle bytes itself,
+    written from its arrays; the batch is the same."""
 
     codec_id = 1
     name = "object"
 
     def encode(self, block: ObjectBlock) -> bytes:
         hashes = np.ascontiguousarray(block.hashes, dtype="<u8")
-        try:
-            body = pickle.dumps((block.keys, block.values), protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:
-            raise _unpicklable_row(block, exc) from exc
+        pickled = getattr(block, "pickled_rows", None)
+        if pickled is not None:
+            body = pickled()
+        else:
+            try:
+                body = pickle.dumps((block.keys, block.values), protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as exc:
+                raise _unpicklable_row(block, exc) from exc
         return b"".join((_U32.pack(len(hashes)), hashes.tobytes(), body))
 
     def decode(self, payload: memoryview | bytes) -> ObjectBlock:
