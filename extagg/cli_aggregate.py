@@ -17,7 +17,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["add_aggregate_command", "import_arrow_without_pandas", "run_aggregate"]
+__all__ = [
+    "add_aggregate_command",
+    "import_arrow_without_pandas",
+    "run_aggregate",
+    "use_returning_memory_pool",
+]
 
 SHOW_ROWS = 20
 _AGG = re.compile(
@@ -125,10 +130,30 @@ def import_arrow_without_pandas() -> None:
         sys.meta_path.remove(finder)
 
 
+def use_returning_memory_pool() -> None:
+    """Make Arrow's default memory pool one that returns freed memory to the system.
+
+    Arrow's default pool in its Linux wheels is mimalloc, which keeps freed pages for reuse:
+    on TPC-H Q1 at a 32 MiB budget the process peaked 62 MiB above its fixed RSS with it,
+    17 MiB with jemalloc (decay 1 s), 20 MiB with the C library's malloc, for the same
+    batches. Arrow reads the choice from ``ARROW_DEFAULT_MEMORY_POOL`` once, when pyarrow is
+    imported (``pyarrow.set_memory_pool`` does not reach the Parquet reader's own
+    allocations), so this must run first: jemalloc on Linux (in Arrow's wheels there), the
+    system allocator elsewhere. A value the user set is obeyed. Only the command line does
+    this, as it owns its process.
+    """
+    if "pyarrow" in sys.modules:
+        return
+    os.environ.setdefault(
+        "ARROW_DEFAULT_MEMORY_POOL", "jemalloc" if sys.platform.startswith("linux") else "system"
+    )
+
+
 def run_aggregate(args: argparse.Namespace) -> int:
     """Run ``extagg aggregate``; returns the exit status."""
     from extagg.errors import QueryError
 
+    use_returning_memory_pool()
     import_arrow_without_pandas()
 
     query = None
