@@ -122,6 +122,7 @@ class FileQuery:
                 if first:
                     first = False
                     self._scan_memory.resize(self.scan, batch, m.budget_bytes)
+                self._scan_memory.observe(pa.total_allocated_bytes(), m.budget_bytes)
                 self._sync(agg, started)
                 if progress is not None:
                     progress(m)
@@ -232,6 +233,16 @@ class _ScanMemory(MemoryConsumer):
             width = -(-batch.nbytes // batch.num_rows)  # the rows' bytes, not the whole
             # buffers a slice of a bigger decoded row group points into
             self._size(scan, max(width, 1), budget)
+
+    def observe(self, arrow_bytes: int, budget: int) -> None:
+        """Hold at least what Arrow's memory pool has allocated now, up to a quarter of the
+        budget: besides the batches, Parquet's reader keeps one to three pages (~1 MiB each
+        as most writers cut them) per column it decodes, whatever the batch size, and the
+        filter copies what it keeps. What the scan really holds is then accounted, and the
+        aggregator's share of the budget shrinks by it."""
+        want = min(arrow_bytes, budget // 4)
+        if want > self.used:
+            self.acquire_memory(want - self.used)
 
     def _size(self, scan: InputScan, width: int, budget: int) -> None:
         batches = scan.readahead + 1
