@@ -116,7 +116,9 @@ class FileQuery:
             first = True
             for batch in self.scan.batches():
                 if first:
-                    _load_kernels(factory(self.by, self.aggs, memory_manager=tmm, **options), batch)
+                    warm = factory(self.by, self.aggs, memory_manager=tmm,
+                                   spill_dirs=self.spill_dirs, **options)  # fmt: skip
+                    _load_kernels(warm, batch)
                     m.rss_fixed_bytes = current_rss()
                 agg.update(batch)
                 if first:
