@@ -6,11 +6,33 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["main", "build_parser", "run"]
+__all__ = ["COMMANDS", "main", "build_parser", "command_of", "run"]
 
 
-def build_parser() -> argparse.ArgumentParser:
+COMMANDS = {
+    "demo": "aggregate built-in sample data under a small budget",
+    "demo-files": "the main job: extagg aggregate on a generated lineitem-like Parquet sample",
+    "aggregate": "group the rows of Parquet/CSV/JSON Lines/Arrow files (larger than memory)",
+    "state": "read a checkpoint's state store: a version, the change feed, the metadata",
+}
+
+
+def command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` asks for (its first word that is not an option), if any."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word if word in COMMANDS else None
+        if word == "--":
+            return None
+    return None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``extagg`` parser. With ``command``, only that subcommand's options are built (the
+    others are listed with their help line): its module is the only one imported, so
+    ``extagg aggregate`` does not load the state store, nor ``extagg state`` the engines."""
     parser = argparse.ArgumentParser(
         prog="extagg", description="Aggregate more data than fits in memory."
     )
@@ -18,36 +40,53 @@ def build_parser() -> argparse.ArgumentParser:
         "-v", "--verbose", action="count", default=0, help="log spills (-v) or more (-vv)"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="aggregate built-in sample data under a small budget")
+    for name, text in COMMANDS.items():
+        if command is not None and name != command:
+            sub.add_parser(name, help=text, add_help=False)  # listed, never parsed
+        elif name == "demo":
+            _add_demo(sub)
+        elif name == "demo-files":
+            _add_demo_files(sub)
+        elif name == "aggregate":
+            from extagg.cli_aggregate import add_aggregate_command
+
+            add_aggregate_command(sub)
+        else:
+            _add_state(sub)
+    return parser
+
+
+def _add_demo(sub: Any) -> None:
+    demo = sub.add_parser("demo", help=COMMANDS["demo"])
     demo.add_argument("--records", type=int, default=3_000_000, help="records to generate")
     demo.add_argument("--keys", type=int, default=1_000_000, help="distinct keys at most")
     demo.add_argument("--memory", default="32m", help="memory budget, e.g. 32m, 1g (default 32m)")
     demo.add_argument("--seed", type=int, default=42)
     demo.add_argument("--spill-dir", action="append", dest="spill_dirs", help="spill directory")
-    files = sub.add_parser(
-        "demo-files",
-        help="the main job: extagg aggregate on a generated lineitem-like Parquet sample",
-    )
+
+
+def _add_demo_files(sub: Any) -> None:
+    files = sub.add_parser("demo-files", help=COMMANDS["demo-files"])
     files.add_argument("--rows", type=int, default=4_000_000, help="sample rows (default 4 M)")
     files.add_argument("--seed", type=int, default=42)
     files.add_argument("--memory-q1", default="64m", help="budget of the few-groups query")
     files.add_argument("--memory-q2", default="32m", help="budget of the 1 M-groups query")
     files.add_argument("--cache", default=".cache", help="where the sample is generated once")
     files.add_argument("--spill-dir", action="append", dest="spill_dirs", help="spill directory")
-    from extagg.cli_aggregate import add_aggregate_command
 
-    add_aggregate_command(sub)
+
+def _add_state(sub: Any) -> None:
     try:
         from extagg.state.cli import add_state_subcommands
     except ImportError:  # pragma: no cover - state store not installed
-        pass
+        sub.add_parser("state", help=COMMANDS["state"])
     else:
         add_state_subcommands(sub)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(command_of(words)).parse_args(words)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "demo":

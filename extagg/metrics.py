@@ -142,8 +142,9 @@ class RunMetrics:
     rss_import_bytes
         Process RSS when the run started (interpreter and imports).
     rss_fixed_bytes
-        RSS after the first batch was folded (kernels loaded): the fixed cost; the rest of
-        ``peak_rss_bytes`` is data.
+        RSS once the kernels the query needs were loaded (a few rows of the first batch
+        folded by a throwaway aggregator), before the run folds any data: the fixed cost;
+        the rest of ``peak_rss_bytes`` is data.
     peak_rss_bytes
         Peak RSS of the process.
     finished
@@ -198,7 +199,7 @@ class RunMetrics:
             f"{format_size(self.disk_bytes_spilled)} on disk. Peak memory granted "
             f"{format_size(self.peak_granted_bytes)} of a {format_size(self.budget_bytes)} "
             f"budget; peak RSS {format_size(self.peak_rss_bytes)} = fixed "
-            f"{format_size(fixed)} (interpreter, imports, kernels, first batch; "
+            f"{format_size(fixed)} (interpreter, imports, the query's kernels; "
             f"{format_size(self.rss_import_bytes)} before the first batch) + data "
             f"{format_size(data)}."
         )

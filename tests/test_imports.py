@@ -50,3 +50,43 @@ def test_every_public_name_resolves_and_errors_are_extagg_errors() -> None:
             assert issubclass(value, extagg.ExtaggError), name
     with pytest.raises(AttributeError):
         extagg.no_such_name  # noqa: B018
+
+
+def test_aggregate_command_loads_only_what_it_uses(tmp_path) -> None:
+    """``extagg aggregate`` builds only its own parser: the state store (checkpoints, codecs)
+    is not imported, and pyarrow's pandas probe is skipped (pandas is never loaded)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"k": ["a", "b", "a"], "v": [1, 2, 3]}), path)
+    argv = [str(path), "--by", "k", "--agg", "s=sum(v)", "-q", "-o", str(tmp_path / "o.csv")]
+    loaded = _loaded_after(
+        f"from extagg.cli import main\nassert main(['aggregate', *{argv!r}]) == 0"
+    )
+    assert "extagg.columnar" in loaded and "pyarrow.dataset" in loaded
+    assert not {m for m in loaded if m.startswith(("extagg.state", "pandas"))}
+    assert sorted((tmp_path / "o.csv").read_text().splitlines()[1:]) == ['"a",4', '"b",2']
+
+
+def test_arrow_without_pandas_still_converts_to_pandas() -> None:
+    """After the probe was skipped, an explicit ``to_pandas()`` still imports pandas."""
+    loaded = _loaded_after(
+        "from extagg.cli_aggregate import import_arrow_without_pandas\n"
+        "import_arrow_without_pandas()\n"
+        "import sys\nassert 'pandas' not in sys.modules\n"
+        "import pyarrow as pa\n"
+        "df = pa.table({'a': [1, 2]}).to_pandas()\n"
+        "assert list(df['a']) == [1, 2]"
+    )
+    assert "pandas" in loaded
+
+
+def test_state_command_does_not_load_the_engines() -> None:
+    loaded = _loaded_after(
+        "from extagg.cli import build_parser, command_of\n"
+        "argv = ['state', 'metadata', '/nonexistent']\n"
+        "args = build_parser(command_of(argv)).parse_args(argv)\n"
+        "assert args.state_command == 'metadata'"
+    )
+    assert not loaded & {"extagg.columnar", "extagg.io", "extagg.cli_aggregate"}

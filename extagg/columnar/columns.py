@@ -346,13 +346,18 @@ def to_column(name: str, arr: pa.Array) -> Column:
         return Column(name, kind, arrow_type, _fixed_values(arr.view(storage), dtype), valid)
     if kind == "decimal":
         return Column(name, kind, arrow_type, _decimal_values(arr), valid)
-    # variable length
-    if not (pa.types.is_large_string(arrow_type) or pa.types.is_large_binary(arrow_type)):
+    # variable length: 64-bit offsets; 32-bit ones are widened in NumPy (a pyarrow cast costs
+    # ~0.3 ms a call, more than the chunk's hashing at the small chunks of a small budget)
+    small = pa.types.is_string(arrow_type) or pa.types.is_binary(arrow_type)
+    if not (small or pa.types.is_large_string(arrow_type) or pa.types.is_large_binary(arrow_type)):
         target = pa.large_string() if kind == "string" else pa.large_binary()
         arr = arr.cast(target)
     bufs = arr.buffers()
     n = len(arr)
-    offsets = np.frombuffer(bufs[1], dtype=np.int64)[arr.offset : arr.offset + n + 1]
+    width = np.int32 if small else np.int64
+    offsets = np.frombuffer(bufs[1], dtype=width)[arr.offset : arr.offset + n + 1]
+    if small:
+        offsets = offsets.astype(np.int64)
     lo, hi = int(offsets[0]), int(offsets[-1])
     data = np.frombuffer(bufs[2], dtype=np.uint8)[lo:hi] if bufs[2] is not None else _NO_BYTES
     if lo:

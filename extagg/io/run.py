@@ -115,11 +115,16 @@ class FileQuery:
                 raise QueryError(f"{exc} (in {_files_named(self.scan.files)})") from None
             first = True
             for batch in self.scan.batches():
+                if first:
+                    warm = factory(self.by, self.aggs, memory_manager=tmm,
+                                   spill_dirs=self.spill_dirs, **options)  # fmt: skip
+                    _load_kernels(warm, batch)
+                    m.rss_fixed_bytes = current_rss()
                 agg.update(batch)
                 if first:
-                    m.rss_fixed_bytes = current_rss()
                     first = False
                     self._scan_memory.resize(self.scan, batch, m.budget_bytes)
+                self._scan_memory.observe(pa.total_allocated_bytes(), m.budget_bytes)
                 self._sync(agg, started)
                 if progress is not None:
                     progress(m)
@@ -184,6 +189,24 @@ class FileQuery:
             agg.close()
 
 
+#: rows of the first batch folded by :func:`_load_kernels`
+WARM_ROWS = 64
+
+
+def _load_kernels(warm: Any, batch: pa.RecordBatch) -> None:
+    """Fold the first rows of ``batch`` with ``warm`` (a throwaway aggregator of the run's
+    kind) and read its result, then close it: the compiled kernels the query's column types
+    need are loaded (from numba's cache: ~10-20 per query, 10-30 ms and ~1 MiB each) before
+    the run's "fixed" RSS is measured, so that what the process gains afterwards is the
+    run's data. Kernels that only a spill or a merge of runs needs load when that happens."""
+    try:
+        warm.update(batch.slice(0, WARM_ROWS))
+        for _ in warm.results():
+            pass
+    finally:
+        warm.close()
+
+
 class _ScanMemory(MemoryConsumer):
     """The scan's decoded batches (the one being folded and the ones Arrow reads ahead),
     accounted to the memory manager like the aggregator's tables; not spillable.
@@ -212,6 +235,16 @@ class _ScanMemory(MemoryConsumer):
             width = -(-batch.nbytes // batch.num_rows)  # the rows' bytes, not the whole
             # buffers a slice of a bigger decoded row group points into
             self._size(scan, max(width, 1), budget)
+
+    def observe(self, arrow_bytes: int, budget: int) -> None:
+        """Hold at least what Arrow's memory pool has allocated now, up to a quarter of the
+        budget: besides the batches, Parquet's reader keeps one to three pages (~1 MiB each
+        as most writers cut them) per column it decodes, whatever the batch size, and the
+        filter copies what it keeps. What the scan really holds is then accounted, and the
+        aggregator's share of the budget shrinks by it."""
+        want = min(arrow_bytes, budget // 4)
+        if want > self.used:
+            self.acquire_memory(want - self.used)
 
     def _size(self, scan: InputScan, width: int, budget: int) -> None:
         batches = scan.readahead + 1
