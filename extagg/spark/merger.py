@@ -58,12 +58,16 @@ _ATOMS = (int, float, complex, str, bytes, bool, type(None))
 
 
 def _unwrap(fn: Any) -> Any:
-    """The user's function inside PySpark's ``fail_on_stopiteration`` wrapper, else ``fn``."""
-    if getattr(fn, "__qualname__", "") == _WRAPPER:
+    """The user's function inside PySpark's ``fail_on_stopiteration`` wrappers (PySpark's
+    ``Aggregator`` wraps functions ``reduceByKey`` wrapped already), else ``fn``."""
+    for _ in range(4):
+        if getattr(fn, "__qualname__", "") != _WRAPPER:
+            break
         cells = getattr(fn, "__closure__", None) or ()
         inner = [c.cell_contents for c in cells if callable(c.cell_contents)]
-        if len(inner) == 1:
-            return inner[0]
+        if len(inner) != 1:
+            break
+        fn = inner[0]
     return fn
 
 
@@ -128,10 +132,10 @@ def recognise(agg: Any) -> Recognised:
     create, merge, merge_combiners = agg.createCombiner, agg.mergeValue, agg.mergeCombiners
     if _is_group_by_key(agg):
         return Recognised(create, merge, merge_combiners, None, True)
-    name = getattr(create, "__qualname__", "")
+    name = getattr(_unwrap(create), "__qualname__", "")
     typed = None
-    if name.endswith("reduceByKey.<locals>.<lambda>") and merge is merge_combiners:
-        inner = _unwrap(merge)
+    inner = _unwrap(merge)
+    if name.endswith("reduceByKey.<locals>.<lambda>") and inner is _unwrap(merge_combiners):
         op = _typed_op(inner)
         if op is not None:
             typed = op
@@ -139,7 +143,7 @@ def recognise(agg: Any) -> Recognised:
         create = Aggregator.reducing(inner).create_combiner  # the identity, as PySpark's
         return Recognised(create, _unwrap(merge), merge_combiners, typed, False)
     if name.endswith(("aggregateByKey.<locals>.<lambda>", "foldByKey.<locals>.<lambda>")):
-        free = _free(create)
+        free = _free(_unwrap(create))
         make_zero = free.get("createZero")
         seq = free.get("seqFunc", free.get("func"))
         zero = _free(make_zero).get("zeroValue", _free)

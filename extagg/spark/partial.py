@@ -134,6 +134,7 @@ class PartialCombiner(Spillable[Any]):
                     if typed is not None and len(typed) + len(chunk) > typed.grow_threshold:
                         estimate += typed.growth_bytes()
                     self.maybe_spill(estimate, "memory not granted: handed to the shuffle")
+                typed = self._typed  # a new table if the last one was handed on
                 out, self._out = self._out, None
                 if out is not None:
                     yield from out
