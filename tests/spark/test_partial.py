@@ -39,7 +39,7 @@ def pyspark_function(build, method: str = "mapPartitions") -> Any:
         groupByKey = R.RDD.groupByKey
         partitionBy = R.RDD.partitionBy
 
-        class ctx:  # noqa: N801
+        class ctx:
             serializer = _unbatched_serializer = CPickleSerializer()
 
         _jrdd_deserializer = ctx.serializer
@@ -83,7 +83,7 @@ CALLS = {
     "reduceByKey.max": lambda r: r.reduceByKey(max),
     "reduceByKey.lambda": lambda r: r.reduceByKey(lambda a, b: a + b),
     "aggregateByKey": lambda r: r.aggregateByKey((0, 0), add_pair, merge_pair),
-    "aggregateByKey.list": lambda r: r.aggregateByKey([], lambda c, v: c + [v], operator.add),
+    "aggregateByKey.list": lambda r: r.aggregateByKey([], lambda c, v: [*c, v], operator.add),
     "foldByKey": lambda r: r.foldByKey(0, operator.add),
     "groupByKey": lambda r: r.groupByKey(),
 }
@@ -108,9 +108,7 @@ def map_then_reduce(call: str, pairs: list[tuple[Any, int]], memory_mib: float) 
     merger = SparkMerger(agg, memory_mib)
     merger.mergeValues(iter(pairs))
     out: dict[Any, Any] = {}
-    emitted = 0
     for k, c in merger.items():
-        emitted += 1
         out[k] = agg.mergeCombiners(out[k], c) if k in out else c
     if call in ("groupByKey", "aggregateByKey.list"):
         out = {k: sorted(v) for k, v in out.items()}
