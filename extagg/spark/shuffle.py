@@ -15,6 +15,7 @@ expression that reproduces CPython's ``hash(int)`` (the key modulo the Mersenne 
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable, Iterator
 from itertools import islice
 from typing import Any
@@ -32,11 +33,12 @@ MAX_PENDING = 1 << 16
 
 
 def _portable_hash() -> Any:
-    try:
-        from pyspark.core.rdd import portable_hash
-    except ImportError:  # pragma: no cover - PySpark 3
-        from pyspark.rdd import portable_hash  # type: ignore[no-redef,attr-defined]
-    return portable_hash
+    for name in ("pyspark.core.rdd", "pyspark.rdd"):  # PySpark 4, 3
+        try:
+            return importlib.import_module(name).portable_hash
+        except (ImportError, AttributeError):
+            continue
+    raise ImportError("extagg.spark.shuffle needs PySpark: portable_hash was not found")
 
 
 def partition_numbers(keys: list[Any], partitions: int) -> list[int]:
