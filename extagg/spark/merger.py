@@ -261,13 +261,7 @@ class SparkMerger:
         )
         self.metrics = combiner.metrics
         source = records[0] if len(records) == 1 else (kv for part in records for kv in part)
-        yield from combiner.combine(source)
-        if combiner.flushes:
-            log.info(
-                "extagg map-side combine: %d combiners handed on, %d times early",
-                combiner.emitted,
-                combiner.flushes,
-            )
+        return combiner.combine(source)
 
     def _drain(self, emap: ExternalAppendOnlyMap) -> Iterator[tuple[Any, Any]]:
         try:

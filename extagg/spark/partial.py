@@ -91,7 +91,7 @@ class PartialCombiner(Spillable[Any]):
         self.values = 0
         self.entry_bytes = 96.0  # running estimate of a key + combiner + entry
         self.value_bytes = 36.0  # groupByKey: running estimate of one value + its list slot
-        self._out: Iterable[tuple[Any, Any]] | None = None
+        self._out: list[Iterable[tuple[Any, Any]]] | None = None
         #: combiners handed on (keys may repeat across generations), and how many times the
         #: budget made the combiner hand them on early
         self.emitted = 0
@@ -137,7 +137,8 @@ class PartialCombiner(Spillable[Any]):
                 typed = self._typed  # a new table if the last one was handed on
                 out, self._out = self._out, None
                 if out is not None:
-                    yield from out
+                    for part in out:
+                        yield from part
                     del out
                 if typed is not None:
                     keys = [k for k, _ in chunk]
@@ -152,6 +153,13 @@ class PartialCombiner(Spillable[Any]):
             yield from self._drain()
         finally:
             self.close()
+            if self.flushes:
+                log.info(
+                    "%s: %d combiners handed on, %d times before the end of the input",
+                    self.name,
+                    self.emitted,
+                    self.flushes,
+                )
 
     def _fold(self, chunk: list[tuple[Any, Any]]) -> None:
         groups, create, merge = self.groups, self.create, self.merge
@@ -208,18 +216,13 @@ class PartialCombiner(Spillable[Any]):
             parts.append(self.groups.items())
             self.emitted += len(self.groups)
             self.groups, self.values = {}, 0
-        self._out = _chain(parts)
+        self._out = parts
 
     def force_spill(self, trigger: Consumer) -> int:
         return 0  # combiners can only be handed on between chunks, by the task's own thread
 
     def release_collection(self) -> None:
         self.groups, self.values, self._typed, self._out = {}, 0, None, None
-
-
-def _chain(parts: list[Iterable[tuple[Any, Any]]]) -> Iterator[tuple[Any, Any]]:
-    for part in parts:
-        yield from part
 
 
 def stop_iteration_error(exc: StopIteration) -> Exception:
