@@ -19,6 +19,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+# eager (light: PySpark's own modules only), and so that the submodule ``install`` never
+# shadows the function of that name when it is imported on its own
+from extagg.spark.install import install, installed, is_installed, uninstall
+
 if TYPE_CHECKING:
     from extagg.spark.combine import (
         combine_by_key,
@@ -32,7 +36,6 @@ if TYPE_CHECKING:
         final_aggregate,
         partial_aggregate,
     )
-    from extagg.spark.install import install, installed, is_installed, uninstall
     from extagg.spark.settings import executor_slots, worker_budget, worker_memory
     from extagg.spark.streaming import StatefulAggregate, finish_states, stateful_aggregate
 
@@ -46,7 +49,6 @@ _LAZY = {
         ("AggregationPlan", "aggregate", "final_aggregate", "partial_aggregate"),
         "extagg.spark.dataframe",
     ),
-    **dict.fromkeys(("install", "installed", "is_installed", "uninstall"), "extagg.spark.install"),
     **dict.fromkeys(("executor_slots", "worker_budget", "worker_memory"), "extagg.spark.settings"),
     **dict.fromkeys(
         ("StatefulAggregate", "finish_states", "stateful_aggregate"), "extagg.spark.streaming"

@@ -241,3 +241,21 @@ def test_bucket_writer_gives_pyspark_partition_contents_in_order(memory):
     stock = pyspark_function(lambda r: r.partitionBy(5), "mapPartitionsWithIndex")
     ours = write_buckets(iter(records), 5, CPickleSerializer(), memory)
     assert decode(list(ours)) == decode(list(stock(0, iter(records))))
+
+
+def test_worker_imports_stay_light():
+    """``extagg.spark.install`` stays the function whatever was imported first, and the
+    shuffle merger does not import the DataFrame path (pyarrow)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, extagg.spark as es, extagg.spark.install\n"
+        "es.uninstall(); es.install(); es.uninstall()\n"
+        "import extagg.spark.merger, extagg.spark.shuffle\n"
+        "assert 'pyarrow' not in sys.modules, 'pyarrow imported'\n"
+        "assert 'extagg.spark.dataframe' not in sys.modules\n"
+        "assert callable(es.aggregate) and 'extagg.spark.dataframe' in sys.modules\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
