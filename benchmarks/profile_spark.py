@@ -215,11 +215,14 @@ def main() -> None:
                 agg[label][0] += wall
                 agg[label][1] += cpu
             total = sum(w for k, (w, _) in agg.items() if not k.startswith("("))
+            cpu = sum(c for k, (_, c) in agg.items() if not k.startswith("("))
             parts = ", ".join(
                 f"{k} {w:.2f}" if not k.startswith("(") else f"{k} {int(w)}"
                 for k, (w, _) in agg.items()
             )
-            print(f"{call:15s} {engine:7s} total {total:6.2f} s | {parts}", flush=True)
+            print(
+                f"{call:15s} {engine:7s} wall {total:6.2f} s cpu {cpu:6.2f} s | {parts}", flush=True
+            )
 
 
 if __name__ == "__main__":

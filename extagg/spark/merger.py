@@ -31,7 +31,7 @@ from extagg.generic.external_map import ExternalAppendOnlyMap
 from extagg.memory import ENGINE_MIN_BUDGET
 from extagg.metrics import SpillMetrics
 from extagg.spark.groupby import SpillingGroupBy
-from extagg.spark.partial import PartialCombiner, stop_iteration_error
+from extagg.spark.partial import PartialCombiner, fewer_collections, stop_iteration_error
 
 __all__ = ["Recognised", "SparkGroupBy", "SparkMerger", "recognise", "report_spill"]
 
@@ -226,7 +226,8 @@ class SparkMerger:
             )
             self.metrics = self._map.metrics
         try:
-            self._map.insert_all(iterator)
+            with fewer_collections():  # PySpark unpickles the records as we read them
+                self._map.insert_all(iterator)
         except StopIteration as exc:  # PySpark's wrapper was taken off a typed reduce function
             raise stop_iteration_error(exc) from exc
 
@@ -265,7 +266,8 @@ class SparkMerger:
 
     def _drain(self, emap: ExternalAppendOnlyMap) -> Iterator[tuple[Any, Any]]:
         try:
-            yield from emap.iterator()
+            with fewer_collections():
+                yield from emap.iterator()
         finally:
             emap.close()
             report_spill(emap.metrics)
@@ -289,7 +291,8 @@ class SparkGroupBy(SparkMerger):
                 memory=self.budget, spill_dirs=self.localdirs, name="pyspark-groupby"
             )
             self.metrics = self._group.metrics
-        self._group.merge_pieces(iterator)
+        with fewer_collections():  # PySpark unpickles the pieces as we read them
+            self._group.merge_pieces(iterator)
 
     def items(self) -> Iterator[tuple[Any, Any]]:
         """Every ``(key, values)`` once; ``values`` is a list or a ``SpilledValues``."""
@@ -300,7 +303,8 @@ class SparkGroupBy(SparkMerger):
 
     def _drain_group(self, group: SpillingGroupBy) -> Iterator[tuple[Any, Any]]:
         try:
-            yield from group
+            with fewer_collections():
+                yield from group
         finally:
             group.close()
             report_spill(group.metrics)

@@ -259,3 +259,29 @@ def test_worker_imports_stay_light():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_fewer_collections_restores_the_thresholds_when_the_last_block_ends():
+    import gc
+
+    from extagg.spark.partial import YOUNG_THRESHOLD, fewer_collections
+
+    before = gc.get_threshold()
+    first, second = fewer_collections(), fewer_collections()
+    first.__enter__()
+    assert gc.get_threshold()[0] == max(YOUNG_THRESHOLD, before[0])
+    assert gc.get_threshold()[1:] == before[1:]
+    second.__enter__()
+    first.__exit__(None, None, None)  # interleaved, as suspended generators end
+    assert gc.get_threshold()[0] == max(YOUNG_THRESHOLD, before[0])
+    second.__exit__(None, None, None)
+    assert gc.get_threshold() == before
+    # a merger's generators leave them as they were, read to the end or dropped half-way
+    agg = aggregator_of(CALLS["groupByKey"])
+    merger = SparkMerger(agg, 1)
+    merger.mergeValues(iter([(i % 50, i) for i in range(5000)]))
+    items = merger.items()
+    next(items)
+    assert gc.get_threshold()[0] == max(YOUNG_THRESHOLD, before[0])
+    items.close()
+    assert gc.get_threshold() == before
