@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import extagg.spark as es
 from extagg.generic.external_map import ExternalAppendOnlyMap
 from extagg.spark.merger import SparkMerger
+from extagg.spark.partial import PartialCombiner
 
 pytestmark = pytest.mark.spark
 
@@ -41,6 +42,8 @@ def merger_in_stack() -> float | None:
         candidate = frame.f_locals.get("self")
         if isinstance(candidate, SparkMerger):
             return candidate.budget / 2**20
+        if isinstance(candidate, PartialCombiner):  # the map side folds in its own frames
+            return candidate.budget.max_memory / 2**20
         if isinstance(candidate, ExternalAppendOnlyMap) and frame.f_back is not None:
             outer = frame.f_back.f_locals.get("self")
             if isinstance(outer, SparkMerger):
