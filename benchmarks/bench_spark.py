@@ -1,12 +1,17 @@
 """PySpark's own RDD aggregations with and without ``extagg.spark.install()``, on local[2].
 
-    .venv/bin/python benchmarks/bench_spark.py --records 2000000 --keys 500000 --worker-memory 32m
+    .venv/bin/python benchmarks/bench_spark.py            # the issue's measurement (~10-15 min)
+    .venv/bin/python benchmarks/bench_spark.py --quick    # a small run that checks the script
+    .venv/bin/python benchmarks/bench_spark.py --records 3000000 --keys 1000000 --keys-type int
 
 For each of ``reduceByKey``, ``aggregateByKey`` (tuple combiner) and
-``groupByKey().mapValues(len)``: wall time, the Python workers' peak RSS (sampled every 50 ms
-from the JVM's process tree) and the spill bytes Spark's task metrics carry, stock and with
-extagg installed, at a worker memory that makes the stock merger spill. Then
-``extagg.spark.aggregate`` against ``df.groupBy().agg()``. Every pair of answers is checked equal.
+``groupByKey().mapValues(len)``, on a workload of int keys and one of string keys (apart, so
+that the stock merger can sort its keys when it spills): wall time, the Python workers' peak RSS (sampled every 50 ms from the JVM's process tree) against their fixed
+RSS (a worker that ran a trivial job importing what the engine imports) and the spill bytes
+Spark's task metrics carry, stock and with extagg installed, at a worker memory that makes the
+stock merger spill. A call that fails is recorded with its error and the run goes on. Then
+``extagg.spark.aggregate`` against ``df.groupBy().agg()``. Every pair of answers is checked
+equal; ``--out`` appends the rows as JSON lines.
 """
 
 from __future__ import annotations
@@ -74,46 +79,174 @@ CALLS = {
 }
 
 
-def run(sc: Any, name: str, rdd: Any, installed: bool) -> tuple[dict[str, Any], int]:
+def _worker_rss(_: Any) -> int:
+    """In a worker: its RSS after importing what a job with extagg installed imports."""
+    import psutil as ps
+
+    if os.environ.get("EXTAGG_BENCH_IMPORT"):
+        import extagg.spark.merger  # noqa: F401
+    return int(ps.Process().memory_info().rss)
+
+
+def fixed_rss(sc: Any, installed: bool) -> int:
+    """A fresh worker's RSS (the fixed overhead the budget comes on top of)."""
     import extagg.spark as es
 
-    group = f"{name}-{'extagg' if installed else 'stock'}"
-    sc.setJobGroup(group, group)
     if installed:
         es.install()
     try:
-        with RssSampler() as rss:
+        # a new worker: the import flag travels in the closure, not in the worker's env
+        flag = "1" if installed else ""
+
+        def probe(it: Any) -> Any:
+            os.environ["EXTAGG_BENCH_IMPORT"] = flag
+            yield max(_worker_rss(x) for x in it)
+
+        return int(sc.parallelize(range(2), 2).mapPartitions(probe).max())
+    finally:
+        es.uninstall()
+
+
+def run(sc: Any, call: str, kind: str, rdd: Any, installed: bool) -> tuple[dict[str, Any], Any]:
+    """One timed call; a failure is recorded in the row (``error``), not raised."""
+    import extagg.spark as es
+
+    engine = "extagg" if installed else "stock"
+    group = f"{call}-{kind}-{engine}-{time.monotonic_ns()}"
+    sc.setJobGroup(group, group)
+    row: dict[str, Any] = {"call": call, "keys": kind, "engine": engine}
+    out: Any = None
+    if installed:
+        es.install()
+    rss = RssSampler()
+    try:
+        with rss:
             start = time.perf_counter()
-            out = CALLS[name](rdd).map(lambda kv: hash((kv[0], kv[1])) & 0xFFFFFFFF).sum()
+            try:
+                out = CALLS[call](rdd).map(lambda kv: hash((kv[0], kv[1])) & 0xFFFFFFFF).sum()
+            except Exception as exc:  # recorded, and the next call runs
+                row["error"] = f"{type(exc).__name__}: {_short(exc)}"
             wall = time.perf_counter() - start
     finally:
         es.uninstall()
     memory, disk = spill_bytes(sc, group)
-    row = {
-        "call": name,
-        "engine": "extagg" if installed else "stock",
-        "wall_s": round(wall, 2),
-        "worker_peak_rss_mib": round(rss.peak / 2**20, 1),
-        "memory_spilled_mib": round(memory / 2**20, 1),
-        "disk_spilled_mib": round(disk / 2**20, 1),
-    }
+    row.update(
+        wall_s=round(wall, 2),
+        worker_peak_rss_mib=round(rss.peak / 2**20, 1),
+        memory_spilled_mib=round(memory / 2**20, 1),
+        disk_spilled_mib=round(disk / 2**20, 1),
+    )
     return row, out
+
+
+def _short(exc: BaseException) -> str:
+    """The telling line of a (Py4J-wrapped) worker error."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "Error" in line or "error" in line:
+            return line[:300]
+    return (lines[-1] if lines else repr(exc))[:300]
+
+
+def make_rdd(sc: Any, kind: str, n: int, keys: int, partitions: int) -> Any:
+    """``n`` records over ``keys`` keys (int, or the string ``k<int>``), values 0..999."""
+    if kind == "int":
+        return sc.range(0, n, numSlices=partitions).map(lambda i: ((i * 40503) % keys, i % 1000))
+    return sc.range(0, n, numSlices=partitions).map(
+        lambda i: (f"k{(i * 2654435761) % keys}", i % 1000)
+    )
+
+
+def print_table(rows: list[dict[str, Any]], fixed: dict[str, int], budget_mib: float) -> None:
+    print("\n| call | keys | stock s | extagg s | speed-up | peak RSS stock / extagg MiB "
+          "| disk spilled stock / extagg MiB |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|")
+    pairs: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    for row in rows:
+        pairs.setdefault((row["call"], row["keys"]), {})[row["engine"]] = row
+    for (call, kind), by in pairs.items():
+        s, e = by.get("stock", {}), by.get("extagg", {})
+
+        def cell(r: dict[str, Any], key: str) -> str:
+            return "error" if "error" in r else str(r.get(key, "-"))
+
+        ratio = (
+            f"{s['wall_s'] / e['wall_s']:.2f}x"
+            if "error" not in s and "error" not in e and s and e
+            else "-"
+        )
+        print(
+            f"| {call} | {kind} | {cell(s, 'wall_s')} | {cell(e, 'wall_s')} | {ratio} | "
+            f"{s.get('worker_peak_rss_mib', '-')} / {e.get('worker_peak_rss_mib', '-')} | "
+            f"{s.get('disk_spilled_mib', '-')} / {e.get('disk_spilled_mib', '-')} |"
+        )
+    for row in rows:
+        if "error" in row:
+            print(f"- {row['call']} {row['keys']} {row['engine']}: {row['error']}")
+    print(
+        "\nworker fixed RSS: "
+        + ", ".join(f"{e} {b / 2**20:.0f} MiB" for e, b in fixed.items())
+        + f"; worker budget {budget_mib:.0f} MiB → RSS target ≤ 1.25 × budget + fixed = "
+        + ", ".join(f"{e} {1.25 * budget_mib + b / 2**20:.0f} MiB" for e, b in fixed.items())
+    )
+
+
+def dataframe_part(spark: Any, n: int, keys: int, partitions: int) -> list[dict[str, Any]]:
+    from pyspark.sql import functions as F
+
+    import extagg.spark as es
+
+    df = spark.range(0, n, numPartitions=partitions).select(
+        (F.col("id") * 40503 % keys).alias("k"),
+        (F.col("id") % 1000).alias("v"),
+        (F.col("id") % 97 / 7.0).alias("x"),
+    )
+    df = df.cache()
+    df.count()
+    aggs = {"n": ("*", "count"), "s": ("v", "sum"), "m": ("x", "mean"), "mx": ("v", "max")}
+    exprs = [F.count(F.lit(1)).alias("n"), F.sum("v").alias("s"), F.avg("x").alias("m"),
+             F.max("v").alias("mx")]  # fmt: skip
+    results, rows = {}, []
+    for label, make in (
+        ("df.groupBy().agg()", lambda: df.groupBy("k").agg(*exprs)),
+        ("extagg.spark.aggregate", lambda: es.aggregate(df, ["k"], aggs)),
+    ):
+        row: dict[str, Any] = {"call": label}
+        with RssSampler() as rss:
+            start = time.perf_counter()
+            try:
+                results[label] = make().select(F.sum(F.hash("k", "n", "s", "mx"))).first()[0]
+            except Exception as exc:
+                row["error"] = f"{type(exc).__name__}: {_short(exc)}"
+            row["wall_s"] = round(time.perf_counter() - start, 2)
+        row["worker_peak_rss_mib"] = round(rss.peak / 2**20, 1)
+        rows.append(row)
+        print(row, flush=True)
+    if len(results) == 2 and len(set(results.values())) != 1:
+        print(f"DataFrame answers differ: {results}")
+    df.unpersist()
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=2_000_000)
-    parser.add_argument("--keys", type=int, default=500_000)
+    parser.add_argument("--records", type=int, default=10_000_000)
+    parser.add_argument("--keys", type=int, default=2_000_000, help="distinct keys (groups)")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--worker-memory", default="32m")
+    parser.add_argument("--keys-type", nargs="*", default=["int", "str"], choices=["int", "str"])
     parser.add_argument("--skip-dataframe", action="store_true")
     parser.add_argument("--calls", nargs="*", default=list(CALLS), choices=list(CALLS))
+    parser.add_argument("--engines", nargs="*", default=["stock", "extagg"])
+    parser.add_argument("--quick", action="store_true", help="200k records, 50k keys, 8m")
+    parser.add_argument("--out", help="append the rows to this file as JSON lines")
     args = parser.parse_args()
+    if args.quick:
+        args.records, args.keys, args.worker_memory = 200_000, 50_000, "8m"
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
-    from pyspark.sql import functions as F
 
-    import extagg.spark as es
+    from extagg._config import parse_size
 
     spark = (
         SparkSession.builder.master("local[2]")
@@ -126,53 +259,48 @@ def main() -> None:
         .getOrCreate()
     )
     sc = spark.sparkContext
-    sc.setLogLevel("ERROR")
+    sc.setLogLevel("OFF")
     n, keys = args.records, args.keys
-    rdd = sc.range(0, n, numSlices=args.partitions).map(
-        lambda i: (f"k{(i * 2654435761) % keys}" if i % 2 else (i * 40503) % keys, i % 1000)
-    )
+    budget_mib = parse_size(args.worker_memory) / 2**20
+    started = time.perf_counter()
     print(
-        f"# {n:,} records, {keys:,}-ish keys (int and str), {args.partitions} partitions, "
-        f"local[2], spark.python.worker.memory={args.worker_memory}, load {os.getloadavg()[0]:.1f}"
+        f"# {n:,} records, {keys:,} keys ({' and '.join(args.keys_type)}, apart), "
+        f"{args.partitions} partitions, local[2], spark.python.worker.memory={args.worker_memory}, "
+        f"load {os.getloadavg()[0]:.1f} at start",
+        flush=True,
     )
-    for name in args.calls:
-        answers = []
-        for installed in (False, True):
-            row, answer = run(sc, name, rdd, installed)
-            answers.append(answer)
-            print(row, flush=True)
-        assert answers[0] == answers[1], f"{name}: stock and extagg answers differ"
-    if args.skip_dataframe:
-        return
-    df = spark.range(0, n, numPartitions=args.partitions).select(
-        (F.col("id") * 40503 % keys).alias("k"),
-        (F.col("id") % 1000).alias("v"),
-        (F.col("id") % 97 / 7.0).alias("x"),
-    )
-    df = df.cache()
-    df.count()
-    aggs = {"n": ("*", "count"), "s": ("v", "sum"), "m": ("x", "mean"), "mx": ("v", "max")}
-    exprs = [F.count(F.lit(1)).alias("n"), F.sum("v").alias("s"), F.avg("x").alias("m"),
-             F.max("v").alias("mx")]  # fmt: skip
-    results = {}
-    for label, make in (
-        ("df.groupBy().agg()", lambda: df.groupBy("k").agg(*exprs)),
-        ("extagg.spark.aggregate", lambda: es.aggregate(df, ["k"], aggs)),
-    ):
-        with RssSampler() as rss:
-            start = time.perf_counter()
-            out = make().select(F.sum(F.hash("k", "n", "s", "mx"))).first()[0]
-            wall = time.perf_counter() - start
-        results[label] = out
-        print(
-            {
-                "call": label,
-                "wall_s": round(wall, 2),
-                "worker_peak_rss_mib": round(rss.peak / 2**20, 1),
-            },
-            flush=True,
-        )
-    assert len(set(results.values())) == 1, results
+    # every stock call first: Python workers are reused, and one that imported extagg keeps
+    # its modules (its RSS would count against the stock merger)
+    fixed: dict[str, int] = {}
+    rows: list[dict[str, Any]] = []
+    answers: dict[tuple[str, str], dict[str, Any]] = {}
+    for engine in args.engines:
+        fixed[engine] = fixed_rss(sc, engine == "extagg")
+        for kind in args.keys_type:
+            rdd = make_rdd(sc, kind, n, keys, args.partitions)
+            for call in args.calls:
+                row, answer = run(sc, call, kind, rdd, engine == "extagg")
+                rows.append(row)
+                if "error" not in row:
+                    answers.setdefault((call, kind), {})[engine] = answer
+                print(row, flush=True)
+    for (call, kind), by in answers.items():
+        if len(set(by.values())) > 1:
+            print(f"!! {call} {kind}: stock and extagg answers differ: {by}", flush=True)
+            for row in rows:
+                if row["call"] == call and row["keys"] == kind:
+                    row["error"] = "answers differ"
+    print_table(rows, fixed, budget_mib)
+    if not args.skip_dataframe:
+        rows += dataframe_part(spark, n, keys, args.partitions)
+    print(f"\n# done in {time.perf_counter() - started:.0f} s, load {os.getloadavg()[0]:.1f}")
+    if args.out:
+        import json
+
+        with open(args.out, "a") as f:
+            for row in rows:
+                f.write(json.dumps({**row, "records": n, "groups": keys,
+                                    "worker_memory": args.worker_memory}) + "\n")  # fmt: skip
     spark.stop()
 
 

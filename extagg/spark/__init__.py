@@ -9,23 +9,51 @@
 - :func:`stateful_aggregate` / :class:`StatefulAggregate`: Structured Streaming running
   aggregates merged into :mod:`extagg.state` once per micro-batch (``foreachBatch``).
 - :func:`combine_by_key` and the partition functions: the same, called explicitly.
+
+Names are imported on first use (module ``__getattr__``): a Python worker that only needs the
+shuffle merger (:mod:`extagg.spark.merger`) does not import the DataFrame path's pyarrow.
 """
 
-from extagg.spark.combine import (
-    combine_by_key,
-    combine_partition,
-    merge_partition,
-    spark_partition_func,
-)
-from extagg.spark.dataframe import (
-    AggregationPlan,
-    aggregate,
-    final_aggregate,
-    partial_aggregate,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# eager (light: PySpark's own modules only), and so that the submodule ``install`` never
+# shadows the function of that name when it is imported on its own
 from extagg.spark.install import install, installed, is_installed, uninstall
-from extagg.spark.settings import executor_slots, worker_budget, worker_memory
-from extagg.spark.streaming import StatefulAggregate, finish_states, stateful_aggregate
+
+if TYPE_CHECKING:
+    from extagg.spark.combine import (
+        combine_by_key,
+        combine_partition,
+        merge_partition,
+        spark_partition_func,
+    )
+    from extagg.spark.dataframe import (
+        AggregationPlan,
+        aggregate,
+        final_aggregate,
+        partial_aggregate,
+    )
+    from extagg.spark.settings import executor_slots, worker_budget, worker_memory
+    from extagg.spark.streaming import StatefulAggregate, finish_states, stateful_aggregate
+
+#: public name -> the module that defines it (imported on first use)
+_LAZY = {
+    **dict.fromkeys(
+        ("combine_by_key", "combine_partition", "merge_partition", "spark_partition_func"),
+        "extagg.spark.combine",
+    ),
+    **dict.fromkeys(
+        ("AggregationPlan", "aggregate", "final_aggregate", "partial_aggregate"),
+        "extagg.spark.dataframe",
+    ),
+    **dict.fromkeys(("executor_slots", "worker_budget", "worker_memory"), "extagg.spark.settings"),
+    **dict.fromkeys(
+        ("StatefulAggregate", "finish_states", "stateful_aggregate"), "extagg.spark.streaming"
+    ),
+}
 
 __all__ = [
     "StatefulAggregate",
@@ -47,3 +75,16 @@ __all__ = [
     "worker_budget",
     "worker_memory",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'extagg.spark' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

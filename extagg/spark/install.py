@@ -13,6 +13,12 @@ While installed, ``RDD._memory_limit`` (the per-worker budget PySpark passes its
 ``partitionBy``) also honours ``spark.executor.pyspark.memory`` divided among the executor's
 Python workers (:func:`extagg.spark.settings.worker_budget`), and ``countByValue`` /
 ``countByKey`` count through ``reduceByKey`` instead of one unbounded dict per partition.
+
+``RDD.partitionBy`` with PySpark's default ``portable_hash`` (what every shuffle of these calls
+uses) writes its buckets with :func:`extagg.spark.shuffle.write_buckets`: the same partition
+numbers and bucket contents, computed a chunk at a time. The partitioner of the result is
+PySpark's own (``Partitioner(n, portable_hash)``), so partitioner equality is unchanged. Any
+other ``partitionFunc`` goes to PySpark's own ``partitionBy``.
 """
 
 from __future__ import annotations
@@ -70,6 +76,33 @@ def _count_by_value(self: Any) -> dict[Any, int]:
     return counts
 
 
+def _partition_by(self: Any, numPartitions: int | None, partitionFunc: Any = None) -> Any:
+    """``RDD.partitionBy`` while installed: PySpark's, with extagg writing the buckets when
+    ``partitionFunc`` is ``portable_hash`` (see the module docstring)."""
+    module = _saved["module"]
+    portable_hash = module.portable_hash
+    if partitionFunc is None:
+        partitionFunc = portable_hash
+    if partitionFunc is not portable_hash:
+        return _saved["partitionBy"](self, numPartitions, partitionFunc)
+    num = self._defaultReducePartitions() if numPartitions is None else numPartitions
+    partitioner = module.Partitioner(num, partitionFunc)
+    if self.partitioner == partitioner:
+        return self
+    serializer = self.ctx._unbatched_serializer
+    writer = shim.bucket_writer(num, serializer, self._memory_limit() / 2)
+    keyed = self.mapPartitionsWithIndex(writer, preservesPartitioning=True)
+    keyed._bypass_serializer = True  # the writer yields the shuffle's bytes itself
+    jvm = self.ctx._jvm
+    with module.SCCallSiteSync(self.context):
+        pairs = jvm.PairwiseRDD(keyed._jrdd.rdd()).asJavaPairRDD()
+        jpartitioner = jvm.PythonPartitioner(num, id(partitionFunc))
+    jrdd = jvm.PythonRDD.valueOfPair(pairs.partitionBy(jpartitioner))
+    rdd = module.RDD(jrdd, self.ctx, module.BatchedSerializer(serializer))
+    rdd.partitioner = partitioner
+    return rdd
+
+
 def is_installed() -> bool:
     """Whether :func:`install` is in effect."""
     return bool(_saved)
@@ -94,11 +127,13 @@ def install() -> None:
             ExternalGroupBy=module.ExternalGroupBy,
             _memory_limit=rdd.__dict__["_memory_limit"],
             countByValue=rdd.__dict__["countByValue"],
+            partitionBy=rdd.__dict__["partitionBy"],
         )
         module.ExternalMerger = shim.ExternalMerger
         module.ExternalGroupBy = shim.ExternalGroupBy
         rdd._memory_limit = _memory_limit
         rdd.countByValue = _count_by_value
+        rdd.partitionBy = _partition_by
     log.info("extagg.spark installed: RDD shuffles aggregate with extagg")
 
 
@@ -112,6 +147,7 @@ def uninstall() -> None:
         module.ExternalGroupBy = _saved["ExternalGroupBy"]
         module.RDD._memory_limit = _saved["_memory_limit"]
         module.RDD.countByValue = _saved["countByValue"]
+        module.RDD.partitionBy = _saved["partitionBy"]
         try:
             _cloudpickle().unregister_pickle_by_value(shim)
         except ValueError:  # pragma: no cover - unregistered elsewhere

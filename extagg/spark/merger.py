@@ -2,9 +2,18 @@
 
 :class:`SparkMerger` takes the constructor arguments PySpark's RDD code passes
 (``aggregator, memory_limit, serializer``; the others are accepted for compatibility) and has
-the methods it calls (``mergeValues``, ``mergeCombiners``, ``items``), backed by an
-:class:`~extagg.ExternalAppendOnlyMap` with a budget of ``memory_limit`` MiB — its own
-accounted memory, not the process RSS PySpark's merger polls. Spills go under
+the methods it calls (``mergeValues``, ``mergeCombiners``, ``items``), with a budget of
+``memory_limit`` MiB — its own accounted memory, not the process RSS PySpark's merger polls.
+``mergeValues`` is the map side of a shuffle (PySpark calls it nowhere else): a
+:class:`~extagg.spark.partial.PartialCombiner` that hands its combiners to the shuffle when the
+budget is full instead of spilling them (the reduce side merges them by key anyway).
+``mergeCombiners`` is the reduce side: an :class:`~extagg.ExternalAppendOnlyMap`.
+
+PySpark wraps the user's functions in ``fail_on_stopiteration`` and builds the combiner of
+``reduceByKey`` / ``aggregateByKey`` as closures; :func:`recognise` sees through them, so that
+``reduceByKey(operator.add | min | max)`` folds in compiled code on both sides, and an
+``aggregateByKey`` whose zero value is immutable skips the ``copy.deepcopy`` of it per key
+(which returns the zero itself for immutable values). Spills go under
 ``SPARK_LOCAL_DIRS`` (see :func:`extagg._config.default_spill_dirs`) and are reported into
 ``pyspark.shuffle.MemoryBytesSpilled`` / ``DiskBytesSpilled``, the counters PySpark's worker
 sends back as the task's spill metrics.
@@ -14,16 +23,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from extagg._config import MiB
 from extagg.generic.aggregator import Aggregator
 from extagg.generic.external_map import ExternalAppendOnlyMap
 from extagg.memory import ENGINE_MIN_BUDGET
 from extagg.metrics import SpillMetrics
-from extagg.spark.groupby import SpilledValues, SpillingGroupBy
+from extagg.spark.groupby import SpillingGroupBy
+from extagg.spark.partial import PartialCombiner, fewer_collections, stop_iteration_error
 
-__all__ = ["SparkGroupBy", "SparkMerger", "report_spill"]
+__all__ = ["Recognised", "SparkGroupBy", "SparkMerger", "recognise", "report_spill"]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +52,42 @@ def report_spill(metrics: SpillMetrics) -> None:
     shuffle.DiskBytesSpilled += int(metrics.disk_bytes_spilled)
 
 
+_WRAPPER = "fail_on_stopiteration.<locals>.wrapper"
+#: immutable atoms: ``copy.deepcopy`` returns them (and tuples of them) unchanged
+_ATOMS = (int, float, complex, str, bytes, bool, type(None))
+
+
+def _unwrap(fn: Any) -> Any:
+    """The user's function inside PySpark's ``fail_on_stopiteration`` wrappers (PySpark's
+    ``Aggregator`` wraps functions ``reduceByKey`` wrapped already), else ``fn``."""
+    for _ in range(4):
+        if getattr(fn, "__qualname__", "") != _WRAPPER:
+            break
+        cells = getattr(fn, "__closure__", None) or ()
+        inner = [c.cell_contents for c in cells if callable(c.cell_contents)]
+        if len(inner) != 1:
+            break
+        fn = inner[0]
+    return fn
+
+
+def _free(fn: Any) -> dict[str, Any]:
+    """A closure's free variables by name (empty for anything else)."""
+    code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
+    if code is None or not cells:
+        return {}
+    try:
+        return {name: cell.cell_contents for name, cell in zip(code.co_freevars, cells)}
+    except ValueError:  # an empty cell
+        return {}
+
+
+def _immutable(value: Any) -> bool:
+    if type(value) in _ATOMS:
+        return True
+    return type(value) is tuple and all(_immutable(v) for v in value)
+
+
 def _is_group_by_key(agg: Any) -> bool:
     """Whether ``agg`` is the list aggregator PySpark's ``RDD.groupByKey`` builds."""
     fn = getattr(agg, "createCombiner", None)
@@ -57,22 +103,74 @@ def _is_group_by_key(agg: Any) -> bool:
     return False
 
 
-def _chunked(group: SpillingGroupBy) -> Iterator[tuple[Any, Any]]:
-    """``(key, list)`` pieces of a group-by; a spilled key as several pieces of one chunk."""
-    try:
-        for key, values in group:
-            if isinstance(values, SpilledValues):
-                for chunk in values.chunks():
-                    yield key, chunk
-            else:
-                yield key, values
-    finally:
-        group.close()
-        report_spill(group.metrics)
+class Recognised(NamedTuple):
+    """What :func:`recognise` made of a PySpark ``Aggregator``."""
+
+    #: ``createCombiner`` and ``mergeValue`` to fold with (equivalent to PySpark's)
+    create: Any
+    merge: Any
+    #: ``mergeCombiners`` with a typed reduce function unwrapped, else PySpark's
+    merge_combiners: Any
+    #: the typed-path operation of ``reduceByKey(add | min | max)``, else None
+    typed_op: int | None
+    #: ``groupByKey``'s list aggregator
+    group_by_key: bool
+
+
+def recognise(agg: Any) -> Recognised:
+    """See through the closures PySpark's RDD methods build around the user's functions.
+
+    ``reduceByKey(f)``: ``createCombiner`` is PySpark's identity lambda and ``mergeValue is
+    mergeCombiners``; when ``f`` (unwrapped) is ``operator.add``, ``min`` or ``max`` — builtins
+    that never raise ``StopIteration`` — the typed path may fold it. ``aggregateByKey(zero,
+    seq, comb)`` / ``foldByKey(zero, f)``: ``createCombiner`` is ``lambda v: seq(
+    deepcopy(zero), v)``; with an immutable ``zero`` that deep copy is ``zero`` itself, so the
+    combiner is built as ``seq(zero, v)``. Anything else is used as given.
+    """
+    from extagg.generic.aggregator import Aggregator
+
+    create, merge, merge_combiners = agg.createCombiner, agg.mergeValue, agg.mergeCombiners
+    if _is_group_by_key(agg):
+        return Recognised(create, merge, merge_combiners, None, True)
+    name = getattr(_unwrap(create), "__qualname__", "")
+    typed = None
+    inner = _unwrap(merge)
+    if name.endswith("reduceByKey.<locals>.<lambda>") and inner is _unwrap(merge_combiners):
+        op = _typed_op(inner)
+        if op is not None:
+            typed = op
+            merge = merge_combiners = inner
+        create = Aggregator.reducing(inner).create_combiner  # the identity, as PySpark's
+        return Recognised(create, _unwrap(merge), merge_combiners, typed, False)
+    if name.endswith(("aggregateByKey.<locals>.<lambda>", "foldByKey.<locals>.<lambda>")):
+        free = _free(_unwrap(create))
+        make_zero = free.get("createZero")
+        seq = free.get("seqFunc", free.get("func"))
+        zero = _free(make_zero).get("zeroValue", _free)
+        if callable(seq) and len(free) == 2 and zero is not _free and _immutable(zero):
+            seq = _unwrap(seq)
+
+            def create_from_zero(value: Any) -> Any:
+                return seq(zero, value)
+
+            return Recognised(create_from_zero, _unwrap(merge), merge_combiners, None, False)
+    return Recognised(_unwrap(create), _unwrap(merge), merge_combiners, None, False)
+
+
+def _typed_op(fn: Any) -> int | None:
+    import operator
+
+    if fn is not operator.add and fn is not min and fn is not max:
+        return None  # numba is imported for the typed path only
+    from extagg.generic.typed_map import typed_op
+
+    return typed_op(fn)
 
 
 class SparkMerger:
-    """An ``ExternalMerger``-compatible merger backed by :class:`~extagg.ExternalAppendOnlyMap`.
+    """An ``ExternalMerger``-compatible merger: the map side folds in a
+    :class:`~extagg.spark.partial.PartialCombiner`, the reduce side merges in an
+    :class:`~extagg.ExternalAppendOnlyMap`.
 
     ``memory_limit`` is in MiB, as PySpark passes it (``spark.python.worker.memory`` × 0.9 on
     the map side). ``localdirs`` overrides the spill directories. ``scale``, ``partitions`` and
@@ -95,46 +193,43 @@ class SparkMerger:
         self.localdirs = localdirs
         self.budget = max(int(float(memory_limit) * MiB), MIN_BUDGET)
         self._map: ExternalAppendOnlyMap | None = None
+        self._records: list[Iterable[tuple[Any, Any]]] = []
         self._group: SpillingGroupBy | None = None
         self._mode: str | None = None
         self.metrics = SpillMetrics()
 
-    def _open(self, mode: str) -> ExternalAppendOnlyMap:
-        if self._map is not None:
-            if mode != self._mode:
-                raise RuntimeError(
-                    f"this merger already took {self._mode}; mergeValues and mergeCombiners "
-                    "cannot be mixed on one merger"
-                )
-            return self._map
-        agg = self.agg
-        if mode == "values":
-            aggregator = Aggregator(agg.createCombiner, agg.mergeValue, agg.mergeCombiners)
-        else:
-            aggregator = Aggregator.reducing(agg.mergeCombiners)
+    def _take(self, mode: str) -> None:
+        if self._mode is not None and mode != self._mode:
+            raise RuntimeError(
+                f"this merger already took {self._mode}; mergeValues and mergeCombiners "
+                "cannot be mixed on one merger"
+            )
         self._mode = mode
-        self._map = ExternalAppendOnlyMap(
-            aggregator, memory=self.budget, spill_dirs=self.localdirs, name="pyspark-merger"
-        )
-        self.metrics = self._map.metrics
-        return self._map
 
     def mergeValues(self, iterator: Iterable[tuple[Any, Any]]) -> None:
-        """Fold ``(key, value)`` records into combiners."""
-        if _is_group_by_key(self.agg):
-            # groupByKey's map side: value lists that may outgrow memory, sent in chunks
-            if self._group is None:
-                self._group = SpillingGroupBy(
-                    memory=self.budget, spill_dirs=self.localdirs, name="pyspark-groupby-map"
-                )
-                self.metrics = self._group.metrics
-            self._group.merge_pieces(((k, [v]) for k, v in iterator))
-            return
-        self._open("values").insert_all(iterator)
+        """Take ``(key, value)`` records (the map side of a shuffle): they are folded lazily,
+        as :meth:`items` is read, into combiners a key of which may come out more than once
+        (each a valid combiner; the reduce side merges them)."""
+        self._take("values")
+        self._records.append(iterator)
 
     def mergeCombiners(self, iterator: Iterable[tuple[Any, Any]], limit: int | None = None) -> None:
         """Merge ``(key, combiner)`` records."""
-        self._open("combiners").insert_all(iterator)
+        self._take("combiners")
+        if self._map is None:
+            seen = recognise(self.agg)
+            self._map = ExternalAppendOnlyMap(
+                Aggregator.reducing(seen.merge_combiners),
+                memory=self.budget,
+                spill_dirs=self.localdirs,
+                name="pyspark-merger",
+            )
+            self.metrics = self._map.metrics
+        try:
+            with fewer_collections():  # PySpark unpickles the records as we read them
+                self._map.insert_all(iterator)
+        except StopIteration as exc:  # PySpark's wrapper was taken off a typed reduce function
+            raise stop_iteration_error(exc) from exc
 
     @property
     def spills(self) -> int:
@@ -142,18 +237,37 @@ class SparkMerger:
         return self.metrics.spill_count
 
     def items(self) -> Iterator[tuple[Any, Any]]:
-        """Every ``(key, combiner)`` once; releases memory and spill files when exhausted."""
-        group, self._group = self._group, None
-        if group is not None:
-            return _chunked(group)
+        """The ``(key, combiner)`` pairs; releases memory and spill files when exhausted.
+
+        On the reduce side every key once; on the map side (after :meth:`mergeValues`) the
+        partial combiners, folded as they are read."""
+        records, self._records = self._records, []
+        if records:
+            return self._combine(records)
         emap, self._map = self._map, None
         if emap is None:
             return iter(())
         return self._drain(emap)
 
+    def _combine(self, records: list[Iterable[tuple[Any, Any]]]) -> Iterator[tuple[Any, Any]]:
+        seen = recognise(self.agg)
+        combiner = PartialCombiner(
+            seen.create,
+            seen.merge,
+            typed_op=seen.typed_op,
+            lists=seen.group_by_key,
+            memory=self.budget,
+            spill_dirs=self.localdirs,
+            name="pyspark-map-combine",
+        )
+        self.metrics = combiner.metrics
+        source = records[0] if len(records) == 1 else (kv for part in records for kv in part)
+        return combiner.combine(source)
+
     def _drain(self, emap: ExternalAppendOnlyMap) -> Iterator[tuple[Any, Any]]:
         try:
-            yield from emap.iterator()
+            with fewer_collections():
+                yield from emap.iterator()
         finally:
             emap.close()
             report_spill(emap.metrics)
@@ -177,7 +291,8 @@ class SparkGroupBy(SparkMerger):
                 memory=self.budget, spill_dirs=self.localdirs, name="pyspark-groupby"
             )
             self.metrics = self._group.metrics
-        self._group.merge_pieces(iterator)
+        with fewer_collections():  # PySpark unpickles the pieces as we read them
+            self._group.merge_pieces(iterator)
 
     def items(self) -> Iterator[tuple[Any, Any]]:
         """Every ``(key, values)`` once; ``values`` is a list or a ``SpilledValues``."""
@@ -188,7 +303,8 @@ class SparkGroupBy(SparkMerger):
 
     def _drain_group(self, group: SpillingGroupBy) -> Iterator[tuple[Any, Any]]:
         try:
-            yield from group
+            with fewer_collections():
+                yield from group
         finally:
             group.close()
             report_spill(group.metrics)

@@ -9,9 +9,10 @@ extagg: everything here must work in a worker that does not have it.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-__all__ = ["ExternalGroupBy", "ExternalMerger", "MISSING_MESSAGE"]
+__all__ = ["ExternalGroupBy", "ExternalMerger", "MISSING_MESSAGE", "bucket_writer"]
 
 MISSING_MESSAGE = (
     "extagg.spark.install() made this job aggregate with extagg, but this Python worker cannot "
@@ -22,12 +23,23 @@ MISSING_MESSAGE = (
 )
 
 
-def _load(name: str) -> Any:
+def _load(name: str, module: str = "merger") -> Any:
     try:
-        from extagg.spark import merger
+        loaded = importlib.import_module(f"extagg.spark.{module}")
     except ImportError as exc:
         raise ModuleNotFoundError(MISSING_MESSAGE.format(cause=exc), name="extagg") from exc
-    return getattr(merger, name)
+    return getattr(loaded, name)
+
+
+def bucket_writer(partitions: int, serializer: Any, limit_mib: float) -> Any:
+    """``partitionBy``'s map-side function (PySpark's ``add_shuffle_key``) by extagg:
+    :func:`extagg.spark.shuffle.write_buckets`."""
+
+    def add_shuffle_key(split: int, iterator: Any) -> Any:
+        write = _load("write_buckets", "shuffle")
+        return write(iterator, partitions, serializer, limit_mib)
+
+    return add_shuffle_key
 
 
 class ExternalMerger:

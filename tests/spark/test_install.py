@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import extagg.spark as es
 from extagg.generic.external_map import ExternalAppendOnlyMap
 from extagg.spark.merger import SparkMerger
+from extagg.spark.partial import PartialCombiner
 
 pytestmark = pytest.mark.spark
 
@@ -41,6 +42,8 @@ def merger_in_stack() -> float | None:
         candidate = frame.f_locals.get("self")
         if isinstance(candidate, SparkMerger):
             return candidate.budget / 2**20
+        if isinstance(candidate, PartialCombiner):  # the map side folds in its own frames
+            return candidate.budget.max_memory / 2**20
         if isinstance(candidate, ExternalAppendOnlyMap) and frame.f_back is not None:
             outer = frame.f_back.f_locals.get("self")
             if isinstance(outer, SparkMerger):
@@ -313,3 +316,50 @@ def test_group_by_key_of_one_key_bigger_than_the_budget(spark_context):
     assert n == 270_000 and total == sum(i for i in range(300_000) if i % 10)
     assert kind == "SpilledValues" and on_disk > n // 2  # streamed back from disk
     assert out[0][0] == 1 and out[10][3] == 10
+
+
+def test_partition_by_gives_stock_partitions_and_partitioner(spark_context):
+    """While installed, ``partitionBy`` (extagg writes the buckets) puts the same records in
+    the same order in every partition, and the partitioners compare equal to PySpark's."""
+    data = [*mixed_pairs(20000, 3000), (2**70, 1), (-1, 2), (-(2**63), 3), (2**63 - 1, 4)]
+    rdd = spark_context.parallelize(data, 3)
+    stock = rdd.partitionBy(4)
+    stock_parts = stock.glom().collect()
+    with es.installed():
+        ours = rdd.partitionBy(4)
+        ours_parts = ours.glom().collect()
+        assert ours.partitionBy(4) is ours  # already partitioned so: PySpark's own shortcut
+        reduced = ours.reduceByKey(operator.add, 4)
+        assert reduced.partitioner == stock.partitioner
+        custom = rdd.partitionBy(4, lambda k: 0).glom().collect()  # PySpark's own path
+    assert ours.partitioner == stock.partitioner
+    assert ours_parts == stock_parts
+    assert [len(p) for p in custom] == [len(data), 0, 0, 0]
+
+
+@pytest.mark.parametrize("kind", ["int", "str"])
+def test_typed_keys_spilling_same_as_stock(spark_context, kind):
+    """reduceByKey(add) / (max) over int or str keys: the typed fold on both sides of the
+    shuffle (1m workers: the map side hands combiners on, the reduce side spills)."""
+    n, keys = 60_000, 20_000
+
+    def record(i):
+        k = (i * 7919) % keys
+        return (k if kind == "int" else f"k{k}", i % 1000)
+
+    rdd = spark_context.parallelize(range(n), 4).map(record)
+    stock = {
+        "add": dict(rdd.reduceByKey(operator.add, 3).collect()),
+        "max": dict(rdd.reduceByKey(max, 3).collect()),
+    }
+    with spark_setting(spark_context, "spark.python.worker.memory", "1m"), es.installed():
+        spark_context.setJobGroup(f"typed-{kind}", "typed keys")
+        ours = {
+            "add": dict(rdd.reduceByKey(operator.add, 3).collect()),
+            "max": dict(rdd.reduceByKey(max, 3).collect()),
+        }
+        spark_context.setJobGroup("other", "other")
+    assert ours == stock
+    assert len(ours["add"]) == keys
+    _, disk_spilled = spill_totals(spark_context, f"typed-{kind}")
+    assert disk_spilled > 0

@@ -1,0 +1,278 @@
+"""The map side of a PySpark shuffle: combine while memory lasts, then hand the combiners on.
+
+PySpark's ``combineByKey`` (and ``reduceByKey``, ``aggregateByKey``, ``foldByKey``,
+``groupByKey``) combines records by key in each map task before the shuffle, and merges the
+combiners again by key after it. The map-side combine only saves shuffle bytes: a key may leave
+a map task more than once, each time as a valid combiner, and the reduce side still gets one
+answer per key. So when the combiners outgrow the worker budget, :class:`PartialCombiner` does
+not spill them to disk and merge them back (what PySpark's ``ExternalMerger`` does, and what
+costs most of its time): it hands them to the shuffle and starts again empty, as Spark SQL's
+partial aggregation does. No spill file is written on the map side.
+
+Two folds:
+
+* ``reduceByKey(operator.add | min | max)`` over exact ``int`` or ``str`` keys and ``int`` or
+  ``float`` values folds chunks of records in compiled code
+  (:class:`extagg.generic.typed_map.TypedReduceMap`); a chunk that does not fit hands the typed
+  groups on and continues in the dict fold.
+* Every other aggregator: a dict, ``d[k] = merge(d[k], v) if k in d else create(v)``, with
+  PySpark's ``fail_on_stopiteration`` wrapper taken off the hot loop (a ``StopIteration`` from
+  the user's function still fails the task with PySpark's own error).
+
+Garbage collection: a shuffle allocates millions of small acyclic containers (record tuples,
+groupByKey's lists) — in PySpark's unpickling, in the fold, in the pickling — and CPython's
+collector, triggered every 700 allocations, walks the young ones again and again (measured:
+unpickling 750 k ``(key, [value])`` pieces 5.8 s with the default thresholds, 1.2 s with a
+first-generation threshold of 50 000). :func:`fewer_collections` raises that threshold while
+extagg's merger runs in the worker and restores it when the last merger is done; the older
+generations' thresholds, and so full collections, are left as they were.
+
+Memory: the combiners are accounted to the budget (:class:`~extagg.spillable.Spillable`'s
+threshold policy) from sampled sizes; when the grant falls short they are handed on. While they
+are being handed on nothing is folded, so the worker holds one generation of combiners at most.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from itertools import islice
+from typing import Any
+
+from extagg._config import format_size
+from extagg.collection.size_estimator import estimate_size
+from extagg.memory import Consumer
+from extagg.spillable import Spillable
+
+__all__ = ["YOUNG_THRESHOLD", "PartialCombiner", "fewer_collections", "stop_iteration_error"]
+
+log = logging.getLogger(__name__)
+
+#: records folded between memory checks (the dict fold, the typed fold)
+CHUNK = 1024
+TYPED_CHUNK = 8192
+#: a dict entry's own cost beyond its key and combiner: hash, two pointers, index, slack
+DICT_ENTRY = 64
+#: a list slot per value (groupByKey's combiners are lists)
+LIST_SLOT = 8
+#: allocations between collections of the youngest generation while a merger runs
+YOUNG_THRESHOLD = 50_000
+
+_gc_lock = threading.Lock()
+_gc_depth = 0
+_gc_saved: tuple[int, ...] | None = None
+
+
+@contextmanager
+def fewer_collections() -> Iterator[None]:
+    """Raise the youngest generation's collection threshold for the block (nested and
+    interleaved blocks, e.g. suspended generators, restore it when the last one ends)."""
+    global _gc_depth, _gc_saved
+    with _gc_lock:
+        if _gc_depth == 0:
+            _gc_saved = gc.get_threshold()
+            if _gc_saved[0] and _gc_saved[0] < YOUNG_THRESHOLD:  # 0: collection disabled
+                gc.set_threshold(YOUNG_THRESHOLD, *_gc_saved[1:])
+        _gc_depth += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_depth -= 1
+            if _gc_depth == 0 and _gc_saved is not None:
+                gc.set_threshold(*_gc_saved)
+                _gc_saved = None
+
+
+class PartialCombiner(Spillable[Any]):
+    """Combines ``(key, value)`` records per key within a budget; see the module docstring.
+
+    Parameters
+    ----------
+    create, merge
+        ``createCombiner(v)`` and ``mergeValue(c, v)``, as Spark calls them.
+    typed_op
+        The :mod:`extagg.generic.typed_map` operation when the aggregator is
+        ``reduceByKey(add | min | max)`` (the typed fold), else ``None``.
+    lists
+        The aggregator is ``groupByKey``'s: ``[v]`` and ``append`` (folded inline).
+    memory, spill_dirs, name
+        As for :class:`~extagg.spillable.Spillable`.
+    """
+
+    def __init__(
+        self,
+        create: Callable[[Any], Any],
+        merge: Callable[[Any, Any], Any],
+        *,
+        typed_op: int | None = None,
+        lists: bool = False,
+        memory: int | str | None = None,
+        spill_dirs: Iterable[str] | str | None = None,
+        name: str | None = None,
+    ) -> None:
+        super().__init__(memory, spill_dirs=spill_dirs, name=name)
+        total = self.budget.max_memory
+        self.initial_threshold = max(min(5 << 20, total // 16), min(64 << 10, total // 4))
+        self.create, self.merge = create, merge
+        self.lists = lists
+        self._typed: Any = None
+        if typed_op is not None:
+            from extagg.generic.typed_map import TypedReduceMap  # numba: only on this path
+
+            self._typed = TypedReduceMap(typed_op)
+        self.groups: dict[Any, Any] = {}
+        #: values folded into the dict since it was last handed on (list growth)
+        self.values = 0
+        self.entry_bytes = 96.0  # running estimate of a key + combiner + entry
+        self.value_bytes = 36.0  # groupByKey: running estimate of one value + its list slot
+        self._out: list[Iterable[tuple[Any, Any]]] | None = None
+        #: combiners handed on (keys may repeat across generations), and how many times the
+        #: budget made the combiner hand them on early
+        self.emitted = 0
+        self.flushes = 0
+
+    # ------------------------------------------------------------------ sizes
+    def estimated_bytes(self) -> int:
+        """Bytes of the combiners held (sampled sizes; the typed table's arrays exactly)."""
+        size = int(len(self.groups) * self.entry_bytes)
+        if self.lists:
+            size += int(self.values * self.value_bytes)
+        if self._typed is not None:
+            size += self._typed.estimate_size()
+        return size
+
+    def _sample(self, key: Any, value: Any) -> None:
+        combiner = self.groups.get(key)
+        if self.lists:
+            if value is not None:
+                self.value_bytes = 0.9 * self.value_bytes + 0.1 * (estimate_size(value) + LIST_SLOT)
+            size = estimate_size(key) + 56 + DICT_ENTRY  # the list's header
+        else:
+            size = estimate_size(key) + estimate_size(combiner) + DICT_ENTRY
+        self.entry_bytes = 0.9 * self.entry_bytes + 0.1 * size
+
+    # ------------------------------------------------------------------ folding
+    def combine(self, records: Iterable[tuple[Any, Any]]) -> Iterator[tuple[Any, Any]]:
+        """Fold ``records`` lazily; yields ``(key, combiner)`` pairs, a key possibly more
+        than once (the reduce side merges them)."""
+        self.check_open("combine after the combiner closed")
+        it = iter(records)
+        with fewer_collections():
+            yield from self._combine(it)
+
+    def _combine(self, it: Iterator[tuple[Any, Any]]) -> Iterator[tuple[Any, Any]]:
+        try:
+            while True:
+                typed = self._typed
+                chunk = list(islice(it, TYPED_CHUNK if typed is not None else CHUNK))
+                if not chunk:
+                    break
+                with self.lock:
+                    estimate = self.estimated_bytes()
+                    if typed is not None and len(typed) + len(chunk) > typed.grow_threshold:
+                        estimate += typed.growth_bytes()
+                    self.maybe_spill(estimate, "memory not granted: handed to the shuffle")
+                typed = self._typed  # a new table if the last one was handed on
+                out, self._out = self._out, None
+                if out is not None:
+                    for part in out:
+                        yield from part
+                    del out
+                if typed is not None:
+                    keys = [k for k, _ in chunk]
+                    values = [v for _, v in chunk]
+                    done = typed.fold_typed(keys, values)
+                    self.metrics.records_read += done
+                    if done == len(chunk):
+                        continue
+                    yield from self._leave_typed()  # the rest folds in the dict from now on
+                    chunk = chunk[done:]
+                self._fold(chunk)
+            yield from self._drain()
+        finally:
+            self.close()
+            if self.flushes:
+                log.info(
+                    "%s: %d combiners handed on, %d times before the end of the input",
+                    self.name,
+                    self.emitted,
+                    self.flushes,
+                )
+
+    def _fold(self, chunk: list[tuple[Any, Any]]) -> None:
+        groups, create, merge = self.groups, self.create, self.merge
+        try:
+            if self.lists:  # groupByKey's own [v] / append, inlined
+                for k, v in chunk:
+                    group = groups.get(k)
+                    if group is None:
+                        groups[k] = [v]
+                    else:
+                        group.append(v)
+            else:
+                for k, v in chunk:
+                    groups[k] = merge(groups[k], v) if k in groups else create(v)
+        except StopIteration as exc:  # what PySpark's fail_on_stopiteration makes of it
+            raise stop_iteration_error(exc) from exc
+        self.values += len(chunk)
+        self.metrics.records_read += len(chunk)
+        k, v = chunk[-1]
+        self._sample(k, v)
+
+    def _leave_typed(self) -> Iterator[tuple[Any, Any]]:
+        typed, self._typed = self._typed, None
+        keys, values = typed.destructive_arrays()
+        log.debug("%s: records left the typed fold; %d groups handed on", self.name, len(keys))
+        self.emitted += len(keys)
+        return zip(keys, values)
+
+    def _drain(self) -> Iterator[tuple[Any, Any]]:
+        if self._typed is not None:
+            yield from self._leave_typed()
+        groups, self.groups, self.values = self.groups, {}, 0
+        self.emitted += len(groups)
+        yield from groups.items()
+
+    # ------------------------------------------------------------------ Spillable hooks
+    def collection_is_empty(self) -> bool:
+        return not self.groups and not self._typed
+
+    def spill_collection(self, size: int, reason: str) -> None:
+        """Hand the combiners to the shuffle (yielded before the next chunk is folded)."""
+        self.flushes += 1
+        log.debug("%s: %s of combiners handed on (%s)", self.name, format_size(size), reason)
+        parts: list[Iterable[tuple[Any, Any]]] = []
+        if self._typed is not None and len(self._typed):
+            from extagg.generic.typed_map import TypedReduceMap
+
+            op = self._typed.op
+            keys, values = self._typed.destructive_arrays()
+            parts.append(zip(keys, values))
+            self._typed = TypedReduceMap(op)
+            self.emitted += len(keys)
+        if self.groups:
+            parts.append(self.groups.items())
+            self.emitted += len(self.groups)
+            self.groups, self.values = {}, 0
+        self._out = parts
+
+    def force_spill(self, trigger: Consumer) -> int:
+        return 0  # combiners can only be handed on between chunks, by the task's own thread
+
+    def release_collection(self) -> None:
+        self.groups, self.values, self._typed, self._out = {}, 0, None, None
+
+
+def stop_iteration_error(exc: StopIteration) -> Exception:
+    """The error PySpark's ``fail_on_stopiteration`` raises for ``exc``."""
+    try:
+        from pyspark.errors import PySparkRuntimeError
+    except ImportError:  # pragma: no cover - only used inside PySpark workers
+        return RuntimeError(f"StopIteration raised by a combine function: {exc}")
+    return PySparkRuntimeError(
+        errorClass="STOP_ITERATION_OCCURRED", messageParameters={"exc": str(exc)}
+    )
