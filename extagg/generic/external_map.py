@@ -494,9 +494,12 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
                 return chain.from_iterable(self._iterate_unsorted(unsorted))
             hashes, order, keys, values = current.destructive_sort_order()
             self._map = None
+            rows = PermutedObjectBlock(hashes, order, keys, values)
+            # the map's rows are read in batches of the runs' size, so that the merge's
+            # hand-overs (a few batches per open source) stay within the merge's grant
             memory_source = SpillableMemorySource(
-                PermutedObjectBlock(hashes, order, keys, values),
-                self.batch_size,
+                rows,
+                self._batch_rows(rows) if self.runs else self.batch_size,
                 lock=self.lock,
                 move_to_run=self._move_to_run,
                 release=self._release_rows,

@@ -183,7 +183,7 @@ def merge_sources(sources: Sequence[BlockSource[B]], combine: Combine[B]) -> Ite
     heapq.heapify(heap)
     pending: list[list[B]] = [[] for _ in sources]
     read_since_emit = 0
-    emit_rows = 1
+    blocks_read = rows_read = 0
     try:
         while heap:
             _, i = heapq.heappop(heap)
@@ -191,14 +191,17 @@ def merge_sources(sources: Sequence[BlockSource[B]], combine: Combine[B]) -> Ite
             if len(block):
                 pending[i].append(block)
                 read_since_emit += len(block)
-                emit_rows = max(emit_rows, len(block))
+                blocks_read += 1
+                rows_read += len(block)
             h = sources[i].next_min_hash()
             if h is not None:
                 heapq.heappush(heap, (h, i))
             # hand over once about half a batch per open source has been read: each hand-over
             # touches every source, so fewer, larger ones; the buffers stay about two batches
-            # per source
-            if heap and read_since_emit < emit_rows * max(1, len(heap) // 2):
+            # per source. A batch is the mean batch read so far, not the largest: one source
+            # with large batches must not make every hand-over hold many batches of the others
+            emit_rows = rows_read // max(1, blocks_read)
+            if heap and read_since_emit < max(1, emit_rows) * max(1, len(heap) // 2):
                 continue
             out = _take_complete(pending, heap[0][0] if heap else None, combine)
             read_since_emit = 0
