@@ -16,6 +16,7 @@ from __future__ import annotations
 import tracemalloc
 
 import numpy as np
+import pytest
 
 from extagg import Aggregator, ExternalAppendOnlyMap
 
@@ -32,6 +33,7 @@ def _records(n: int, distinct: int):
         )
 
 
+@pytest.mark.slow
 def test_merge_of_many_runs_stays_near_its_budget() -> None:
     n, distinct = 1_000_000, 60_000
     reference: dict[int, float] = {}
