@@ -302,8 +302,12 @@ def main() -> None:
     load_end = os.getloadavg()
     text = (
         f"Measured with {args.threads} thread(s) per engine; {runs} timed (+{warmup} warm-up) per case, fresh "
-        f"process each. Load average at start {load_start[0]:.1f}, at end {load_end[0]:.1f} "
-        "(2 cores, shared with other engineers' work: absolute times are noisy).\n\n"
+        f"process each. Load average at start {load_start[0]:.1f}, at end {load_end[0]:.1f}"
+        + (
+            " (2 cores, shared with other work: absolute times are noisy).\n\n"
+            if max(load_start[0], load_end[0]) > 1.5
+            else " (a quiet machine).\n\n"
+        )
         + markdown_table(headers, rows)
     )
     print(text)
