@@ -474,11 +474,16 @@ def test_ctrl_c_while_workers_run_finishes_the_chunk(monkeypatch: pytest.MonkeyP
     KeyboardInterrupt; the aggregator stays open and consistent."""
     original = HashAggregator.fold_encoded
     sent = {"done": False}
+    main_thread = threading.main_thread().ident
+    assert main_thread is not None
 
     def fold_encoded(self: HashAggregator, cols, enc, n):  # type: ignore[no-untyped-def]
         if not sent["done"]:
             sent["done"] = True
-            os.kill(os.getpid(), signal.SIGINT)
+            # to the main thread, as a terminal's Ctrl-C is: os.kill from a worker lets the
+            # kernel pick the sending thread, whose C-level handler the waiting main thread
+            # may not see in time (flaky in CI)
+            signal.pthread_kill(main_thread, signal.SIGINT)
         original(self, cols, enc, n)
 
     monkeypatch.setattr(HashAggregator, "fold_encoded", fold_encoded)
