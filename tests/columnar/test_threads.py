@@ -469,11 +469,6 @@ def test_spill_cap_in_workers_raises_spill_error(tmp_path: Path) -> None:
         agg.update(_spill_input(10))
 
 
-@pytest.mark.xfail(
-    reason="passes alone (10/10) but fails in the full suite (DID NOT RAISE): an earlier test "
-    "leaves the SIGINT handling changed; open, see the closing note of 2026-11-23",
-    strict=False,
-)
 def test_ctrl_c_while_workers_run_finishes_the_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
     """SIGINT to the main thread while workers fold: the chunk is folded whole, then
     KeyboardInterrupt; the aggregator stays open and consistent."""
@@ -493,12 +488,18 @@ def test_ctrl_c_while_workers_run_finishes_the_chunk(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(HashAggregator, "fold_encoded", fold_encoded)
     table = _spill_input(30_000, 1_000)
-    with HashAggregator("k", {"n": ("*", "count")}, threads=2, memory="64m") as agg:
-        with pytest.raises(KeyboardInterrupt):
-            agg.update(table)
-        assert not agg.closed
-        assert agg.metrics.records_read == table.num_rows  # one chunk: folded whole
-        got = pa.Table.from_batches(list(agg.results()))
+    # a process started in the background by a non-interactive shell (as CI runs) inherits
+    # SIGINT ignored, and Python then installs no KeyboardInterrupt handler: install it here
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with HashAggregator("k", {"n": ("*", "count")}, threads=2, memory="64m") as agg:
+            with pytest.raises(KeyboardInterrupt):
+                agg.update(table)
+            assert not agg.closed
+            assert agg.metrics.records_read == table.num_rows  # one chunk: folded whole
+            got = pa.Table.from_batches(list(agg.results()))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert sum(got["n"].to_pylist()) == table.num_rows
 
 
