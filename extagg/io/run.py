@@ -102,6 +102,8 @@ class FileQuery:
         if untyped:  # nested or null-typed columns: Python objects in the generic engine
             log.info("columns %s: aggregated by the generic engine", untyped)
             factory, options = ObjectAggregator, {}
+        else:
+            self.scan.dictionary_columns = _dictionary_keys(self.scan, self.by)
         agg = factory(self.by, self.aggs, memory_manager=tmm, spill_dirs=self.spill_dirs, **options)
         m.budget_bytes = tmm.memory_manager.max_memory
         self._agg = agg
@@ -258,6 +260,21 @@ class _ScanMemory(MemoryConsumer):
             self.free_memory(self.used - want)
 
 
+def _dictionary_keys(scan: InputScan, keys: Sequence[str]) -> list[str]:
+    """The string key columns a Parquet scan reads as dictionary arrays: the columnar engine
+    groups them by their codes (see :mod:`extagg.columnar.coded_keys`). Not those the filter
+    reads (it compares plain values)."""
+    if scan.format != "parquet":
+        return []
+    filtered = set(scan.filter_columns)
+    out = []
+    for name in keys:
+        t = scan.schema.field(name).type
+        if (pa.types.is_string(t) or pa.types.is_binary(t)) and name not in filtered:
+            out.append(name)
+    return out
+
+
 def _files_named(files: Sequence[str]) -> str:
     if len(files) == 1:
         return files[0]
@@ -335,6 +352,8 @@ def plan_query(
         sample_bytes=sample,
     )  # fmt: skip
     scan.batch_rows = batch_rows
+    if where_expr is not None:
+        scan.filter_mask = where_expr.mask
     if having_expr is not None:
         out_cols = [*keys, *aggs]
         for name in having_expr.columns:
