@@ -360,10 +360,32 @@ def update_all(
     if plan is not None:
         assert rows is not None
         ops, fcols, icols, fused = plan
-        kernels.fused_update(gids, fcols, icols, ops, rows.view(np.uint8), rows.dtype.itemsize)
+        few = _few_groups(gids, ops)
+        if few:
+            kernels.fused_update_few(
+                gids, few, fcols, icols, ops, rows.view(np.uint8), rows.dtype.itemsize
+            )
+        else:
+            kernels.fused_update(gids, fcols, icols, ops, rows.view(np.uint8), rows.dtype.itemsize)
     for k, spec in enumerate(specs):
         if k not in fused:
             update(spec, states[k], gids, columns[k], seq_base, kernels, arena)
+
+
+#: rows a chunk needs at least to be folded by ``fused_update_few`` (its partials are set up
+#: and added once per operation and group)
+FEW_GROUPS_MIN_ROWS = 1 << 10
+_FEW_CODES = (_kernels.FUSED_COUNT, _kernels.FUSED_SUM_INT, _kernels.FUSED_MIN_INT,
+              _kernels.FUSED_MAX_INT)  # fmt: skip
+
+
+def _few_groups(gids: np.ndarray, ops: np.ndarray) -> int:
+    """The bound of ``gids`` when ``fused_update_few`` can fold the chunk (integer operations
+    only, group ids below ``FEW_GROUPS``, rows enough); else 0."""
+    if len(gids) < FEW_GROUPS_MIN_ROWS or not np.isin(ops[:, 0], _FEW_CODES).all():
+        return 0
+    groups = int(gids.max()) + 1
+    return groups if groups <= _kernels.FEW_GROUPS else 0
 
 
 _NO_FLOATS = (np.zeros(0, dtype=np.float64),)
