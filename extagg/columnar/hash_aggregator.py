@@ -387,11 +387,11 @@ class HashAggregator(Spillable[ColumnBlock]):
 
     def _hold_coded_scratch(self, batch: Any) -> int:
         """Bytes held, beyond the chunk buffers, to fold ``batch`` by its keys' codes in one
-        piece (0: in chunks as usual). Its temporaries are a few words a row (a copy of each
-        column converted, the combination and group id of each row), far less than the
-        per-row key encoding the chunk buffers are sized for: an Arrow batch of up to
-        :data:`CODED_BATCH_ROWS` rows goes whole when the manager grants them, the per-chunk
-        overheads then paid once a batch even at small budgets."""
+        piece (0: in chunks as usual): an Arrow batch of up to :data:`CODED_BATCH_ROWS` rows
+        goes whole when the manager has the buffers free, the per-chunk overheads then paid
+        once a batch even at small budgets (chunks of 1 024 rows at 8 MiB). Held: what the
+        per-row path would need for the whole batch (its keys may have to be decoded) plus
+        the codes' few words a row (combination, widened codes, group id)."""
         st = self.table_state
         if (
             not isinstance(batch, pa.RecordBatch)
@@ -403,7 +403,9 @@ class HashAggregator(Spillable[ColumnBlock]):
             or coded_keys(batch, self.keys) is None
         ):
             return 0
-        need = batch.num_rows * (16 * len(self._needed) + CODED_ROW_BYTES)
+        # enough for the per-row path too: a batch whose keys fall back to being decoded
+        per_row = st.layout.keys.scratch_bytes(1, 0) + 16 * len(self._needed) + CODED_ROW_BYTES
+        need = batch.num_rows * per_row
         extra = need - st.scratch
         if extra <= 0:
             return 0
