@@ -406,7 +406,7 @@ class HashAggregator(Spillable[ColumnBlock]):
         # enough for the per-row path too: a batch whose keys fall back to being decoded
         per_row = st.layout.keys.scratch_bytes(1, 0) + 16 * len(self._needed) + CODED_ROW_BYTES
         need = batch.num_rows * per_row
-        extra = need - st.scratch
+        extra = int(need - st.scratch)
         if extra <= 0:
             return 0
         # only memory free now, to one task: asking for more would spill (this table, or
