@@ -200,11 +200,16 @@ def child(case: dict[str, Any]) -> dict[str, Any]:
 
     reset_peak_rss()
     baseline = current_rss()
+    cpu_start = os.times()
     started = time.perf_counter()
     table, extra = run()
     seconds = time.perf_counter() - started
+    cpu_end = os.times()
     return {
         "seconds": seconds,
+        # user + system CPU of the child (all its threads) over the same span: on a shared
+        # machine this says more than the wall time
+        "cpu_seconds": (cpu_end.user - cpu_start.user) + (cpu_end.system - cpu_start.system),
         "peak_above_baseline": max(0, peak_rss() - baseline),
         "baseline_rss": baseline,
         **(table if isinstance(table, dict) else _checksum(table.to_batches())),
@@ -276,6 +281,9 @@ def main() -> None:
                                        timeout=args.timeout, log=print, checkpoint=checkpoint)  # fmt: skip
                         results.append(res)
                         per_limit.setdefault(label, {})[engine] = res["summary"]
+                        if "cpu_seconds" in res["summary"]:
+                            print(f"  {res['summary']['seconds'][0]:.2f} s wall, "
+                                  f"{res['summary']['cpu_seconds'][0]:.2f} s CPU", flush=True)  # fmt: skip
                     duck = per_limit.get(label, {}).get("duckdb")
                     for engine, summ in per_limit.get(label, {}).items():
                         if "error" in summ:

@@ -376,3 +376,12 @@ def fused_update(gids, fcols, icols, ops, rows, width):
         else:
             update = min_update if code == FUSED_MIN_INT else max_update
             update(gids, icols[col], none, field(a, np.int64), has)
+
+
+def fused_update_few(gids, groups, fcols, icols, ops, rows, width):
+    """Reference of ``fused_update_few``: ``fused_update``'s (its integer operations do not
+    depend on the order rows are folded in); ``groups`` bounds the group ids."""
+    assert len(gids) == 0 or int(np.max(gids)) < groups
+    assert all(int(code) in (FUSED_COUNT, FUSED_SUM_INT, FUSED_MIN_INT, FUSED_MAX_INT)
+               for code in ops[:, 0])  # fmt: skip
+    fused_update(gids, fcols, icols, ops, rows, width)

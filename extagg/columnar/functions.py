@@ -18,6 +18,7 @@ A group with no non-null input gets a null (``var``/``std`` need two values,
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -359,10 +360,32 @@ def update_all(
     if plan is not None:
         assert rows is not None
         ops, fcols, icols, fused = plan
-        kernels.fused_update(gids, fcols, icols, ops, rows.view(np.uint8), rows.dtype.itemsize)
+        few = _few_groups(gids, ops)
+        if few:
+            kernels.fused_update_few(
+                gids, few, fcols, icols, ops, rows.view(np.uint8), rows.dtype.itemsize
+            )
+        else:
+            kernels.fused_update(gids, fcols, icols, ops, rows.view(np.uint8), rows.dtype.itemsize)
     for k, spec in enumerate(specs):
         if k not in fused:
             update(spec, states[k], gids, columns[k], seq_base, kernels, arena)
+
+
+#: rows a chunk needs at least to be folded by ``fused_update_few`` (its partials are set up
+#: and added once per operation and group)
+FEW_GROUPS_MIN_ROWS = 1 << 10
+_FEW_CODES = (_kernels.FUSED_COUNT, _kernels.FUSED_SUM_INT, _kernels.FUSED_MIN_INT,
+              _kernels.FUSED_MAX_INT)  # fmt: skip
+
+
+def _few_groups(gids: np.ndarray, ops: np.ndarray) -> int:
+    """The bound of ``gids`` when ``fused_update_few`` can fold the chunk (integer operations
+    only, group ids below ``FEW_GROUPS``, rows enough); else 0."""
+    if len(gids) < FEW_GROUPS_MIN_ROWS or not np.isin(ops[:, 0], _FEW_CODES).all():
+        return 0
+    groups = int(gids.max()) + 1
+    return groups if groups <= _kernels.FEW_GROUPS else 0
 
 
 _NO_FLOATS = (np.zeros(0, dtype=np.float64),)
@@ -380,10 +403,10 @@ def fused_ops(
     aggregates; None if there are none. A state's place in the row is read off its view (its
     address minus the rows' address); states that are not fields of ``rows`` are not fused."""
     width = rows.dtype.itemsize
-    base = rows.__array_interface__["data"][0]
+    base = _address(rows)
 
     def at(view: np.ndarray) -> int:
-        offset = view.__array_interface__["data"][0] - base
+        offset = _address(view) - base
         if view.strides != (width,) or not 0 <= offset < width or len(view) != len(rows):
             raise _NotFields
         return offset
@@ -444,6 +467,25 @@ def fused_ops(
     floats = tuple(np.ascontiguousarray(c) for c in fcols) or _NO_FLOATS
     ints = tuple(np.ascontiguousarray(c) for c in icols) or _NO_INTS
     return table, floats, ints, fused
+
+
+#: data addresses of the state views seen (``id`` → (weak reference, address)): reading one
+#: off ``__array_interface__`` costs ~4 µs, ~20 times a chunk with six aggregates
+_ADDRESSES: dict[int, tuple[Any, int]] = {}
+_MAX_ADDRESSES = 4096
+
+
+def _address(view: np.ndarray) -> int:
+    """The address of ``view``'s first element (remembered while ``view`` lives)."""
+    key = id(view)
+    seen = _ADDRESSES.get(key)
+    if seen is not None and seen[0]() is view:
+        return seen[1]
+    address = int(view.__array_interface__["data"][0])
+    if len(_ADDRESSES) >= _MAX_ADDRESSES:
+        _ADDRESSES.clear()
+    _ADDRESSES[key] = (weakref.ref(view), address)
+    return address
 
 
 class _NotFields(Exception):

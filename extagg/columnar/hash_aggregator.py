@@ -51,6 +51,7 @@ from extagg.columnar.buffers import (
     partition_chunks,
     plan_buffers,
 )
+from extagg.columnar.coded_keys import CODED_ROW_BYTES, CodedKeys, CodedLookup, coded_keys
 from extagg.columnar.columns import Column, iter_record_batches, to_columns
 from extagg.columnar.growth import grow_arena_or_spill, make_room_for_var_states, try_grow
 from extagg.columnar.keys import EncodedKeys, KeyLayout
@@ -78,6 +79,9 @@ from extagg.spillable import OPEN, Spillable
 __all__ = ["HashAggregator"]
 
 log = logging.getLogger(__name__)
+
+#: rows of an Arrow batch with dictionary-coded keys folded in one piece at most
+CODED_BATCH_ROWS = 1 << 17
 
 #: rows per chunk at most with threads (each worker folds its partitions' share of it)
 THREAD_CHUNK_ROWS = 1 << 18
@@ -228,6 +232,8 @@ class HashAggregator(Spillable[ColumnBlock]):
         #: bytes of a thread partition's spill batch (the merge of thread-local tables reads them)
         self._thread_io_batch = 0
         self._peak_lock = threading.Lock()
+        #: group ids of the key combinations of dictionary-coded batches seen last
+        self._coded_lookup = CodedLookup()
 
     @property
     def run_rows(self) -> int:
@@ -352,6 +358,9 @@ class HashAggregator(Spillable[ColumnBlock]):
             self.check_open(f"{self.name}: update() after results() or close()")
             st = self.table_state
             chunk = st.chunk_rows if st.layout_or_none is not None else None
+            held = self._hold_coded_scratch(batch)
+            if held:
+                chunk = None  # the batch is folded by its keys' codes, whole
             try:
                 for rb in iter_record_batches(batch, chunk):
                     if self._schema is None:
@@ -360,6 +369,10 @@ class HashAggregator(Spillable[ColumnBlock]):
                         cols = to_columns(rb, self._needed)
                         self._init_schema(cols)
                     else:
+                        coded = self._coded_keys(rb)
+                        if coded is not None:
+                            self._update_coded(rb, coded)
+                            continue
                         known = {name: t for name, (_kind, t) in self._schema.items()}
                         cols = to_columns(rb, self._needed, known)
                         self._check_schema(cols)
@@ -367,17 +380,78 @@ class HashAggregator(Spillable[ColumnBlock]):
             except SpillError as err:
                 self.fail(err)  # folding on would grow past the grant: take no more input
                 raise
+            finally:
+                if held:
+                    st.scratch -= held
+                    self.budget.trim()
+
+    def _hold_coded_scratch(self, batch: Any) -> int:
+        """Bytes held, beyond the chunk buffers, to fold ``batch`` by its keys' codes in one
+        piece (0: in chunks as usual): an Arrow batch of up to :data:`CODED_BATCH_ROWS` rows
+        goes whole when the manager has the buffers free, the per-chunk overheads then paid
+        once a batch even at small budgets (chunks of 1 024 rows at 8 MiB). Held: what the
+        per-row path would need for the whole batch (its keys may have to be decoded) plus
+        the codes' few words a row (combination, widened codes, group id)."""
+        st = self.table_state
+        if (
+            not isinstance(batch, pa.RecordBatch)
+            or self._schema is None
+            or self._threaded is not None
+            or self._partitions is not None
+            or batch.num_rows <= st.chunk_rows
+            or batch.num_rows > CODED_BATCH_ROWS
+            or coded_keys(batch, self.keys) is None
+        ):
+            return 0
+        # enough for the per-row path too: a batch whose keys fall back to being decoded
+        per_row = st.layout.keys.scratch_bytes(1, 0) + 16 * len(self._needed) + CODED_ROW_BYTES
+        need = batch.num_rows * per_row
+        extra = int(need - st.scratch)
+        if extra <= 0:
+            return 0
+        # only memory free now, to one task: asking for more would spill (this table, or
+        # another consumer's) or wait for other tasks, dearer than folding in chunks
+        mm = self.task_memory_manager.memory_manager
+        free = mm.max_memory - mm.execution_memory_used - mm.storage_memory_used
+        if extra > free or len(mm.tasks()) > 1 or not self.budget.hold_more(extra):
+            return 0
+        st.scratch += extra
+        return extra
+
+    def _coded_keys(self, rb: pa.RecordBatch) -> CodedKeys | None:
+        """The batch's keys as dictionary codes, when they all come so and this aggregator
+        folds chunks itself (one thread, no partitions yet)."""
+        if self._threaded is not None or self._partitions is not None:
+            return None
+        return coded_keys(rb, self.keys)
+
+    def _update_coded(self, rb: pa.RecordBatch, coded: CodedKeys) -> None:
+        """Fold a batch whose key columns are dictionary arrays: the other columns decoded
+        as usual, the keys folded by their codes chunk by chunk (see :mod:`.coded_keys`)."""
+        assert self._schema is not None
+        keys = set(self.keys)
+        aggregated = {r.column for r in self._requests if r.column}
+        names = [name for name in self._needed if name not in keys or name in aggregated]
+        known = {name: t for name, (_kind, t) in self._schema.items()}
+        cols = to_columns(rb, names, known)
+        self._check_schema({**cols, **coded.dictionaries()})
+        self._update_columns(cols, rb.num_rows, coded, step=max(rb.num_rows, 1))
 
     def _update_columns(
-        self, cols: dict[str, Column], n: int, enc: EncodedKeys | None = None
+        self,
+        cols: dict[str, Column],
+        n: int,
+        enc: EncodedKeys | CodedKeys | None = None,
+        step: int | None = None,
     ) -> None:
         """Fold ``n`` rows of checked input columns, chunk by chunk (``enc``: their keys
-        already encoded, hashes as this aggregator sees them)."""
+        already encoded, hashes as this aggregator sees them, or their dictionary codes;
+        ``step``: rows a chunk, when the caller holds buffers for more than the usual)."""
         if self._threaded is not None:
             self._update_threaded(cols, n)
             return
         st = self.table_state
-        step = st.chunk_rows
+        step = st.chunk_rows if step is None else max(step, st.chunk_rows)
         every = self.force_spill_rows
         # string min/max/first/last: chunks whose values take at most 1/8 of the budget (the
         # state arena is asked for room for all of them before a chunk is folded)
@@ -410,9 +484,14 @@ class HashAggregator(Spillable[ColumnBlock]):
             start = stop
 
     def _update_chunk(
-        self, cols: dict[str, Column], n: int, enc: EncodedKeys | None = None
+        self, cols: dict[str, Column], n: int, enc: EncodedKeys | CodedKeys | None = None
     ) -> None:
         st = self.table_state
+        if isinstance(enc, CodedKeys):
+            if self._fold_coded(cols, n, enc):
+                return
+            cols = {**cols, **enc.decode()}  # too many combinations, or no room: as usual
+            enc = None
         if self._partitions is not None:
             self._set_aside(cols, n, 0, None if enc is None else enc.hashes)
             return
@@ -454,6 +533,46 @@ class HashAggregator(Spillable[ColumnBlock]):
         st.rows_since_spill += n
         if var_bytes:
             self.budget.trim()
+
+    def _fold_coded(self, cols: dict[str, Column], n: int, coded: CodedKeys) -> bool:
+        """Fold a chunk by its keys' codes: insert the key combinations present (few), then
+        fold every row with its combination's group id. False (nothing done) when there may
+        be too many combinations, or the table cannot take the present ones without growing
+        (then the caller folds the chunk the usual way, which grows or spills)."""
+        st = self.table_state
+        if self._partitions is not None:
+            return False
+        found = coded.combinations()
+        if found is None:
+            return False
+        combo, total = found
+        if st.layout.has_var_states:  # first: growing the arena trims what is held to its use
+            state_cols = self._var_state_columns(cols)
+            state_bytes = sum(c.data.nbytes for c in state_cols if c.data is not None)
+            make_room_for_var_states(st, state_bytes)
+        table = self._ensure_table()
+        lookup = self._coded_lookup.get(table, self.metrics.spill_count, coded, total)
+        new = coded.missing(combo, total, lookup)
+        if len(new):
+            key_cols = coded.key_columns(new)
+            m = len(new)
+            enc = self._encode([key_cols[k] for k in self.keys], m)
+            var_bytes = int(enc.var_offsets[-1] - enc.var_offsets[0]) if len(enc.var_offsets) else 0
+            if table.num_groups + m > table.grow_at or (
+                table.has_var and table.arena_used + var_bytes > table.arena.shape[0]
+            ):
+                return False
+            group_of = np.empty(m, dtype=np.int64)
+            nxt, status = table.insert(
+                enc.hashes, enc.words, enc.nulls, enc.var_offsets, enc.var_data, 0, group_of
+            )
+            assert nxt == m and status == 0, (nxt, m, status)  # room was checked above
+            lookup[new] = group_of
+        gids = lookup[combo]
+        self._fold(table, cols, gids, 0, n, n, self.metrics.records_read)
+        self.metrics.records_read += n
+        st.rows_since_spill += n
+        return True
 
     def _var_state_columns(self, cols: dict[str, Column]) -> list[Column]:
         """The input column of every string min/max/first/last (once per aggregate)."""

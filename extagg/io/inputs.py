@@ -11,6 +11,7 @@ statistics exclude it are never read) and never holds more than a few batches.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import glob
 import logging
@@ -80,6 +81,13 @@ class InputScan:
     readahead: int = 1
     #: bytes of CSV/JSON text parsed at once (one block becomes one batch)
     block_bytes: int = 1 << 22
+    #: string columns read from Parquet as dictionary arrays (codes and the values once, as
+    #: the file's dictionary pages hold them): the query's keys, grouped by their codes
+    dictionary_columns: list[str] = field(default_factory=list)
+    #: the columns the filter reads
+    filter_columns: list[str] = field(default_factory=list)
+    #: the filter evaluated eagerly on a batch (a boolean mask, or None: use ``filter``)
+    filter_mask: Callable[[pa.RecordBatch], pa.Array | None] | None = None
     progress: ScanProgress = field(default_factory=ScanProgress)
     _parts: list[tuple[str, Any, ds.FileFormat, dict[str, Any]]] = field(default_factory=list)
 
@@ -96,7 +104,7 @@ class InputScan:
                 elif "row_group_ids" in opts:
                     batches = _parquet_batches(
                         path, opts["row_group_ids"], dataset.schema, self.columns, self.filter,
-                        lambda: self.batch_rows,
+                        lambda: self.batch_rows, self.dictionary_columns, self.filter_mask,
                     )  # fmt: skip
                     it = _prefetched(batches, self.readahead)
                 else:
@@ -170,6 +178,8 @@ def _parquet_batches(
     columns: list[str],
     filter: Any,
     batch_rows: Callable[[], int],
+    dictionary_columns: Sequence[str] = (),
+    filter_mask: Callable[[pa.RecordBatch], pa.Array | None] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """The selected row groups of one Parquet file, ``batch_rows()`` rows at a time (asked
     again at every row group: the scan's batch size is resized after the first batch), as
@@ -180,14 +190,25 @@ def _parquet_batches(
     1 M-row groups pyarrow writes by default) and reads its column chunks whole
     (``pre_buffer``), whatever the budget. Parquet's own reader, with a buffered stream and no
     pre-buffering, decodes a batch's rows of each column at a time: what the scan holds
-    then follows the budget (see ``_ScanMemory`` in :mod:`extagg.io.run`)."""
+    then follows the budget (see ``_ScanMemory`` in :mod:`extagg.io.run`).
+
+    ``dictionary_columns`` (string columns the filter does not read) come as dictionary
+    arrays of ``schema``'s value type: decoding a dictionary page into one string per row
+    costs more than the rest of TPC-H Q1's scan, and the engine groups by the codes.
+    ``filter_mask`` evaluates ``filter`` eagerly (see
+    :meth:`~extagg.io.where.ParsedExpression.mask`); only ``columns`` are then copied."""
     if not row_groups:
         return
     import pyarrow.parquet as pq
 
-    with pq.ParquetFile(
-        path, pre_buffer=False, buffer_size=PARQUET_BUFFER_BYTES, memory_map=False
-    ) as reader:
+    options = {"pre_buffer": False, "buffer_size": PARQUET_BUFFER_BYTES, "memory_map": False}
+    with contextlib.ExitStack() as stack:
+        reader = stack.enter_context(pq.ParquetFile(path, **options))
+        coded = _small_dictionaries(reader.metadata, dictionary_columns, row_groups)
+        if coded:
+            reader = stack.enter_context(
+                pq.ParquetFile(path, metadata=reader.metadata, read_dictionary=coded, **options)
+            )
         have = set(reader.schema_arrow.names)
         read = [n for n in schema.names if n in have]
         for batch in (
@@ -200,15 +221,62 @@ def _parquet_batches(
             arrays = []
             for f in schema:
                 if f.name in have:
-                    arr = batch.column(f.name)
-                    arrays.append(arr if arr.type == f.type else arr.cast(f.type))
+                    arrays.append(_as_type(batch.column(f.name), f.type))
                 else:
                     arrays.append(pa.nulls(batch.num_rows, f.type))
-            out = pa.RecordBatch.from_arrays(arrays, schema=schema)
-            if filter is not None:
-                out = out.filter(filter)
+            out = pa.RecordBatch.from_arrays(arrays, names=schema.names)
+            mask = None if filter is None or filter_mask is None else filter_mask(out)
+            if mask is not None:
+                out = out.select(columns)
+                if mask.true_count < len(mask):  # nulls and falses dropped, as the filter's
+                    out = out.filter(mask)
+            elif filter is not None:
+                out = out.filter(filter).select(columns)
+            else:
+                out = out.select(columns)
             if out.num_rows:
-                yield out.select(columns)
+                yield out
+
+
+#: a column chunk's dictionary page (compressed) of at most this size is read as codes: a
+#: writer that gives up on a dictionary (too many values; 1 MiB in Arrow's and arrow-rs's
+#: writers) leaves a large one, and Arrow would then build dictionaries by hashing each value
+SMALL_DICTIONARY_PAGE_BYTES = 64 << 10
+
+
+def _small_dictionaries(
+    metadata: Any, columns: Sequence[str], row_groups: Sequence[int]
+) -> list[str]:
+    """The ``columns`` whose chunks in every one of ``row_groups`` start with a small
+    dictionary page (see :data:`SMALL_DICTIONARY_PAGE_BYTES`)."""
+    if not columns:
+        return []
+    schema = metadata.schema
+    index = {schema.column(i).path: i for i in range(len(schema))}
+    out = []
+    for name in columns:
+        i = index.get(name)
+        if i is None:
+            continue
+        for group in row_groups:
+            chunk = metadata.row_group(group).column(i)
+            start = chunk.dictionary_page_offset
+            if not chunk.has_dictionary_page or start is None:
+                break
+            if chunk.data_page_offset - start > SMALL_DICTIONARY_PAGE_BYTES:
+                break
+        else:
+            out.append(name)
+    return out
+
+
+def _as_type(arr: pa.Array, to: pa.DataType) -> pa.Array:
+    """``arr`` cast to ``to``; a dictionary array stays one, of ``to`` values."""
+    if pa.types.is_dictionary(arr.type) and not pa.types.is_dictionary(to):
+        if arr.type.value_type == to:
+            return arr
+        return arr.cast(pa.dictionary(arr.type.index_type, to))
+    return arr if arr.type == to else arr.cast(to)
 
 
 def _prefetched(batches: Iterator[Any], ahead: int) -> Iterator[Any]:
@@ -601,6 +669,7 @@ def open_input(
         row_groups_total=rg_total, row_groups_selected=rg_selected,
     )  # fmt: skip
     scan._parts = parts
+    scan.filter_columns = list(filter_columns)
     log.info(
         "input: %d %s file(s), %d bytes, columns %s, row groups %d of %d",
         len(files), fmt, scan.total_bytes, needed, rg_selected, rg_total,

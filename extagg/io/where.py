@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -77,6 +78,34 @@ class ParsedExpression:
     columns: list[str] = field(default_factory=list)
     text: str = ""
     positions: dict[str, int] = field(default_factory=dict)  # column -> first position
+    #: the same expression as eager ``pyarrow.compute`` calls on a batch's columns
+    evaluate: Callable[[pa.RecordBatch], Any] | None = None
+
+    def mask(self, batch: pa.RecordBatch) -> pa.Array | None:
+        """The rows of ``batch`` the expression keeps, as a boolean array (null: dropped), or
+        ``None`` when it cannot be evaluated eagerly (then filter with :attr:`expression`).
+
+        The same kernels as the expression's, called directly: filtering a batch with an
+        expression plans and runs an Acero query each time (~0.5 ms, more than the rest of the
+        scan's work for a batch of a few thousand rows)."""
+        if self.evaluate is None:
+            return None
+        try:
+            out = self.evaluate(batch)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, KeyError):
+            # the expression's own binding says what is wrong, or casts its literals its
+            # own way (``decimal * 2``): from now on it filters
+            self.evaluate = None
+            return None
+        if isinstance(out, pa.Scalar):
+            if not pa.types.is_boolean(out.type):
+                return None
+            out = pa.array([out.as_py()] * batch.num_rows, type=pa.bool_())
+        if isinstance(out, pa.ChunkedArray):
+            out = out.combine_chunks()
+        if not pa.types.is_boolean(out.type):
+            return None
+        return out
 
 
 def _tokenize(text: str) -> list[_Tok]:
@@ -103,6 +132,24 @@ class _Parser:
         self.toks = _tokenize(text)
         self.i = 0
         self.columns: dict[str, int] = {}
+        #: each expression built (by ``id``; held in ``_made``) → its eager evaluation
+        self._fns: dict[int, Callable[[pa.RecordBatch], Any]] = {}
+        self._made: list[pc.Expression] = []
+
+    def made(self, expr: pc.Expression, fn: Callable[[pa.RecordBatch], Any]) -> pc.Expression:
+        """Remember ``fn`` as the eager form of ``expr``."""
+        self._made.append(expr)
+        self._fns[id(expr)] = fn
+        return expr
+
+    def fn(self, expr: pc.Expression) -> Callable[[pa.RecordBatch], Any]:
+        """The eager form of an expression this parser built."""
+        return self._fns[id(expr)]
+
+    def call(self, func: Callable[..., Any], *args: pc.Expression, **kw: Any) -> pc.Expression:
+        """``func(*args)`` as an expression, with its eager form."""
+        fns = [self.fn(a) for a in args]
+        return self.made(func(*args, **kw), lambda b: func(*(f(b) for f in fns), **kw))
 
     # -------------------------------------------------------------- helpers
     @property
@@ -142,31 +189,31 @@ class _Parser:
     def or_(self) -> pc.Expression:
         left = self.and_()
         while self.take_word("or"):
-            left = left | self.and_()
+            left = self.call(pc.or_kleene, left, self.and_())
         return left
 
     def and_(self) -> pc.Expression:
         left = self.not_()
         while self.take_word("and"):
-            left = left & self.not_()
+            left = self.call(pc.and_kleene, left, self.not_())
         return left
 
     def not_(self) -> pc.Expression:
         if self.take_word("not"):
-            return ~self.not_()
+            return self.call(pc.invert, self.not_())
         return self.predicate()
 
     def predicate(self) -> pc.Expression:
         left = self.sum_()
         op = self.take_op(*_CMP)
         if op is not None:
-            return _CMP[op](left, self.sum_())
+            return self.call(_CMP[op], left, self.sum_())
         if self.take_word("is"):
             negate = self.take_word("not")
             if not self.take_word("null"):
                 raise self.error("expected 'null' after 'is'")
-            test = left.is_null()
-            return ~test if negate else test
+            test = self.call(pc.is_null, left)
+            return self.call(pc.invert, test) if negate else test
         start = self.i
         negate = self.take_word("not")
         if self.take_word("in"):
@@ -175,16 +222,22 @@ class _Parser:
             while self.take_op(","):
                 values.append(self.literal_value())
             self.expect_op(")")
-            test = left.isin(_value_set(values))
+            test = self.call(pc.is_in, left, value_set=_value_set(values))
             # SQL: null [not] in (...) is null, so the row is dropped either way
-            return (~test & left.is_valid()) if negate else test
+            if negate:
+                return self.call(pc.and_kleene, self.call(pc.invert, test),
+                                 self.call(pc.is_valid, left))  # fmt: skip
+            return test
         if self.take_word("between"):
             low = self.sum_()
             if not self.take_word("and"):
                 raise self.error("expected 'and' in 'between ... and ...'")
             high = self.sum_()
-            test = (left >= low) & (left <= high)
-            return ~test if negate else test
+            test = self.call(
+                pc.and_kleene,
+                self.call(pc.greater_equal, left, low), self.call(pc.less_equal, left, high),
+            )  # fmt: skip
+            return self.call(pc.invert, test) if negate else test
         if negate:
             self.i = start
             raise self.error("expected 'in' or 'between' after 'not'", self.toks[start + 1])
@@ -194,19 +247,20 @@ class _Parser:
         left = self.product()
         while (op := self.take_op("+", "-")) is not None:
             right = self.product()
-            left = pc.add_checked(left, right) if op == "+" else pc.subtract_checked(left, right)
+            func = pc.add_checked if op == "+" else pc.subtract_checked
+            left = self.call(func, left, right)
         return left
 
     def product(self) -> pc.Expression:
         left = self.unary()
         while (op := self.take_op("*", "/")) is not None:
             right = self.unary()
-            left = pc.multiply_checked(left, right) if op == "*" else pc.divide(left, right)
+            left = self.call(pc.multiply_checked if op == "*" else pc.divide, left, right)
         return left
 
     def unary(self) -> pc.Expression:
         if self.take_op("-"):
-            return pc.negate_checked(self.unary())
+            return self.call(pc.negate_checked, self.unary())
         return self.atom()
 
     def atom(self) -> pc.Expression:
@@ -222,11 +276,13 @@ class _Parser:
         if tok.kind == "name" and tok.word not in _KEYWORDS:
             self.i += 1
             return self.column(tok.text, tok.pos)
-        return pc.scalar(self.literal_value())
+        value = self.literal_value()
+        literal = value if isinstance(value, pa.Scalar) else pa.scalar(value)
+        return self.made(pc.scalar(value), lambda b: literal)
 
     def column(self, name: str, pos: int) -> pc.Expression:
         self.columns.setdefault(name, pos)
-        return pc.field(name)
+        return self.made(pc.field(name), lambda b: b.column(name))
 
     def literal_value(self) -> object:
         tok = self.tok
@@ -292,4 +348,4 @@ def parse_expression(text: str) -> ParsedExpression:
     """Parse ``text`` (see the module docstring) into a ``pyarrow.compute`` expression."""
     parser = _Parser(text)
     expr = parser.parse()
-    return ParsedExpression(expr, list(parser.columns), text, dict(parser.columns))
+    return ParsedExpression(expr, list(parser.columns), text, dict(parser.columns), parser.fn(expr))

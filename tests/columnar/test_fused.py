@@ -112,3 +112,82 @@ def test_fused_ops_cover_the_common_functions_only() -> None:
     # states that are not fields of the rows are never fused
     loose = [[np.zeros(2, dtype=f.dtype) for f in spec.states] for spec in specs]
     assert F.fused_ops(specs, loose, [None, cols["f"], cols["f"], cols["i"]], table.rows) is None
+
+
+INT_OPS = [("count", "*"), ("sum", "i"), ("mean", "i"), ("min", "i"), ("max", "i"),
+           ("count", "i"), ("sum", "d"), ("max", "d")]  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    data=st.data(),
+    aggs=st.lists(st.sampled_from(INT_OPS), min_size=1, max_size=7),
+    rows=st.integers(0, 300),
+    groups=st.integers(1, 9),
+    chunks=st.integers(1, 3),
+)
+def test_fused_update_few_matches_fused_update_and_reference(data, aggs, rows, groups, chunks):
+    """The few-groups kernel (column at a time into per-group partials) leaves the state rows
+    bit for bit as the row-at-a-time kernel and the reference do, chunk after chunk (groups
+    absent from a chunk untouched, ``has`` flags and minima set on first sight)."""
+    from decimal import Decimal
+
+    i = data.draw(st.lists(INTS, min_size=rows, max_size=rows))
+    d = data.draw(st.lists(st.integers(-(10**17), 10**17), min_size=rows, max_size=rows))
+    gids = np.array(
+        data.draw(st.lists(st.integers(0, groups - 1), min_size=rows, max_size=rows)), np.int64
+    )
+    cols = {
+        "i": to_column("i", pa.array(i, pa.int64())),
+        "d": to_column("d", pa.array([Decimal(v).scaleb(-2) for v in d], pa.decimal128(18, 2))),
+    }
+    requests = F.parse_aggs({f"a{j}": (c, fn) for j, (fn, c) in enumerate(aggs)})
+    specs = [F.resolve(r, None if r.column is None else cols[r.column]) for r in requests]
+    results = []
+    for kernel in (K.fused_update_few, K.fused_update, R.fused_update_few):
+        table, states = _table_states(specs, groups)
+        cut = np.linspace(0, rows, chunks + 1).astype(int)
+        for lo, hi in itertools.pairwise(cut.tolist()):
+            columns = [None if sp.column is None else cols[sp.column].slice(lo, hi) for sp in specs]
+            plan = F.fused_ops(specs, states, columns, table.rows)
+            assert plan is not None
+            ops, fcols, icols, fused = plan
+            assert fused == set(range(len(specs)))  # every one of these is fused
+            rows_u8 = table.rows.view(np.uint8)
+            g = gids[lo:hi]
+            if kernel is K.fused_update:
+                kernel(g, fcols, icols, ops, rows_u8, table.rows.dtype.itemsize)
+            else:
+                kernel(g, groups, fcols, icols, ops, rows_u8, table.rows.dtype.itemsize)
+        results.append(table.rows[:groups].copy())
+    for name in results[0].dtype.names:
+        a, b, c = (r[name] for r in results)
+        assert np.array_equal(a, b) and np.array_equal(a, c), name
+
+
+def test_update_all_takes_the_few_groups_kernel_only_when_it_applies(monkeypatch) -> None:
+    """Integer operations, group ids below FEW_GROUPS, chunks of FEW_GROUPS_MIN_ROWS rows or
+    more: the few-groups kernel; floats, many groups or short chunks: the row kernel."""
+    calls: list[str] = []
+    real_few, real_row = K.fused_update_few, K.fused_update
+    monkeypatch.setattr(K, "fused_update_few", lambda *a: (calls.append("few"), real_few(*a)))
+    monkeypatch.setattr(K, "fused_update", lambda *a: (calls.append("row"), real_row(*a)))
+    n = F.FEW_GROUPS_MIN_ROWS
+    cols = {
+        "i": to_column("i", pa.array(np.arange(n, dtype=np.int64))),
+        "f": to_column("f", pa.array(np.ones(n))),
+    }
+    for aggs, top, rows, want in [
+        ({"a": ("i", "sum"), "n": ("*", "count")}, 3, n, "few"),
+        ({"a": ("i", "sum")}, K.FEW_GROUPS, n, "row"),
+        ({"a": ("i", "sum")}, 3, n - 1, "row"),
+        ({"a": ("f", "sum")}, 3, n, "row"),
+    ]:
+        specs = [F.resolve(r, None if r.column is None else cols[r.column])
+                 for r in F.parse_aggs(aggs)]  # fmt: skip
+        table, states = _table_states(specs, top + 1)
+        gids = np.arange(rows, dtype=np.int64) % (top + 1)
+        columns = [None if sp.column is None else cols[sp.column].slice(0, rows) for sp in specs]
+        calls.clear()
+        F.update_all(specs, states, gids, columns, 0, table.rows)
+        assert calls == [want], (aggs, top, rows)

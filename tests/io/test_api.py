@@ -119,3 +119,38 @@ def test_sorted_results_of_many_files(tmp_path):
     keys = list(zip(out["s"].to_pylist(), out["k"].to_pylist()))
     assert keys == sorted(keys)
     assert_same(as_dict(out, ["k", "s"]), reference(pa.concat_tables(parts), ["k", "s"]))
+
+
+def test_scan_batches_take_a_quarter_of_the_budget_while_the_table_is_small(tmp_path):
+    """Few groups: the scan's batches grow to 1/4 of the budget (fewer, larger batches); a
+    table that grows past 1/4 (a unique key that spills) brings them back to 1/8."""
+    import numpy as np
+
+    from extagg.io.run import plan_query
+
+    n = 600_000
+    rng = np.random.default_rng(11)
+    table = pa.table(
+        {
+            "k": rng.integers(0, 4, n),
+            "u": rng.permutation(n).astype(np.int64),
+            "v": rng.random(n),
+        }
+    )
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path, row_group_size=50_000)
+    sizes = {}
+    for key in ("k", "u"):
+        query = plan_query(path, by=key, aggs={"s": ("v", "sum")}, memory="8m")
+        try:
+            groups = sum(b.num_rows for b in query.run())
+        finally:
+            query.close()
+        m = query.metrics
+        assert groups == (4 if key == "k" else n)
+        assert m.peak_granted_bytes <= m.budget_bytes
+        sizes[key] = query.scan.batch_rows
+        assert (m.spill_count > 0) == (key == "u")
+    # two 8-byte columns (and the batch's overheads), a batch read ahead: ~30 K rows in 1/8
+    # of 8 MiB, twice that in 1/4
+    assert sizes["k"] == 2 * sizes["u"] and 20_000 < sizes["u"] < 40_000

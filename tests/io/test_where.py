@@ -119,3 +119,60 @@ def test_comparisons_match_python(values, low, high, op):
         if v is not None and (ops[op](v, low) or min(low, high) <= v <= max(low, high))
     ]  # fmt: skip
     assert got.column("x").to_pylist() == want
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "i = 1", "i == 1 or i <> 1", "not i < 2", "i in (1, 3)", "i not in (1, 3)",
+        "s in ('a', 'it''s')", "s is null", "s is not null and i is not null",
+        "i between 2 and 3", "i not between 2 and 3", "d <= date '1998-09-02'",
+        "d > timestamp '1998-09-02 12:00:00'", "m between 0.05 and 0.07", "f > 1e0",
+        "(i = 1 or i = 2) and not (s = 'b')", "i * 2 + 1 > 4", "-i < -2", "b", "true",
+        "false", "i / 2 > 0.5", "f - 1 < 0 or i + 1 = 2",
+    ],
+)  # fmt: skip
+def test_the_eager_mask_keeps_what_the_expression_keeps(text):
+    """``ParsedExpression.mask`` (the scan's eager filter) keeps the rows the expression
+    does when Arrow's query engine filters with it."""
+    parsed = parse_expression(text)
+    batch = TABLE.combine_chunks().to_batches()[0]
+    mask = parsed.mask(batch)
+    assert mask is not None and len(mask) == batch.num_rows
+    assert (
+        batch.filter(mask).to_pylist()
+        == ds.dataset(TABLE).to_table(filter=parsed.expression).to_pylist()
+    )
+
+
+def test_the_eager_mask_defers_errors_to_the_expression():
+    """A column the batch lacks, or types with no kernel: no mask (the expression's own
+    binding raises the specific error)."""
+    batch = TABLE.combine_chunks().to_batches()[0]
+    assert parse_expression("nope = 1").mask(batch) is None
+    assert parse_expression("s > date '2000-01-01'").mask(batch) is None
+    assert parse_expression("i + 1").mask(batch) is None  # not a condition
+    assert parse_expression("null").mask(batch) is None
+    overflow = parse_expression("i * 9223372036854775807 > 0")
+    assert overflow.mask(batch) is None
+    assert overflow.evaluate is None  # not tried again on the next batch
+    with pytest.raises(pa.ArrowInvalid, match="overflow"):
+        ds.dataset(TABLE).to_table(filter=overflow.expression)
+
+
+@given(
+    st.lists(st.one_of(st.none(), st.integers(-50, 50)), min_size=1, max_size=40),
+    st.lists(st.sampled_from(["a", "b", None]), min_size=40, max_size=40),
+    st.integers(-60, 60),
+    st.sampled_from(["<", "<=", ">", ">=", "=", "!="]),
+    st.sampled_from(["and", "or"]),
+)
+def test_eager_masks_match_the_expressions(values, strings, low, op, join):
+    table = pa.table(
+        {"x": pa.array(values, pa.int64()), "s": pa.array(strings[: len(values)], pa.string())}
+    )
+    text = f"not (x {op} {low}) {join} (s in ('a') or x is null)"
+    parsed = parse_expression(text)
+    batch = table.combine_chunks().to_batches()[0]
+    want = ds.dataset(table).to_table(filter=parsed.expression).to_pylist()
+    assert batch.filter(parsed.mask(batch)).to_pylist() == want

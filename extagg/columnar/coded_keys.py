@@ -1,0 +1,196 @@
+"""Dictionary-encoded key columns folded by their codes: hash the distinct keys, not every row.
+
+A Parquet column written with dictionary pages (the usual for low-cardinality strings: TPC-H's
+``l_returnflag``) can be read as an Arrow ``DictionaryArray``: per row a small integer code,
+the values once. When every key column of a chunk comes so, :class:`CodedKeys` combines the
+codes of a row into one integer (mixed radix, a null as one more code), finds the combinations
+present in the chunk (a ``bincount``), and gives the key columns of those few combinations
+(:meth:`CodedKeys.present`); the aggregator inserts only them into its table and maps every
+row's combination to its group id with one gather. The strings of a key are then never
+decoded, hashed or compared per row.
+
+Only when the combinations possible are few (at most :func:`max_combinations` of a chunk's
+rows): the temporaries (a count and a group id per combination) are then no larger than the
+per-row key encoding they replace. Otherwise, or when the table cannot take every present
+combination without growing, the aggregator decodes the keys (:meth:`CodedKeys.decode`) and
+folds the chunk as any other.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from extagg.columnar.columns import Column, to_column
+
+__all__ = ["CODED_ROW_BYTES", "CodedKeys", "CodedLookup", "coded_keys", "max_combinations"]
+
+#: combinations always allowed, whatever the chunk's rows (a few KiB of temporaries)
+MIN_COMBINATIONS = 1 << 10
+#: temporaries a row folded by its keys' codes needs, beyond its converted columns: the
+#: combination number, a column's codes widened, the group id, and (at most one per row) a
+#: count and a group id per combination (8 bytes each)
+CODED_ROW_BYTES = 40
+#: a lookup of at most this many combinations, and dictionaries of at most
+#: :data:`KEPT_DICTIONARY_BYTES`, are kept from one batch to the next (a few KiB)
+KEPT_COMBINATIONS = 1 << 10
+KEPT_DICTIONARY_BYTES = 1 << 14
+
+
+def max_combinations(rows: int) -> int:
+    """The most key combinations a chunk of ``rows`` rows is folded by codes with."""
+    return max(MIN_COMBINATIONS, rows)
+
+
+@dataclass
+class CodedKeys:
+    """The key columns of a run of rows as dictionary arrays (one per key, in key order)."""
+
+    names: list[str]
+    arrays: list[pa.DictionaryArray]
+
+    def __len__(self) -> int:
+        return len(self.arrays[0])
+
+    def slice(self, lo: int, hi: int) -> CodedKeys:
+        """Rows ``lo..hi`` (zero-copy)."""
+        if lo == 0 and hi == len(self):
+            return self
+        return CodedKeys(self.names, [a.slice(lo, hi - lo) for a in self.arrays])
+
+    def decode(self) -> dict[str, Column]:
+        """The key columns decoded, as :func:`~extagg.columnar.columns.to_columns` gives them."""
+        return {name: to_column(name, arr) for name, arr in zip(self.names, self.arrays)}
+
+    def dictionaries(self) -> dict[str, Column]:
+        """Each key's dictionary as a column (its values' type is the key column's type)."""
+        return {name: to_column(name, arr.dictionary) for name, arr in zip(self.names, self.arrays)}
+
+    def combinations(self) -> tuple[np.ndarray, int] | None:
+        """Each row's combination number (``int64``) and how many there can be; ``None`` when
+        there can be more than :func:`max_combinations` of the rows."""
+        n = len(self)
+        bases = []
+        total = 1
+        for arr in self.arrays:
+            bases.append(_base(arr))
+            total *= bases[-1]
+            if total > max_combinations(n):
+                return None
+        combo = np.zeros(n, dtype=np.int64)
+        for arr, base in zip(self.arrays, bases):
+            codes = _codes(arr)
+            if arr.null_count:
+                codes = np.where(_valid(arr), codes, base - 1)
+            combo *= base
+            combo += codes
+        return combo, total
+
+    def missing(self, combo: np.ndarray, total: int, lookup: np.ndarray) -> np.ndarray:
+        """The combinations present in ``combo`` that ``lookup`` has no group for (-1),
+        ascending."""
+        counts = np.bincount(combo, minlength=total)
+        found = np.flatnonzero(counts)
+        return found[lookup[found] < 0]
+
+    def key_columns(self, found: np.ndarray) -> dict[str, Column]:
+        """The key columns of the combinations ``found`` (one row each)."""
+        cols: dict[str, Column] = {}
+        stride = int(np.prod([_base(arr) for arr in self.arrays], dtype=np.int64))
+        rest = found
+        for name, arr in zip(self.names, self.arrays):
+            stride //= _base(arr)
+            index = rest // stride
+            rest = rest - index * stride
+            mask = index >= len(arr.dictionary) if arr.null_count else None
+            indices = pa.array(index, type=pa.int64(), mask=mask)
+            cols[name] = to_column(name, arr.dictionary.take(indices))
+        return cols
+
+
+def _base(arr: pa.DictionaryArray) -> int:
+    """Codes of a key column in the combination number: its dictionary's, one more for null."""
+    return max(1, len(arr.dictionary) + (1 if arr.null_count else 0))
+
+
+class CodedLookup:
+    """The group id of each key combination of the dictionaries seen last (-1: none yet),
+    valid while the table they were inserted in holds its groups: the same table object and
+    no spill since (a spill empties it)."""
+
+    def __init__(self) -> None:
+        self._table: Any = None
+        self._spills = -1
+        self._dictionaries: list[pa.Array] = []
+        self._nulls: list[bool] = []
+        self.lookup = np.zeros(0, dtype=np.int64)
+
+    def get(self, table: Any, spills: int, coded: CodedKeys, total: int) -> np.ndarray:
+        """The lookup for ``coded``'s combinations in ``table`` after ``spills`` spills: the
+        one kept when nothing changed, else a new one with no groups."""
+        dictionaries = [arr.dictionary for arr in coded.arrays]
+        nulls = [bool(arr.null_count) for arr in coded.arrays]
+        same = (
+            self._table is not None
+            and self._table() is table
+            and self._spills == spills
+            and len(self.lookup) == total
+            and self._nulls == nulls
+            and all(a is b or a.equals(b) for a, b in zip(dictionaries, self._dictionaries))
+        )
+        if same:
+            return self.lookup
+        lookup = np.full(total, -1, dtype=np.int64)
+        small = sum(d.nbytes for d in dictionaries) <= KEPT_DICTIONARY_BYTES
+        if total <= KEPT_COMBINATIONS and small:
+            self._table = weakref.ref(table)
+            self._spills = spills
+            self._dictionaries = dictionaries
+            self._nulls = nulls
+            self.lookup = lookup
+        else:  # a chunk's temporary (in CODED_ROW_BYTES): nothing held past the chunk
+            self.clear()
+        return lookup
+
+    def clear(self) -> None:
+        """Keep nothing."""
+        self._table = None
+        self._dictionaries = []
+        self.lookup = np.zeros(0, dtype=np.int64)
+
+
+def _codes(arr: pa.DictionaryArray) -> np.ndarray:
+    """The codes of ``arr`` as ``int64`` (a null's code is whatever its slot holds)."""
+    indices = arr.indices
+    buf = indices.buffers()[1]
+    dtype = np.dtype(indices.type.to_pandas_dtype())
+    if buf is None:
+        return np.zeros(len(arr), dtype=np.int64)
+    raw = np.frombuffer(buf, dtype=dtype)[indices.offset : indices.offset + len(indices)]
+    return raw.astype(np.int64)
+
+
+def _valid(arr: pa.Array) -> np.ndarray:
+    return np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=np.bool_)
+
+
+def coded_keys(batch: pa.RecordBatch, keys: Sequence[str]) -> CodedKeys | None:
+    """The key columns of ``batch`` as :class:`CodedKeys` when every one is a dictionary array
+    of (signed or unsigned) integer codes; else ``None``."""
+    if not keys:
+        return None
+    arrays = []
+    for name in keys:
+        index = batch.schema.get_field_index(name)
+        if index < 0:
+            return None
+        arr = batch.column(index)
+        if not pa.types.is_dictionary(arr.type) or not pa.types.is_integer(arr.type.index_type):
+            return None
+        arrays.append(arr)
+    return CodedKeys(list(keys), arrays)

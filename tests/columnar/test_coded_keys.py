@@ -1,0 +1,262 @@
+"""Dictionary-coded key columns (``columnar/coded_keys.py``): folded by their codes, the same
+answers as a pyarrow GROUP BY of the decoded keys and as the engine's own per-row path."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from extagg.columnar import HashAggregator
+from extagg.columnar.coded_keys import (
+    KEPT_COMBINATIONS,
+    CodedKeys,
+    coded_keys,
+    max_combinations,
+)
+
+AGGS = {
+    "n": ("*", "count"),
+    "s": ("v", "sum"),
+    "lo": ("v", "min"),
+    "hi": ("v", "max"),
+    "c": ("v", "count"),
+    "m": ("v", "mean"),
+}
+ORDER_AGGS = {"f": ("v", "first"), "l": ("v", "last"), "fs": ("v2", "first")}
+
+FLAGS = st.one_of(st.none(), st.sampled_from(["A", "N", "R", "", "é"]))
+STATUS = st.one_of(st.none(), st.sampled_from(["F", "O"]))
+VALUES = st.one_of(st.none(), st.integers(-(2**40), 2**40))
+
+
+def _dictionary(values: list[str | None], shuffle: int, extra: list[str]) -> pa.DictionaryArray:
+    """``values`` dictionary-encoded with unused and repeated dictionary entries, in an order
+    that depends on ``shuffle``: a dictionary need not be minimal, sorted or unique."""
+    distinct = sorted({v for v in values if v is not None})
+    rng = np.random.default_rng(shuffle)
+    dictionary = list(rng.permutation(np.array(distinct + extra, dtype=object))) + distinct[:1]
+    position = {v: i for i, v in enumerate(dictionary)}
+    codes = pa.array([None if v is None else position[v] for v in values], pa.int32())
+    return pa.DictionaryArray.from_arrays(codes, pa.array(dictionary, pa.string()))
+
+
+def _batches(rows, batch_rows: int, shuffle: int, plain_every: int):
+    """Record batches of ``rows`` (flag, status, v, v2): keys dictionary-coded, every
+    ``plain_every``-th batch plain strings (both kinds in one run)."""
+    out = []
+    for k, start in enumerate(range(0, len(rows), batch_rows)):
+        part = rows[start : start + batch_rows]
+        flags = [r[0] for r in part]
+        status = [r[1] for r in part]
+        v = pa.array([r[2] for r in part], pa.int64())
+        v2 = pa.array([None if r[2] is None else str(r[2]) for r in part], pa.string())
+        if plain_every and k % plain_every == plain_every - 1:
+            cols = [pa.array(flags, pa.string()), pa.array(status, pa.string())]
+        else:
+            cols = [_dictionary(flags, shuffle + k, ["zz"]), _dictionary(status, shuffle, [])]
+        out.append(pa.record_batch([*cols, v, v2], names=["flag", "status", "v", "v2"]))
+    return out
+
+
+def _result(agg: HashAggregator) -> dict:
+    table = pa.Table.from_batches(list(agg.results()))
+    keys = list(zip(table.column("flag").to_pylist(), table.column("status").to_pylist()))
+    cols = [c for c in table.column_names if c not in ("flag", "status")]
+    rows = dict(zip(keys, zip(*(table.column(c).to_pylist() for c in cols))))
+    assert len(rows) == len(keys), "a group came out twice"
+    return rows
+
+
+def _run(batches, aggs, **options) -> dict:
+    with HashAggregator(["flag", "status"], aggs, **options) as agg:
+        for b in batches:
+            agg.update(b)
+        return _result(agg)
+
+
+def _pyarrow_reference(rows) -> dict:
+    table = pa.table(
+        {
+            "flag": pa.array([r[0] for r in rows], pa.string()),
+            "status": pa.array([r[1] for r in rows], pa.string()),
+            "v": pa.array([r[2] for r in rows], pa.int64()),
+        }
+    )
+    grouped = table.group_by(["flag", "status"], use_threads=False).aggregate(
+        [([], "count_all"), ("v", "sum"), ("v", "min"), ("v", "max"), ("v", "count")]
+    )
+    out = {}
+    for row in grouped.to_pylist():
+        out[(row["flag"], row["status"])] = (
+            row["count_all"], row["v_sum"], row["v_min"], row["v_max"], row["v_count"],
+        )  # fmt: skip
+    return out
+
+
+ROWS = st.lists(st.tuples(FLAGS, STATUS, VALUES), min_size=1, max_size=300)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ROWS, st.integers(1, 70), st.integers(0, 1000), st.sampled_from([0, 2, 3]))
+def test_coded_keys_match_pyarrow_group_by(rows, batch_rows, shuffle, plain_every):
+    batches = _batches(rows, batch_rows, shuffle, plain_every)
+    got = _run(batches, AGGS)
+    want = _pyarrow_reference(rows)
+    assert set(got) == set(want)
+    for key, (n, s, lo, hi, c, m) in got.items():
+        assert (n, s, lo, hi, c) == want[key]
+        if c:
+            assert m == pytest.approx(s / c)
+        else:
+            assert m is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(ROWS, st.integers(1, 70), st.integers(0, 1000), st.integers(1, 40))
+def test_coded_keys_with_spills_equal_the_per_row_path(rows, batch_rows, shuffle, every):
+    """First/last (row order), string states, forced spills and merges: the same as the
+    batches with their keys decoded, which take the engine's per-row path."""
+    aggs = {**AGGS, **ORDER_AGGS, "smin": ("v2", "min")}
+    coded = _batches(rows, batch_rows, shuffle, 0)
+    plain = [
+        pa.record_batch(
+            [c.dictionary_decode() if pa.types.is_dictionary(c.type) else c for c in b.columns],
+            names=b.schema.names,
+        )
+        for b in coded
+    ]
+    want = _run(plain, aggs)
+    assert _run(coded, aggs) == want
+    assert _run(coded, aggs, force_spill_rows=every, fan_in=2) == want
+
+
+def test_the_codes_path_hashes_the_combinations_not_the_rows():
+    """The keys encoded (hashed, placed in the table) are the few combinations present, not
+    one per row: the path is taken, and gives the answer."""
+    rows = [("A" if i % 3 else "R", "F" if i % 2 else None, i) for i in range(50_000)]
+    batches = _batches(rows, 20_000, 7, 0)
+    agg = HashAggregator(["flag", "status"], AGGS, memory="64m")
+    encoded: list[int] = []
+    real = agg._encode
+
+    def spy(cols, n=None):
+        out = real(cols, n)
+        encoded.append(len(out.hashes))
+        return out
+
+    with agg:
+        agg.update(batches[0])  # the first batch learns the types: the per-row path
+        agg._encode = spy  # type: ignore[method-assign]
+        for b in batches[1:]:
+            agg.update(b)
+        got = _result(agg)
+    assert got == {
+        key: (n, s, lo, hi, c, pytest.approx(s / c))
+        for key, (n, s, lo, hi, c) in _pyarrow_reference(rows).items()
+    }
+    # one batch whole, its few new combinations encoded (none when all were seen before)
+    assert encoded and max(encoded) <= 6 and len(encoded) <= len(batches) - 1
+
+
+def test_decimal_values_and_wide_keys_by_codes():
+    """Decimal sums and means (Spark's types and rounding) over coded keys equal the per-row
+    path's; a dictionary of binaries works as one of strings."""
+    values = [Decimal("1.25"), Decimal("-3.10"), None, Decimal("99999999.99")] * 500
+    keys = [b"x", b"y", None, b"x"] * 500
+    dec = pa.array(values, pa.decimal128(15, 2))
+    coded = pa.array(keys, pa.binary()).dictionary_encode()
+    aggs = {"s": ("d", "sum"), "m": ("d", "mean"), "n": ("*", "count")}
+    results = []
+    for key_col in (coded, coded.dictionary_decode()):
+        batch = pa.record_batch([key_col, dec], names=["k", "d"])
+        with HashAggregator(["k"], aggs) as agg:
+            agg.update(batch.slice(0, 100))
+            agg.update(batch.slice(100))
+            table = pa.Table.from_batches(list(agg.results()))
+        results.append(sorted(table.to_pylist(), key=lambda r: (r["k"] is None, r["k"] or b"")))
+    assert results[0] == results[1]
+    assert results[0][0]["s"] == Decimal("1.25") * 500 + Decimal("99999999.99") * 500
+
+
+def test_many_combinations_fall_back_to_decoding():
+    """More possible combinations than a chunk's rows: the keys are decoded (same answer)."""
+    n = 3000
+    dictionary = pa.array([f"k{i}" for i in range(n)])
+    codes = pa.array(np.arange(n, dtype=np.int32)[::-1] % 7)
+    arr = pa.DictionaryArray.from_arrays(codes, dictionary)
+    batch = pa.record_batch([arr, arr, pa.array(np.arange(n))], names=["a", "b", "v"])
+    ck = coded_keys(batch, ["a", "b"])
+    assert ck is not None and ck.combinations() is None  # 3000 * 3000 > max_combinations
+    with HashAggregator(["a", "b"], {"s": ("v", "sum")}) as agg:
+        agg.update(batch.slice(0, 10))
+        agg.update(batch.slice(10))
+        got = {(r["a"], r["b"]): r["s"] for r in pa.Table.from_batches(agg.results()).to_pylist()}
+    want: dict = {}
+    for i in range(n):
+        key = (f"k{(n - 1 - i) % 7}",) * 2
+        want[key] = want.get(key, 0) + i
+    assert got == want
+
+
+def _python_combinations(ck: CodedKeys) -> list[tuple]:
+    """The reference: each row's key values, decoded one by one."""
+    return list(zip(*(arr.to_pylist() for arr in ck.arrays)))
+
+
+@given(
+    st.lists(st.tuples(FLAGS, STATUS, st.one_of(st.none(), st.integers(0, 3))), min_size=1,
+             max_size=80),
+    st.integers(0, 100),
+)  # fmt: skip
+def test_combinations_decode_to_the_rows_keys(rows, shuffle):
+    """Every row's combination number names its own key values (a null as its own code), and
+    the key columns of the combinations present decode to exactly the distinct keys."""
+    a = _dictionary([r[0] for r in rows], shuffle, ["q"])
+    b = _dictionary([r[1] for r in rows], shuffle + 1, [])
+    c = pa.array([r[2] for r in rows], pa.int64()).dictionary_encode()
+    ck = CodedKeys(["a", "b", "c"], [a, b, c])
+    found = ck.combinations()
+    assert found is not None
+    combo, total = found
+    assert total <= max(max_combinations(len(rows)), KEPT_COMBINATIONS)
+    assert combo.min() >= 0 and combo.max() < total
+    lookup = np.full(total, -1, dtype=np.int64)
+    present = ck.missing(combo, total, lookup)
+    cols = ck.key_columns(present)
+    decoded = list(zip(*(_decode(cols[k]) for k in ("a", "b", "c"))))
+    keys = _python_combinations(ck)
+    by_combo = {int(cmb): key for cmb, key in zip(combo, keys)}
+    assert sorted(by_combo) == list(present)
+    assert [by_combo[int(p)] for p in present] == decoded
+    # rows with the same key values: the same combination, unless a dictionary repeats a value
+    lookup[present[:1]] = 0
+    assert list(ck.missing(combo, total, lookup)) == list(present[1:])
+
+
+def _decode(col) -> list:
+    """A column from ``key_columns`` back to Python values."""
+    if col.is_var:
+        out = []
+        for i in range(len(col)):
+            if col.valid is not None and not col.valid[i]:
+                out.append(None)
+            else:
+                out.append(bytes(col.data[col.offsets[i] : col.offsets[i + 1]]).decode())
+        return out
+    values = col.values.tolist()
+    return [None if col.valid is not None and not col.valid[i] else v for i, v in enumerate(values)]
+
+
+def test_non_dictionary_keys_are_not_coded():
+    batch = pa.record_batch(
+        [pa.array(["a"]).dictionary_encode(), pa.array(["b"])], names=["x", "y"]
+    )
+    assert coded_keys(batch, ["x", "y"]) is None
+    assert coded_keys(batch, ["x"]) is not None
+    assert coded_keys(batch, []) is None
+    assert coded_keys(batch, ["nope"]) is None
