@@ -37,7 +37,7 @@ from extagg.generic.aggregator import Aggregator
 from extagg.generic.keys import canonical_keys
 from extagg.generic.memory_rows import SpillableMemorySource, UnsortedMemoryRows
 from extagg.generic.merge_phase import OBJECT_EXPANSION, merged_pairs
-from extagg.generic.typed_map import TypedReduceMap, TypedSortedRows, typed_op
+from extagg.generic.typed_map import TypedReduceMap, TypedSortedRows, aggregator_op
 from extagg.memory import Consumer, TaskMemoryManager, UnifiedMemoryManager
 from extagg.merge.heap import BlockSource, RunSource
 from extagg.spill.blocks import ObjectBlock, PermutedObjectBlock
@@ -92,9 +92,10 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
     name
         Name in logs and memory reports (default: class name and a counter).
     typed_path
-        Fold ``Aggregator.reducing(operator.add | min | max)`` over plain ``int``/``str`` keys
-        and ``int``/``float`` values in compiled code (:mod:`extagg.generic.typed_map`) while
-        the records allow it (default ``True``; results are the same either way).
+        Fold ``Aggregator.reducing(operator.add | min | max)``, ``Aggregator.counting()`` and
+        ``Aggregator.sum_count()`` over plain ``int``/``str`` keys and ``int``/``float``
+        values in compiled code (:mod:`extagg.generic.typed_map`) while the records allow it
+        (default ``True``; results are the same either way).
 
     Raises
     ------
@@ -158,7 +159,7 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
             min(INITIAL_MEMORY_THRESHOLD, max_memory // 16), min(MIN_SPILL_FLOOR, max_memory // 4)
         )
         #: the typed path's operation while records fit it (None: the general path for good)
-        self._typed_op = typed_op(aggregator.reduce_function) if typed_path else None
+        self._typed_op = aggregator_op(aggregator) if typed_path else None
         self._map: SizeTrackingAppendOnlyMap | TypedReduceMap | None = self._new_map()
         self._row_bytes = 64  # in-memory bytes of one row, as last measured
         self._reading: SpillableMemorySource | UnsortedMemoryRows | None = None
@@ -418,7 +419,7 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
             keys, values = pending.lists() if isinstance(pending, TypedSortedRows) else pending
             current = self._map
             if isinstance(current, TypedReduceMap):
-                typed = current.fold_typed(keys, values)  # combiners fold as values do
+                typed = current.fold_typed(keys, values, combiners=True)
                 if typed == len(keys):
                     self._unspilled = None
                     return
