@@ -37,7 +37,12 @@ from extagg.generic.aggregator import Aggregator
 from extagg.generic.keys import canonical_keys
 from extagg.generic.memory_rows import SpillableMemorySource, UnsortedMemoryRows
 from extagg.generic.merge_phase import OBJECT_EXPANSION, merged_pairs
-from extagg.generic.typed_map import TypedReduceMap, TypedSortedRows, aggregator_op
+from extagg.generic.typed_map import (
+    TypedReduceMap,
+    TypedSortedRows,
+    aggregator_op,
+    scalar_sorted_rows,
+)
 from extagg.memory import Consumer, TaskMemoryManager, UnifiedMemoryManager
 from extagg.merge.heap import BlockSource, RunSource
 from extagg.spill.blocks import ObjectBlock, PermutedObjectBlock
@@ -391,10 +396,16 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
                 block = current.destructive_sorted_rows()
                 self._unspilled = block
             else:
+                int_keys = current.int_key_column()
                 hashes, order, keys, values = current.destructive_sort_order()
                 self._unspilled = (keys, values)
-                block = PermutedObjectBlock(hashes, order, keys, values)
-                del hashes, order, keys, values
+                scalar = scalar_sorted_rows(hashes, order, keys, values, int_keys)
+                if scalar is not None:  # plain keys and numbers: written from arrays
+                    block = scalar
+                    self._unspilled = scalar  # the objects go now; a failure rebuilds them
+                else:
+                    block = PermutedObjectBlock(hashes, order, keys, values)
+                del hashes, order, keys, values, int_keys, scalar
             self._map = self._new_map()
         rows = len(block)
         try:
