@@ -203,3 +203,44 @@ def test_pickled_pairs_are_pickle_of_the_rows(keys, sums, counts, rnd):
     assert loaded_keys == [keys[i] for i in order]
     assert [exact(v) for v in loaded_values] == [exact(combiners[i]) for i in order]
     assert [exact(v) for v in rows.lists()[1]] == [exact(v) for v in combiners]
+
+
+MERGE_MEANS = Aggregator.reducing(Aggregator.sum_count().merge_combiners)
+
+
+@st.composite
+def combiner_records(draw):
+    keys = draw(st.sampled_from([st.integers(-3, 30), st.sampled_from(["a", "bb", "é", ""])]))
+    sums = draw(
+        st.sampled_from(
+            [
+                st.integers(-(2**40), 2**40),
+                float_values,
+                st.one_of(st.integers(-5, 5), float_values, st.just(2**63 + 1)),
+            ]
+        )
+    )
+    counts = st.one_of(st.integers(1, 10**6), st.just(2**62))
+    combiner = st.tuples(sums, counts)
+    values = st.one_of(combiner, st.just((1.0, 0.5))) if draw(st.booleans()) else combiner
+    return draw(st.lists(st.tuples(keys, values), max_size=200))
+
+
+@settings(max_examples=80, deadline=None)
+@given(combiner_records(), st.sampled_from([None, 1, 7, 64]))
+def test_reduce_side_of_a_mean_is_typed(pairs, every):
+    """``reducing(sum_count().merge_combiners)`` — the reduce side of ``combine_by_key`` with
+    the mean's functions — folds ``(sum, count)`` records as combiners on the typed path."""
+    assert aggregator_op(MERGE_MEANS) == K.OP_SUM_COUNT
+    typed, typed_spills, kind = run(pairs, MERGE_MEANS, True, memory="16m", force_spill_every=every)
+    general, _, _ = run(pairs, MERGE_MEANS, False, memory="16m", force_spill_every=every)
+    assert typed == general
+    floats = any(type(v[0]) is float for _, v in pairs)
+    if not typed_spills or not floats:
+        assert sorted(typed) == reference(pairs, MERGE_MEANS)
+
+
+def test_reduce_side_of_a_mean_stays_typed_on_plain_combiners():
+    pairs = [(k % 7, (k, 1 + k % 3)) for k in range(100)]
+    out, _, kind = run(pairs, MERGE_MEANS, True)
+    assert kind is TypedReduceMap and sorted(out) == reference(pairs, MERGE_MEANS)

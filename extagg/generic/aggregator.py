@@ -84,13 +84,18 @@ class Aggregator(Generic[V, C]):
 
     @property
     def pattern(self) -> str | None:
-        """``"count"`` for :meth:`counting`, ``"sum_count"`` for :meth:`sum_count` (the same
-        functions, however built), else ``None``."""
+        """``"count"`` for :meth:`counting`, ``"sum_count"`` for :meth:`sum_count`,
+        ``"sum_count_merge"`` for ``Aggregator.reducing(Aggregator.sum_count().merge_combiners)``
+        (the reduce side of a mean: it merges ``(sum, count)`` combiners), else ``None``; the
+        same functions, however the aggregator was built."""
         functions = (self.create_combiner, self.merge_value, self.merge_combiners)
         if functions == (_count_create, _count_merge_value, operator.add):
             return "count"
         if functions == (_sum_count_create, _sum_count_merge_value, _sum_count_merge_combiners):
             return "sum_count"
+        merge = _sum_count_merge_combiners
+        if functions == (_identity, merge, merge):
+            return "sum_count_merge"
         return None
 
     @property

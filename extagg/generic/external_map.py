@@ -97,8 +97,9 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
     name
         Name in logs and memory reports (default: class name and a counter).
     typed_path
-        Fold ``Aggregator.reducing(operator.add | min | max)``, ``Aggregator.counting()`` and
-        ``Aggregator.sum_count()`` over plain ``int``/``str`` keys and ``int``/``float``
+        Fold ``Aggregator.reducing(operator.add | min | max)``, ``Aggregator.counting()``,
+        ``Aggregator.sum_count()`` (and the reducing aggregator of its ``merge_combiners``,
+        the reduce side of a mean) over plain ``int``/``str`` keys and ``int``/``float``
         values in compiled code (:mod:`extagg.generic.typed_map`) while the records allow it
         (default ``True``; results are the same either way).
 
@@ -165,6 +166,8 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
         )
         #: the typed path's operation while records fit it (None: the general path for good)
         self._typed_op = aggregator_op(aggregator) if typed_path else None
+        #: the records' values are combiners (``reducing(sum_count().merge_combiners)``)
+        self._typed_combiners = aggregator.pattern == "sum_count_merge"
         self._map: SizeTrackingAppendOnlyMap | TypedReduceMap | None = self._new_map()
         self._row_bytes = 64  # in-memory bytes of one row, as last measured
         self._reading: SpillableMemorySource | UnsortedMemoryRows | None = None
@@ -255,7 +258,7 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
                 assert current is not None
             with deferred_interrupts():
                 if isinstance(current, TypedReduceMap):
-                    typed = current.fold_typed(keys, values)
+                    typed = current.fold_typed(keys, values, self._typed_combiners)
                     self.elements_read += typed
                     self.metrics.records_read += typed
                     if typed < len(keys):  # the rest does not fit: the general path from here

@@ -87,12 +87,14 @@ def typed_op(reduce_function: Callable[[Any, Any], Any] | None) -> int | None:
 
 def aggregator_op(aggregator: Aggregator[Any, Any]) -> int | None:
     """The kernel operation of ``aggregator``: ``OP_COUNT`` for ``Aggregator.counting()``,
-    ``OP_SUM_COUNT`` for ``Aggregator.sum_count()``, that of its reduce function for
-    ``Aggregator.reducing(operator.add | min | max)``, else ``None`` (general path)."""
+    ``OP_SUM_COUNT`` for ``Aggregator.sum_count()`` and for the reducing aggregator of its
+    ``merge_combiners`` (whose records are combiners: fold them with ``combiners=True``), that
+    of its reduce function for ``Aggregator.reducing(operator.add | min | max)``, else
+    ``None`` (general path)."""
     pattern = aggregator.pattern
     if pattern == "count":
         return FK.OP_COUNT
-    if pattern == "sum_count":
+    if pattern in ("sum_count", "sum_count_merge"):  # the latter folds combiners
         return FK.OP_SUM_COUNT
     return typed_op(aggregator.reduce_function)
 
