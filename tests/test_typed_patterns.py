@@ -232,7 +232,7 @@ def test_reduce_side_of_a_mean_is_typed(pairs, every):
     """``reducing(sum_count().merge_combiners)`` — the reduce side of ``combine_by_key`` with
     the mean's functions — folds ``(sum, count)`` records as combiners on the typed path."""
     assert aggregator_op(MERGE_MEANS) == K.OP_SUM_COUNT
-    typed, typed_spills, kind = run(pairs, MERGE_MEANS, True, memory="16m", force_spill_every=every)
+    typed, typed_spills, _ = run(pairs, MERGE_MEANS, True, memory="16m", force_spill_every=every)
     general, _, _ = run(pairs, MERGE_MEANS, False, memory="16m", force_spill_every=every)
     assert typed == general
     floats = any(type(v[0]) is float for _, v in pairs)
