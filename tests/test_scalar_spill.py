@@ -133,3 +133,27 @@ def test_budget_spills_of_strings_and_ints_match_a_dict(tmp_path):
             want[k] = want[k] + v if k in want else v
         assert got == want
         assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        [f"user_{i}" for i in range(50)],
+        ["", "a", "", "bb", "ccc", "", "d"],
+        ["ascii", "more", "é", "x\ud800", "tail", "z"],  # non-ASCII in the second chunk
+        ["é", "a"],
+    ],
+)
+def test_str_keys_in_chunks(keys, monkeypatch):
+    """The arena of a spill's str keys is built a few keys at a time; chunk boundaries (and a
+    non-ASCII key in a later chunk) change nothing."""
+    import extagg.generic.typed_map as TM
+
+    monkeypatch.setattr(TM, "_ARENA_CHUNK", 3)
+    values = [float(i) for i in range(len(keys))]
+    keys = list(dict.fromkeys(keys))
+    rows, order, k, v = gathered(keys, values[: len(keys)])
+    loaded_keys, loaded_values = pickle.loads(rows.pickled_rows())
+    assert loaded_keys == [k[i] for i in order.tolist()]
+    assert loaded_values == [v[i] for i in order.tolist()]
+    assert rows.lists() == (keys, values[: len(keys)])

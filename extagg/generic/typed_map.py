@@ -546,7 +546,7 @@ def scalar_sorted_rows(
             int_keys.view(np.uint64), _EMPTY_I64, _EMPTY_U8, True, False,
         )  # fmt: skip
     elif type(keys[0]) is str and operator.countOf(map(type, keys), str) == n:
-        _, offsets, arena, ascii_keys = _str_key_arrays(keys, n)
+        offsets, arena, ascii_keys = _str_arena(keys, n)
         key_bits, is_str = _EMPTY_U64, True
     else:
         return None
@@ -566,6 +566,29 @@ def scalar_sorted_rows(
         row_bytes=per_row + 16,
         ascii_keys=ascii_keys,
     )
+
+
+#: keys joined and encoded at a time by :func:`_str_arena` (bounds its temporary copies)
+_ARENA_CHUNK = 8192
+
+
+def _str_arena(keys: list[Any], n: int) -> tuple[np.ndarray, np.ndarray, bool]:
+    """``(byte offsets, UTF-8 bytes, all ASCII)`` of many exact ``str`` keys, built a chunk of
+    keys at a time into one array: beside the result, only one chunk's joined ``str`` and its
+    bytes exist at once (a spill's working memory stays within what it is granted)."""
+    lengths = np.fromiter(map(len, keys), dtype=np.int64, count=n)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    arena = np.empty(int(offsets[-1]), dtype=np.uint8)
+    for start in range(0, n, _ARENA_CHUNK):
+        stop = min(n, start + _ARENA_CHUNK)
+        data = "".join(keys[start:stop]).encode("utf-8", "surrogatepass")
+        begin, end = int(offsets[start]), int(offsets[stop])
+        if len(data) != end - begin:  # not all ASCII: byte offsets differ from str lengths
+            _, offsets, arena, ascii_keys = _str_key_arrays(keys, n)
+            return offsets, arena, ascii_keys
+        arena[begin:end] = np.frombuffer(data, dtype=np.uint8)
+    return offsets, arena, True
 
 
 def _str_key_arrays(keys: Sequence[Any], n: int) -> tuple[list[int], np.ndarray, np.ndarray, bool]:
