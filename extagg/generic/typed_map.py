@@ -576,9 +576,8 @@ def _str_arena(keys: list[Any], n: int) -> tuple[np.ndarray, np.ndarray, bool]:
     """``(byte offsets, UTF-8 bytes, all ASCII)`` of many exact ``str`` keys, built a chunk of
     keys at a time into one array: beside the result, only one chunk's joined ``str`` and its
     bytes exist at once (a spill's working memory stays within what it is granted)."""
-    lengths = np.fromiter(map(len, keys), dtype=np.int64, count=n)
     offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    np.cumsum(np.fromiter(map(len, keys), dtype=np.int64, count=n), out=offsets[1:])
     arena = np.empty(int(offsets[-1]), dtype=np.uint8)
     for start in range(0, n, _ARENA_CHUNK):
         stop = min(n, start + _ARENA_CHUNK)
