@@ -34,7 +34,7 @@ def run(pairs, agg, scalar, monkeypatch, **options):
             return out, m.metrics.spill_count
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(workloads(), st.sampled_from([1, 7, 64]), st.booleans())
 def test_scalar_spills_equal_object_spills(pairs, every, keep_last):
     """Forced spills at the same records: the same pairs in the same order, bit for bit."""
