@@ -238,7 +238,7 @@ def test_pickled_rows_kernel_is_pickle_of_the_rows(keys, values, rnd):
     out = np.zeros(K.pickled_size(len(keys), 4 * sum(map(len, keys)) if is_str else 0), np.uint8)
     end = R.pickle_rows(
         np.array(order, dtype=np.int64), is_str, part._keys, part._offsets, part._arena,
-        is_float, part._states, out,
+        is_float, part._states, False, np.empty(0, np.uint64), out,
     )  # fmt: skip
     assert got == out[:end].tobytes()
     loaded_keys, loaded_values = pickle.loads(got)

@@ -347,6 +347,16 @@ class AppendOnlyMap(BatchFoldMixin):
         hashes = unsorted[order]
         return hashes, order, keys, values
 
+    def int_key_column(self) -> np.ndarray | None:
+        """Every key as ``int64`` in insertion order when all are exact ``int`` that fit, else
+        ``None``: the map's own copy (kept for confirming matches), still valid after
+        :meth:`destructive_sort_order` drops the map's reference to it."""
+        self._check_valid()
+        n = self._size
+        if n == 0 or not self._is_int[:n].all():
+            return None
+        return self._int_keys[:n]
+
     def destructive_arrays(self) -> tuple[list[Any], list[Any]]:
         """Destroy the map and return its keys and values in insertion order (no sorting)."""
         self._check_valid()

@@ -18,8 +18,10 @@ from extagg.generic._typed_fold_reference import (
     LONG1,
     MARK,
     OP_ADD,
+    OP_COUNT,
     OP_MAX,
     OP_MIN,
+    OP_SUM_COUNT,
     SHORT_BINUNICODE,
     STOP,
     TUPLE2,
@@ -28,10 +30,15 @@ from extagg.generic._typed_fold_reference import (
 
 __all__ = [
     "OP_ADD",
+    "OP_COUNT",
     "OP_MAX",
     "OP_MIN",
+    "OP_SUM_COUNT",
+    "fold_count",
     "fold_float",
     "fold_int",
+    "fold_sum_count_float",
+    "fold_sum_count_int",
     "pickle_rows",
     "pickled_size",
 ]
@@ -89,6 +96,86 @@ def fold_int(
 
 
 @jit()
+def fold_count(
+    gids: np.ndarray, counts: np.ndarray, next_new: int
+) -> tuple[int, int]:  # pragma: no cover - compiled
+    """Count the records of each group into ``counts`` (see the reference)."""
+    n = gids.shape[0]
+    for i in range(n):
+        g = gids[i]
+        if g == next_new:
+            counts[g] = 1
+            next_new += 1
+        else:
+            counts[g] += 1
+    return n, next_new
+
+
+@jit()
+def fold_sum_count_float(
+    gids: np.ndarray,
+    values: np.ndarray,
+    counts_in: np.ndarray,
+    sums: np.ndarray,
+    counts: np.ndarray,
+    next_new: int,
+) -> tuple[int, int]:  # pragma: no cover - compiled
+    """Fold ``float64`` values into ``(sums, counts)`` (see the reference)."""
+    n = gids.shape[0]
+    ones = counts_in.shape[0] == 0
+    for i in range(n):
+        g = gids[i]
+        v = values[i]
+        c = np.int64(1) if ones else counts_in[i]
+        if g == next_new:
+            sums[g] = v
+            counts[g] = c
+            next_new += 1
+            continue
+        s = counts[g]
+        count = s + c
+        if ((s ^ count) & (c ^ count)) < 0:
+            return i, next_new
+        sums[g] = sums[g] + v
+        counts[g] = count
+    return n, next_new
+
+
+@jit()
+def fold_sum_count_int(
+    gids: np.ndarray,
+    values: np.ndarray,
+    counts_in: np.ndarray,
+    sums: np.ndarray,
+    counts: np.ndarray,
+    next_new: int,
+) -> tuple[int, int]:  # pragma: no cover - compiled
+    """Fold ``int64`` values into ``(sums, counts)``, stopping before an overflow."""
+    n = gids.shape[0]
+    ones = counts_in.shape[0] == 0
+    for i in range(n):
+        g = gids[i]
+        v = values[i]
+        c = np.int64(1) if ones else counts_in[i]
+        if g == next_new:
+            sums[g] = v
+            counts[g] = c
+            next_new += 1
+            continue
+        s = counts[g]
+        count = s + c
+        if ((s ^ count) & (c ^ count)) < 0:
+            return i, next_new
+        t = sums[g]
+        total = t + v
+        if ((t ^ total) & (v ^ total)) < 0:
+            return i, next_new
+        sums[g] = total
+        counts[g] = count
+    return n, next_new
+
+
+@jit()
 def _put_long1(out: np.ndarray, pos: int, bits: np.uint64) -> int:  # pragma: no cover
     """LONG1 with the 8 little-endian bytes of ``bits`` (an int64's two's complement)."""
     out[pos] = LONG1
@@ -107,6 +194,8 @@ def pickle_rows(
     arena: np.ndarray,
     value_is_float: bool,
     state_bits: np.ndarray,
+    pairs: bool,
+    count_bits: np.ndarray,
     out: np.ndarray,
 ) -> int:  # pragma: no cover - compiled
     """``pickle.dumps((keys, values))`` of the groups ``order`` into ``out`` (see the reference)."""
@@ -149,6 +238,10 @@ def pickle_rows(
             pos += 9
         else:
             pos = _put_long1(out, pos, state_bits[g])
+        if pairs:
+            pos = _put_long1(out, pos, count_bits[g])
+            out[pos] = TUPLE2
+            pos += 1
     out[pos] = APPENDS
     out[pos + 1] = TUPLE2
     out[pos + 2] = STOP

@@ -12,17 +12,43 @@ record folds its value in with the operation, exactly as the Python builtins do 
 * ``OP_MIN``: ``min(state, value)`` keeps ``state`` unless ``value < state`` (so NaN and ``-0.0``
   behave as in Python);
 * ``OP_MAX``: ``max(state, value)`` keeps ``state`` unless ``value > state``.
+
+Two more shapes of state serve the count / sum / mean patterns (``Aggregator.counting()``,
+``Aggregator.sum_count()``):
+
+* ``OP_COUNT``: one ``int64`` count per group; a value is not looked at, a new group starts at
+  1 and every further record adds 1 (:func:`fold_count`). Combiners (counts) fold as
+  ``OP_ADD`` on ``int64``.
+* ``OP_SUM_COUNT``: a ``(sum, count)`` pair per group, the sum as ``OP_ADD`` folds it (float,
+  or int64 stopping before an overflow), the count an ``int64`` (:func:`fold_sum_count_float`,
+  :func:`fold_sum_count_int`); a record adds ``(value, 1)`` or, when combiners are folded,
+  ``(sum, count)``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["OP_ADD", "OP_MAX", "OP_MIN", "fold_float", "fold_int", "pickle_rows", "pickled_size"]
+__all__ = [
+    "OP_ADD",
+    "OP_COUNT",
+    "OP_MAX",
+    "OP_MIN",
+    "OP_SUM_COUNT",
+    "fold_count",
+    "fold_float",
+    "fold_int",
+    "fold_sum_count_float",
+    "fold_sum_count_int",
+    "pickle_rows",
+    "pickled_size",
+]
 
 OP_ADD = 0
 OP_MIN = 1
 OP_MAX = 2
+OP_COUNT = 3
+OP_SUM_COUNT = 4
 
 _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
@@ -76,6 +102,76 @@ def fold_int(
     return gids.shape[0], next_new
 
 
+def fold_count(gids: np.ndarray, counts: np.ndarray, next_new: int) -> tuple[int, int]:
+    """Count the records of each group into ``counts`` (a new group starts at 1); returns
+    ``(records folded, next_new)``."""
+    for i in range(gids.shape[0]):
+        g = int(gids[i])
+        if g == next_new:
+            counts[g] = 1
+            next_new += 1
+        else:
+            counts[g] = int(counts[g]) + 1
+    return gids.shape[0], next_new
+
+
+def _fold_sum_count(
+    gids: np.ndarray,
+    values: np.ndarray,
+    counts_in: np.ndarray,
+    sums: np.ndarray,
+    counts: np.ndarray,
+    next_new: int,
+    is_int: bool,
+) -> tuple[int, int]:
+    ones = counts_in.shape[0] == 0
+    for i in range(gids.shape[0]):
+        g = int(gids[i])
+        v = int(values[i]) if is_int else float(values[i])
+        c = 1 if ones else int(counts_in[i])
+        if g == next_new:
+            sums[g] = v
+            counts[g] = c
+            next_new += 1
+            continue
+        total = (int(sums[g]) if is_int else float(sums[g])) + v
+        count = int(counts[g]) + c
+        if not _INT64_MIN <= count <= _INT64_MAX:
+            return i, next_new
+        if is_int and not _INT64_MIN <= total <= _INT64_MAX:
+            return i, next_new
+        sums[g] = total
+        counts[g] = count
+    return gids.shape[0], next_new
+
+
+def fold_sum_count_float(
+    gids: np.ndarray,
+    values: np.ndarray,
+    counts_in: np.ndarray,
+    sums: np.ndarray,
+    counts: np.ndarray,
+    next_new: int,
+) -> tuple[int, int]:
+    """Fold ``float64`` ``values`` into ``(sums, counts)``: each record adds ``(value, 1)`` —
+    or ``(value, counts_in[i])`` when ``counts_in`` is not empty (folding combiners); stops
+    before a count leaving ``int64``. Returns ``(records folded, next_new)``."""
+    return _fold_sum_count(gids, values, counts_in, sums, counts, next_new, False)
+
+
+def fold_sum_count_int(
+    gids: np.ndarray,
+    values: np.ndarray,
+    counts_in: np.ndarray,
+    sums: np.ndarray,
+    counts: np.ndarray,
+    next_new: int,
+) -> tuple[int, int]:
+    """:func:`fold_sum_count_float` for ``int64`` values: also stops before a sum leaving
+    ``int64``."""
+    return _fold_sum_count(gids, values, counts_in, sums, counts, next_new, True)
+
+
 # -- spilling without Python objects -------------------------------------------------------------
 # A spilled batch of the generic engine is ``pickle.dumps((keys, values))`` after its hashes
 # (:class:`extagg.spill.codecs.ObjectCodec`). The typed path writes those bytes itself, from its
@@ -93,10 +189,11 @@ LONG1 = 0x8A  # 1-byte length (8 here), little-endian two's complement
 BINFLOAT = 0x47  # G, 8 bytes big-endian IEEE 754
 
 
-def pickled_size(n: int, key_bytes: int) -> int:
+def pickled_size(n: int, key_bytes: int, pairs: bool = False) -> int:
     """An upper bound of the bytes :func:`pickle_rows` writes for ``n`` rows whose str keys
-    hold ``key_bytes`` UTF-8 bytes together (0 for int keys)."""
-    return 16 + n * (5 + 10) + key_bytes + n * 10
+    hold ``key_bytes`` UTF-8 bytes together (0 for int keys); ``pairs``: each value is a
+    ``(sum, count)`` tuple."""
+    return 16 + n * (5 + 10) + key_bytes + n * (21 if pairs else 10)
 
 
 def pickle_rows(
@@ -107,13 +204,15 @@ def pickle_rows(
     arena: np.ndarray,
     value_is_float: bool,
     state_bits: np.ndarray,
+    pairs: bool,
+    count_bits: np.ndarray,
     out: np.ndarray,
 ) -> int:
     """Write ``pickle.dumps((keys, values))`` of the groups ``order`` (in that order) into
     ``out`` and return its length. Keys are the int64 whose two's complement is
     ``key_bits[g]`` (``uint64``) or the UTF-8 (surrogatepass) bytes
     ``arena[var_offsets[g]:var_offsets[g + 1]]``; values the float64 or int64 whose bits are
-    ``state_bits[g]``."""
+    ``state_bits[g]`` — with ``pairs``, the tuple of that and the int64 ``count_bits[g]``."""
     buf = bytearray(PROTO)
     buf += bytes((EMPTY_LIST, MARK))
     for g in order.tolist():
@@ -132,6 +231,8 @@ def pickle_rows(
             buf += bytes((BINFLOAT,)) + int(state_bits[g]).to_bytes(8, "big")
         else:
             buf += bytes((LONG1, 8)) + int(state_bits[g]).to_bytes(8, "little")
+        if pairs:
+            buf += bytes((LONG1, 8)) + int(count_bits[g]).to_bytes(8, "little") + bytes((TUPLE2,))
     buf += bytes((APPENDS, TUPLE2, STOP))
     out[: len(buf)] = np.frombuffer(bytes(buf), dtype=np.uint8)
     return len(buf)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -48,6 +49,55 @@ class Aggregator(Generic[V, C]):
         """An aggregator for ``reduceByKey``-style folds: ``func`` merges values and combiners."""
         return cls(_identity, func, func)
 
+    @classmethod
+    def counting(cls) -> Aggregator[Any, int]:
+        """Count the values of each key (``rdd.map(lambda kv: (kv[0], 1)).reduceByKey(add)``
+        without the ones): the combiner is an ``int``; values are not looked at. The
+        generic engine folds it in compiled code for plain ``int``/``str`` keys, whatever the
+        values.
+
+        >>> Aggregator.counting().merge_value(Aggregator.counting().create_combiner("x"), "y")
+        2
+        """
+        return Aggregator[Any, int](_count_create, _count_merge_value, operator.add)
+
+    @classmethod
+    def summing(cls) -> Aggregator[Any, Any]:
+        """Sum the values of each key: ``Aggregator.reducing(operator.add)`` (typed path for
+        plain ``int``/``float`` values)."""
+        return cls.reducing(operator.add)
+
+    @classmethod
+    def sum_count(cls) -> Aggregator[Any, tuple[Any, int]]:
+        """The ``(sum, count)`` of each key's values — the combiner PySpark jobs build for a
+        mean (``combineByKey(lambda v: (v, 1), lambda c, v: (c[0] + v, c[1] + 1), lambda a,
+        b: (a[0] + b[0], a[1] + b[1]))``); the mean is ``sum / count``. Folded in compiled
+        code for plain ``int``/``str`` keys and plain ``int`` or ``float`` values.
+
+        >>> agg = Aggregator.sum_count()
+        >>> agg.merge_combiners(agg.merge_value(agg.create_combiner(1.5), 2.5), (1.0, 1))
+        (5.0, 3)
+        """
+        return Aggregator[Any, tuple[Any, int]](
+            _sum_count_create, _sum_count_merge_value, _sum_count_merge_combiners
+        )
+
+    @property
+    def pattern(self) -> str | None:
+        """``"count"`` for :meth:`counting`, ``"sum_count"`` for :meth:`sum_count`,
+        ``"sum_count_merge"`` for ``Aggregator.reducing(Aggregator.sum_count().merge_combiners)``
+        (the reduce side of a mean: it merges ``(sum, count)`` combiners), else ``None``; the
+        same functions, however the aggregator was built."""
+        functions = (self.create_combiner, self.merge_value, self.merge_combiners)
+        if functions == (_count_create, _count_merge_value, operator.add):
+            return "count"
+        if functions == (_sum_count_create, _sum_count_merge_value, _sum_count_merge_combiners):
+            return "sum_count"
+        merge = _sum_count_merge_combiners
+        if functions == (_identity, merge, merge):
+            return "sum_count_merge"
+        return None
+
     @property
     def reduce_function(self) -> Callable[[Any, Any], Any] | None:
         """``func`` when this aggregator is ``Aggregator.reducing(func)`` (the identity creates
@@ -60,3 +110,23 @@ class Aggregator(Generic[V, C]):
 
 def _identity(value: Any) -> Any:
     return value
+
+
+def _count_create(_value: Any) -> int:
+    return 1
+
+
+def _count_merge_value(count: int, _value: Any) -> int:
+    return count + 1
+
+
+def _sum_count_create(value: Any) -> tuple[Any, int]:
+    return (value, 1)
+
+
+def _sum_count_merge_value(combiner: tuple[Any, int], value: Any) -> tuple[Any, int]:
+    return (combiner[0] + value, combiner[1] + 1)
+
+
+def _sum_count_merge_combiners(a: tuple[Any, int], b: tuple[Any, int]) -> tuple[Any, int]:
+    return (a[0] + b[0], a[1] + b[1])

@@ -37,7 +37,12 @@ from extagg.generic.aggregator import Aggregator
 from extagg.generic.keys import canonical_keys
 from extagg.generic.memory_rows import SpillableMemorySource, UnsortedMemoryRows
 from extagg.generic.merge_phase import OBJECT_EXPANSION, merged_pairs
-from extagg.generic.typed_map import TypedReduceMap, TypedSortedRows, typed_op
+from extagg.generic.typed_map import (
+    TypedReduceMap,
+    TypedSortedRows,
+    aggregator_op,
+    scalar_sorted_rows,
+)
 from extagg.memory import Consumer, TaskMemoryManager, UnifiedMemoryManager
 from extagg.merge.heap import BlockSource, RunSource
 from extagg.spill.blocks import ObjectBlock, PermutedObjectBlock
@@ -92,9 +97,11 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
     name
         Name in logs and memory reports (default: class name and a counter).
     typed_path
-        Fold ``Aggregator.reducing(operator.add | min | max)`` over plain ``int``/``str`` keys
-        and ``int``/``float`` values in compiled code (:mod:`extagg.generic.typed_map`) while
-        the records allow it (default ``True``; results are the same either way).
+        Fold ``Aggregator.reducing(operator.add | min | max)``, ``Aggregator.counting()``,
+        ``Aggregator.sum_count()`` (and the reducing aggregator of its ``merge_combiners``,
+        the reduce side of a mean) over plain ``int``/``str`` keys and ``int``/``float``
+        values in compiled code (:mod:`extagg.generic.typed_map`) while the records allow it
+        (default ``True``; results are the same either way).
 
     Raises
     ------
@@ -158,7 +165,9 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
             min(INITIAL_MEMORY_THRESHOLD, max_memory // 16), min(MIN_SPILL_FLOOR, max_memory // 4)
         )
         #: the typed path's operation while records fit it (None: the general path for good)
-        self._typed_op = typed_op(aggregator.reduce_function) if typed_path else None
+        self._typed_op = aggregator_op(aggregator) if typed_path else None
+        #: the records' values are combiners (``reducing(sum_count().merge_combiners)``)
+        self._typed_combiners = aggregator.pattern == "sum_count_merge"
         self._map: SizeTrackingAppendOnlyMap | TypedReduceMap | None = self._new_map()
         self._row_bytes = 64  # in-memory bytes of one row, as last measured
         self._reading: SpillableMemorySource | UnsortedMemoryRows | None = None
@@ -249,7 +258,7 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
                 assert current is not None
             with deferred_interrupts():
                 if isinstance(current, TypedReduceMap):
-                    typed = current.fold_typed(keys, values)
+                    typed = current.fold_typed(keys, values, self._typed_combiners)
                     self.elements_read += typed
                     self.metrics.records_read += typed
                     if typed < len(keys):  # the rest does not fit: the general path from here
@@ -390,10 +399,16 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
                 block = current.destructive_sorted_rows()
                 self._unspilled = block
             else:
+                int_keys = current.int_key_column()
                 hashes, order, keys, values = current.destructive_sort_order()
                 self._unspilled = (keys, values)
-                block = PermutedObjectBlock(hashes, order, keys, values)
-                del hashes, order, keys, values
+                scalar = scalar_sorted_rows(hashes, order, keys, values, int_keys)
+                if scalar is not None:  # plain keys and numbers: written from arrays
+                    block = scalar
+                    self._unspilled = scalar  # the objects go now; a failure rebuilds them
+                else:
+                    block = PermutedObjectBlock(hashes, order, keys, values)
+                del hashes, order, keys, values, int_keys, scalar
             self._map = self._new_map()
         rows = len(block)
         try:
@@ -418,7 +433,7 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
             keys, values = pending.lists() if isinstance(pending, TypedSortedRows) else pending
             current = self._map
             if isinstance(current, TypedReduceMap):
-                typed = current.fold_typed(keys, values)  # combiners fold as values do
+                typed = current.fold_typed(keys, values, combiners=True)
                 if typed == len(keys):
                     self._unspilled = None
                     return

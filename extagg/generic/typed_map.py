@@ -1,10 +1,12 @@
 """The typed path of :class:`~extagg.generic.external_map.ExternalAppendOnlyMap`.
 
 For ``Aggregator.reducing(operator.add | min | max)`` — ``reduceByKey(add)``, the sums, minima
-and maxima most jobs run — over records whose keys are all exact ``int`` (fitting ``int64``) or
-all exact ``str`` and whose values are all exact ``float`` or all exact ``int``, a chunk of
-records becomes NumPy arrays (keys, their :func:`extagg.hashing.order_hash`, values) and is folded
-in compiled code: the typed table (:class:`~extagg.collection.typed_table.TypedHashTable`) gives
+and maxima most jobs run —, ``Aggregator.counting()`` (a count per key, values not looked at)
+and ``Aggregator.sum_count()`` (a ``(sum, count)`` per key, the mean's combiner) over records
+whose keys are all exact ``int`` (fitting ``int64``) or all exact ``str`` and whose values are
+all exact ``float`` or all exact ``int`` (any values, for the count), a chunk of records
+becomes NumPy arrays (keys, their :func:`extagg.hashing.order_hash`, values) and is folded in
+compiled code: the typed table (:class:`~extagg.collection.typed_table.TypedHashTable`) gives
 every record its group, :mod:`extagg.generic._typed_fold_kernels` folds the values. No Python
 code runs per record.
 
@@ -40,9 +42,17 @@ from extagg.collection.size_estimator import allocated_size
 from extagg.collection.typed_table import TypedHashTable
 from extagg.errors import DestroyedError
 from extagg.generic import _typed_fold_kernels as FK
+from extagg.generic.aggregator import Aggregator
 from extagg.hashing import hash_array
 
-__all__ = ["TYPED_OPS", "TypedReduceMap", "TypedSortedRows", "typed_op"]
+__all__ = [
+    "TYPED_OPS",
+    "TypedReduceMap",
+    "TypedSortedRows",
+    "aggregator_op",
+    "scalar_sorted_rows",
+    "typed_op",
+]
 
 #: reduce function → kernel operation code
 TYPED_OPS: dict[Callable[[Any, Any], Any], int] = {
@@ -53,6 +63,10 @@ TYPED_OPS: dict[Callable[[Any, Any], Any], int] = {
 
 #: Python objects a group becomes when read: two list slots and a boxed value (int or float)
 _ENTRY_BYTES = 16 + 32
+#: ... and for a ``(sum, count)`` state, a 2-tuple and the boxed count besides
+_PAIR_BYTES = 64 + 32
+_FIRST = operator.itemgetter(0)
+_SECOND = operator.itemgetter(1)
 _INT_KEY_BYTES = 32
 _EMPTY_NULLS = np.empty(0, dtype=np.uint8)
 _EMPTY_I64 = np.empty(0, dtype=np.int64)
@@ -69,6 +83,20 @@ def typed_op(reduce_function: Callable[[Any, Any], Any] | None) -> int | None:
         return TYPED_OPS.get(reduce_function)
     except TypeError:  # an unhashable callable object
         return None
+
+
+def aggregator_op(aggregator: Aggregator[Any, Any]) -> int | None:
+    """The kernel operation of ``aggregator``: ``OP_COUNT`` for ``Aggregator.counting()``,
+    ``OP_SUM_COUNT`` for ``Aggregator.sum_count()`` and for the reducing aggregator of its
+    ``merge_combiners`` (whose records are combiners: fold them with ``combiners=True``), that
+    of its reduce function for ``Aggregator.reducing(operator.add | min | max)``, else
+    ``None`` (general path)."""
+    pattern = aggregator.pattern
+    if pattern == "count":
+        return FK.OP_COUNT
+    if pattern in ("sum_count", "sum_count_merge"):  # the latter folds combiners
+        return FK.OP_SUM_COUNT
+    return typed_op(aggregator.reduce_function)
 
 
 def _identity(value: Any) -> Any:
@@ -140,6 +168,11 @@ class TypedReduceMap:
             extra += table.arena.shape[0]
         return extra
 
+    def _entry_bytes(self) -> int:
+        if self.op == FK.OP_SUM_COUNT:  # a 2-tuple of a number and an int
+            return _ENTRY_BYTES + _PAIR_BYTES
+        return _ENTRY_BYTES
+
     def _key_object_bytes(self) -> int:
         if self.key_kind is str:
             return self._key_bytes // max(1, self._key_samples)
@@ -151,30 +184,35 @@ class TypedReduceMap:
         table = self._table
         if table is None:
             return 0
-        per_group = _ENTRY_BYTES + self._key_object_bytes()
+        per_group = self._entry_bytes() + self._key_object_bytes()
         return table.nbytes + table.num_groups * per_group
 
     # -- folding -------------------------------------------------------------------------------
-    def fold_typed(self, keys: Sequence[Any], values: Sequence[Any]) -> int:
+    def fold_typed(
+        self, keys: Sequence[Any], values: Sequence[Any], combiners: bool = False
+    ) -> int:
         """Fold as many records of the chunk as fit the typed path; returns their number.
 
-        Either the whole chunk (it fits), none (a key or value type that does not fit), or the
-        records before an ``int`` sum that would leave ``int64``. Fewer than all means the map
-        must be handed over with :meth:`to_general` before anything else is folded.
+        ``combiners``: ``values`` are combiners of the aggregator (a spill put back), not
+        values — the same for ``add``/``min``/``max``; counts, or ``(sum, count)`` pairs, for
+        ``OP_COUNT``/``OP_SUM_COUNT``. Either the whole chunk (it fits), none (a key or value
+        type that does not fit), or the records before an ``int`` sum or count that would
+        leave ``int64``. Fewer than all means the map must be handed over with
+        :meth:`to_general` before anything else is folded.
         """
         self._check_valid()
         self._folded = 0
         n = len(keys)
         if n == 0:
             return 0
-        value_array = self._values_array(values, n)
-        if value_array is None:
+        states = self._states_arrays(values, n, combiners)
+        if states is None:
             return 0
         prepared = self._keys_arrays(keys, n)
         if prepared is None:
             return 0
         hashes, words, offsets, data = prepared
-        table = self._table_for(value_array.dtype)
+        table = self._table_for()
         gids = np.empty(n, dtype=np.int64)
         groups_before = table.num_groups
         start = 0
@@ -186,31 +224,66 @@ class TypedReduceMap:
                 table.grow()
             else:
                 table.grow_arena(table.pending_var_bytes(offsets, start))
-        fold = FK.fold_float if self.value_kind is float else FK.fold_int
-        done, next_new = fold(self.op, gids, value_array, table.payload[0], groups_before)
+        done, next_new = self._fold(gids, states, combiners, groups_before)
         done = int(done)
         if done < n:
             self._valid_groups = int(next_new)
         self._folded = done
         return done
 
+    def _fold(
+        self, gids: np.ndarray, states: tuple[np.ndarray, ...], combiners: bool, next_new: int
+    ) -> tuple[int, int]:
+        payload = self._table.payload if self._table is not None else []
+        op = self.op
+        if op == FK.OP_COUNT:
+            if combiners:
+                return FK.fold_int(FK.OP_ADD, gids, states[0], payload[0], next_new)
+            return FK.fold_count(gids, payload[0], next_new)
+        if op == FK.OP_SUM_COUNT:
+            fold_pairs = (
+                FK.fold_sum_count_float if self.value_kind is float else FK.fold_sum_count_int
+            )
+            counts_in = states[1] if combiners else _EMPTY_I64
+            return fold_pairs(gids, states[0], counts_in, payload[0], payload[1], next_new)
+        fold = FK.fold_float if self.value_kind is float else FK.fold_int
+        return fold(op, gids, states[0], payload[0], next_new)
+
+    def _states_arrays(
+        self, values: Sequence[Any], n: int, combiners: bool
+    ) -> tuple[np.ndarray, ...] | None:
+        """The arrays the fold reads from ``values``, or ``None`` if they do not fit."""
+        op = self.op
+        if op == FK.OP_COUNT:
+            if not combiners:
+                self.value_kind = int  # the state is a count; values are not looked at
+                return ()
+            counts = _exact_array(values, n, int)
+            if counts is None:
+                return None
+            self.value_kind = int
+            return (counts,)
+        if op == FK.OP_SUM_COUNT and combiners:
+            tuple_count = operator.countOf(map(type, values), tuple)
+            if tuple_count != n or operator.countOf(map(len, values), 2) != n:
+                return None
+            counts = _exact_array(list(map(_SECOND, values)), n, int)
+            sums = self._values_array(list(map(_FIRST, values)), n)
+            if counts is None or sums is None:
+                return None
+            return (sums, counts)
+        array = self._values_array(values, n)
+        return None if array is None else (array,)
+
     def _values_array(self, values: Sequence[Any], n: int) -> np.ndarray | None:
         kind = self.value_kind
-        first = type(values[0])
         if kind is None:
-            if first is not float and first is not int:
+            kind = type(values[0])
+            if kind is not float and kind is not int:
                 return None
-            kind = first
-        if operator.countOf(map(type, values), kind) != n:
-            return None
-        if kind is float:
-            array = np.fromiter(values, dtype=np.float64, count=n)
-        else:
-            try:
-                array = np.fromiter(values, dtype=np.int64, count=n)
-            except OverflowError:
-                return None
-        self.value_kind = kind
+        array = _exact_array(values, n, kind)
+        if array is not None:
+            self.value_kind = kind
         return array
 
     def _keys_arrays(
@@ -231,21 +304,11 @@ class TypedReduceMap:
                 return None
             self.key_kind = int
             return hash_array(ints), ints.view(np.uint64).reshape(n, 1), _EMPTY_I64, _EMPTY_U8
-        lengths = list(map(len, keys))
-        joined = "".join(keys)
-        try:
-            data = joined.encode("utf-8", "surrogatepass")
-        except UnicodeEncodeError:  # pragma: no cover - surrogatepass encodes every str
-            return None
-        if len(data) != len(joined):  # not all ASCII: byte lengths differ from str lengths
-            encoded = [k.encode("utf-8", "surrogatepass") for k in keys]
-            lengths = list(map(len, encoded))
-            data = b"".join(encoded)
+        lengths, offsets, data, ascii_keys = _str_key_arrays(keys, n)
+        if not ascii_keys:
             self._ascii = False
         self.key_kind = str
-        offsets = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(np.fromiter(lengths, dtype=np.int64, count=n), out=offsets[1:])
-        raw = np.frombuffer(data, dtype=np.uint8)
+        raw = data
         hashes = np.empty(n, dtype=np.uint64)
         _hash_var(offsets, raw, hashes)
         self._sample_keys(keys, lengths)
@@ -261,11 +324,15 @@ class TypedReduceMap:
             key = keys[lengths.index(longest)]
             self._largest = (allocated_size(getsizeof(key)) + _ENTRY_BYTES, key)
 
-    def _table_for(self, dtype: np.dtype) -> TypedHashTable:
+    def _table_for(self) -> TypedHashTable:
         if self._table is None:
             is_int = self.key_kind is int
+            state = np.dtype(np.float64 if self.value_kind is float else np.int64)
+            payload = [(state, 0)]
+            if self.op == FK.OP_SUM_COUNT:
+                payload.append((np.dtype(np.int64), 0))  # the count
             self._table = TypedHashTable(
-                1 if is_int else 0, 1, not is_int, [(dtype, 0)], hash_is_key=is_int
+                1 if is_int else 0, 1, not is_int, payload, hash_is_key=is_int
             )
         return self._table
 
@@ -288,7 +355,11 @@ class TypedReduceMap:
         n = self._groups()
         if n == 0 or self._table is None:
             return [], []
-        return self._key_list(n), self._table.payload[0][:n].tolist()
+        payload = self._table.payload
+        values: list[Any] = payload[0][:n].tolist()
+        if self.op == FK.OP_SUM_COUNT:
+            values = list(zip(values, payload[1][:n].tolist(), strict=True))
+        return self._key_list(n), values
 
     def _destroy(self) -> None:
         self._destroyed = True
@@ -335,16 +406,18 @@ class TypedReduceMap:
         n = table.num_groups
         hashes, gids = table.sort_by_hash()
         order = gids.astype(np.int64) - 1
+        pairs = self.op == FK.OP_SUM_COUNT
         rows = TypedSortedRows(
             hashes.copy(),
             order,
             key_bits=_key_bits(table, n),
             var_offsets=table.var_offsets[: n + 1],
             arena=table.arena,
-            state_bits=table.rows[:n].view(np.uint64),
+            state_bits=table.payload[0][:n].view(np.uint64),
+            count_bits=table.payload[1][:n].view(np.uint64) if pairs else None,
             key_is_str=self.key_kind is str,
             value_is_float=self.value_kind is float,
-            row_bytes=_ENTRY_BYTES + self._key_object_bytes(),
+            row_bytes=self._entry_bytes() + self._key_object_bytes(),
             ascii_keys=self._ascii,
         )
         self._destroy()  # the slot array goes; the block holds the key and state arrays
@@ -364,7 +437,7 @@ class TypedSortedRows:
     """
 
     __slots__ = (
-        "hashes", "order", "_keys", "_offsets", "_arena", "_states", "_key_is_str",
+        "hashes", "order", "_keys", "_offsets", "_arena", "_states", "_counts", "_key_is_str",
         "_value_is_float", "_row_bytes", "_ascii",
     )  # fmt: skip
 
@@ -377,6 +450,7 @@ class TypedSortedRows:
         var_offsets: np.ndarray,
         arena: np.ndarray,
         state_bits: np.ndarray,
+        count_bits: np.ndarray | None = None,
         key_is_str: bool,
         value_is_float: bool,
         row_bytes: int,
@@ -388,6 +462,7 @@ class TypedSortedRows:
         self._offsets = var_offsets
         self._arena = arena
         self._states = state_bits
+        self._counts = count_bits  # (sum, count) states: the counts
         self._key_is_str = key_is_str
         self._value_is_float = value_is_float
         self._row_bytes = row_bytes
@@ -416,10 +491,12 @@ class TypedSortedRows:
         key_bytes = 0
         if self._key_is_str:
             key_bytes = int((self._offsets[order + 1] - self._offsets[order]).sum())
-        out = np.empty(FK.pickled_size(len(order), key_bytes), dtype=np.uint8)
+        pairs = self._counts is not None
+        out = np.empty(FK.pickled_size(len(order), key_bytes, pairs), dtype=np.uint8)
+        counts = self._counts if self._counts is not None else _EMPTY_U64
         end = FK.pickle_rows(
             order, self._key_is_str, self._keys, self._offsets, self._arena,
-            self._value_is_float, self._states, out,
+            self._value_is_float, self._states, pairs, counts, out,
         )  # fmt: skip
         return out[: int(end)].tobytes()
 
@@ -429,7 +506,118 @@ class TypedSortedRows:
         keys = _decode_keys(self._keys, self._offsets, self._arena, self._key_is_str, self._ascii)
         kind = np.float64 if self._value_is_float else np.int64
         values: list[Any] = self._states[:n].view(kind).tolist()
+        if self._counts is not None:
+            counts = self._counts[:n].view(np.int64).tolist()
+            values = list(zip(values, counts, strict=True))
         return keys, values
+
+
+def scalar_sorted_rows(
+    hashes: np.ndarray,
+    order: np.ndarray,
+    keys: list[Any],
+    values: list[Any],
+    int_keys: np.ndarray | None,
+) -> TypedSortedRows | None:
+    """The hash-sorted rows of a general map (``destructive_sort_order``'s result) as a block
+    written from arrays, when every key is an exact ``int`` fitting ``int64`` (``int_keys``,
+    the map's copy of them) or every key an exact ``str``, and every combiner an exact
+    ``float`` or every one an exact ``int`` fitting ``int64``; else ``None``.
+
+    Why: the rows of a spill are written in hash order, which visits the key and combiner
+    objects in random memory order, three times each (gathered, pickled, released) — on this
+    kind of machine a cache and TLB miss apiece, 1–3 µs per row. Here each object is read
+    once in insertion order into an array; the run's pickle bytes are then written from the
+    arrays (:meth:`TypedSortedRows.pickled_rows`), so the run reads back as the same objects.
+    The arrays take 16 bytes per row (int keys: 8, the map's own copy), within what a sort
+    is granted (the map's hash and slot arrays are freed by then); the objects can be freed.
+    """
+    n = len(keys)
+    if n == 0 or len(values) != n:
+        return None
+    kind = type(values[0])
+    if kind is not float and kind is not int:
+        return None
+    states = _exact_array(values, n, kind)
+    if states is None:
+        return None
+    if int_keys is not None and len(int_keys) == n:
+        key_bits, offsets, arena, ascii_keys, is_str = (
+            int_keys.view(np.uint64), _EMPTY_I64, _EMPTY_U8, True, False,
+        )  # fmt: skip
+    elif type(keys[0]) is str and operator.countOf(map(type, keys), str) == n:
+        offsets, arena, ascii_keys = _str_arena(keys, n)
+        key_bits, is_str = _EMPTY_U64, True
+    else:
+        return None
+    step = max(1, n // 16)
+    sample = order[::step][:16].tolist()
+    getsizeof = sys.getsizeof
+    per_row = sum(getsizeof(keys[i]) + getsizeof(values[i]) for i in sample) // len(sample)
+    return TypedSortedRows(
+        hashes,
+        order,
+        key_bits=key_bits,
+        var_offsets=offsets,
+        arena=arena,
+        state_bits=states.view(np.uint64),
+        key_is_str=is_str,
+        value_is_float=kind is float,
+        row_bytes=per_row + 16,
+        ascii_keys=ascii_keys,
+    )
+
+
+#: keys joined and encoded at a time by :func:`_str_arena` (bounds its temporary copies)
+_ARENA_CHUNK = 8192
+
+
+def _str_arena(keys: list[Any], n: int) -> tuple[np.ndarray, np.ndarray, bool]:
+    """``(byte offsets, UTF-8 bytes, all ASCII)`` of many exact ``str`` keys, built a chunk of
+    keys at a time into one array: beside the result, only one chunk's joined ``str`` and its
+    bytes exist at once (a spill's working memory stays within what it is granted)."""
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, keys), dtype=np.int64, count=n), out=offsets[1:])
+    arena = np.empty(int(offsets[-1]), dtype=np.uint8)
+    for start in range(0, n, _ARENA_CHUNK):
+        stop = min(n, start + _ARENA_CHUNK)
+        data = "".join(keys[start:stop]).encode("utf-8", "surrogatepass")
+        begin, end = int(offsets[start]), int(offsets[stop])
+        if len(data) != end - begin:  # not all ASCII: byte offsets differ from str lengths
+            _, offsets, arena, ascii_keys = _str_key_arrays(keys, n)
+            return offsets, arena, ascii_keys
+        arena[begin:end] = np.frombuffer(data, dtype=np.uint8)
+    return offsets, arena, True
+
+
+def _str_key_arrays(keys: Sequence[Any], n: int) -> tuple[list[int], np.ndarray, np.ndarray, bool]:
+    """``(str lengths, byte offsets, UTF-8 bytes, all ASCII)`` of exact ``str`` keys (lone
+    surrogates kept, ``surrogatepass``)."""
+    lengths = list(map(len, keys))
+    joined = "".join(keys)
+    data = joined.encode("utf-8", "surrogatepass")
+    ascii_keys = len(data) == len(joined)
+    byte_lengths = lengths
+    if not ascii_keys:  # byte lengths differ from str lengths
+        encoded = [k.encode("utf-8", "surrogatepass") for k in keys]
+        byte_lengths = list(map(len, encoded))
+        data = b"".join(encoded)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(byte_lengths, dtype=np.int64, count=n), out=offsets[1:])
+    return lengths, offsets, np.frombuffer(data, dtype=np.uint8), ascii_keys
+
+
+def _exact_array(values: Sequence[Any], n: int, kind: type) -> np.ndarray | None:
+    """``values`` as a ``float64``/``int64`` array if every one is exactly of type ``kind``
+    (and fits ``int64``), else ``None``."""
+    if operator.countOf(map(type, values), kind) != n:
+        return None
+    if kind is float:
+        return np.fromiter(values, dtype=np.float64, count=n)
+    try:
+        return np.fromiter(values, dtype=np.int64, count=n)
+    except OverflowError:
+        return None
 
 
 def _key_bits(table: TypedHashTable, n: int) -> np.ndarray:
