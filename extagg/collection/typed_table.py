@@ -250,9 +250,11 @@ class TypedHashTable:
         if capacity < 2 or capacity & (capacity - 1) or capacity > MAX_CAPACITY:
             raise ValueError(f"capacity must be a power of two in [2, 2**30], got {capacity}")
         arena_capacity = self.arena.shape[0]
-        empty = np.zeros(0, dtype=np.uint64)
-        self.slots = self.key_words = self.var_offsets = self.arena = self.rows = empty
-        self.payload = []
+        # the old arrays go first: the new ones are not made beside them
+        self.slots = self.key_words = np.zeros((0, 2), dtype=np.uint64)
+        self.var_offsets = np.zeros(0, dtype=np.int64)
+        self.arena = np.zeros(0, dtype=np.uint8)
+        self._set_rows(np.zeros(0, dtype=self.row_dtype), 0)
         self._allocate(capacity, arena_capacity)
 
     def clear(self) -> None:

@@ -53,7 +53,8 @@ def enlarge_empty(st: TableState, table: TypedHashTable, groups: int | None = No
     assert table.num_groups == 0
     budget = st.budget
     others = st.in_use() - table.nbytes
-    headroom = budget.max_memory // ENLARGE_HEADROOM
+    # a table sized for what it will get (``groups``) will not be split: no headroom
+    headroom = 0 if groups is not None else budget.max_memory // ENLARGE_HEADROOM
     capacity = table.capacity
     while capacity * 2 <= MAX_CAPACITY:
         if groups is not None and int(capacity * LOAD_FACTOR) >= groups:

@@ -10,7 +10,9 @@ merges the in-memory table with every run through :mod:`extagg.merge.heap`, comb
 equal keys in compiled kernels, and streams Arrow record batches in hash order (the same order
 whether or not anything spilled). A table that barely reduces its input while its keys keep
 coming back makes the aggregator partition the input instead (:mod:`.partitioning`,
-:mod:`.partition_files`): each partition is aggregated afterwards by a child aggregator.
+:mod:`.partition_files`): each partition is aggregated afterwards by a child aggregator. With
+fixed-width keys the table is split rather than spilled whole then (hybrid hash aggregation):
+the lower half of its partitions stays in memory and only the others' rows are set aside.
 
 The aggregator is a :class:`~extagg.spillable.Spillable`; its helpers (growth, runs, merging,
 partitioning) work on its :class:`~extagg.columnar.state.TableState`.
@@ -860,6 +862,22 @@ class HashAggregator(Spillable[ColumnBlock]):
         child._plan(chunk_share=8)  # it reads large partition batches: fewer, larger chunks
         return child
 
+    def _spill_split_table(self) -> None:
+        """At the results, a split table whose partitions also have groups in runs (spilled
+        before it was split) is spilled too, partition by partition: each partition's groups
+        are then combined in its aggregator, and nothing is merged afterwards (the table would
+        otherwise be merged with the partitions' outputs, holding its memory meanwhile)."""
+        st = self.table_state
+        if _runs_start_at(st.runs.paths, st.resident_parts):
+            return  # the table's partitions have no groups elsewhere: it is read first
+        assert st.table is not None
+        if st.table.num_groups:
+            spill_table(st, "a split table, at the results")
+        st.table = None
+        st.var_arena = None
+        st.resident_parts = 0
+        self.budget.trim()
+
     def _presize(self, groups: int) -> None:
         """Start the table large enough for ``groups`` groups, as far as granted (a
         partition's aggregator, told the rows it is about to get)."""
@@ -986,6 +1004,8 @@ class HashAggregator(Spillable[ColumnBlock]):
                 self.budget.trim()
             return threaded.blocks(lambda _merged: self._sync_thread_metrics(threaded))
         with self.lock:
+            if st.table is not None and self._partitions is not None and st.runs:
+                self._spill_split_table()
             if st.table is not None:
                 self.metrics.peak_memory_bytes = max(self.metrics.peak_memory_bytes, st.in_use())
                 self._source = TableSource(st, st.table)

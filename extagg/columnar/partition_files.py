@@ -11,7 +11,9 @@ and PostgreSQL do). After the input, each partition is aggregated on its own by 
 aggregator that shares the memory manager (and plans with what the task has left): a sixteenth
 of the keys, so it usually fits in memory; if not, the child partitions again. The children's
 outputs, one partition after the other, are one hash-ordered source for the aggregator's merge,
-so the result is the same and in the same order as without partitioning. A partition is always
+so the result is the same and in the same order as without partitioning (the tables spilled
+before are written partition by partition, and each partition's groups in them are combined
+in its child first, so the children's outputs need no merge at all). A partition is always
 chosen by the top bits of the hash as the aggregator sees it; a child sees its hashes rotated
 left by 4 bits per level (:func:`rotate_left`), so its table and its own partitions use the bits
 that still differ.
@@ -409,17 +411,17 @@ class PartitionSource(BlockSource[ColumnBlock], Generic[Child]):
         self._child = child
         started = time.perf_counter()
         try:
+            readers = self._readers or []
             if self._presize is not None:
-                assert self._readers is not None or not states
-                rows = sum(self._readers[r].batches[i].count for r, i in states) if states else 0
+                rows = sum(int(readers[r].batches[i].count) for r, i in states)
                 if path is not None:
                     with RunReader(path) as reader:
                         rows += sum(b.count for b in reader.batches)
                 self._presize(child, rows)
             if states:
-                assert self._readers is not None and self._fold_states is not None
+                assert self._fold_states is not None
                 for r, i in states:
-                    self._fold_states(child, self._readers[r].read_block(i))
+                    self._fold_states(child, readers[r].read_block(i))
             if path is not None:
                 with RunReader(path) as reader:
                     for i in range(len(reader.batches)):
