@@ -245,6 +245,11 @@ class RunSet(Generic[B]):
         self.paths.remove(path)
         return self.source(path)
 
+    def take_paths(self) -> list[str]:
+        """Every run's path, now the caller's to read and remove; the set is left empty."""
+        paths, self.paths = self.paths, []
+        return paths
+
     def take_sources(self) -> list[BlockSource[B]]:
         """Sources over every run, which now own the files; the set is left empty."""
         paths, self.paths = self.paths, []

@@ -581,3 +581,25 @@ def gather_groups(key_words, key_nulls, rows, slot_gids, out_words, out_nulls, o
             store_u64(out_flat, dst + 8 * w, load_u64(flat, src + 8 * w))
         for b in range(8 * words, width):
             out_flat[dst + b] = flat[src + b]
+
+
+@_jit
+def compact_groups(key_words, key_nulls, rows, old_gids):
+    """Move the groups ``old_gids - 1`` (ascending) to the front, in that order: group ``i``
+    becomes the old group ``old_gids[i] - 1`` (its key words, null mask and payload row;
+    ``rows``: ``uint8`` ``(groups, row bytes)``). In place: ascending ids only move towards
+    the front, so none is overwritten before it has moved. An empty ``key_nulls``: none kept
+    (no group has a null key column)."""
+    k = key_words.shape[1]
+    width = rows.shape[1]
+    has_nulls = key_nulls.shape[0] > 0
+    for i in range(old_gids.shape[0]):
+        g = np.int64(old_gids[i]) - 1
+        if g == i:
+            continue
+        for j in range(k):
+            key_words[i, j] = key_words[g, j]
+        if has_nulls:
+            key_nulls[i] = key_nulls[g]
+        for j in range(width):
+            rows[i, j] = rows[g, j]

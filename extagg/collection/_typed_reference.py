@@ -170,3 +170,13 @@ def gather_groups(key_words, key_nulls, rows, slot_gids, out_words, out_nulls, o
         key_nulls = np.zeros(len(key_words), dtype=out_nulls.dtype)
     gather_group_keys(key_words, key_nulls, slot_gids, out_words, out_nulls)
     out_rows[:, :] = rows[slot_gids.astype(np.int64) - 1]
+
+
+def compact_groups(key_words, key_nulls, rows, old_gids):
+    """Reference of ``compact_groups``: the kept groups gathered, then written to the front."""
+    keep = np.asarray(old_gids, dtype=np.int64) - 1
+    m = len(keep)
+    key_words[:m] = key_words[keep].copy()
+    if len(key_nulls):
+        key_nulls[:m] = key_nulls[keep].copy()
+    rows[:m] = rows[keep].copy()

@@ -131,6 +131,11 @@ class TypedHashTable:
         self.null_dtype = null_mask_dtype(num_key_columns)
         self.payload_spec = [(np.dtype(dt), fill) for dt, fill in payload]
         self.row_dtype = payload_row_dtype(self.payload_spec)
+        #: bits the hashes given to :meth:`insert` were rotated left by (0: none); the table
+        #: hands out hashes rotated back (:meth:`sort_by_hash`). A table that holds only the
+        #: hashes whose top ``rotation`` bits are zero is given them rotated, so that its slots
+        #: (chosen by the top bits) are all used; their order is the same either way
+        self.rotation = 0
         self._allocate(capacity, arena_capacity if has_var else 0)
 
     # -- sizes -------------------------------------------------------------------------------
@@ -184,6 +189,10 @@ class TypedHashTable:
         """Bytes the table holds after doubling its capacity (arena unchanged)."""
         return self._bytes_for(self.capacity * 2, self.arena.shape[0])
 
+    def bytes_at_capacity(self, capacity: int) -> int:
+        """Bytes an empty table of ``capacity`` slots would hold (arena size unchanged)."""
+        return self._bytes_for(capacity, self.arena.shape[0])
+
     def bytes_after_arena_growth(self, needed: int) -> int:
         """Bytes after growing the arena so that ``needed`` more bytes fit."""
         return self._bytes_for(self.capacity, self._arena_target(needed))
@@ -233,6 +242,20 @@ class TypedHashTable:
     def reset(self, capacity: int = MIN_CAPACITY) -> None:
         """Drop every group and start again at ``capacity`` (after a spill)."""
         self._allocate(capacity, MIN_ARENA if self.has_var else 0)
+
+    def reallocate(self, capacity: int) -> None:
+        """Drop every group and start again empty at ``capacity`` slots, the arena's size
+        kept (after a spill, when a larger table is granted than doubling would have been:
+        an empty table is allocated new, not copied, so the old arrays are dropped first)."""
+        if capacity < 2 or capacity & (capacity - 1) or capacity > MAX_CAPACITY:
+            raise ValueError(f"capacity must be a power of two in [2, 2**30], got {capacity}")
+        arena_capacity = self.arena.shape[0]
+        # the old arrays go first: the new ones are not made beside them
+        self.slots = self.key_words = np.zeros((0, 2), dtype=np.uint64)
+        self.var_offsets = np.zeros(0, dtype=np.int64)
+        self.arena = np.zeros(0, dtype=np.uint8)
+        self._set_rows(np.zeros(0, dtype=self.row_dtype), 0)
+        self._allocate(capacity, arena_capacity)
 
     def clear(self) -> None:
         """Drop every group but keep every array (after a spill that will be followed by more
@@ -345,14 +368,53 @@ class TypedHashTable:
         n = int(K.sort_slots(self.slots))
         self._grow_at_before_sort = self.grow_at
         self.grow_at = 0  # inserting now would corrupt the sorted prefix
+        _rotate_in_place(self.slots[:n, 0], 64 - self.rotation)
         return self.slots[:n, 0], self.slots[:n, 1]
 
     def restore_after_sort(self) -> None:
         """Rebuild the probe structure after :meth:`sort_by_hash` (when a spill failed)."""
         n = self.num_groups
+        _rotate_in_place(self.slots[:n, 0], self.rotation)
         slots = zeros(self.slots.shape, self.slots.dtype)
         K.rehash_slots(self.slots[:n], slots, self.shift)
         self.slots = slots
+        self.grow_at = self._grow_at_before_sort or _grow_at(self.capacity)
+        self._grow_at_before_sort = 0
+
+    @staticmethod
+    def keep_bytes(groups: int) -> int:
+        """Scratch bytes :meth:`keep_sorted_prefix` holds while it keeps ``groups`` groups."""
+        return 16 * groups
+
+    def keep_sorted_prefix(self, m: int, rotation: int | None = None) -> None:
+        """After :meth:`sort_by_hash`: keep only the first ``m`` groups in hash order (the
+        others were written elsewhere), numbered ``0..m-1`` again in their old order, and
+        rebuild the probe structure in place, with the hashes rotated by ``rotation`` bits
+        from now on (default: as before; see :attr:`rotation`). Fixed-width keys only (the
+        arena of variable keys is not compacted). Holds :meth:`keep_bytes` of scratch."""
+        if self.has_var:
+            raise ValueError("keep_sorted_prefix needs fixed-width keys")
+        n = self.num_groups
+        if not 0 <= m <= n:
+            raise ValueError(f"cannot keep {m} of {n} groups")
+        if rotation is not None:
+            self.rotation = rotation % 64
+        kept = self.slots[:m]
+        K.sort_hash_index(kept[:, 1], kept[:, 0])  # ascending old ids, their hashes along
+        width = self.row_dtype.itemsize
+        raw = self.rows.view(np.uint8).reshape(len(self.rows), width)
+        key_nulls = self.key_nulls if self._nulls_seen else self.key_nulls[:0]
+        K.compact_groups(self.key_words, key_nulls, raw, kept[:, 1])
+        pairs = kept.copy()
+        pairs[:, 1] = np.arange(1, m + 1, dtype=np.uint64)
+        _rotate_in_place(pairs[:, 0], self.rotation)
+        self.slots.fill(0)
+        K.rehash_slots(pairs, self.slots, self.shift)
+        del pairs
+        for p, (_, fill) in zip(self.payload, self.payload_spec, strict=True):
+            p[m:n] = fill
+        self.key_nulls[m:n] = 0
+        self.meta[0] = m
         self.grow_at = self._grow_at_before_sort or _grow_at(self.capacity)
         self._grow_at_before_sort = 0
 
@@ -410,6 +472,18 @@ class TypedHashTable:
             assert self.var_offsets[0] == 0
             assert np.all(np.diff(self.var_offsets[: n + 1]) >= 0)
             assert self.var_offsets[n] == self.arena_used <= self.arena.shape[0]
+
+
+def _rotate_in_place(hashes: np.ndarray, bits: int) -> None:
+    """Rotate ``hashes`` left by ``bits`` in place, 64 Ki at a time (small temporaries)."""
+    bits %= 64
+    if not bits:
+        return
+    left, right = np.uint64(bits), np.uint64(64 - bits)
+    step = 1 << 16
+    for lo in range(0, hashes.shape[0], step):
+        part = hashes[lo : lo + step]
+        part[:] = (part << left) | (part >> right)
 
 
 def _grown(array: np.ndarray, rows: int, keep: int, fill: object) -> np.ndarray:

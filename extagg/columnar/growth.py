@@ -9,12 +9,12 @@ it spilled. Each function works on the aggregator's :class:`~extagg.columnar.sta
 from __future__ import annotations
 
 from extagg._config import format_size
-from extagg.collection.typed_table import MAX_CAPACITY, TypedHashTable
+from extagg.collection.typed_table import LOAD_FACTOR, MAX_CAPACITY, TypedHashTable
 from extagg.columnar.runs import spill_table
 from extagg.columnar.state import TableState
 from extagg.errors import MemoryLimitError
 
-__all__ = ["grow_arena_or_spill", "make_room_for_var_states", "try_grow"]
+__all__ = ["enlarge_empty", "grow_arena_or_spill", "make_room_for_var_states", "try_grow"]
 
 
 def try_grow(st: TableState, table: TypedHashTable) -> bool:
@@ -33,6 +33,39 @@ def try_grow(st: TableState, table: TypedHashTable) -> bool:
         budget.trim()
         return True
     return False
+
+
+#: the share of ``max_memory`` an enlarged table leaves free: for the scratch and the partition
+#: buffers of splitting it later (:func:`extagg.columnar.partitioning.split_table`)
+ENLARGE_HEADROOM = 5
+
+
+def enlarge_empty(st: TableState, table: TypedHashTable, groups: int | None = None) -> None:
+    """Start the empty table again at the largest capacity the budget grants, up to
+    ``max_memory`` (and no larger than ``groups`` groups need, if given).
+
+    After a spill: doubling a table holds the old and the new arrays at once, so a table under
+    a limit stops growing at about a third of it; an empty table is allocated new, without a
+    copy. A larger table spills less often, and each run then holds more of the input's repeats
+    combined. Before a partition is aggregated: its size is known, so the table is not grown
+    (rehashed) step by step up to it.
+    """
+    assert table.num_groups == 0
+    budget = st.budget
+    others = st.in_use() - table.nbytes
+    # a table sized for what it will get (``groups``) will not be split: no headroom
+    headroom = 0 if groups is not None else budget.max_memory // ENLARGE_HEADROOM
+    capacity = table.capacity
+    while capacity * 2 <= MAX_CAPACITY:
+        if groups is not None and int(capacity * LOAD_FACTOR) >= groups:
+            break
+        need = others + table.bytes_at_capacity(capacity * 2)
+        if need + headroom > budget.max_memory or not budget.hold(need):
+            break
+        capacity *= 2
+    if capacity > table.capacity:
+        table.reallocate(capacity)
+    budget.trim()
 
 
 def grow_arena_or_spill(st: TableState, table: TypedHashTable, needed: int) -> None:

@@ -10,7 +10,9 @@ merges the in-memory table with every run through :mod:`extagg.merge.heap`, comb
 equal keys in compiled kernels, and streams Arrow record batches in hash order (the same order
 whether or not anything spilled). A table that barely reduces its input while its keys keep
 coming back makes the aggregator partition the input instead (:mod:`.partitioning`,
-:mod:`.partition_files`): each partition is aggregated afterwards by a child aggregator.
+:mod:`.partition_files`): each partition is aggregated afterwards by a child aggregator. With
+fixed-width keys the table is split rather than spilled whole then (hybrid hash aggregation):
+the lower half of its partitions stays in memory and only the others' rows are set aside.
 
 The aggregator is a :class:`~extagg.spillable.Spillable`; its helpers (growth, runs, merging,
 partitioning) work on its :class:`~extagg.columnar.state.TableState`.
@@ -53,19 +55,32 @@ from extagg.columnar.buffers import (
 )
 from extagg.columnar.coded_keys import CODED_ROW_BYTES, CodedKeys, CodedLookup, coded_keys
 from extagg.columnar.columns import Column, iter_record_batches, to_columns
-from extagg.columnar.growth import grow_arena_or_spill, make_room_for_var_states, try_grow
+from extagg.columnar.growth import (
+    enlarge_empty,
+    grow_arena_or_spill,
+    make_room_for_var_states,
+    try_grow,
+)
 from extagg.columnar.keys import EncodedKeys, KeyLayout
 from extagg.columnar.layout import GLOBAL_HASHES, BlockLayout, global_row_untyped
 from extagg.columnar.merging import ReserveMerge, result_blocks
 from extagg.columnar.partition_files import (
     MAX_LEVEL,
+    NUM_PARTITIONS,
     PARTITION_BITS,
     PartitionSource,
     PartitionWriter,
     buffer_bytes,
+    partition_of,
     rotate_left,
 )
-from extagg.columnar.partitioning import set_aside, spill_or_partition, start_partitioning
+from extagg.columnar.partitioning import (
+    resident_rotation,
+    set_aside,
+    spill_or_partition,
+    split_table,
+    start_partitioning,
+)
 from extagg.columnar.runs import spill_table, write_merged_run
 from extagg.columnar.state import TableState
 from extagg.columnar.threaded import ThreadedFold, partition_bits
@@ -74,6 +89,7 @@ from extagg.errors import MemoryLimitError, SpillError
 from extagg.memory import ENGINE_MIN_BUDGET, Consumer, TaskMemoryManager, UnifiedMemoryManager
 from extagg.merge.heap import BlockSource, merge_in_passes
 from extagg.spill.blocks import ColumnBlock
+from extagg.spill.runfile import RunReader
 from extagg.spillable import OPEN, Spillable
 
 __all__ = ["HashAggregator"]
@@ -343,6 +359,8 @@ class HashAggregator(Spillable[ColumnBlock]):
             st.table = TypedHashTable(
                 k.num_words, len(k.names), k.has_var, self._payload(), hash_is_key=k.hash_is_key
             )
+            if 0 < st.resident_parts < NUM_PARTITIONS:  # a split table's hashes share top bits
+                st.table.rotation = resident_rotation(st.resident_parts)
             if st.layout.has_var_states and st.var_arena is None:
                 st.var_arena = VarArena()
             self.budget.trim()
@@ -492,7 +510,7 @@ class HashAggregator(Spillable[ColumnBlock]):
                 return
             cols = {**cols, **enc.decode()}  # too many combinations, or no room: as usual
             enc = None
-        if self._partitions is not None:
+        if self._partitions is not None and st.resident_parts == 0:
             self._set_aside(cols, n, 0, None if enc is None else enc.hashes)
             return
         table = self._ensure_table()
@@ -508,13 +526,20 @@ class HashAggregator(Spillable[ColumnBlock]):
             table = self._ensure_table()
         if enc is None:
             enc = self._encode(key_cols, n)
+        if self._partitions is not None:  # some partitions resident: set the others' rows aside
+            cols, enc, n = self._route(cols, enc, n)
+            if n == 0:
+                return
         gids = np.empty(n, dtype=np.int64)
         seq0 = self.metrics.records_read
         pos = 0
+        hashes = enc.hashes
         while pos < n:
             table = self._ensure_table()
+            if table.rotation and hashes is enc.hashes:
+                hashes = rotate_left(enc.hashes, table.rotation)
             nxt, status = table.insert(
-                enc.hashes, enc.words, enc.nulls, enc.var_offsets, enc.var_data, pos, gids
+                hashes, enc.words, enc.nulls, enc.var_offsets, enc.var_data, pos, gids
             )
             if nxt > pos:
                 self._fold(table, cols, gids, pos, nxt, n, seq0)
@@ -522,16 +547,18 @@ class HashAggregator(Spillable[ColumnBlock]):
             if status == TK.TABLE_FULL:
                 if not try_grow(st, table):
                     self._spill_or_partition(table)
-                if self._partitions is not None:  # the rest of this chunk goes aside too
+                if self._partitions is not None:  # the rest of this chunk is routed too
                     self.metrics.records_read += pos
-                    self._set_aside(cols, n, pos, enc.hashes)
+                    if pos < n:
+                        rest = {k: c.slice(pos, n) for k, c in cols.items()}
+                        self._update_chunk(rest, n - pos, enc.slice(pos, n))
                     self.budget.trim()
                     return
             elif status == TK.ARENA_FULL:
                 grow_arena_or_spill(st, table, table.pending_var_bytes(enc.var_offsets, pos))
         self.metrics.records_read += n
         st.rows_since_spill += n
-        if var_bytes:
+        if var_bytes or self._partitions is not None:
             self.budget.trim()
 
     def _fold_coded(self, cols: dict[str, Column], n: int, coded: CodedKeys) -> bool:
@@ -847,13 +874,66 @@ class HashAggregator(Spillable[ColumnBlock]):
         """The full table cannot grow: spill it, and maybe partition the input from now on."""
         st = self.table_state
         may_partition = self._order_free and st.level < MAX_LEVEL and self.force_spill_rows is None
-        if not spill_or_partition(st, table, may_partition):
+        if self._partitions is not None:  # split before: keep half as many partitions
+            hashes, gids = table.sort_by_hash()
+            if split_table(st, table, hashes, gids, self._partitions) is not None:
+                return
+            reason = "memory for growth not granted; every partition set aside from now on"
+            spill_table(st, reason, sorted_table=(hashes, gids))
+            del hashes, gids
+            st.table = None
+            st.var_arena = None
+            st.resident_parts = 0
+            self.budget.trim()
+            return
+
+        def split(hashes: np.ndarray, gids: np.ndarray) -> bool:
+            self._partitions = split_table(st, table, hashes, gids, None)
+            return self._partitions is not None
+
+        splits = not (st.layout.keys.has_var or st.layout.has_var_states)
+        if not spill_or_partition(st, table, may_partition, split if splits else None):
+            return
+        if self._partitions is not None:  # split: the lower partitions stay in the table
             return
         # no table any more: larger chunks and a buffer per partition, as large as granted
         plans = [(st.chunk_rows, st.scratch)]
         if self._chunk_rows_arg is None:
             plans.insert(0, partition_chunks(st.layout, len(self._needed), self.budget.max_memory))
         self._partitions = start_partitioning(st, plans)
+        if self._partitions is not None:
+            st.resident_parts = 0
+
+    def _route(
+        self, cols: dict[str, Column], enc: EncodedKeys, n: int
+    ) -> tuple[dict[str, Column], EncodedKeys, int]:
+        """Set aside the rows of a chunk whose partitions are no longer resident; returns the
+        others (copied, their copies held: fixed-width keys, no strings), to fold."""
+        st = self.table_state
+        writer = self._partitions
+        assert writer is not None
+        keep = partition_of(enc.hashes) < st.resident_parts
+        kept = int(np.count_nonzero(keep))
+        if kept == n:
+            return cols, enc, n
+        try:
+            set_aside(st, writer, cols, enc.hashes, np.flatnonzero(~keep))
+        except MemoryLimitError:
+            raise
+        except BaseException:
+            self.close()  # some rows of this chunk may be on disk and others not
+            raise
+        if kept == 0:
+            return cols, enc, 0
+        rows = np.flatnonzero(keep)
+        copies = enc.nbytes() * kept // max(1, n) + 8 * kept
+        copies += sum(c.nbytes() for c in cols.values()) * kept // max(1, n)
+        if not self.budget.hold_more(copies):
+            raise MemoryLimitError(
+                f"{self.name} needs {format_size(copies)} more to fold the kept rows of a "
+                f"chunk ({self.budget.describe()})"
+            )
+        return {k: c.take(rows) for k, c in cols.items()}, enc.take(rows), kept
 
     def _set_aside(
         self, cols: dict[str, Column], n: int, start: int, hashes: np.ndarray | None = None
@@ -900,6 +980,54 @@ class HashAggregator(Spillable[ColumnBlock]):
         child.table_state.layout_or_none = st.layout
         child._plan(chunk_share=8)  # it reads large partition batches: fewer, larger chunks
         return child
+
+    def _spill_split_table(self) -> None:
+        """At the results, a split table whose partitions also have groups in runs (spilled
+        before it was split) is spilled too, partition by partition: each partition's groups
+        are then combined in its aggregator, and nothing is merged afterwards (the table would
+        otherwise be merged with the partitions' outputs, holding its memory meanwhile)."""
+        st = self.table_state
+        if _runs_start_at(st.runs.paths, st.resident_parts):
+            return  # the table's partitions have no groups elsewhere: it is read first
+        assert st.table is not None
+        if st.table.num_groups:
+            spill_table(st, "a split table, at the results")
+        st.table = None
+        st.var_arena = None
+        st.resident_parts = 0
+        self.budget.trim()
+
+    def _presize(self, groups: int) -> None:
+        """Start the table large enough for ``groups`` groups, as far as granted (a
+        partition's aggregator, told the rows it is about to get)."""
+        table = self._ensure_table()
+        if table.num_groups == 0:
+            enlarge_empty(self.table_state, table, groups)
+
+    def _fold_states(self, block: ColumnBlock) -> None:
+        """Fold a block of groups (states of the parent's spilled table, hashed as the parent
+        sees them) into the table: equal keys combined, new keys inserted; a full table that
+        cannot grow is spilled as a run and started again."""
+        st = self.table_state
+        assert self._partitions is None  # a partition's groups come before its rows
+        layout = st.layout
+        hashes = rotate_left(block.hashes, st.rotate_back)
+        words, nulls, var_off, var_data = layout.key_arrays(block)
+        n = len(block)
+        gids = np.empty(n, dtype=np.int64)
+        pos = 0
+        with deferred_interrupts():  # a block is folded whole or not at all
+            while pos < n:
+                table = self._ensure_table()
+                nxt, status = table.insert(hashes, words, nulls, var_off, var_data, pos, gids)
+                if nxt > pos:
+                    layout.merge_into(table, gids[pos:nxt], block, pos, nxt)
+                pos = nxt
+                if status == TK.TABLE_FULL and not try_grow(st, table):
+                    spill_table(st, "memory for growth not granted", keep_arrays=True)
+                    enlarge_empty(st, table)
+                elif status == TK.ARENA_FULL:
+                    grow_arena_or_spill(st, table, table.pending_var_bytes(var_off, pos))
 
     # ------------------------------------------------------------------ Spillable hooks
     def should_spill(self, current: int) -> bool:
@@ -995,11 +1123,14 @@ class HashAggregator(Spillable[ColumnBlock]):
                 self.budget.trim()
             return threaded.blocks(lambda _merged: self._sync_thread_metrics(threaded))
         with self.lock:
+            if st.table is not None and self._partitions is not None and st.runs:
+                self._spill_split_table()
             if st.table is not None:
                 self.metrics.peak_memory_bytes = max(self.metrics.peak_memory_bytes, st.in_use())
                 self._source = TableSource(st, st.table)
                 st.table = None
             partitions = None
+            state_runs: list[str] = []
             if self._partitions is not None:
                 writer, self._partitions = self._partitions, None
                 try:
@@ -1008,6 +1139,9 @@ class HashAggregator(Spillable[ColumnBlock]):
                     writer.abort()
                     raise
                 assert self._schema is not None
+                # the tables spilled before partitioning: each partition's groups folded into
+                # its child, so the children's outputs need no merge (not for string states)
+                state_runs = [] if st.layout.has_var_states else st.runs.take_paths()
                 partitions = PartitionSource(
                     paths,
                     self.runs,
@@ -1017,17 +1151,26 @@ class HashAggregator(Spillable[ColumnBlock]):
                     feed=lambda child, cols, n: child._update_columns(cols, n),
                     child_blocks=lambda child: child._blocks(),
                     child_done=lambda child: self.metrics.absorb(child.metrics),
+                    state_runs=state_runs,
+                    fold_states=lambda child, block: child._fold_states(block),
+                    presize=lambda child, rows: child._presize(rows // 2),
                 )
             st.scratch = 0  # no more chunks to fold: give back their buffers
-            # reading a partition back holds one of its batches (stored, decompressed, decoded)
-            st.aside_bytes = (
-                IO_COPIES * buffer_bytes(self.budget.max_memory) if partitions is not None else 0
-            )
+            # reading a partition back holds one of its batches (stored, decompressed, decoded),
+            # or one batch of a run of groups
+            batch = max(buffer_bytes(self.budget.max_memory), st.runs.max_batch_bytes)
+            st.aside_bytes = IO_COPIES * batch if partitions is not None else 0
             self.budget.floor = 0
             self.budget.trim()
+            # a split table holds the lower partitions, the partitions' aggregators the upper
+            # ones (the runs are theirs): the table's groups first, then theirs, no merge
+            apart = partitions is not None and not st.runs and st.resident_parts > 0
+            if apart and state_runs:
+                apart = _runs_start_at(state_runs, st.resident_parts)
         return result_blocks(
-            st, self._source, partitions, self.reserve_merge_memory, self.io_batch_bytes
-        )
+            st, self._source, partitions, self.reserve_merge_memory, self.io_batch_bytes,
+            apart=apart,
+        )  # fmt: skip
 
     def _encode(self, key_cols: list[Column], n: int | None = None) -> EncodedKeys:
         """Hash and canonicalise keys (``n`` rows: needed without key columns); a partition's
@@ -1045,6 +1188,16 @@ class HashAggregator(Spillable[ColumnBlock]):
             f"{self.metrics.records_read} rows, {self.metrics.spill_count} spills, "
             f"{format_size(self.used)} held>"
         )
+
+
+def _runs_start_at(paths: list[str], part: int) -> bool:
+    """Whether every run (sorted by hash) holds only hashes of partition ``part`` and up."""
+    bound = part << (64 - PARTITION_BITS)
+    for path in paths:
+        with RunReader(path) as reader:
+            if reader.batches and reader.batches[0].min_hash < bound:
+                return False
+    return True
 
 
 def _has_null_typed(rb: pa.RecordBatch, names: list[str]) -> bool:

@@ -155,6 +155,28 @@ class BlockLayout:
         var_off, var_data = block.var_columns.get(VAR_COLUMN, (_EMPTY_I64, _EMPTY_U8))
         return words, nulls, var_off, var_data
 
+    def key_arrays(
+        self, block: ColumnBlock
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """A block's keys as the table's insert takes them: words ``(n, num_words)``, null
+        masks (empty when no key is null), variable part as (offsets, bytes)."""
+        words, nulls, var_off, var_data = self._key_arrays(block)
+        if not nulls.any():
+            nulls = nulls[:0]
+        return words, nulls, var_off, var_data
+
+    def merge_into(
+        self, table: TypedHashTable, gids: np.ndarray, block: ColumnBlock, lo: int, hi: int
+    ) -> None:
+        """Fold the states of rows ``lo..hi`` of ``block`` into the table's groups ``gids``
+        (one per row). Not for string min/max/first/last (their states live in an arena)."""
+        assert not self.var_specs
+        kernels = self.kernels or _kernels
+        for spec, indexes in zip(self.specs, self.state_index):
+            src = [block.columns[state_column(i)][lo:hi] for i in indexes]
+            dst = [table.payload[i] for i in indexes]
+            F.merge(spec, dst, gids, src, kernels)
+
     def combine(self, pieces: list[ColumnBlock]) -> ColumnBlock:
         """Merge hash-sorted pieces (keys unique within each) into one hash-sorted block.
 

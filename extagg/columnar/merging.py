@@ -81,12 +81,18 @@ def result_blocks(
     partitions: BlockSource[ColumnBlock] | None,
     reserve: ReserveMerge,
     io_batch_bytes: int,
+    *,
+    apart: bool = False,
 ) -> Iterator[ColumnBlock]:
     """Every group once, as combined blocks in hash order: the sorted in-memory table, the runs
     and the partitions merged (a partition's aggregator hands its blocks hashed as its parent
-    sees them)."""
+    sees them). ``apart``: no runs, and every hash of the table is below every hash of the
+    partitions (a split table): the two are read one after the other, the table first (its
+    memory is given back before the partitions' aggregators start)."""
     blocks: Generator[ColumnBlock, None, None]
-    if not st.runs and partitions is None:
+    if apart and table_source is not None and partitions is not None and not st.runs:
+        blocks = _chain(drain(table_source), drain(partitions))
+    elif not st.runs and partitions is None:
         blocks = drain(table_source) if table_source is not None else _no_blocks()
     elif not st.runs and table_source is None:
         assert partitions is not None
@@ -100,6 +106,18 @@ def result_blocks(
         for block in blocks:
             hashes = rotate_right(block.hashes, st.rotate_back)
             yield ColumnBlock(hashes, block.columns, block.var_columns)
+
+
+def _chain(
+    *parts: Generator[ColumnBlock, None, None],
+) -> Generator[ColumnBlock, None, None]:
+    """The blocks of each generator in turn (every one closed when this one is)."""
+    try:
+        for part in parts:
+            yield from part
+    finally:
+        for part in parts:
+            part.close()
 
 
 def _no_blocks() -> Generator[ColumnBlock, None, None]:

@@ -11,7 +11,9 @@ and PostgreSQL do). After the input, each partition is aggregated on its own by 
 aggregator that shares the memory manager (and plans with what the task has left): a sixteenth
 of the keys, so it usually fits in memory; if not, the child partitions again. The children's
 outputs, one partition after the other, are one hash-ordered source for the aggregator's merge,
-so the result is the same and in the same order as without partitioning. A partition is always
+so the result is the same and in the same order as without partitioning (the tables spilled
+before are written partition by partition, and each partition's groups in them are combined
+in its child first, so the children's outputs need no merge at all). A partition is always
 chosen by the top bits of the hash as the aggregator sees it; a child sees its hashes rotated
 left by 4 bits per level (:func:`rotate_left`), so its table and its own partitions use the bits
 that still differ.
@@ -27,6 +29,7 @@ column's values (``v:<name>``, or its offsets and bytes) and its validity (``m:<
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -37,6 +40,7 @@ import pyarrow as pa
 
 from extagg.collection import _typed_kernels as TK
 from extagg.columnar.columns import Column
+from extagg.errors import CorruptFileError
 from extagg.merge.heap import BlockSource
 from extagg.spill.blocks import ColumnBlock
 from extagg.spill.codecs import COLUMN_CODEC
@@ -53,6 +57,7 @@ __all__ = [
     "buffer_bytes",
     "held_bytes",
     "MIN_BUFFER_BYTES",
+    "partition_bounds",
     "partition_of",
     "repeat_rate",
     "sample_bytes",
@@ -119,6 +124,16 @@ def partition_of(hashes: np.ndarray) -> np.ndarray:
     """The partition (0..15) of each hash: its top bits."""
     parts: np.ndarray = (hashes >> np.uint64(64 - PARTITION_BITS)).astype(np.uint8)
     return parts
+
+
+def partition_bounds(sorted_hashes: np.ndarray, start: int = 0) -> list[tuple[int, int]]:
+    """The ``(lo, hi)`` row ranges of each partition among ``sorted_hashes[start:]`` (empty
+    ones left out): a sorted run written batch by batch within these ranges has no batch that
+    spans two partitions, so each partition's groups can be read from it on their own."""
+    firsts = np.arange(1, NUM_PARTITIONS, dtype=np.uint64) << np.uint64(64 - PARTITION_BITS)
+    cuts = [start, *(max(start, int(c)) for c in np.searchsorted(sorted_hashes, firsts))]
+    cuts.append(len(sorted_hashes))
+    return [(lo, hi) for lo, hi in itertools.pairwise(cuts) if hi > lo]
 
 
 def rotate_left(hashes: np.ndarray, bits: int) -> np.ndarray:
@@ -201,11 +216,16 @@ class PartitionWriter:
         self._pending: list[list[ColumnBlock]] = [[] for _ in range(NUM_PARTITIONS)]
         self._pending_bytes = [0] * NUM_PARTITIONS
 
-    def write(self, cols: dict[str, Column], hashes: np.ndarray) -> None:
-        """Append every row of ``cols`` (keys hashed to ``hashes``) to its partition."""
-        parts = partition_of(hashes)
+    def write(
+        self, cols: dict[str, Column], hashes: np.ndarray, rows: np.ndarray | None = None
+    ) -> None:
+        """Append every row of ``cols`` (keys hashed to ``hashes``), or rows ``rows`` (int64
+        row numbers, ascending), to its partition."""
+        parts = partition_of(hashes if rows is None else hashes[rows])
         order = np.argsort(parts, kind="stable")
         bounds = np.searchsorted(parts[order], np.arange(NUM_PARTITIONS + 1), side="left")
+        if rows is not None:
+            order = rows[order]
         grouped = rows_to_block(cols, hashes, order)  # one gather per column for all partitions
         for p in range(NUM_PARTITIONS):
             lo, hi = int(bounds[p]), int(bounds[p + 1])
@@ -298,6 +318,12 @@ class PartitionSource(BlockSource[ColumnBlock], Generic[Child]):
     order), counted (``child_done(child)``) and closed (files deleted, memory released) when
     its last block has been handed out. ``schema`` maps the input columns to ``(kind, Arrow
     type)``.
+
+    ``state_runs``: runs of groups (the aggregator's tables spilled before it partitioned,
+    sorted by hash, no batch across two partitions). Each partition's groups in them are folded
+    into that partition's child (``fold_states(child, block)``) before its rows, so no merge of
+    runs is needed after the children: the children's outputs are the result. ``presize(child,
+    rows)`` is told the rows a child is about to get. The runs are deleted on :meth:`close`.
     """
 
     def __init__(
@@ -311,6 +337,9 @@ class PartitionSource(BlockSource[ColumnBlock], Generic[Child]):
         feed: Callable[[Child, dict[str, Column], int], None],
         child_blocks: Callable[[Child], Iterator[ColumnBlock]],
         child_done: Callable[[Child], None],
+        state_runs: list[str] | None = None,
+        fold_states: Callable[[Child, ColumnBlock], None] | None = None,
+        presize: Callable[[Child, int], None] | None = None,
     ) -> None:
         self.runs = runs
         self.schema = schema
@@ -319,7 +348,16 @@ class PartitionSource(BlockSource[ColumnBlock], Generic[Child]):
         self._feed = feed
         self._child_blocks = child_blocks
         self._child_done = child_done
-        self._paths = [p for p in paths if p is not None]
+        self._state_runs = list(state_runs or [])
+        self._fold_states = fold_states
+        self._presize = presize
+        #: (partition, its file) for every partition with rows or (in state runs) groups
+        self._paths = [
+            (part, path) for part, path in enumerate(paths) if path is not None or self._state_runs
+        ]
+        self._readers: list[RunReader] | None = None
+        #: per state run: the next batch to read
+        self._cursors = [0] * len(self._state_runs)
         self._child: Child | None = None
         self._blocks: Iterator[ColumnBlock] | None = None
         self._next: ColumnBlock | None = None
@@ -332,21 +370,66 @@ class PartitionSource(BlockSource[ColumnBlock], Generic[Child]):
                     break
                 self._finish_child()
             if not self._paths:
+                self._close_state_runs()
                 return None
-            self._start_child(self._paths.pop(0))
+            self._start_child(*self._paths.pop(0))
         return self._next
 
-    def _start_child(self, path: str) -> None:
+    def _state_batches(self, part: int) -> list[tuple[int, int]]:
+        """``(run, batch)`` of every batch of the state runs in partition ``part``."""
+        if self._readers is None:
+            self._readers = []
+            for path in self._state_runs:
+                self._readers.append(RunReader(path))
+        shift = np.uint64(64 - PARTITION_BITS)
+        out = []
+        for r, reader in enumerate(self._readers):
+            i = self._cursors[r]
+            while i < len(reader.batches):
+                info = reader.batches[i]
+                first = int(np.uint64(info.min_hash) >> shift)
+                if first > part:
+                    break
+                if first < part or int(np.uint64(info.max_hash) >> shift) != part:
+                    raise CorruptFileError(
+                        reader.path,
+                        info.offset,
+                        f"batch {i} holds hashes of partitions other than {part} "
+                        f"({info.min_hash:#x}..{info.max_hash:#x}): not a run of groups "
+                        "written partition by partition",
+                    )
+                out.append((r, i))
+                i += 1
+            self._cursors[r] = i
+        return out
+
+    def _start_child(self, part: int, path: str | None) -> None:
+        states = self._state_batches(part) if self._state_runs else []
+        if path is None and not states:  # no rows, no groups: no child
+            return
         child = self._make_child()
         self._child = child
         started = time.perf_counter()
         try:
-            with RunReader(path) as reader:
-                for i in range(len(reader.batches)):
-                    block: ColumnBlock = reader.read_block(i)
-                    self._feed(child, block_to_columns(block, self.schema), len(block))
+            readers = self._readers or []
+            if self._presize is not None:
+                rows = sum(int(readers[r].batches[i].count) for r, i in states)
+                if path is not None:
+                    with RunReader(path) as reader:
+                        rows += sum(b.count for b in reader.batches)
+                self._presize(child, rows)
+            if states:
+                assert self._fold_states is not None
+                for r, i in states:
+                    self._fold_states(child, readers[r].read_block(i))
+            if path is not None:
+                with RunReader(path) as reader:
+                    for i in range(len(reader.batches)):
+                        block: ColumnBlock = reader.read_block(i)
+                        self._feed(child, block_to_columns(block, self.schema), len(block))
         finally:
-            self.runs.remove(path)
+            if path is not None:
+                self.runs.remove(path)
             self.runs.metrics.merge_time_s += time.perf_counter() - started
         log.debug("%s aggregated partition %s in child %s", self.name, path, child.name)
         self._blocks = self._child_blocks(child)
@@ -375,6 +458,17 @@ class PartitionSource(BlockSource[ColumnBlock], Generic[Child]):
             if close is not None:
                 close()
         self._finish_child()
-        for path in self._paths:
-            self.runs.remove(path)
+        for _part, path in self._paths:
+            if path is not None:
+                self.runs.remove(path)
         self._paths = []
+        self._close_state_runs()
+
+    def _close_state_runs(self) -> None:
+        """Close and delete the state runs (every partition has had its groups)."""
+        readers, self._readers = self._readers or [], None
+        for reader in readers:
+            reader.close()
+        runs, self._state_runs = self._state_runs, []
+        for path in runs:
+            self.runs.remove(path)

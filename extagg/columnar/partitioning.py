@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -16,9 +17,11 @@ from extagg._config import format_size
 from extagg.collection.typed_table import TypedHashTable
 from extagg.columnar.buffers import IO_COPIES
 from extagg.columnar.columns import Column
+from extagg.columnar.growth import enlarge_empty
 from extagg.columnar.partition_files import (
     MIN_BUFFER_BYTES,
     PARTITION_BELOW,
+    PARTITION_BITS,
     REPEAT_RATE,
     PartitionWriter,
     buffer_bytes,
@@ -26,23 +29,39 @@ from extagg.columnar.partition_files import (
     repeat_rate,
     sample_bytes,
 )
-from extagg.columnar.runs import spill_table
+from extagg.columnar.runs import spill_table, write_table_run
 from extagg.columnar.state import TableState
 from extagg.errors import MemoryLimitError
 
-__all__ = ["set_aside", "spill_or_partition", "start_partitioning"]
+__all__ = [
+    "set_aside",
+    "spill_or_partition",
+    "SPLIT_REPEAT_RATE",
+    "resident_rotation",
+    "split_buffer_bytes",
+    "split_table",
+    "start_partitioning",
+]
 
 log = logging.getLogger(__name__)
 
 
-def spill_or_partition(st: TableState, table: TypedHashTable, may_partition: bool) -> bool:
+def spill_or_partition(
+    st: TableState,
+    table: TypedHashTable,
+    may_partition: bool,
+    split: Callable[[np.ndarray, np.ndarray], bool] | None = None,
+) -> bool:
     """The full table cannot grow: spill it. Returns True when the input should be partitioned
     from now on (``may_partition`` and the table barely reduces its input while its keys keep
-    coming back, see :mod:`extagg.columnar.partition_files`); the table is then spilled small."""
+    coming back, see :mod:`extagg.columnar.partition_files`); the table is then spilled whole,
+    or, if ``split(hashes, gids)`` (given the sorted table) returns True, only in part: that
+    function wrote the groups of some partitions and kept the others in the table."""
     reason = "memory for growth not granted"
     low_reduction = st.rows_since_spill < PARTITION_BELOW * table.num_groups
     if not (low_reduction and st.runs and may_partition):
         spill_table(st, reason, keep_arrays=True)
+        enlarge_empty(st, table)
         return False
     rows = st.rows_since_spill
     hashes, gids = table.sort_by_hash()
@@ -51,16 +70,109 @@ def spill_or_partition(st: TableState, table: TypedHashTable, may_partition: boo
     except BaseException:
         table.restore_after_sort()
         raise
-    if rate is None or rate < REPEAT_RATE:
+    if rate is None or rate < (SPLIT_REPEAT_RATE if split is not None else REPEAT_RATE):
         spill_table(st, reason, keep_arrays=True, sorted_table=(hashes, gids))
+        del hashes, gids  # views of the old slots
+        enlarge_empty(st, table)
         return False
     log.info(
         "%s: its full table of %d groups came from %d rows and %.0f %% of its keys are in "
         "earlier runs; setting the input aside in hash partitions from now on (level %d)",
         st.name, table.num_groups, rows, 100 * rate, st.level,
     )  # fmt: skip
+    if split is not None and split(hashes, gids):
+        return True
     spill_table(st, f"{reason}; partitioning from now on", sorted_table=(hashes, gids))
     return True
+
+
+#: the repeat rate from which a table that can be split (fixed-width keys, no string states)
+#: partitions: lower than :data:`~extagg.columnar.partition_files.REPEAT_RATE`, since a split
+#: keeps half the table in memory (measured, 20 M rows over 10 M keys: at 60 MiB the rate
+#: reached 20 % only at the 7th full table, 7 % at the 2nd; 2.3 % per table with two threads
+#: at 30 MiB); keys that never come back (a rate near 0) still spill sorted tables
+SPLIT_REPEAT_RATE = 0.05
+
+
+def split_buffer_bytes(max_memory: int) -> int:
+    """Bytes buffered per partition while a table keeps some partitions resident: small, the
+    table keeps the memory."""
+    return max(4 * MIN_BUFFER_BYTES, max_memory // 512)
+
+
+def resident_rotation(resident: int) -> int:
+    """Bits the hashes of ``resident`` partitions (a power of two) are rotated by in a split
+    table: the top bits they all share (zero)."""
+    return PARTITION_BITS - (resident.bit_length() - 1)
+
+
+def split_table(
+    st: TableState,
+    table: TypedHashTable,
+    hashes: np.ndarray,
+    gids: np.ndarray,
+    writer: PartitionWriter | None,
+) -> PartitionWriter | None:
+    """Hybrid hash aggregation: the full ``table`` (sorted: ``hashes``, ``gids``) keeps the
+    lower half of its resident partitions (``st.resident_parts``) and writes the groups of the
+    upper half as a run, partition by partition; the rows of those partitions are set aside
+    from now on (``writer``, started here with small buffers if None). Returns the writer, or
+    None when the memory for it (buffers, the scratch of compacting the table) is not granted
+    or no partition would stay: nothing was done then, the table is still sorted.
+
+    A table just over its budget then spills a part of its groups, not all of them, and the
+    rows of the kept partitions are aggregated in memory to the end, as in DuckDB's and
+    PostgreSQL's hybrid hash aggregation.
+    """
+    resident = st.resident_parts // 2
+    if resident == 0 or table.has_var:
+        return None
+    bound = np.uint64(resident) << np.uint64(64 - PARTITION_BITS)
+    cut = int(np.searchsorted(hashes, bound))
+    n = len(hashes)
+    scratch = table.keep_bytes(cut)
+    budget = st.budget
+    limit = 0
+    aside = 0
+    if writer is None:
+        limit = split_buffer_bytes(budget.max_memory)
+        while limit >= MIN_BUFFER_BYTES:
+            aside = held_bytes(limit, IO_COPIES)
+            if budget.hold_more(aside + scratch):
+                break
+            limit //= 2
+        else:
+            return None
+    elif not budget.hold_more(scratch):
+        return None
+    size = table.nbytes
+    metrics = st.metrics
+    if cut < n:
+        metrics.spill_count += 1
+        log.info(
+            "%s: its full table of %d groups came from %d rows; spilling the %d groups of "
+            "partitions %d-%d, keeping %d in memory; their rows are set aside from now on",
+            st.name, n, st.rows_since_spill, n - cut, resident, st.resident_parts - 1, cut,
+        )  # fmt: skip
+        started = time.perf_counter()
+        try:
+            write_table_run(st, table, hashes, gids, cut, st.var_arena)
+        except BaseException:
+            table.restore_after_sort()
+            budget.trim()
+            raise
+        finally:
+            metrics.spill_time_s += time.perf_counter() - started
+        metrics.memory_bytes_spilled += size * (n - cut) // max(1, n)
+    # the kept hashes share their top bits: rotated, the next bits choose the table's slots
+    table.keep_sorted_prefix(cut, resident_rotation(resident))
+    st.resident_parts = resident
+    st.rows_since_spill = 0
+    if writer is None:
+        st.aside_bytes += aside
+        writer = PartitionWriter(st.runs, limit)
+    budget.trim()
+    return writer
 
 
 def _repeat_rate(st: TableState, sorted_hashes: np.ndarray) -> float | None:
@@ -104,11 +216,15 @@ def start_partitioning(st: TableState, plans: list[tuple[int, int]]) -> Partitio
 
 
 def set_aside(
-    st: TableState, writer: PartitionWriter, cols: dict[str, Column], hashes: np.ndarray
+    st: TableState,
+    writer: PartitionWriter,
+    cols: dict[str, Column],
+    hashes: np.ndarray,
+    rows: np.ndarray | None = None,
 ) -> None:
-    """Write the rows of a chunk (keys hashed to ``hashes``) to their partitions, holding
-    the copies of their strings meanwhile. On a failure some rows may be on disk and others
-    not: the caller must give up (close)."""
+    """Write the rows of a chunk (keys hashed to ``hashes``), or its rows ``rows``, to their
+    partitions, holding the copies of their strings meanwhile. On a failure some rows may be
+    on disk and others not: the caller must give up (close)."""
     var_bytes = sum(c.data.nbytes for c in cols.values() if c.data is not None)
     if var_bytes and not st.budget.hold_more(2 * var_bytes):
         raise MemoryLimitError(
@@ -117,11 +233,11 @@ def set_aside(
         )
     started = time.perf_counter()
     try:
-        writer.write(cols, hashes)
+        writer.write(cols, hashes, rows)
     finally:
         st.metrics.spill_time_s += time.perf_counter() - started
     if var_bytes:
         st.budget.trim()
-    n = len(hashes)
+    n = len(hashes) if rows is None else len(rows)
     st.metrics.records_read += n
     st.rows_since_spill += n

@@ -17,6 +17,7 @@ import numpy as np
 
 from extagg._config import format_size
 from extagg.collection.typed_table import TypedHashTable
+from extagg.columnar.partition_files import partition_bounds
 from extagg.columnar.state import TableState
 from extagg.columnar.var_states import VarArena
 from extagg.merge.heap import BlockSource
@@ -43,10 +44,13 @@ def write_table_run(
     layout = st.layout
 
     def write(writer: RunWriter) -> None:
-        for _, block in layout.iter_sorted(
-            table, hashes, slot_gids, start, st.run_rows, st.batch_var_bytes, arena
-        ):
-            writer.write_block(block)
+        # no batch spans two hash partitions: a partitioned aggregation reads each
+        # partition's groups from the run on their own (partition_files.PartitionSource)
+        for lo, hi in partition_bounds(hashes, start):
+            for _, block in layout.iter_sorted(
+                table, hashes[:hi], slot_gids[:hi], lo, st.run_rows, st.batch_var_bytes, arena
+            ):
+                writer.write_block(block)
 
     return st.runs.write("agg", COLUMN_CODEC, write)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from extagg.collection.typed_table import TypedHashTable
 from extagg.columnar.layout import BlockLayout
+from extagg.columnar.partition_files import NUM_PARTITIONS
 from extagg.columnar.var_states import VarArena
 from extagg.errors import UsageError
 from extagg.metrics import SpillMetrics
@@ -45,6 +46,10 @@ class TableState:
     rotation: int = 0
     #: bits of that rotation its output undoes (its parent's hashes are rotated by the rest)
     rotate_back: int = 0
+    #: partitions (by the top 4 bits of the hash) whose rows go to the table: 16 (all) until
+    #: the table is split (:func:`~extagg.columnar.partitioning.split_table`), 0 once every
+    #: row is set aside; the rows of the others are set aside in partition files
+    resident_parts: int = NUM_PARTITIONS
     layout_or_none: BlockLayout | None = None
     table: TypedHashTable | None = None
     #: the table's min/max/first/last string and binary values (None without such aggregates)

@@ -285,3 +285,21 @@ def test_gathers_by_slot_id_match_reference(dtype, data) -> None:
         outs.append((w.tolist(), n.tolist(), v.tolist()))
     assert outs[0] == outs[1]
     assert outs[0][2] == [values[p - 1].item() for p in picks]
+
+
+@given(st.integers(0, 60), st.integers(0, 3), st.integers(0, 40), st.booleans(), st.data())
+def test_compact_groups_matches_reference(groups, words, width, nulls, data) -> None:
+    keep = sorted(data.draw(st.sets(st.integers(1, max(1, groups)), max_size=groups)))
+    rng = np.random.default_rng(groups * 7 + width)
+    arrays = (
+        rng.integers(0, 2**63, (groups, words)).astype(np.uint64),
+        rng.integers(0, 255, groups if nulls else 0).astype(np.uint8),
+        rng.integers(0, 255, (groups, width)).astype(np.uint8),
+    )
+    fast = [a.copy() for a in arrays]
+    slow = [a.copy() for a in arrays]
+    gids = np.array(keep, dtype=np.uint64)
+    K.compact_groups(*fast, gids)
+    R.compact_groups(*slow, gids)
+    for a, b in zip(fast, slow):
+        assert np.array_equal(a, b)

@@ -193,3 +193,42 @@ def test_large_arrays_are_mapped_zeroed_and_given_back() -> None:
     assert touched - before >= size * 0.9
     del big  # the mapping goes with the array
     assert touched - _rss_anon() >= size * 0.9
+
+
+@pytest.mark.parametrize("hash_is_key", [False, True])
+def test_keeping_the_lower_hashes_compacts_in_place_and_rotates(hash_is_key) -> None:
+    """A split table keeps the groups of its lower hashes: renumbered, their payload and keys
+    kept, the others gone, the rest of the rows back to their fill values; the kept hashes
+    (top bit zero) are then given to the table rotated by one bit, and sorting hands them out
+    unrotated and in order."""
+    rng = np.random.default_rng(4)
+    table = TypedHashTable(1, 1, False, PAYLOAD, capacity=1 << 12, hash_is_key=hash_is_key)
+    keys = rng.choice(1 << 40, 2000, replace=False).astype(np.int64)
+    gids = _fill(table, keys)
+    table.payload[0][gids] = keys.astype(np.float64)
+    table.payload[1][gids] = np.arange(len(keys))
+    hashes, slot_gids = table.sort_by_hash()
+    m = int(np.searchsorted(hashes, np.uint64(1) << np.uint64(63)))
+    kept = table.key_words[slot_gids[:m].astype(np.int64) - 1, 0].view(np.int64).copy()
+    table.keep_sorted_prefix(m, rotation=1)
+    table.check_invariants()
+    assert table.num_groups == m and table.rotation == 1
+    assert sorted(table.key_words[:m, 0].view(np.int64).tolist()) == sorted(kept.tolist())
+    assert np.array_equal(table.payload[0][:m], table.key_words[:m, 0].view(np.int64))
+    assert np.all(table.payload[1][m:] == -1)
+    # the kept keys are found again (hashes rotated as the table now takes them); a new key
+    # of the lower half gets a new group
+    low = hashing.hash_array(kept) >> np.uint64(63) == 0
+    assert low.all()
+    fresh = next(k for k in range(1, 10**6) if hashing.hash_array(np.array([k]))[0] >> 63 == 0)
+    more = np.concatenate([kept, [fresh]])
+    rotated = hashing.hash_array(more)
+    rotated = (rotated << np.uint64(1)) | (rotated >> np.uint64(63))
+    words = more.view(np.uint64).reshape(len(more), 1)
+    out = np.empty(len(more), dtype=np.int64)
+    assert table.insert(rotated, words, E8, E64, E8, 0, out) == (len(more), DONE)
+    assert np.array_equal(table.payload[0][out[:-1]], kept.astype(np.float64))
+    assert out[-1] == m
+    hashes, slot_gids = table.sort_by_hash()
+    assert np.all(hashes[:-1] <= hashes[1:])
+    assert sorted(hashes.tolist()) == sorted(hashing.hash_array(more).tolist())

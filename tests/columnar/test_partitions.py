@@ -11,14 +11,20 @@ import logging
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 import extagg.spill.runfile as runfile
 from extagg.columnar import HashAggregator
-from extagg.columnar.partition_files import partition_of, rotate_left, rotate_right
-from extagg.errors import SpillError
+from extagg.columnar.partition_files import (
+    partition_bounds,
+    partition_of,
+    rotate_left,
+    rotate_right,
+)
+from extagg.errors import CorruptFileError, SpillError
 from tests.columnar.reference import assert_same_groups, reference_groupby, result_dict
 from tests.conftest import files_under
 from tests.spill.test_runfile import FullDisk
@@ -94,7 +100,9 @@ def test_first_and_last_are_never_partitioned(spill_dir) -> None:
 
 def test_partitions_partition_again_when_they_do_not_fit(spill_dir, caplog) -> None:
     rng = np.random.default_rng(3)
-    k = rng.integers(0, 200_000, 1_000_000)  # 12 500 keys per partition: more than 1 MiB holds
+    # 25 000 keys per partition: more than 1 MiB holds (twice: the spilled tables' groups of a
+    # partition come first, its rows then still fill the table again and again)
+    k = rng.integers(0, 400_000, 1_000_000)
     v = rng.random(len(k))
     table = pa.table({"k": k, "v": v})
     aggs = {"n": ("*", "count"), "s": ("v", "sum")}
@@ -201,4 +209,117 @@ def test_no_memory_for_partition_buffers_keeps_spilling_tables(spill_dir, monkey
     got, partitioned, metrics = _run(table, ["k"], AGGS, "2m", spill_dir)
     assert not partitioned and metrics.spill_count >= 3
     _check(table, ["k"], AGGS, got)
+    assert files_under(spill_dir) == []
+
+
+# -- the tables spilled before partitioning are folded into the partitions' aggregators
+
+
+@given(st.lists(st.integers(0, 2**64 - 1), max_size=60), st.integers(0, 70))
+def test_partition_bounds_cut_sorted_hashes_by_partition(values, start) -> None:
+    hashes = np.sort(np.array(values, dtype=np.uint64))
+    start = min(start, len(hashes))
+    ranges = partition_bounds(hashes, start)
+    # reference: walk the rows, a new range whenever the partition changes
+    want: list[list[int]] = []
+    for row in range(start, len(hashes)):
+        if want and int(hashes[row]) >> 60 == int(hashes[want[-1][0]]) >> 60:
+            want[-1][1] = row + 1
+        else:
+            want.append([row, row + 1])
+    assert ranges == [tuple(r) for r in want]
+
+
+def test_spilled_tables_fold_into_partitions_without_a_merge(spill_dir, caplog) -> None:
+    """Tables spilled before partitioning were written partition by partition; each
+    partition's groups are folded into its aggregator, so nothing is merged afterwards: same
+    groups as the reference, same order as in memory, every file removed."""
+    table = _int_table(300_000, 150_000, seed=9)
+    with caplog.at_level(logging.INFO, logger=LOG):
+        got, partitioned, metrics = _run(table, ["k"], AGGS, "2m", spill_dir)
+    assert partitioned and metrics.spill_count >= 2  # tables spilled before partitioning
+    assert metrics.merge_passes == 0
+    assert "hash partitions" in caplog.text
+    _check(table, ["k"], AGGS, got)
+    in_memory, _, _ = _run(table, ["k"], AGGS, "512m")
+    assert got.column("k").to_pylist() == in_memory.column("k").to_pylist()
+    assert files_under(spill_dir) == []
+
+
+def test_string_states_still_merge_the_spilled_tables(spill_dir) -> None:
+    """String min/max states live in an arena: their spilled tables are merged with the
+    partitions' outputs as before."""
+    rng = np.random.default_rng(10)
+    n = 150_000
+    k = rng.integers(0, 75_000, n)
+    names = pa.array([f"n{x % 977}" for x in rng.integers(0, 10**6, n)])
+    table = pa.table({"k": k, "name": names})
+    aggs = {"lo": ("name", "min"), "hi": ("name", "max"), "n": ("*", "count")}
+    got, partitioned, _ = _run(table, ["k"], aggs, "3m", spill_dir)
+    assert partitioned
+    _check(table, ["k"], aggs, got)
+    assert files_under(spill_dir) == []
+
+
+def test_a_run_batch_across_partitions_is_a_corrupt_file(spill_dir, monkeypatch) -> None:
+    """Runs whose batches span two partitions (not written by this version) are refused
+    with the file named, and every file is removed."""
+    runs = importlib.import_module("extagg.columnar.runs")
+    monkeypatch.setattr(runs, "partition_bounds", lambda hashes, start: [(start, len(hashes))])
+    table = _int_table(300_000, 150_000, seed=9)
+    with pytest.raises(CorruptFileError, match="partitions other than"):
+        _run(table, ["k"], AGGS, "2m", spill_dir)
+    assert files_under(spill_dir) == []
+
+
+def test_a_table_spilled_when_full_starts_again_larger(spill_dir) -> None:
+    """Doubling a full table holds old and new arrays; once spilled and empty it is allocated
+    new at the largest size granted: fewer spills, the budget still held."""
+    rng = np.random.default_rng(11)
+    k = np.repeat(rng.permutation(400_000), 4)  # 4 adjacent rows per key: no partitioning
+    table = pa.table({"k": k, "v": rng.random(len(k))})
+    aggs = {"s": ("v", "sum"), "n": ("*", "count")}
+    with HashAggregator("k", aggs, memory="28m", spill_dirs=[str(spill_dir)]) as agg:
+        before, after = [0], [0]  # capacities before the first spill and after it
+        for start in range(0, table.num_rows, 50_000):
+            agg.update(table.slice(start, 50_000))
+            spilled = agg.metrics.spill_count > 0
+            (after if spilled else before).append(agg.table_state.table.capacity)
+        assert agg.metrics.spill_count >= 1
+        # the first table stopped where doubling was refused; the next one is larger
+        assert max(after) >= 2 * max(before)
+        assert 0 < agg.metrics.peak_granted_bytes <= 28 << 20
+        got = pa.Table.from_batches(list(agg.results()))
+    order = np.argsort(got.column("k").to_numpy())
+    keys, counts = np.unique(k, return_counts=True)
+    assert np.array_equal(got.column("k").to_numpy()[order], keys)
+    assert np.array_equal(got.column("n").to_numpy()[order], counts)
+    assert files_under(spill_dir) == []
+
+
+@pytest.mark.parametrize("keys", [["k"], ["a", "b"]])
+def test_a_split_table_keeps_its_lower_partitions_in_memory(spill_dir, caplog, keys) -> None:
+    """Hybrid: a full table that barely reduces writes the groups of half its partitions and
+    keeps the rest, aggregating their rows in memory to the end; the other partitions' rows
+    are set aside. Null keys included; same groups as the reference, same order as in memory,
+    the budget held, no file left."""
+    table = _int_table(400_000, 150_000, seed=12)
+    if keys != ["k"]:
+        k = table.column("k")
+        table = pa.table({"a": pc.divide(k, 1000), "b": pc.bit_wise_and(k, 1023), "v": table["v"]})
+    with (
+        caplog.at_level(logging.INFO, logger=LOG),
+        HashAggregator(keys, AGGS, memory="6m", spill_dirs=[str(spill_dir)]) as agg,
+    ):
+        for start in range(0, table.num_rows, 20_000):
+            agg.update(table.slice(start, 20_000))
+        resident = agg.table_state.resident_parts
+        assert 0 < resident < 16, resident  # some partitions stayed in memory
+        got = pa.Table.from_batches(list(agg.results()), schema=agg.schema)
+        assert 0 < agg.metrics.peak_granted_bytes <= 6 << 20
+        assert agg.metrics.records_read == table.num_rows
+    assert "keeping" in caplog.text
+    _check(table, keys, AGGS, got)
+    in_memory, _, _ = _run(table, keys, AGGS, "512m")
+    assert got.select(keys).equals(in_memory.select(keys))  # same order
     assert files_under(spill_dir) == []
