@@ -195,8 +195,12 @@ class SpillingGroupBy(Spillable[ObjectBlock]):
         self.key_bytes = 64.0 + KEY_OVERHEAD  # running estimate of one key's bytes, as above
 
     # ------------------------------------------------------------------ folding
-    def merge_pieces(self, pieces: Iterable[tuple[Any, list[Any]]], chunk: int = 256) -> None:
-        """Fold ``(key, list of values)`` pieces."""
+    def merge_pieces(
+        self, pieces: Iterable[tuple[Any, list[Any]]], chunk: int = 256, *, owned: bool = False
+    ) -> None:
+        """Fold ``(key, list of values)`` pieces. ``owned``: the pieces' lists belong to the
+        group-by from now on (fresh from a shuffle's unpickling): a key's first list is kept
+        and extended instead of copied."""
         self.check_open("merge after iteration")
         it = iter(pieces)
         while True:
@@ -218,7 +222,9 @@ class SpillingGroupBy(Spillable[ObjectBlock]):
                         continue
                     group = groups.get(key)
                     if group is None:
-                        group = groups[key] = list(values)
+                        if not owned or type(values) is not list:
+                            values = list(values)
+                        group = groups[key] = values
                     else:
                         group.extend(values)
                     if len(group) > big_values:  # one key outgrows its share: off to disk

@@ -292,7 +292,7 @@ class SparkGroupBy(SparkMerger):
             )
             self.metrics = self._group.metrics
         with fewer_collections():  # PySpark unpickles the pieces as we read them
-            self._group.merge_pieces(iterator)
+            self._group.merge_pieces(iterator, owned=True)  # fresh lists, nobody else's
 
     def items(self) -> Iterator[tuple[Any, Any]]:
         """Every ``(key, values)`` once; ``values`` is a list or a ``SpilledValues``."""
