@@ -197,8 +197,8 @@ class PartialCombiner(Spillable[Any]):
                 typed = self._typed  # a new table if the last one was handed on
                 out, self._out = self._out, None
                 if out is not None:
-                    for part in out:
-                        yield from part
+                    while out:  # no name may keep a handed-on generation alive after it
+                        yield from out.pop(0)
                     del out
                 if self.passing:
                     yield from self._pass_through(chunk, it)
@@ -269,7 +269,7 @@ class PartialCombiner(Spillable[Any]):
             yield from self._leave_typed()
         groups, self.groups, self.values = self.groups, {}, 0
         self.emitted += len(groups)
-        yield from groups.items()
+        yield from _handed_on(groups)
 
     # ------------------------------------------------------------------ Spillable hooks
     def collection_is_empty(self) -> bool:
@@ -291,7 +291,7 @@ class PartialCombiner(Spillable[Any]):
         if self.groups:
             if self.lists and self.flushes == 1:
                 self._decide_pass_through()
-            parts.append(self.groups.items())
+            parts.append(_handed_on(self.groups))
             self.emitted += len(self.groups)
             self.groups, self.values = {}, 0
         self._out = parts
@@ -317,6 +317,14 @@ class PartialCombiner(Spillable[Any]):
 
     def release_collection(self) -> None:
         self.groups, self.values, self._typed, self._out = {}, 0, None, None
+
+
+def _handed_on(groups: dict[Any, Any]) -> Iterator[tuple[Any, Any]]:
+    """``groups``' items, each removed from the dict as it is handed on: a combiner is freed
+    as soon as the shuffle writer has pickled it, not when the whole generation is done."""
+    pop = groups.popitem
+    for _ in range(len(groups)):
+        yield pop()
 
 
 def stop_iteration_error(exc: StopIteration) -> Exception:
