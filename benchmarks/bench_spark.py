@@ -101,19 +101,25 @@ def _worker_rss(_: Any) -> int:
     import psutil as ps
 
     if os.environ.get("EXTAGG_BENCH_IMPORT"):
-        import extagg.spark.merger  # noqa: F401
+        import extagg.spark.merger
+        import extagg.spark.shuffle
+    if os.environ.get("EXTAGG_BENCH_IMPORT") == "engine":  # reduceByKey's, aggregateByKey's
+        import extagg.generic.external_map
+        import extagg.generic.typed_map  # noqa: F401
     return int(ps.Process().memory_info().rss)
 
 
-def fixed_rss(sc: Any, installed: bool) -> int:
-    """A fresh worker's RSS (the fixed overhead the budget comes on top of)."""
+def fixed_rss(sc: Any, installed: bool, flag: str = "engine") -> int:
+    """A fresh worker's RSS (the fixed overhead the budget comes on top of): with extagg,
+    after importing what reduceByKey and aggregateByKey need (``flag="engine"``, numba
+    included; reused workers keep it for every later call) or groupByKey alone (``"1"``)."""
     import extagg.spark as es
 
     if installed:
         es.install()
     try:
         # a new worker: the import flag travels in the closure, not in the worker's env
-        flag = "1" if installed else ""
+        flag = flag if installed else ""
 
         def probe(it: Any) -> Any:
             os.environ["EXTAGG_BENCH_IMPORT"] = flag

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import operator
+import os
 import pickle
 from collections import defaultdict
 from typing import Any
@@ -339,3 +340,30 @@ def test_group_by_keeps_owned_lists_and_copies_the_callers():
     copied = SpillingGroupBy(memory=1 << 20)
     copied.merge_pieces([("x", mine), ("x", [2]), ("z", (5, 6))])
     assert dict(copied) == {"x": [1, 2], "z": [5, 6]} and mine == [1]
+
+
+def test_group_by_key_worker_does_not_import_numba():
+    """A worker that only runs groupByKey (both sides, spilling) never loads numba, the
+    generic engine's kernels (~100 MiB of its RSS); reduceByKey's reduce side does."""
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = (
+        "import sys\n"
+        f"sys.path.insert(0, {here!r})\n"
+        "from test_partial import CALLS, aggregator_of\n"
+        "from extagg.spark.merger import SparkGroupBy, SparkMerger\n"
+        "agg = aggregator_of(CALLS['groupByKey'])\n"
+        "m = SparkMerger(agg, 1)\n"
+        "m.mergeValues(iter([(i % 20000, i) for i in range(60000)]))\n"
+        "g = SparkGroupBy(agg, 1)\n"
+        "g.mergeCombiners(m.items())\n"
+        "assert sum(len(v) for _, v in g.items()) == 60000\n"
+        "assert 'numba' not in sys.modules, 'numba imported by groupByKey'\n"
+        "r = SparkMerger(aggregator_of(CALLS['aggregateByKey']), 1)\n"
+        "r.mergeCombiners(iter([(1, (2, 1)), (1, (3, 1))]))\n"
+        "assert list(r.items()) == [(1, (5, 2))] and 'numba' in sys.modules\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
