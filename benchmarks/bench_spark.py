@@ -56,6 +56,23 @@ class RssSampler:
         self._thread.join()
 
 
+def tree_cpu() -> tuple[float, float]:
+    """CPU seconds (user + system) of this process's descendants so far, and of the Python
+    ones (the workers and their daemon), the children they reaped included: on a shared
+    machine a call's CPU time says more than its wall time."""
+    total = python = 0.0
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            t = proc.cpu_times()
+            cpu = t.user + t.system + t.children_user + t.children_system
+            total += cpu
+            if "python" in proc.name().lower():
+                python += cpu
+        except psutil.Error:
+            pass
+    return total, python
+
+
 def spill_bytes(sc: Any, group: str) -> tuple[int, int]:
     tracker, store = sc.statusTracker(), sc._jsc.sc().statusStore()
     time.sleep(1.0)  # the listener bus is asynchronous
@@ -84,19 +101,25 @@ def _worker_rss(_: Any) -> int:
     import psutil as ps
 
     if os.environ.get("EXTAGG_BENCH_IMPORT"):
-        import extagg.spark.merger  # noqa: F401
+        import extagg.spark.merger
+        import extagg.spark.shuffle
+    if os.environ.get("EXTAGG_BENCH_IMPORT") == "engine":  # reduceByKey's, aggregateByKey's
+        import extagg.generic.external_map
+        import extagg.generic.typed_map  # noqa: F401
     return int(ps.Process().memory_info().rss)
 
 
-def fixed_rss(sc: Any, installed: bool) -> int:
-    """A fresh worker's RSS (the fixed overhead the budget comes on top of)."""
+def fixed_rss(sc: Any, installed: bool, flag: str = "engine") -> int:
+    """A fresh worker's RSS (the fixed overhead the budget comes on top of): with extagg,
+    after importing what reduceByKey and aggregateByKey need (``flag="engine"``, numba
+    included; reused workers keep it for every later call) or groupByKey alone (``"1"``)."""
     import extagg.spark as es
 
     if installed:
         es.install()
     try:
         # a new worker: the import flag travels in the closure, not in the worker's env
-        flag = "1" if installed else ""
+        flag = flag if installed else ""
 
         def probe(it: Any) -> Any:
             os.environ["EXTAGG_BENCH_IMPORT"] = flag
@@ -121,17 +144,21 @@ def run(sc: Any, call: str, kind: str, rdd: Any, installed: bool) -> tuple[dict[
     rss = RssSampler()
     try:
         with rss:
+            cpu0, py0 = tree_cpu()
             start = time.perf_counter()
             try:
                 out = CALLS[call](rdd).map(lambda kv: hash((kv[0], kv[1])) & 0xFFFFFFFF).sum()
             except Exception as exc:  # recorded, and the next call runs
                 row["error"] = f"{type(exc).__name__}: {_short(exc)}"
             wall = time.perf_counter() - start
+            cpu1, py1 = tree_cpu()
     finally:
         es.uninstall()
     memory, disk = spill_bytes(sc, group)
     row.update(
         wall_s=round(wall, 2),
+        cpu_s=round(cpu1 - cpu0, 2),
+        worker_cpu_s=round(py1 - py0, 2),
         worker_peak_rss_mib=round(rss.peak / 2**20, 1),
         memory_spilled_mib=round(memory / 2**20, 1),
         disk_spilled_mib=round(disk / 2**20, 1),
@@ -158,9 +185,9 @@ def make_rdd(sc: Any, kind: str, n: int, keys: int, partitions: int) -> Any:
 
 
 def print_table(rows: list[dict[str, Any]], fixed: dict[str, int], budget_mib: float) -> None:
-    print("\n| call | keys | stock s | extagg s | speed-up | peak RSS stock / extagg MiB "
-          "| disk spilled stock / extagg MiB |")  # fmt: skip
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print("\n| call | keys | stock s | extagg s | speed-up | CPU s stock / extagg (workers) "
+          "| peak RSS stock / extagg MiB | disk spilled stock / extagg MiB |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     pairs: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
     for row in rows:
         pairs.setdefault((row["call"], row["keys"]), {})[row["engine"]] = row
@@ -177,6 +204,8 @@ def print_table(rows: list[dict[str, Any]], fixed: dict[str, int], budget_mib: f
         )
         print(
             f"| {call} | {kind} | {cell(s, 'wall_s')} | {cell(e, 'wall_s')} | {ratio} | "
+            f"{s.get('cpu_s', '-')} / {e.get('cpu_s', '-')} "
+            f"({s.get('worker_cpu_s', '-')} / {e.get('worker_cpu_s', '-')}) | "
             f"{s.get('worker_peak_rss_mib', '-')} / {e.get('worker_peak_rss_mib', '-')} | "
             f"{s.get('disk_spilled_mib', '-')} / {e.get('disk_spilled_mib', '-')} |"
         )
@@ -238,6 +267,9 @@ def main() -> None:
     parser.add_argument("--skip-dataframe", action="store_true")
     parser.add_argument("--calls", nargs="*", default=list(CALLS), choices=list(CALLS))
     parser.add_argument("--engines", nargs="*", default=["stock", "extagg"])
+    parser.add_argument(
+        "--interleave", action="store_true", help="alternate stock and extagg on each call"
+    )
     parser.add_argument("--quick", action="store_true", help="200k records, 50k keys, 8m")
     parser.add_argument("--out", help="append the rows to this file as JSON lines")
     args = parser.parse_args()
@@ -274,16 +306,21 @@ def main() -> None:
     fixed: dict[str, int] = {}
     rows: list[dict[str, Any]] = []
     answers: dict[tuple[str, str], dict[str, Any]] = {}
-    for engine in args.engines:
-        fixed[engine] = fixed_rss(sc, engine == "extagg")
-        for kind in args.keys_type:
-            rdd = make_rdd(sc, kind, n, keys, args.partitions)
-            for call in args.calls:
-                row, answer = run(sc, call, kind, rdd, engine == "extagg")
-                rows.append(row)
-                if "error" not in row:
-                    answers.setdefault((call, kind), {})[engine] = answer
-                print(row, flush=True)
+    if args.interleave:  # stock and extagg alternate; stock's RSS then counts extagg's imports
+        for engine in args.engines:
+            fixed[engine] = fixed_rss(sc, engine == "extagg")
+        order = [(e, k, c) for k in args.keys_type for c in args.calls for e in args.engines]
+    else:
+        order = [(e, k, c) for e in args.engines for k in args.keys_type for c in args.calls]
+    for engine, kind, call in order:
+        if engine not in fixed:
+            fixed[engine] = fixed_rss(sc, engine == "extagg")
+        rdd = make_rdd(sc, kind, n, keys, args.partitions)
+        row, answer = run(sc, call, kind, rdd, engine == "extagg")
+        rows.append(row)
+        if "error" not in row:
+            answers.setdefault((call, kind), {})[engine] = answer
+        print(row, flush=True)
     for (call, kind), by in answers.items():
         if len(set(by.values())) > 1:
             print(f"!! {call} {kind}: stock and extagg answers differ: {by}", flush=True)

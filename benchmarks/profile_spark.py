@@ -9,6 +9,7 @@ side (``mergeCombiners`` + ``items``). Each stage is timed (wall and CPU) for th
 and for extagg's. No JVM: what is left of a real job's time is the JVM shuffle and the pipes.
 
     python benchmarks/profile_spark.py --records 750000 --keys 250000 --memory 14 --keys-type int
+    python benchmarks/profile_spark.py --records 4000000 --keys 1000000 --memory 32 --maps 4
 """
 
 from __future__ import annotations
@@ -142,7 +143,12 @@ def shuffle_read(chunks: list[bytes], partitions: int) -> list[list[bytes]]:
     return out
 
 
-def profile(engine: str, call: str, data: list[Any], memory: float, partitions: int) -> Timer:
+def profile(
+    engine: str, call: str, data: list[Any], memory: float, partitions: int, maps: int = 1
+) -> Timer:
+    """Time one job's Python work: ``maps`` map tasks over ``data`` (split evenly), then the
+    reduce side of every partition (``maps`` > 1: each partition gets its share of every map
+    task's output, as in a real job; 1: of the one map task's)."""
     import pickle
 
     from pyspark.shuffle import ExternalGroupBy, ExternalMerger
@@ -154,23 +160,27 @@ def profile(engine: str, call: str, data: list[Any], memory: float, partitions: 
         Group, Merger = ExternalGroupBy, ExternalMerger  # type: ignore[assignment,misc]
     agg = aggregators()[call]
     timer = Timer()
-    merger = Merger(agg, memory * 0.9)
-    timer.run("map: mergeValues", merger.mergeValues, iter(data))
-    combined = timer.run("map: items", lambda m: list(m.items()), merger)
-    write = "shuffle write: partition + pickle"
-    chunks = timer.run(
-        write, lambda c: list(shuffle_write(c, partitions, memory, engine)), combined
-    )
-    del combined
-    by_part = shuffle_read(chunks, partitions)
-    del chunks
-    # the reduce side of this map task's output, in each reduce partition
+    by_part: list[list[bytes]] = [[] for _ in range(partitions)]
+    step = -(-len(data) // maps)
+    for start in range(0, len(data), step):
+        merger = Merger(agg, memory * 0.9)
+        timer.run("map: mergeValues", merger.mergeValues, iter(data[start : start + step]))
+        combined = timer.run("map: items", lambda m: list(m.items()), merger)
+        write = "shuffle write: partition + pickle"
+        chunks = timer.run(
+            write, lambda c: list(shuffle_write(c, partitions, memory, engine)), combined
+        )
+        del combined
+        for part, got in enumerate(shuffle_read(chunks, partitions)):
+            by_part[part] += got
+        del chunks
     total = 0
     for part in by_part:
         unpickle = "shuffle read: unpickle"
         pairs = timer.run(unpickle, lambda p: [kv for b in p for kv in pickle.loads(b)], part)
         reducer = (Group if call == "groupByKey" else Merger)(agg, memory)
         timer.run("reduce: mergeCombiners", reducer.mergeCombiners, iter(pairs))
+        del pairs
         if call == "groupByKey":
             count = timer.run("reduce: items", lambda r: sum(len(v) for _, v in r.items()), reducer)
         else:
@@ -186,6 +196,9 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=250_000)
     parser.add_argument("--memory", type=float, default=14.4, help="worker memory, MiB")
     parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument(
+        "--maps", type=int, default=1, help="map tasks (each gets records/maps records)"
+    )
     parser.add_argument("--keys-type", choices=["int", "str"], default="int")
     parser.add_argument(
         "--calls", nargs="*", default=["reduceByKey", "aggregateByKey", "groupByKey"]
@@ -205,10 +218,12 @@ def main() -> None:
                 import pstats
 
                 prof = cProfile.Profile()
-                timer = prof.runcall(profile, engine, call, data, args.memory, args.partitions)
+                timer = prof.runcall(
+                    profile, engine, call, data, args.memory, args.partitions, args.maps
+                )
                 pstats.Stats(prof).sort_stats("tottime").print_stats(18)
             else:
-                timer = profile(engine, call, data, args.memory, args.partitions)
+                timer = profile(engine, call, data, args.memory, args.partitions, args.maps)
             agg: dict[str, list[float]] = {}
             for label, wall, cpu in timer.rows:
                 agg.setdefault(label, [0.0, 0.0])
@@ -217,11 +232,13 @@ def main() -> None:
             total = sum(w for k, (w, _) in agg.items() if not k.startswith("("))
             cpu = sum(c for k, (_, c) in agg.items() if not k.startswith("("))
             parts = ", ".join(
-                f"{k} {w:.2f}" if not k.startswith("(") else f"{k} {int(w)}"
-                for k, (w, _) in agg.items()
+                f"{k} {w:.2f}/{c:.2f}" if not k.startswith("(") else f"{k} {int(w)}"
+                for k, (w, c) in agg.items()
             )
             print(
-                f"{call:15s} {engine:7s} wall {total:6.2f} s cpu {cpu:6.2f} s | {parts}", flush=True
+                f"{call:15s} {engine:7s} wall {total:6.2f} s cpu {cpu:6.2f} s | "
+                f"stage wall/cpu s: {parts}",
+                flush=True,
             )
 
 

@@ -32,9 +32,25 @@ log = logging.getLogger(__name__)
 
 ROWS_PER_BATCH = 256
 LIST_SLOT = 8  # a list holds one pointer per value
-#: what a key costs besides its own object: its list's header (``sys.getsizeof([])``) and its
-#: dict entry with the table's slack (measured: ~170 B a key for 500k one-value keys)
-KEY_OVERHEAD = 56 + 48
+#: per key, what a spill allocates while the lists are still held: the key list, the hashes,
+#: their order, the sorted hashes and the two sorted lists (8 bytes each)
+SORT_BYTES = 48
+
+
+def _object_bytes(obj: Any) -> int:
+    """``sys.getsizeof`` rounded up to the allocator's 8-byte blocks."""
+    return (sys.getsizeof(obj) + 7) & ~7
+
+
+def _dict_table_growth(groups: dict[Any, Any], more: int) -> int:
+    """The bytes a dict allocates next if ``more`` keys are added: an insert-only dict of
+    ``n`` keys has a table of the smallest power of two ``size`` with ``2 * size // 3 > n``,
+    and doubles it when full (its old table is freed only once the new one is filled)."""
+    n = len(groups)
+    size = 8
+    while 2 * size // 3 <= n:
+        size *= 2
+    return 2 * sys.getsizeof(groups) if n + more >= 2 * size // 3 else 0
 
 
 def _remove(path: str) -> None:
@@ -192,11 +208,15 @@ class SpillingGroupBy(Spillable[ObjectBlock]):
         self.value_bytes = 32.0  # running estimate of one value's bytes, plus its list slot
         #: the merge phase's accounting of big keys' in-memory chunks (set when it starts)
         self.merge_chunks: ChunkGrant | None = None
-        self.key_bytes = 64.0 + KEY_OVERHEAD  # running estimate of one key's bytes, as above
+        self.key_bytes = 64.0 + 88.0  # running estimate of one key's object, list header, slack
 
     # ------------------------------------------------------------------ folding
-    def merge_pieces(self, pieces: Iterable[tuple[Any, list[Any]]], chunk: int = 256) -> None:
-        """Fold ``(key, list of values)`` pieces."""
+    def merge_pieces(
+        self, pieces: Iterable[tuple[Any, list[Any]]], chunk: int = 256, *, owned: bool = False
+    ) -> None:
+        """Fold ``(key, list of values)`` pieces. ``owned``: the pieces' lists belong to the
+        group-by from now on (fresh from a shuffle's unpickling): a key's first list is kept
+        and extended instead of copied."""
         self.check_open("merge after iteration")
         it = iter(pieces)
         while True:
@@ -204,7 +224,7 @@ class SpillingGroupBy(Spillable[ObjectBlock]):
             if not batch:
                 return
             with self.lock:
-                self.maybe_spill(self.estimated_bytes())
+                self.maybe_spill(self.estimated_bytes(chunk))
                 groups = self.groups
                 assert groups is not None
                 big = self.big
@@ -218,30 +238,40 @@ class SpillingGroupBy(Spillable[ObjectBlock]):
                         continue
                     group = groups.get(key)
                     if group is None:
-                        group = groups[key] = list(values)
+                        if not owned or type(values) is not list:
+                            values = list(values)
+                        group = groups[key] = values
                     else:
                         group.extend(values)
                     if len(group) > big_values:  # one key outgrows its share: off to disk
                         big[key] = self._spilled_values(group)
                         del groups[key]
                         moved = True
-                self.key_bytes = 0.9 * self.key_bytes + 0.1 * (
-                    sys.getsizeof(batch[0][0]) + KEY_OVERHEAD
-                )
-                sample = batch[0][1]
-                if sample:
-                    size = sys.getsizeof(sample[0]) + LIST_SLOT
-                    self.value_bytes = 0.9 * self.value_bytes + 0.1 * size
+                # a key's own bytes: its object and its list's header and spare slots (the
+                # dict's table is measured whole in estimated_bytes)
+                first_key = batch[0][0]
+                group = groups.get(first_key)
+                if group is not None:
+                    size = _object_bytes(first_key) + sys.getsizeof(group) - LIST_SLOT * len(group)
+                    self.key_bytes = 0.9 * self.key_bytes + 0.1 * size
+                    if group:
+                        size = _object_bytes(group[-1]) + LIST_SLOT
+                        self.value_bytes = 0.9 * self.value_bytes + 0.1 * size
                 # values held in memory lists (the big keys' values are in their files)
                 self.values = sum(len(g) for g in groups.values()) if moved else self.values + added
                 self.elements_read += added
                 self.metrics.records_read += added
 
-    def estimated_bytes(self) -> int:
-        """The in-memory lists' bytes: their values, and per key its object, list and entry."""
+    def estimated_bytes(self, more: int = 256) -> int:
+        """The in-memory lists' bytes: their values, per key its object and list, the dict's
+        table (measured), what a spill of them allocates, and the table's next growth if
+        ``more`` keys could bring it."""
         groups = self.groups
-        keys = len(groups) if groups is not None else 0
-        return int(self.values * self.value_bytes + keys * self.key_bytes)
+        if groups is None:
+            return 0
+        keys = len(groups)
+        table = sys.getsizeof(groups) + _dict_table_growth(groups, more)
+        return int(self.values * self.value_bytes + keys * (self.key_bytes + SORT_BYTES) + table)
 
     def _spilled_values(self, first: list[Any]) -> SpilledValues:
         granted = self.acquire_memory(self.chunk_bytes)  # its in-memory chunk

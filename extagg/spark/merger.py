@@ -23,15 +23,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from extagg._config import MiB
-from extagg.generic.aggregator import Aggregator
-from extagg.generic.external_map import ExternalAppendOnlyMap
 from extagg.memory import ENGINE_MIN_BUDGET
 from extagg.metrics import SpillMetrics
 from extagg.spark.groupby import SpillingGroupBy
 from extagg.spark.partial import PartialCombiner, fewer_collections, stop_iteration_error
+
+if TYPE_CHECKING:  # the generic engine (numba) is imported where the reduce side needs it
+    from extagg.generic.external_map import ExternalAppendOnlyMap
 
 __all__ = ["Recognised", "SparkGroupBy", "SparkMerger", "recognise", "report_spill"]
 
@@ -127,8 +128,6 @@ def recognise(agg: Any) -> Recognised:
     deepcopy(zero), v)``; with an immutable ``zero`` that deep copy is ``zero`` itself, so the
     combiner is built as ``seq(zero, v)``. Anything else is used as given.
     """
-    from extagg.generic.aggregator import Aggregator
-
     create, merge, merge_combiners = agg.createCombiner, agg.mergeValue, agg.mergeCombiners
     if _is_group_by_key(agg):
         return Recognised(create, merge, merge_combiners, None, True)
@@ -140,6 +139,8 @@ def recognise(agg: Any) -> Recognised:
         if op is not None:
             typed = op
             merge = merge_combiners = inner
+        from extagg.generic.aggregator import Aggregator
+
         create = Aggregator.reducing(inner).create_combiner  # the identity, as PySpark's
         return Recognised(create, _unwrap(merge), merge_combiners, typed, False)
     if name.endswith(("aggregateByKey.<locals>.<lambda>", "foldByKey.<locals>.<lambda>")):
@@ -217,6 +218,9 @@ class SparkMerger:
         """Merge ``(key, combiner)`` records."""
         self._take("combiners")
         if self._map is None:
+            from extagg.generic.aggregator import Aggregator
+            from extagg.generic.external_map import ExternalAppendOnlyMap
+
             seen = recognise(self.agg)
             self._map = ExternalAppendOnlyMap(
                 Aggregator.reducing(seen.merge_combiners),
@@ -292,7 +296,7 @@ class SparkGroupBy(SparkMerger):
             )
             self.metrics = self._group.metrics
         with fewer_collections():  # PySpark unpickles the pieces as we read them
-            self._group.merge_pieces(iterator)
+            self._group.merge_pieces(iterator, owned=True)  # fresh lists, nobody else's
 
     def items(self) -> Iterator[tuple[Any, Any]]:
         """Every ``(key, values)`` once; ``values`` is a list or a ``SpilledValues``."""

@@ -19,6 +19,13 @@ Two folds:
   PySpark's ``fail_on_stopiteration`` wrapper taken off the hot loop (a ``StopIteration`` from
   the user's function still fails the task with PySpark's own error).
 
+groupByKey's combine only saves repeating a key: every value is shipped anyway, which is why
+Spark itself runs groupByKey with ``mapSideCombine=false``. When the first generation of
+groupByKey's combiners (the records that fit in the budget) saved fewer than
+:data:`MIN_COMBINE_SAVING` of the pieces (most keys came once: many keys per map task), the
+combiner hands that generation on and passes every further record on as ``(key, [value])``,
+holding nothing; an input that fits in one generation is combined whole, as before.
+
 Garbage collection: a shuffle allocates millions of small acyclic containers (record tuples,
 groupByKey's lists) — in PySpark's unpickling, in the fold, in the pickling — and CPython's
 collector, triggered every 700 allocations, walks the young ones again and again (measured:
@@ -47,7 +54,13 @@ from extagg.collection.size_estimator import estimate_size
 from extagg.memory import Consumer
 from extagg.spillable import Spillable
 
-__all__ = ["YOUNG_THRESHOLD", "PartialCombiner", "fewer_collections", "stop_iteration_error"]
+__all__ = [
+    "MIN_COMBINE_SAVING",
+    "YOUNG_THRESHOLD",
+    "PartialCombiner",
+    "fewer_collections",
+    "stop_iteration_error",
+]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +73,9 @@ DICT_ENTRY = 64
 LIST_SLOT = 8
 #: allocations between collections of the youngest generation while a merger runs
 YOUNG_THRESHOLD = 50_000
+#: groupByKey's map side stops combining when its first generation of combiners saved fewer
+#: than this fraction of the pieces it would have shipped uncombined (one per record)
+MIN_COMBINE_SAVING = 0.2
 
 _gc_lock = threading.Lock()
 _gc_depth = 0
@@ -134,6 +150,8 @@ class PartialCombiner(Spillable[Any]):
         #: budget made the combiner hand them on early
         self.emitted = 0
         self.flushes = 0
+        #: groupByKey: combining stopped paying, every further record is passed on as ``[v]``
+        self.passing = False
 
     # ------------------------------------------------------------------ sizes
     def estimated_bytes(self) -> int:
@@ -179,9 +197,12 @@ class PartialCombiner(Spillable[Any]):
                 typed = self._typed  # a new table if the last one was handed on
                 out, self._out = self._out, None
                 if out is not None:
-                    for part in out:
-                        yield from part
+                    while out:  # no name may keep a handed-on generation alive after it
+                        yield from out.pop(0)
                     del out
+                if self.passing:
+                    yield from self._pass_through(chunk, it)
+                    break
                 if typed is not None:
                     keys = [k for k, _ in chunk]
                     values = [v for _, v in chunk]
@@ -223,6 +244,19 @@ class PartialCombiner(Spillable[Any]):
         k, v = chunk[-1]
         self._sample(k, v)
 
+    def _pass_through(
+        self, chunk: list[tuple[Any, Any]], it: Iterator[tuple[Any, Any]]
+    ) -> Iterator[tuple[Any, list[Any]]]:
+        """groupByKey without the map-side combine (Spark's own ``mapSideCombine=false``):
+        every record leaves as ``(key, [value])``; nothing is held."""
+        with self.lock:
+            self.release_down_to(0)
+        while chunk:
+            self.metrics.records_read += len(chunk)
+            self.emitted += len(chunk)
+            yield from [(k, [v]) for k, v in chunk]
+            chunk = list(islice(it, CHUNK))
+
     def _leave_typed(self) -> Iterator[tuple[Any, Any]]:
         typed, self._typed = self._typed, None
         keys, values = typed.destructive_arrays()
@@ -235,7 +269,7 @@ class PartialCombiner(Spillable[Any]):
             yield from self._leave_typed()
         groups, self.groups, self.values = self.groups, {}, 0
         self.emitted += len(groups)
-        yield from groups.items()
+        yield from _handed_on(groups)
 
     # ------------------------------------------------------------------ Spillable hooks
     def collection_is_empty(self) -> bool:
@@ -255,16 +289,42 @@ class PartialCombiner(Spillable[Any]):
             self._typed = TypedReduceMap(op)
             self.emitted += len(keys)
         if self.groups:
-            parts.append(self.groups.items())
+            if self.lists and self.flushes == 1:
+                self._decide_pass_through()
+            parts.append(_handed_on(self.groups))
             self.emitted += len(self.groups)
             self.groups, self.values = {}, 0
         self._out = parts
+
+    def _decide_pass_through(self) -> None:
+        """After groupByKey's first generation: stop combining if it saved too few pieces
+        (distinct keys close to the records folded: most keys came once within the budget).
+        """
+        records, pieces = self.values, len(self.groups)
+        saving = 1.0 - pieces / max(records, 1)
+        if saving < MIN_COMBINE_SAVING:
+            self.passing = True
+            log.info(
+                "%s: map-side combine saved %.0f%% of %d pieces in its first generation; "
+                "passing the remaining records on uncombined",
+                self.name,
+                100 * saving,
+                records,
+            )
 
     def force_spill(self, trigger: Consumer) -> int:
         return 0  # combiners can only be handed on between chunks, by the task's own thread
 
     def release_collection(self) -> None:
         self.groups, self.values, self._typed, self._out = {}, 0, None, None
+
+
+def _handed_on(groups: dict[Any, Any]) -> Iterator[tuple[Any, Any]]:
+    """``groups``' items, each removed from the dict as it is handed on: a combiner is freed
+    as soon as the shuffle writer has pickled it, not when the whole generation is done."""
+    pop = groups.popitem
+    for _ in range(len(groups)):
+        yield pop()
 
 
 def stop_iteration_error(exc: StopIteration) -> Exception:

@@ -29,7 +29,7 @@ CHUNK = 4096
 #: a record's bytes as Python objects, to turn PySpark's byte limit into a record count
 RECORD_BYTES = 128
 #: most records held in the buckets before they are pickled
-MAX_PENDING = 1 << 16
+MAX_PENDING = 1 << 14
 
 
 def _portable_hash() -> Any:

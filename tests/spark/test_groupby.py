@@ -29,7 +29,7 @@ def _collect(group: SpillingGroupBy) -> dict[Any, list[Any]]:
     return out
 
 
-@pytest.mark.parametrize("records", [6_000])
+@pytest.mark.parametrize("records", [4_500])
 def test_collection_filling_the_whole_budget_without_spilling_is_read(records: int) -> None:
     """Regression: folding grew the in-memory lists until they held the whole grant without
     a spill; iterating then asked for merge read buffers with nothing left and failed

@@ -52,6 +52,18 @@ def merger_in_stack() -> float | None:
     return None
 
 
+def passing_in_stack() -> bool | None:
+    """Inside a worker: whether the groupByKey map side calling us passes records through
+    uncombined (None: no extagg map side)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, PartialCombiner):
+            return candidate.passing
+        frame = frame.f_back
+    return None
+
+
 def tagged(v):
     return (v, merger_in_stack())
 
@@ -316,6 +328,21 @@ def test_group_by_key_of_one_key_bigger_than_the_budget(spark_context):
     assert n == 270_000 and total == sum(i for i in range(300_000) if i % 10)
     assert kind == "SpilledValues" and on_disk > n // 2  # streamed back from disk
     assert out[0][0] == 1 and out[10][3] == 10
+
+
+def test_group_by_key_without_map_side_combine_equals_stock(spark_context):
+    """Many keys, each seldom twice within a map task's 1 MiB: extagg's groupByKey stops
+    combining on the map side after its first generation (seen from inside the workers), and
+    gives stock's answer."""
+    n, keys = 60_000, 50_000
+    rdd = spark_context.parallelize(range(n), 2).map(lambda i: ((i * 7919) % keys, i))
+    probed = rdd.map(lambda kv: (kv[0], (kv[1], passing_in_stack())))
+    with spark_setting(spark_context, "spark.python.worker.memory", "1m"), es.installed():
+        ours = dict(probed.groupByKey(3).mapValues(sorted).collect())
+    flags = Counter(flag for values in ours.values() for _, flag in values)
+    assert flags[True] > n // 2 and flags[False] > 0 and set(flags) == {True, False}
+    stock = dict(rdd.groupByKey(3).mapValues(sorted).collect())
+    assert {k: [v for v, _ in values] for k, values in ours.items()} == stock
 
 
 def test_partition_by_gives_stock_partitions_and_partitioner(spark_context):

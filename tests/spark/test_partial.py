@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import operator
+import os
 import pickle
 from collections import defaultdict
 from typing import Any
@@ -285,3 +286,84 @@ def test_fewer_collections_restores_the_thresholds_when_the_last_block_ends():
     assert gc.get_threshold()[0] == max(YOUNG_THRESHOLD, before[0])
     items.close()
     assert gc.get_threshold() == before
+
+
+def group_by_key_combiner(memory: int) -> PartialCombiner:
+    seen = recognise(aggregator_of(CALLS["groupByKey"]))
+    assert seen.group_by_key
+    return PartialCombiner(seen.create, seen.merge, lists=True, memory=memory)
+
+
+def test_group_by_key_stops_combining_when_it_does_not_pay():
+    """Nearly every key once within the budget: after its first generation groupByKey's map
+    side passes each record on as ``(k, [v])``, holding no memory, and the answer is exact."""
+    n, keys = 100_000, 90_000
+    pairs = [((i * 7919) % keys, i) for i in range(n)]
+    combiner = group_by_key_combiner(1 << 20)
+    out: dict[Any, list[int]] = defaultdict(list)
+    pieces, held = 0, -1
+    for k, values in combiner.combine(iter(pairs)):
+        pieces += 1
+        held = combiner.used  # the last piece is passed through: nothing held by then
+        out[k].extend(values)
+    assert combiner.passing and combiner.flushes == 1
+    assert held == 0
+    assert pieces == combiner.emitted > 0.9 * n  # about one piece per record
+    assert combiner.metrics.records_read == n
+    assert {k: sorted(v) for k, v in out.items()} == reference("groupByKey", pairs)
+    assert combiner.closed
+
+
+def test_group_by_key_keeps_combining_when_keys_repeat():
+    """300 keys: each generation saves almost every piece, so the map side keeps combining
+    (its generations are still handed on when the value lists outgrow the budget)."""
+    n = 200_000
+    pairs = [(f"k{i % 300}", i) for i in range(n)]
+    combiner = group_by_key_combiner(1 << 20)
+    out: dict[Any, list[int]] = defaultdict(list)
+    for k, values in combiner.combine(iter(pairs)):
+        out[k].extend(values)
+    assert combiner.flushes > 0 and not combiner.passing
+    assert combiner.emitted < n // 50
+    assert {k: sorted(v) for k, v in out.items()} == reference("groupByKey", pairs)
+
+
+def test_group_by_keeps_owned_lists_and_copies_the_callers():
+    from extagg.spark.groupby import SpillingGroupBy
+
+    first, other = [1], [2]
+    owned = SpillingGroupBy(memory=1 << 20)
+    owned.merge_pieces([("x", first), ("y", other), ("x", [3])], owned=True)
+    got = dict(owned)
+    assert got == {"x": [1, 3], "y": [2]} and got["x"] is first
+    mine = [1]
+    copied = SpillingGroupBy(memory=1 << 20)
+    copied.merge_pieces([("x", mine), ("x", [2]), ("z", (5, 6))])
+    assert dict(copied) == {"x": [1, 2], "z": [5, 6]} and mine == [1]
+
+
+def test_group_by_key_worker_does_not_import_numba():
+    """A worker that only runs groupByKey (both sides, spilling) never loads numba, the
+    generic engine's kernels (~100 MiB of its RSS); reduceByKey's reduce side does."""
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = (
+        "import sys\n"
+        f"sys.path.insert(0, {here!r})\n"
+        "from test_partial import CALLS, aggregator_of\n"
+        "from extagg.spark.merger import SparkGroupBy, SparkMerger\n"
+        "agg = aggregator_of(CALLS['groupByKey'])\n"
+        "m = SparkMerger(agg, 1)\n"
+        "m.mergeValues(iter([(i % 20000, i) for i in range(60000)]))\n"
+        "g = SparkGroupBy(agg, 1)\n"
+        "g.mergeCombiners(m.items())\n"
+        "assert sum(len(v) for _, v in g.items()) == 60000\n"
+        "assert 'numba' not in sys.modules, 'numba imported by groupByKey'\n"
+        "r = SparkMerger(aggregator_of(CALLS['aggregateByKey']), 1)\n"
+        "r.mergeCombiners(iter([(1, (2, 1)), (1, (3, 1))]))\n"
+        "assert list(r.items()) == [(1, (5, 2))] and 'numba' in sys.modules\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
