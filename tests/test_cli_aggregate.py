@@ -176,7 +176,9 @@ def test_disk_full_writing_the_json_summary(tmp_path, data, tiny_fs, capsys):
 
 
 def test_sort_under_a_tiny_budget_uses_runs(tmp_path, capsys):
-    t = table(100_000, keys=30_000, seed=5)
+    # ~157 k groups: a result of ~4.7 MB, larger than the whole 3 MiB budget, so the sort
+    # needs runs however little the aggregator still holds while its results are read
+    t = table(200_000, keys=100_000, seed=5)
     src = tmp_path / "big.parquet"
     pq.write_table(t, src)
     out = tmp_path / "sorted.parquet"
