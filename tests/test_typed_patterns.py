@@ -146,6 +146,7 @@ def test_fold_combiners():
 @given(st.booleans().flatmap(lambda ints: st.tuples(st.just(ints), folds(ints))), st.data())
 def test_pair_and_count_kernels_match_the_reference(case, data):
     ints, (gids, values, sums, groups_before) = case
+    assert values.dtype == (np.int64 if ints else np.float64)
     n, groups = len(gids), len(sums)
     counts = np.array(data.draw(st.lists(INT64, min_size=groups, max_size=groups)), np.int64)
     if data.draw(st.booleans()):  # folding combiners: counts given, possibly overflowing
@@ -153,14 +154,12 @@ def test_pair_and_count_kernels_match_the_reference(case, data):
     else:
         counts_in = np.empty(0, np.int64)
         counts = np.abs(counts // 4)
-    kernel, ref = (
-        (K.fold_sum_count_int, R.fold_sum_count_int)
-        if ints
-        else (K.fold_sum_count_float, R.fold_sum_count_float)
-    )
+    kernel, ref = K.fold_sum_count, R.fold_sum_count
     got_s, want_s, got_c, want_c = sums.copy(), sums.copy(), counts.copy(), counts.copy()
-    got = kernel(gids, values, counts_in, got_s, got_c, groups_before)
-    want = ref(gids, values, counts_in, want_s, want_c, groups_before)
+    info = np.iinfo(np.int64)
+    bounds = (np.int64(info.min), np.int64(info.max)) if ints else (-np.inf, np.inf)
+    got = kernel(gids, values, counts_in, got_s, got_c, groups_before, *bounds)
+    want = ref(gids, values, counts_in, want_s, want_c, groups_before, *bounds)
     assert (int(got[0]), int(got[1])) == want
     assert [exact(x) for x in got_s.tolist()] == [exact(x) for x in want_s.tolist()]
     assert got_c.tolist() == want_c.tolist()

@@ -37,8 +37,7 @@ __all__ = [
     "fold_count",
     "fold_float",
     "fold_int",
-    "fold_sum_count_float",
-    "fold_sum_count_int",
+    "fold_sum_count",
     "pickle_rows",
     "pickled_size",
 ]
@@ -112,45 +111,22 @@ def fold_count(
 
 
 @jit()
-def fold_sum_count_float(
+def fold_sum_count(
     gids: np.ndarray,
     values: np.ndarray,
     counts_in: np.ndarray,
     sums: np.ndarray,
     counts: np.ndarray,
     next_new: int,
+    sum_low: float,
+    sum_high: float,
 ) -> tuple[int, int]:  # pragma: no cover - compiled
-    """Fold ``float64`` values into ``(sums, counts)`` (see the reference)."""
-    n = gids.shape[0]
-    ones = counts_in.shape[0] == 0
-    for i in range(n):
-        g = gids[i]
-        v = values[i]
-        c = np.int64(1) if ones else counts_in[i]
-        if g == next_new:
-            sums[g] = v
-            counts[g] = c
-            next_new += 1
-            continue
-        s = counts[g]
-        count = s + c
-        if ((s ^ count) & (c ^ count)) < 0:
-            return i, next_new
-        sums[g] = sums[g] + v
-        counts[g] = count
-    return n, next_new
+    """Fold ``float64`` or ``int64`` values into ``(sums, counts)`` (see the reference).
 
-
-@jit()
-def fold_sum_count_int(
-    gids: np.ndarray,
-    values: np.ndarray,
-    counts_in: np.ndarray,
-    sums: np.ndarray,
-    counts: np.ndarray,
-    next_new: int,
-) -> tuple[int, int]:  # pragma: no cover - compiled
-    """Fold ``int64`` values into ``(sums, counts)``, stopping before an overflow."""
+    One kernel for both value types (numba compiles one specialisation each). The sum's bound
+    test runs before the addition, so an ``int64`` sum never wraps (a test on the wrapped
+    result would be folded away by LLVM, which treats signed overflow as impossible).
+    """
     n = gids.shape[0]
     ones = counts_in.shape[0] == 0
     for i in range(n):
@@ -167,10 +143,9 @@ def fold_sum_count_int(
         if ((s ^ count) & (c ^ count)) < 0:
             return i, next_new
         t = sums[g]
-        total = t + v
-        if ((t ^ total) & (v ^ total)) < 0:
+        if (v > 0 and t > sum_high - v) or (v < 0 and t < sum_low - v):
             return i, next_new
-        sums[g] = total
+        sums[g] = t + v
         counts[g] = count
     return n, next_new
 

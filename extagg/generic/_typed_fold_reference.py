@@ -20,9 +20,8 @@ Two more shapes of state serve the count / sum / mean patterns (``Aggregator.cou
   1 and every further record adds 1 (:func:`fold_count`). Combiners (counts) fold as
   ``OP_ADD`` on ``int64``.
 * ``OP_SUM_COUNT``: a ``(sum, count)`` pair per group, the sum as ``OP_ADD`` folds it (float,
-  or int64 stopping before an overflow), the count an ``int64`` (:func:`fold_sum_count_float`,
-  :func:`fold_sum_count_int`); a record adds ``(value, 1)`` or, when combiners are folded,
-  ``(sum, count)``.
+  or int64 stopping before an overflow), the count an ``int64`` (:func:`fold_sum_count`); a
+  record adds ``(value, 1)`` or, when combiners are folded, ``(sum, count)``.
 """
 
 from __future__ import annotations
@@ -38,8 +37,7 @@ __all__ = [
     "fold_count",
     "fold_float",
     "fold_int",
-    "fold_sum_count_float",
-    "fold_sum_count_int",
+    "fold_sum_count",
     "pickle_rows",
     "pickled_size",
 ]
@@ -115,15 +113,22 @@ def fold_count(gids: np.ndarray, counts: np.ndarray, next_new: int) -> tuple[int
     return gids.shape[0], next_new
 
 
-def _fold_sum_count(
+def fold_sum_count(
     gids: np.ndarray,
     values: np.ndarray,
     counts_in: np.ndarray,
     sums: np.ndarray,
     counts: np.ndarray,
     next_new: int,
-    is_int: bool,
+    sum_low: float,
+    sum_high: float,
 ) -> tuple[int, int]:
+    """Fold ``float64`` or ``int64`` ``values`` into ``(sums, counts)``: each record adds
+    ``(value, 1)`` — or ``(value, counts_in[i])`` when ``counts_in`` is not empty (folding
+    combiners); stops before a count leaving ``int64`` or a sum leaving ``[sum_low,
+    sum_high]`` (``int64``'s bounds for ``int64`` values; ``±inf`` for floats, which never
+    stops a float sum). Returns ``(records folded, next_new)``."""
+    is_int = values.dtype.kind == "i"
     ones = counts_in.shape[0] == 0
     for i in range(gids.shape[0]):
         g = int(gids[i])
@@ -134,42 +139,15 @@ def _fold_sum_count(
             counts[g] = c
             next_new += 1
             continue
-        total = (int(sums[g]) if is_int else float(sums[g])) + v
+        t = int(sums[g]) if is_int else float(sums[g])
         count = int(counts[g]) + c
         if not _INT64_MIN <= count <= _INT64_MAX:
             return i, next_new
-        if is_int and not _INT64_MIN <= total <= _INT64_MAX:
+        if (v > 0 and t > sum_high - v) or (v < 0 and t < sum_low - v):
             return i, next_new
-        sums[g] = total
+        sums[g] = t + v
         counts[g] = count
     return gids.shape[0], next_new
-
-
-def fold_sum_count_float(
-    gids: np.ndarray,
-    values: np.ndarray,
-    counts_in: np.ndarray,
-    sums: np.ndarray,
-    counts: np.ndarray,
-    next_new: int,
-) -> tuple[int, int]:
-    """Fold ``float64`` ``values`` into ``(sums, counts)``: each record adds ``(value, 1)`` —
-    or ``(value, counts_in[i])`` when ``counts_in`` is not empty (folding combiners); stops
-    before a count leaving ``int64``. Returns ``(records folded, next_new)``."""
-    return _fold_sum_count(gids, values, counts_in, sums, counts, next_new, False)
-
-
-def fold_sum_count_int(
-    gids: np.ndarray,
-    values: np.ndarray,
-    counts_in: np.ndarray,
-    sums: np.ndarray,
-    counts: np.ndarray,
-    next_new: int,
-) -> tuple[int, int]:
-    """:func:`fold_sum_count_float` for ``int64`` values: also stops before a sum leaving
-    ``int64``."""
-    return _fold_sum_count(gids, values, counts_in, sums, counts, next_new, True)
 
 
 # -- spilling without Python objects -------------------------------------------------------------

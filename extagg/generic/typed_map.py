@@ -70,6 +70,9 @@ _SECOND = operator.itemgetter(1)
 _INT_KEY_BYTES = 32
 _EMPTY_NULLS = np.empty(0, dtype=np.uint8)
 _EMPTY_I64 = np.empty(0, dtype=np.int64)
+# The bounds a (sum, count) pattern's sum must stay within, typed like its values.
+_INT64_BOUNDS = (np.int64(np.iinfo(np.int64).min), np.int64(np.iinfo(np.int64).max))
+_FLOAT_BOUNDS = (-np.inf, np.inf)
 _EMPTY_U8 = np.empty(0, dtype=np.uint8)
 _EMPTY_U64 = np.empty(0, dtype=np.uint64)
 _EMPTY_BOOL = np.empty(0, dtype=np.bool_)
@@ -241,11 +244,11 @@ class TypedReduceMap:
                 return FK.fold_int(FK.OP_ADD, gids, states[0], payload[0], next_new)
             return FK.fold_count(gids, payload[0], next_new)
         if op == FK.OP_SUM_COUNT:
-            fold_pairs = (
-                FK.fold_sum_count_float if self.value_kind is float else FK.fold_sum_count_int
-            )
             counts_in = states[1] if combiners else _EMPTY_I64
-            return fold_pairs(gids, states[0], counts_in, payload[0], payload[1], next_new)
+            low, high = _INT64_BOUNDS if self.value_kind is int else _FLOAT_BOUNDS
+            return FK.fold_sum_count(
+                gids, states[0], counts_in, payload[0], payload[1], next_new, low, high
+            )
         fold = FK.fold_float if self.value_kind is float else FK.fold_int
         return fold(op, gids, states[0], payload[0], next_new)
 
