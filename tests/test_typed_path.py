@@ -36,12 +36,17 @@ def exact(value):
     return (type(value).__name__, value)
 
 
-def run(pairs, func, typed, **options):
-    with ExternalAppendOnlyMap(Aggregator.reducing(func), typed_path=typed, **options) as m:
+def run_aggregator(pairs, agg, typed, **options):
+    """The map's output (exactly comparable), its spill count and the kind of its table."""
+    with ExternalAppendOnlyMap(agg, typed_path=typed, **options) as m:
         m.insert_all(pairs)
         kind = type(m._map)
         out = [(exact(k), exact(c)) for k, c in m.iterator()]
         return out, m.metrics.spill_count, kind
+
+
+def run(pairs, func, typed, **options):
+    return run_aggregator(pairs, Aggregator.reducing(func), typed, **options)
 
 
 def reference(pairs, func):

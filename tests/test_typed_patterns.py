@@ -13,22 +13,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from extagg import Aggregator, ExternalAppendOnlyMap
+from extagg import Aggregator
 from extagg.collection import SizeTrackingAppendOnlyMap
 from extagg.generic import _typed_fold_kernels as K
 from extagg.generic import _typed_fold_reference as R
 from extagg.generic.typed_map import TypedReduceMap, aggregator_op
 from tests.test_typed_path import INT64, exact, float_values, folds, workloads
+from tests.test_typed_path import run_aggregator as run
 
 PATTERNS = {"count": Aggregator.counting, "sum_count": Aggregator.sum_count}
-
-
-def run(pairs, agg, typed, **options):
-    with ExternalAppendOnlyMap(agg, typed_path=typed, **options) as m:
-        m.insert_all(pairs)
-        kind = type(m._map)
-        out = [(exact(k), exact(c)) for k, c in m.iterator()]
-        return out, m.metrics.spill_count, kind
 
 
 def reference(pairs, agg):
