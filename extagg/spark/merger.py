@@ -42,7 +42,7 @@ from extagg.spark.partial import PartialCombiner, fewer_collections, stop_iterat
 if TYPE_CHECKING:  # the generic engine (numba) is imported where the reduce side needs it
     from extagg.generic.external_map import ExternalAppendOnlyMap
 
-__all__ = ["Recognised", "SparkGroupBy", "SparkMerger", "recognise", "report_spill"]
+__all__ = ["ENGINE_SHARE", "Recognised", "SparkGroupBy", "SparkMerger", "recognise", "report_spill"]
 
 log = logging.getLogger(__name__)
 
