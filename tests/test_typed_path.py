@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from extagg import Aggregator, ExternalAppendOnlyMap
 from extagg.collection import SizeTrackingAppendOnlyMap
+from extagg.errors import DestroyedError
 from extagg.generic import _typed_fold_kernels as K
 from extagg.generic import _typed_fold_reference as R
 from extagg.generic.keys import NAN
@@ -264,3 +265,39 @@ def test_string_keys_spill_from_the_arrays_like_the_general_path(tmp_path):
     assert spills > 1 and g_spills > 1 and kind is TypedReduceMap
     assert sorted(typed) == sorted(general) == reference(pairs, operator.add)
     assert [k for k, _ in typed] == [k for k, _ in general]  # hash order
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    keys=st.one_of(
+        st.lists(st.integers(-(2**63), 2**63 - 1), max_size=300),
+        st.lists(st.text(max_size=6), max_size=300),
+    ),
+    size=st.integers(1, 64),
+    op=st.sampled_from(["add", "max", "sum_count"]),
+)
+def test_destructive_slices_are_destructive_arrays_in_pieces(keys, size, op):
+    """Handing a table on a slice at a time gives the same keys and states, in the same order,
+    as decoding it whole (ASCII and non-ASCII str keys, int keys, (sum, count) states)."""
+    from extagg.generic.typed_map import aggregator_op, typed_op
+
+    values = [i % 7 for i in range(len(keys))]
+    ops = {
+        "add": typed_op(operator.add),
+        "max": typed_op(max),
+        "sum_count": aggregator_op(Aggregator.sum_count()),
+    }
+
+    def build():
+        m = TypedReduceMap(ops[op])
+        assert m.fold_typed(keys, values) == len(keys)
+        return m
+
+    whole_keys, whole_values = build().destructive_arrays()
+    sliced = build()
+    pieces = list(sliced.destructive_slices(size))
+    with pytest.raises(DestroyedError):
+        len(sliced)
+    assert all(0 < len(k) <= size and len(k) == len(v) for k, v in pieces)
+    assert [k for ks, _ in pieces for k in ks] == whole_keys
+    assert [v for _, vs in pieces for v in vs] == whole_values

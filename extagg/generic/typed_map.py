@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import operator
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from itertools import pairwise
 from typing import Any
 
@@ -384,6 +384,16 @@ class TypedReduceMap:
         self._destroy()
         return keys, values
 
+    def destructive_slices(self, size: int = 16384) -> Iterator[tuple[list[Any], list[Any]]]:
+        """Destroy the map; its keys and states in order of first appearance, ``size`` groups
+        at a time: beside the table only one slice of Python objects exists at once (what a
+        hand-on to a consumer that takes them one by one, such as a shuffle writer, needs)."""
+        self._check_valid()
+        table, n = self._table, self._groups()
+        is_str, ascii_keys, op = self.key_kind is str, self._ascii, self.op
+        self._destroy()
+        return _slices(table, n, max(1, size), is_str, ascii_keys, op)
+
     def destructive_sort_order(self) -> tuple[np.ndarray, np.ndarray, list[Any], list[Any]]:
         """Destroy the map; ``(order hashes ascending, order, keys, values)`` as
         :meth:`~extagg.collection.AppendOnlyMap.destructive_sort_order` gives them."""
@@ -621,6 +631,26 @@ def _exact_array(values: Sequence[Any], n: int, kind: type) -> np.ndarray | None
         return np.fromiter(values, dtype=np.int64, count=n)
     except OverflowError:
         return None
+
+
+def _slices(
+    table: TypedHashTable | None, n: int, size: int, is_str: bool, ascii_keys: bool, op: int
+) -> Iterator[tuple[list[Any], list[Any]]]:
+    """:meth:`TypedReduceMap.destructive_slices`' generator (holds the table until done)."""
+    if table is None or n == 0:
+        return
+    for start in range(0, n, size):
+        stop = min(n, start + size)
+        offsets = table.var_offsets[start : stop + 1]
+        arena = table.arena
+        if is_str:
+            arena = table.arena[int(offsets[0]) : int(offsets[-1])]
+            offsets = offsets - offsets[0]
+        keys = _decode_keys(_key_bits(table, stop)[start:], offsets, arena, is_str, ascii_keys)
+        values: list[Any] = table.payload[0][start:stop].tolist()
+        if op == FK.OP_SUM_COUNT:
+            values = list(zip(values, table.payload[1][start:stop].tolist(), strict=True))
+        yield keys, values
 
 
 def _key_bits(table: TypedHashTable, n: int) -> np.ndarray:

@@ -17,6 +17,13 @@ PySpark wraps the user's functions in ``fail_on_stopiteration`` and builds the c
 ``SPARK_LOCAL_DIRS`` (see :func:`extagg._config.default_spill_dirs`) and are reported into
 ``pyspark.shuffle.MemoryBytesSpilled`` / ``DiskBytesSpilled``, the counters PySpark's worker
 sends back as the task's spill metrics.
+
+Memory: the engines account for their own tables; the worker also holds what none accounts —
+the shuffle reader's unpickled batches, the writer's pending buckets, and what CPython's
+allocator keeps once a task freed it (pymalloc gives an arena back only when all of it is
+free, so a reused worker carries partly used arenas from task to task). So the engines get
+:data:`ENGINE_SHARE` of ``memory_limit`` on both sides, and the C heap a task freed is given
+back to the kernel (:func:`extagg._malloc.release_free_memory`) when it ends.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from extagg._config import MiB
+from extagg._malloc import release_free_memory
 from extagg.memory import ENGINE_MIN_BUDGET
 from extagg.metrics import SpillMetrics
 from extagg.spark.groupby import SpillingGroupBy
@@ -34,13 +42,17 @@ from extagg.spark.partial import PartialCombiner, fewer_collections, stop_iterat
 if TYPE_CHECKING:  # the generic engine (numba) is imported where the reduce side needs it
     from extagg.generic.external_map import ExternalAppendOnlyMap
 
-__all__ = ["Recognised", "SparkGroupBy", "SparkMerger", "recognise", "report_spill"]
+__all__ = ["ENGINE_SHARE", "Recognised", "SparkGroupBy", "SparkMerger", "recognise", "report_spill"]
 
 log = logging.getLogger(__name__)
 
 #: the engines' working minimum: PySpark hands its merger 90% of ``spark.python.worker.memory``
 #: (0.9 MiB of a 1m setting), which is raised to this rather than failing in every worker
 MIN_BUDGET = ENGINE_MIN_BUDGET
+#: the share of ``memory_limit`` the engine itself accounts for, on both sides of the shuffle;
+#: the rest is left to what the worker holds outside the engine's accounting (see the module
+#: docstring and docs/spark.md)
+ENGINE_SHARE = 0.85
 
 
 def report_spill(metrics: SpillMetrics) -> None:
@@ -192,7 +204,7 @@ class SparkMerger:
         self.memory_limit = memory_limit
         self.serializer = serializer
         self.localdirs = localdirs
-        self.budget = max(int(float(memory_limit) * MiB), MIN_BUDGET)
+        self.budget = max(int(float(memory_limit) * MiB * ENGINE_SHARE), MIN_BUDGET)
         self._map: ExternalAppendOnlyMap | None = None
         self._records: list[Iterable[tuple[Any, Any]]] = []
         self._group: SpillingGroupBy | None = None
@@ -274,6 +286,7 @@ class SparkMerger:
                 yield from emap.iterator()
         finally:
             emap.close()
+            release_free_memory()  # the task's freed heap, before the reused worker's next task
             report_spill(emap.metrics)
             if emap.metrics.spill_count:
                 log.info("extagg merger done: %s", emap.metrics.summary())
@@ -311,4 +324,5 @@ class SparkGroupBy(SparkMerger):
                 yield from group
         finally:
             group.close()
+            release_free_memory()
             report_spill(group.metrics)

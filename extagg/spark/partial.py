@@ -37,6 +37,13 @@ generations' thresholds, and so full collections, are left as they were.
 Memory: the combiners are accounted to the budget (:class:`~extagg.spillable.Spillable`'s
 threshold policy) from sampled sizes; when the grant falls short they are handed on. While they
 are being handed on nothing is folded, so the worker holds one generation of combiners at most.
+The dict's combiners leave one by one (popped as the shuffle writer takes them); the typed
+table's are decoded to Python objects :data:`HAND_ON_SLICE` groups at a time (decoding the
+whole table beside itself took the map side of ``reduceByKey`` on str keys to 1.5x its
+budget). After a generation has been handed on, and when the task ends, the freed C heap (the
+table's arrays, list buffers) is given back to the kernel
+(:func:`extagg._malloc.release_free_memory`), so that a reused worker does not carry it into
+the next generation or task.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ from itertools import islice
 from typing import Any
 
 from extagg._config import format_size
+from extagg._malloc import release_free_memory
 from extagg.collection.size_estimator import estimate_size
 from extagg.memory import Consumer
 from extagg.spillable import Spillable
@@ -67,6 +75,8 @@ log = logging.getLogger(__name__)
 #: records folded between memory checks (the dict fold, the typed fold)
 CHUNK = 1024
 TYPED_CHUNK = 8192
+#: typed groups decoded to Python objects at a time when they are handed on
+HAND_ON_SLICE = 16384
 #: a dict entry's own cost beyond its key and combiner: hash, two pointers, index, slack
 DICT_ENTRY = 64
 #: a list slot per value (groupByKey's combiners are lists)
@@ -200,6 +210,7 @@ class PartialCombiner(Spillable[Any]):
                     while out:  # no name may keep a handed-on generation alive after it
                         yield from out.pop(0)
                     del out
+                    release_free_memory()  # the generation's freed heap (module docstring)
                 if self.passing:
                     yield from self._pass_through(chunk, it)
                     break
@@ -216,6 +227,7 @@ class PartialCombiner(Spillable[Any]):
             yield from self._drain()
         finally:
             self.close()
+            release_free_memory()  # the task's freed heap, before the reused worker's next task
             if self.flushes:
                 log.info(
                     "%s: %d combiners handed on, %d times before the end of the input",
@@ -259,10 +271,9 @@ class PartialCombiner(Spillable[Any]):
 
     def _leave_typed(self) -> Iterator[tuple[Any, Any]]:
         typed, self._typed = self._typed, None
-        keys, values = typed.destructive_arrays()
-        log.debug("%s: records left the typed fold; %d groups handed on", self.name, len(keys))
-        self.emitted += len(keys)
-        return zip(keys, values)
+        log.debug("%s: records left the typed fold; %d groups handed on", self.name, len(typed))
+        self.emitted += len(typed)
+        return _typed_handed_on(typed)
 
     def _drain(self) -> Iterator[tuple[Any, Any]]:
         if self._typed is not None:
@@ -284,10 +295,9 @@ class PartialCombiner(Spillable[Any]):
             from extagg.generic.typed_map import TypedReduceMap
 
             op = self._typed.op
-            keys, values = self._typed.destructive_arrays()
-            parts.append(zip(keys, values))
+            self.emitted += len(self._typed)
+            parts.append(_typed_handed_on(self._typed))
             self._typed = TypedReduceMap(op)
-            self.emitted += len(keys)
         if self.groups:
             if self.lists and self.flushes == 1:
                 self._decide_pass_through()
@@ -325,6 +335,14 @@ def _handed_on(groups: dict[Any, Any]) -> Iterator[tuple[Any, Any]]:
     pop = groups.popitem
     for _ in range(len(groups)):
         yield pop()
+
+
+def _typed_handed_on(typed: Any) -> Iterator[tuple[Any, Any]]:
+    """A typed table's groups, decoded to Python objects a slice at a time as the shuffle
+    writer takes them (the whole generation as objects beside the table would exceed the
+    budget the table was sized for)."""
+    for keys, values in typed.destructive_slices(HAND_ON_SLICE):
+        yield from zip(keys, values)
 
 
 def stop_iteration_error(exc: StopIteration) -> Exception:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import extagg.spark as es
 from extagg.generic.external_map import ExternalAppendOnlyMap
-from extagg.spark.merger import SparkMerger
+from extagg.spark.merger import ENGINE_SHARE, SparkMerger
 from extagg.spark.partial import PartialCombiner
 
 pytestmark = pytest.mark.spark
@@ -36,18 +36,20 @@ def spark_setting(sc, key: str, value: str):
 
 
 def merger_in_stack() -> float | None:
-    """Inside a worker: the budget (MiB) of the extagg merger calling us, or None (stock)."""
+    """Inside a worker: the memory (MiB) PySpark gave the extagg merger calling us (its engine
+    accounts for ENGINE_SHARE of it), or None (stock)."""
     frame = sys._getframe(1)
     while frame is not None:
         candidate = frame.f_locals.get("self")
         if isinstance(candidate, SparkMerger):
-            return candidate.budget / 2**20
+            assert candidate.budget == int(candidate.memory_limit * 2**20 * ENGINE_SHARE)
+            return candidate.memory_limit
         if isinstance(candidate, PartialCombiner):  # the map side folds in its own frames
-            return candidate.budget.max_memory / 2**20
+            return candidate.budget.max_memory / 2**20 / ENGINE_SHARE
         if isinstance(candidate, ExternalAppendOnlyMap) and frame.f_back is not None:
             outer = frame.f_back.f_locals.get("self")
             if isinstance(outer, SparkMerger):
-                return outer.budget / 2**20
+                return outer.memory_limit
         frame = frame.f_back
     return None
 

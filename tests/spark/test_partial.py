@@ -367,3 +367,25 @@ def test_group_by_key_worker_does_not_import_numba():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("kind", ["int", "str"])
+def test_typed_generations_are_handed_on_a_slice_at_a_time(monkeypatch, kind):
+    """reduceByKey(add)'s typed fold hands each generation on in slices (a few Python objects
+    beside the table at a time); keys repeat across generations and the merge is exact."""
+    import extagg.spark.partial as partial
+
+    monkeypatch.setattr(partial, "HAND_ON_SLICE", 1000)
+    n, keys = 200_000, 60_000
+    pairs = [((i * 7919) % keys if kind == "int" else f"k{(i * 7919) % keys}", i % 100)
+             for i in range(n)]  # fmt: skip
+    seen = recognise(aggregator_of(CALLS["reduceByKey"]))
+    assert seen.typed_op is not None
+    combiner = PartialCombiner(seen.create, seen.merge, typed_op=seen.typed_op, memory=1 << 20)
+    out: dict[Any, int] = defaultdict(int)
+    pieces = 0
+    for k, c in combiner.combine(iter(pairs)):
+        out[k] += c
+        pieces += 1
+    assert combiner.flushes > 1 and pieces == combiner.emitted > keys
+    assert out == reference("reduceByKey", pairs)
