@@ -31,7 +31,7 @@ from extagg._config import (
 )
 from extagg._interrupts import deferred_interrupts
 from extagg.collection import SizeTrackingAppendOnlyMap
-from extagg.collection.append_only_map import SORT_BYTES_PER_ENTRY
+from extagg.collection.append_only_map import DEFAULT_CAPACITY, SORT_BYTES_PER_ENTRY
 from extagg.errors import BadKeyError, MemoryLimitError
 from extagg.generic.aggregator import Aggregator
 from extagg.generic.keys import canonical_keys
@@ -177,10 +177,15 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
         chunk = CHUNK if self._typed_op is None else TYPED_CHUNK
         self._chunk = chunk if every is None else min(chunk, every)
 
-    def _new_map(self) -> SizeTrackingAppendOnlyMap | TypedReduceMap:
+    def _new_map(self, capacity: int = DEFAULT_CAPACITY) -> SizeTrackingAppendOnlyMap | TypedReduceMap:
+        """An empty map; after a spill (``capacity``: the spilled map's) a general map starts
+        at the size the spilled one reached, as it will again: its table is not doubled ten
+        times over, and each doubling no longer restarts the size sampling (~60 samples of
+        100 entries per map at small budgets, the largest cost of a spill cycle after the
+        fold itself). The empty table is accounted like any other (its arrays are measured)."""
         if self._typed_op is not None:
             return TypedReduceMap(self._typed_op)
-        return SizeTrackingAppendOnlyMap()
+        return SizeTrackingAppendOnlyMap(capacity)
 
     def _to_general(self, typed: TypedReduceMap) -> SizeTrackingAppendOnlyMap:
         """Records that do not fit the typed path: move its groups to a general map, for good."""
@@ -394,6 +399,8 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
         assert current is not None
         started = time.perf_counter()
         block: PermutedObjectBlock | TypedSortedRows
+        capacity = current.capacity if isinstance(current, SizeTrackingAppendOnlyMap) else 0
+        capacity = max(DEFAULT_CAPACITY, capacity)
         with deferred_interrupts():
             if isinstance(current, TypedReduceMap):  # written from its arrays, no objects
                 block = current.destructive_sorted_rows()
@@ -409,7 +416,7 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
                 else:
                     block = PermutedObjectBlock(hashes, order, keys, values)
                 del hashes, order, keys, values, int_keys, scalar
-            self._map = self._new_map()
+            self._map = self._new_map(capacity)
         rows = len(block)
         try:
             self._write_run(block, self._forget_unspilled)
