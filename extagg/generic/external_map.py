@@ -177,7 +177,9 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
         chunk = CHUNK if self._typed_op is None else TYPED_CHUNK
         self._chunk = chunk if every is None else min(chunk, every)
 
-    def _new_map(self, capacity: int = DEFAULT_CAPACITY) -> SizeTrackingAppendOnlyMap | TypedReduceMap:
+    def _new_map(
+        self, capacity: int = DEFAULT_CAPACITY
+    ) -> SizeTrackingAppendOnlyMap | TypedReduceMap:
         """An empty map; after a spill (``capacity``: the spilled map's) a general map starts
         at the size the spilled one reached, as it will again: its table is not doubled ten
         times over, and each doubling no longer restarts the size sampling (~60 samples of

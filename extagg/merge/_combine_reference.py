@@ -6,7 +6,10 @@ adjacent and in source order (:func:`extagg.merge.objects.combine_object_pieces`
 ``starts`` holds the first row of every group, ascending, ``starts[0] == 0``. Each group's
 values are folded from the left in row order, ``((v0 + v1) + v2) + ...`` — exactly what
 ``functools.reduce(operator.add, group)`` computes over Python floats and ints — so a sum is
-the same double, bit for bit, as the user's ``lambda a, b: a + b`` gives.
+the same double, bit for bit, as the user's ``lambda a, b: a + b`` gives — up to the sign
+and payload of a NaN, which Python itself does not keep stable (``nan + nan`` and ``inf -
+inf`` give either sign depending on which of its compiled adds runs: the generic
+``float.__add__`` or the interpreter's specialised one).
 """
 
 from __future__ import annotations

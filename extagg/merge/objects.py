@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from extagg.merge._combine_kernels import segment_sum_float, segment_sum_int
-from extagg.spill.blocks import ObjectBlock
+from extagg.spill.blocks import IntKeyBlock, ObjectBlock
 
 __all__ = ["combine_object_pieces", "is_plain_add", "same_key"]
 
@@ -67,7 +67,9 @@ def combine_object_pieces(
     if len(pieces) == 1:
         return pieces[0]
     if sum(map(len, pieces)) >= VECTOR_MIN_ROWS:
-        fast = _combine_plain_keys(pieces, merge_combiners)
+        fast: ObjectBlock | None = _combine_int_arrays(pieces, merge_combiners)
+        if fast is None:
+            fast = _combine_plain_keys(pieces, merge_combiners)
         if fast is not None:
             return fast
     block = ObjectBlock.concat(pieces)
@@ -105,6 +107,68 @@ def combine_object_pieces(
     return ObjectBlock(
         hashes[keep], list(map(keys.__getitem__, idx)), list(map(values.__getitem__, idx))
     )
+
+
+def _combine_int_arrays(
+    pieces: list[ObjectBlock], merge_combiners: MergeCombiners
+) -> IntKeyBlock | None:
+    """The combine of int-key pieces with a plain ``+`` done on arrays alone: run batches
+    decoded as :class:`~extagg.spill.blocks.IntKeyBlock` (and lists of exact ints and
+    numbers, turned into arrays); ``None`` (nothing done) for anything else, unequal keys of
+    one hash or an ``int64`` overflow."""
+    if not is_plain_add(merge_combiners):
+        return None
+    keys, numbers = [], []
+    for piece in pieces:
+        arrays = _int_arrays(piece)
+        if arrays is None:
+            return None
+        keys.append(arrays[0])
+        numbers.append(arrays[1])
+    dtype = numbers[0].dtype
+    if any(column.dtype != dtype for column in numbers):
+        return None  # int and float combiners: Python's int + float decides
+    hashes = np.concatenate([piece.hashes for piece in pieces])
+    order = np.argsort(hashes, kind="stable")
+    hashes = hashes[order]
+    key_array = np.concatenate(keys)[order]
+    same = np.flatnonzero(hashes[1:] == hashes[:-1])
+    if len(same) and not (key_array[same] == key_array[same + 1]).all():
+        return None
+    column = np.concatenate(numbers)[order]
+    if not len(same):
+        return IntKeyBlock(hashes, key_array, column)
+    first = np.ones(len(hashes), dtype=bool)
+    first[same + 1] = False
+    starts = np.flatnonzero(first)
+    out = np.empty(len(starts), dtype=dtype)
+    if dtype == np.float64:
+        segment_sum_float(column, starts, out)
+    elif segment_sum_int(column, starts, out) >= 0:
+        return None
+    return IntKeyBlock(hashes[starts], key_array[starts], out)
+
+
+def _int_arrays(piece: ObjectBlock) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(int64 keys, float64 or int64 combiners)`` of a piece, or ``None`` if its keys are
+    not all exact ints in ``int64`` or its combiners not all exact floats or all exact ints."""
+    if type(piece) is IntKeyBlock:
+        return piece.int_keys, piece.numbers
+    keys, values = piece.keys, piece.values
+    n = len(keys)
+    count = operator.countOf
+    if not n or count(map(type, keys), int) != n:
+        return None
+    kind = type(values[0])
+    if (kind is not float and kind is not int) or count(map(type, values), kind) != n:
+        return None
+    try:
+        return (
+            np.array(keys, dtype=np.int64),
+            np.array(values, dtype=np.float64 if kind is float else np.int64),
+        )
+    except OverflowError:
+        return None
 
 
 def _combine_plain_keys(
