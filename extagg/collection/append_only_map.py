@@ -337,6 +337,7 @@ class AppendOnlyMap(BatchFoldMixin):
         self._check_valid()
         keys, values = self._keys, self._values
         n = self._size
+        unsorted: np.ndarray | None
         if n and self._is_int[:n].all():  # exact ints in int64: hashed from the map's copy
             unsorted = hash_array(self._int_keys[:n])
         else:

@@ -21,9 +21,13 @@ from extagg.spill._pickle_reference import (
     PROTO,
     STOP,
     TUPLE2,
+    int_rows_size,
 )
 
-__all__ = ["FLOAT_VALUES", "INT_VALUES", "NOT_PARSED", "parse_int_rows"]
+__all__ = [
+    "FLOAT_VALUES", "INT_VALUES", "NOT_PARSED", "int_rows_size", "parse_int_rows",
+    "write_int_rows",
+]  # fmt: skip
 
 
 @jit(inline="always")
@@ -86,3 +90,44 @@ def parse_int_rows(
     if pos + 3 != end or data[pos] != APPENDS or data[pos + 1] != TUPLE2 or data[pos + 2] != STOP:
         return NOT_PARSED
     return FLOAT_VALUES if kind == NOT_PARSED else kind
+
+
+@jit()
+def write_int_rows(
+    keys: np.ndarray, values: np.ndarray, value_is_float: bool, out: np.ndarray
+) -> int:  # pragma: no cover - compiled
+    """The pickle bytes of int-key rows from their bit patterns (see the reference)."""
+    out[0] = PROTO
+    out[1] = 5
+    out[2] = EMPTY_LIST
+    out[3] = MARK
+    pos = 4
+    n = keys.shape[0]
+    for i in range(n):
+        out[pos] = LONG1
+        out[pos + 1] = 8
+        bits = keys[i]
+        for j in range(8):
+            out[pos + 2 + j] = np.uint8((bits >> np.uint64(8 * j)) & np.uint64(0xFF))
+        pos += 10
+    out[pos] = APPENDS
+    out[pos + 1] = EMPTY_LIST
+    out[pos + 2] = MARK
+    pos += 3
+    for i in range(n):
+        bits = values[i]
+        if value_is_float:
+            out[pos] = BINFLOAT
+            for j in range(8):
+                out[pos + 1 + j] = np.uint8((bits >> np.uint64(56 - 8 * j)) & np.uint64(0xFF))
+            pos += 9
+        else:
+            out[pos] = LONG1
+            out[pos + 1] = 8
+            for j in range(8):
+                out[pos + 2 + j] = np.uint8((bits >> np.uint64(8 * j)) & np.uint64(0xFF))
+            pos += 10
+    out[pos] = APPENDS
+    out[pos + 1] = TUPLE2
+    out[pos + 2] = STOP
+    return pos + 3

@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["FLOAT_VALUES", "INT_VALUES", "NOT_PARSED", "parse_int_rows"]
+__all__ = [
+    "FLOAT_VALUES", "INT_VALUES", "NOT_PARSED", "int_rows_size", "parse_int_rows",
+    "write_int_rows",
+]  # fmt: skip
 
 NOT_PARSED = 0
 FLOAT_VALUES = 1
@@ -88,3 +91,29 @@ def parse_int_rows(data: np.ndarray, n: int, keys: np.ndarray, values: np.ndarra
     if pos + 3 != end or data[pos] != APPENDS or data[pos + 1] != TUPLE2 or data[pos + 2] != STOP:
         return NOT_PARSED
     return FLOAT_VALUES if kind == NOT_PARSED else kind
+
+
+def int_rows_size(n: int) -> int:
+    """Bytes :func:`write_int_rows` writes for ``n`` rows (at most: float values take 9)."""
+    return 4 + 10 * n + 3 + 10 * n + 3
+
+
+def write_int_rows(
+    keys: np.ndarray, values: np.ndarray, value_is_float: bool, out: np.ndarray
+) -> int:
+    """Write the shape :func:`parse_int_rows` reads — keys and int values as 8-byte LONG1,
+    float values as BINFLOAT — from ``uint64`` bit patterns into ``out``; returns its length."""
+    head = bytes([PROTO, 5, EMPTY_LIST, MARK])
+    parts = [head]
+    for k in keys.tolist():
+        parts.append(bytes([LONG1, 8]) + int(k).to_bytes(8, "little"))
+    parts.append(bytes([APPENDS, EMPTY_LIST, MARK]))
+    for v in values.tolist():
+        if value_is_float:
+            parts.append(bytes([BINFLOAT]) + int(v).to_bytes(8, "big"))
+        else:
+            parts.append(bytes([LONG1, 8]) + int(v).to_bytes(8, "little"))
+    parts.append(bytes([APPENDS, TUPLE2, STOP]))
+    data = b"".join(parts)
+    out[: len(data)] = np.frombuffer(data, dtype=np.uint8)
+    return len(data)

@@ -13,6 +13,8 @@ from typing import Any, Union
 
 import numpy as np
 
+from extagg.spill._pickle_kernels import int_rows_size, write_int_rows
+
 __all__ = ["ObjectBlock", "IntKeyBlock", "PermutedObjectBlock", "ColumnBlock", "Block"]
 
 _EMPTY_HASHES = np.empty(0, dtype=np.uint64)
@@ -109,6 +111,18 @@ class IntKeyBlock(ObjectBlock):
 
     def tail(self, start: int) -> IntKeyBlock:
         return self.slice(start, len(self.hashes))
+
+    def pickled_rows(self) -> bytes:
+        """``pickle.dumps((keys, values))``-equivalent bytes written from the arrays in the
+        shape the codec reads back as arrays (an intermediate merge's run stays fast)."""
+        out = np.empty(int_rows_size(len(self.hashes)), dtype=np.uint8)
+        size = write_int_rows(
+            np.ascontiguousarray(self.int_keys).view(np.uint64),
+            np.ascontiguousarray(self.numbers).view(np.uint64),
+            self.numbers.dtype == np.float64,
+            out,
+        )
+        return out[:size].tobytes()
 
     def nbytes(self) -> int:
         """Bytes of the rows once handed out as Python objects (an int and a number each)."""

@@ -112,3 +112,24 @@ def test_codec_reads_int_batches_as_arrays_and_others_as_objects():
     assert block.slice(1, 3).keys == [-(2**63), 2**63 - 1]
     other = OBJECT_CODEC.decode(OBJECT_CODEC.encode(ObjectBlock(hashes, ["a", 2, None], [1, 2, 3])))
     assert type(other) is ObjectBlock and other.keys == ["a", 2, None]
+
+
+@given(rows=rows)
+def test_writer_matches_reference_and_reads_back(rows):
+    keys, values = rows
+    is_float = isinstance(values[0], float)
+    key_bits = np.array(keys, dtype=np.int64).view(np.uint64)
+    value_bits = np.array(values, dtype=np.float64 if is_float else np.int64).view(np.uint64)
+    size = reference.int_rows_size(len(keys))
+    got, want = np.zeros(size, np.uint8), np.zeros(size, np.uint8)
+    n = kernels.write_int_rows(key_bits, value_bits, is_float, got)
+    assert n == reference.write_int_rows(key_bits, value_bits, is_float, want)
+    assert got[:n].tobytes() == want[:n].tobytes()
+    assert tuple(map(list, pickle.loads(got[:n].tobytes()))) == (keys, values)
+    block = IntKeyBlock(np.arange(len(keys), dtype=np.uint64), *(
+        np.array(c, dtype=np.float64 if c is values and is_float else np.int64)
+        for c in (keys, values)
+    ))  # fmt: skip
+    again = OBJECT_CODEC.decode(OBJECT_CODEC.encode(block))
+    assert type(again) is IntKeyBlock
+    assert (again.keys, again.values) == (keys, values)
