@@ -58,13 +58,14 @@ def ab(trees: list[str], workloads: list[str], rounds: int, spill: int | None) -
         for r in range(rounds):
             for name, tree in engines:
                 code = CHILD.format(
-                    bench=str(Path(tree) / "benchmarks"), workload=workload, spill=spill,
+                    bench=str(HERE), workload=workload, spill=spill,
                     engine="merger" if name == "merger" else "extagg",
                 )  # fmt: skip
                 env = dict(os.environ, PYTHONPATH=str(Path(tree).resolve()))
-                proc = subprocess.run(
-                    [sys.executable, "-c", code], env=env, capture_output=True, text=True
-                )
+                proc = subprocess.run(  # run in the tree: "-c" puts the cwd first on sys.path
+                    [sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                    cwd=str(Path(tree).resolve()),
+                )  # fmt: skip
                 if proc.returncode:
                     raise SystemExit(proc.stderr[-3000:])
                 result = json.loads(proc.stdout.strip().splitlines()[-1])
