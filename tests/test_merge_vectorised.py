@@ -328,3 +328,42 @@ def test_engine_takes_the_vectorised_paths_on_plain_keys(spill_dir, monkeypatch)
         for k, total in got:  # each key's runs are combined in spill order, not input order
             assert math.isclose(total, expected[k], rel_tol=1e-12)
         assert files_under(spill_dir) == []
+
+
+@pytest.mark.parametrize("kind", ["int64", "str"])
+def test_array_merge_stays_near_its_budget(spill_dir, kind):
+    """The array paths hold no more than the row path did: many runs at a 2 MiB budget,
+    Python allocations traced during the merge (numbers, lists and NumPy arrays all report to
+    tracemalloc), the same 2x bound as ``tests/test_merge_memory.py``."""
+    import tracemalloc
+
+    budget = 2 * 1024 * 1024
+    rng = np.random.default_rng(11)
+    index = rng.integers(0, 25_000, 200_000)
+    if kind == "int64":
+        keys = (index * 2**37 + 2**62).tolist()
+    else:
+        keys = [f"user_{k}" for k in index.tolist()]
+    values = rng.random(len(keys)).tolist()
+    with ExternalAppendOnlyMap(
+        Aggregator(lambda v: v, lambda c, v: c + v, lambda a, b: a + b),
+        memory=budget,
+        spill_dirs=[spill_dir],
+    ) as m:
+        m.insert_all(zip(keys, values))
+        assert m.metrics.spill_count >= 5
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            groups, total = 0, 0.0
+            for _, c in m:
+                groups += 1
+                total += c
+            peak = tracemalloc.get_traced_memory()[1] - base
+        finally:
+            tracemalloc.stop()
+        assert m.metrics.peak_granted_bytes <= budget
+    assert groups == len(set(keys))
+    assert math.isclose(total, sum(values), rel_tol=1e-9)
+    assert peak <= 2 * budget, f"merge held {peak / 2**20:.1f} MiB at a 2 MiB budget"
+    assert files_under(spill_dir) == []
