@@ -367,3 +367,47 @@ def test_array_merge_stays_near_its_budget(spill_dir, kind):
     assert math.isclose(total, sum(values), rel_tol=1e-9)
     assert peak <= 2 * budget, f"merge held {peak / 2**20:.1f} MiB at a 2 MiB budget"
     assert files_under(spill_dir) == []
+
+
+def test_map_after_a_spill_is_presized_and_its_arrays_stay_granted(spill_dir):
+    """After a spill of its own the new map starts at the spilled map's capacity, and the
+    grant kept covers its (empty) arrays; a spill forced by another consumer starts small."""
+    from extagg.collection.append_only_map import DEFAULT_CAPACITY
+    from extagg.memory import MemoryConsumer, UnifiedMemoryManager, task_memory_manager
+
+    keys = np.random.default_rng(5).permutation(200_000) + 2**62
+    pairs = list(zip(keys.tolist(), [1.0] * len(keys)))
+    with ExternalAppendOnlyMap(
+        Aggregator(lambda v: v, lambda c, v: c + v, lambda a, b: a + b),
+        memory="4m",
+        spill_dirs=[spill_dir],
+    ) as m:
+        m.insert_all(pairs[:60_000])
+        assert m.metrics.spill_count >= 1
+        spills = m.metrics.spill_count
+        for start in range(60_000, len(pairs), 1024):  # stop right after the next spill
+            m.insert_all(pairs[start : start + 1024])
+            if m.metrics.spill_count > spills:
+                break
+        assert m.metrics.spill_count > spills
+        assert m._map.capacity > DEFAULT_CAPACITY
+        assert m.used >= m._map.estimate_size() - 1024 * 200  # one chunk folded since
+        assert m.budget.max_memory >= m.used
+
+    manager = UnifiedMemoryManager(8 * 1024 * 1024)
+    task = task_memory_manager(manager, "presize-test")
+    emap = ExternalAppendOnlyMap(
+        Aggregator(lambda v: v, lambda c, v: c + v, lambda a, b: a + b),
+        memory_manager=task,
+        spill_dirs=[spill_dir],
+    )
+    try:
+        emap.insert_all(pairs[:30_000])
+        other = MemoryConsumer(task, name="other")
+        got = other.acquire_memory(manager.max_memory)
+        assert emap.metrics.spill_count >= 1
+        assert emap._map.capacity == DEFAULT_CAPACITY
+        other.free_memory(got)
+    finally:
+        emap.close()
+    assert files_under(spill_dir) == []

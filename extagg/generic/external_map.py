@@ -180,11 +180,12 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
     def _new_map(
         self, capacity: int = DEFAULT_CAPACITY
     ) -> SizeTrackingAppendOnlyMap | TypedReduceMap:
-        """An empty map; after a spill (``capacity``: the spilled map's) a general map starts
-        at the size the spilled one reached, as it will again: its table is not doubled ten
-        times over, and each doubling no longer restarts the size sampling (~60 samples of
-        100 entries per map at small budgets, the largest cost of a spill cycle after the
-        fold itself). The empty table is accounted like any other (its arrays are measured)."""
+        """An empty map; after a spill of its own (``capacity``) a general map starts at the
+        size the spilled one reached, as it will again: its table is not doubled ten times
+        over, and each doubling no longer restarts the size sampling (~60 samples of 100
+        entries per map at small budgets, the largest cost of a spill cycle after the fold
+        itself). The grant its empty arrays need is kept (:meth:`release_after_spill`); a
+        spill forced by another consumer starts small (that memory is wanted elsewhere)."""
         if self._typed_op is not None:
             return TypedReduceMap(self._typed_op)
         return SizeTrackingAppendOnlyMap(capacity)
@@ -331,7 +332,7 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
     def spill_collection(self, size: int, reason: str) -> None:
         """Sort the current map by key hash and write it as a run; on failure keep it."""
         self.log_spill("in-memory map", size)
-        self._spill_current_map(size)
+        self._spill_current_map(size, presize=True)
         self.metrics.memory_bytes_spilled += size
         self._check_mergeable()
 
@@ -346,6 +347,14 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
                 f"{format_size(need)} for two read buffers, more than the whole budget of "
                 f"{format_size(self.budget.max_memory)}; give the map more memory"
             )
+
+    def release_after_spill(self) -> None:
+        """Give back all but the initial threshold — or, if more, what the new (presized,
+        empty) map's arrays take: they exist already, so their memory stays granted."""
+        keep = self.initial_threshold
+        if self._map is not None and self._unspilled is None:
+            keep = max(keep, min(self.threshold, self._map.estimate_size()))
+        self.release_down_to(keep)
 
     def force_spill(self, trigger: Consumer) -> int:
         """Spill the current map, or — when iteration has started — the part of it not yet
@@ -391,7 +400,7 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
     def _release_rows(self) -> None:
         self.release_down_to(0)
 
-    def _spill_current_map(self, estimate: int) -> None:
+    def _spill_current_map(self, estimate: int, presize: bool = False) -> None:
         """Sort the current map by key hash and write it as a run; on failure keep it.
 
         The sorted rows stay referenced by the map (``_unspilled``) until the run is
@@ -401,8 +410,9 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
         assert current is not None
         started = time.perf_counter()
         block: PermutedObjectBlock | TypedSortedRows
-        capacity = current.capacity if isinstance(current, SizeTrackingAppendOnlyMap) else 0
-        capacity = max(DEFAULT_CAPACITY, capacity)
+        capacity = DEFAULT_CAPACITY
+        if presize and isinstance(current, SizeTrackingAppendOnlyMap):
+            capacity = max(DEFAULT_CAPACITY, current.capacity)  # kept: release_after_spill
         with deferred_interrupts():
             if isinstance(current, TypedReduceMap):  # written from its arrays, no objects
                 block = current.destructive_sorted_rows()
