@@ -28,7 +28,7 @@ from extagg.collection import _kernels
 from extagg.collection._batch_fold import UNCREATED, BatchFoldMixin, hash_key, int_tag
 from extagg.collection._kernels import EMPTY
 from extagg.errors import DestroyedError
-from extagg.hashing import order_hashes
+from extagg.hashing import hash_array, order_hashes
 
 __all__ = [
     "SORT_BYTES_PER_ENTRY",
@@ -336,7 +336,12 @@ class AppendOnlyMap(BatchFoldMixin):
         """
         self._check_valid()
         keys, values = self._keys, self._values
-        unsorted = hash_str_list(keys)  # all str keys: compiled
+        n = self._size
+        unsorted: np.ndarray | None
+        if n and self._is_int[:n].all():  # exact ints in int64: hashed from the map's copy
+            unsorted = hash_array(self._int_keys[:n])
+        else:
+            unsorted = hash_str_list(keys)  # all str keys: compiled
         if unsorted is None:
             unsorted = order_hashes(keys)  # may run user __hash__: the map is still intact
         self._destroyed = True

@@ -31,7 +31,7 @@ from extagg._config import (
 )
 from extagg._interrupts import deferred_interrupts
 from extagg.collection import SizeTrackingAppendOnlyMap
-from extagg.collection.append_only_map import SORT_BYTES_PER_ENTRY
+from extagg.collection.append_only_map import DEFAULT_CAPACITY, SORT_BYTES_PER_ENTRY
 from extagg.errors import BadKeyError, MemoryLimitError
 from extagg.generic.aggregator import Aggregator
 from extagg.generic.keys import canonical_keys
@@ -177,10 +177,18 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
         chunk = CHUNK if self._typed_op is None else TYPED_CHUNK
         self._chunk = chunk if every is None else min(chunk, every)
 
-    def _new_map(self) -> SizeTrackingAppendOnlyMap | TypedReduceMap:
+    def _new_map(
+        self, capacity: int = DEFAULT_CAPACITY
+    ) -> SizeTrackingAppendOnlyMap | TypedReduceMap:
+        """An empty map; after a spill of its own (``capacity``) a general map starts at the
+        size the spilled one reached, as it will again: its table is not doubled ten times
+        over, and each doubling no longer restarts the size sampling (~60 samples of 100
+        entries per map at small budgets, the largest cost of a spill cycle after the fold
+        itself). The grant its empty arrays need is kept (:meth:`release_after_spill`); a
+        spill forced by another consumer starts small (that memory is wanted elsewhere)."""
         if self._typed_op is not None:
             return TypedReduceMap(self._typed_op)
-        return SizeTrackingAppendOnlyMap()
+        return SizeTrackingAppendOnlyMap(capacity)
 
     def _to_general(self, typed: TypedReduceMap) -> SizeTrackingAppendOnlyMap:
         """Records that do not fit the typed path: move its groups to a general map, for good."""
@@ -324,7 +332,7 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
     def spill_collection(self, size: int, reason: str) -> None:
         """Sort the current map by key hash and write it as a run; on failure keep it."""
         self.log_spill("in-memory map", size)
-        self._spill_current_map(size)
+        self._spill_current_map(size, presize=True)
         self.metrics.memory_bytes_spilled += size
         self._check_mergeable()
 
@@ -339,6 +347,14 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
                 f"{format_size(need)} for two read buffers, more than the whole budget of "
                 f"{format_size(self.budget.max_memory)}; give the map more memory"
             )
+
+    def release_after_spill(self) -> None:
+        """Give back all but the initial threshold — or, if more, what the new (presized,
+        empty) map's arrays take: they exist already, so their memory stays granted."""
+        keep = self.initial_threshold
+        if self._map is not None and self._unspilled is None:
+            keep = max(keep, min(self.threshold, self._map.estimate_size()))
+        self.release_down_to(keep)
 
     def force_spill(self, trigger: Consumer) -> int:
         """Spill the current map, or — when iteration has started — the part of it not yet
@@ -384,7 +400,7 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
     def _release_rows(self) -> None:
         self.release_down_to(0)
 
-    def _spill_current_map(self, estimate: int) -> None:
+    def _spill_current_map(self, estimate: int, presize: bool = False) -> None:
         """Sort the current map by key hash and write it as a run; on failure keep it.
 
         The sorted rows stay referenced by the map (``_unspilled``) until the run is
@@ -394,6 +410,9 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
         assert current is not None
         started = time.perf_counter()
         block: PermutedObjectBlock | TypedSortedRows
+        capacity = DEFAULT_CAPACITY
+        if presize and isinstance(current, SizeTrackingAppendOnlyMap):
+            capacity = max(DEFAULT_CAPACITY, current.capacity)  # kept: release_after_spill
         with deferred_interrupts():
             if isinstance(current, TypedReduceMap):  # written from its arrays, no objects
                 block = current.destructive_sorted_rows()
@@ -409,7 +428,7 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
                 else:
                     block = PermutedObjectBlock(hashes, order, keys, values)
                 del hashes, order, keys, values, int_keys, scalar
-            self._map = self._new_map()
+            self._map = self._new_map(capacity)
         rows = len(block)
         try:
             self._write_run(block, self._forget_unspilled)

@@ -3,21 +3,57 @@
 :func:`combine_object_pieces` is the ``combine`` that :func:`extagg.merge.heap.merge_sources`
 calls for :class:`~extagg.spill.blocks.ObjectBlock` sources (the columnar engine's combine is
 :meth:`extagg.columnar.layout.BlockLayout.combine`, compiled).
+
+Keys that are all exact ``int`` or ``str`` (what most jobs group by) take a vectorised path:
+the rows are ordered and compared as NumPy arrays (no per-row Python), and when the
+combiners are all exact ``float`` (or ``int``) and ``merge_combiners`` is ``operator.add`` or
+a function whose code is exactly ``return a + b`` of its two arguments
+(:func:`is_plain_add`), every group is summed by a compiled left fold in the same order
+(:mod:`extagg.merge._combine_kernels`), the very doubles the function gives. Otherwise
+``merge_combiners`` is called as before.
 """
 
 from __future__ import annotations
 
+import operator
+import types
 from collections.abc import Callable
 from functools import reduce
 from typing import Any
 
 import numpy as np
 
-from extagg.spill.blocks import ObjectBlock
+from extagg.merge._combine_kernels import segment_sum_float, segment_sum_int
+from extagg.spill.blocks import IntKeyBlock, ObjectBlock
 
-__all__ = ["combine_object_pieces", "same_key"]
+__all__ = ["combine_object_pieces", "is_plain_add", "same_key"]
 
 MergeCombiners = Callable[[Any, Any], Any]
+
+#: below this many rows a window is combined row by row (the arrays cost more than they save)
+VECTOR_MIN_ROWS = 64
+_ADD_CODE = (lambda a, b: a + b).__code__
+_VARARGS = 0x04 | 0x08  # CO_VARARGS | CO_VARKEYWORDS
+
+
+def is_plain_add(func: Any) -> bool:
+    """Whether ``func(a, b)`` is ``a + b`` and nothing else: ``operator.add``, or a plain
+    function whose code is that of ``lambda a, b: a + b`` (whatever its argument names;
+    no closure, no ``*args``). On two exact floats that is IEEE addition, which the
+    compiled fold computes bit for bit."""
+    if func is operator.add:
+        return True
+    if type(func) is not types.FunctionType:
+        return False
+    code = func.__code__
+    return (
+        code.co_code == _ADD_CODE.co_code
+        and code.co_argcount == 2
+        and code.co_kwonlyargcount == 0
+        and not code.co_flags & _VARARGS
+        and not code.co_freevars
+        and not code.co_cellvars
+    )
 
 
 def combine_object_pieces(
@@ -30,6 +66,12 @@ def combine_object_pieces(
     """
     if len(pieces) == 1:
         return pieces[0]
+    if sum(map(len, pieces)) >= VECTOR_MIN_ROWS:
+        fast: ObjectBlock | None = _combine_int_arrays(pieces, merge_combiners)
+        if fast is None:
+            fast = _combine_plain_keys(pieces, merge_combiners)
+        if fast is not None:
+            return fast
     block = ObjectBlock.concat(pieces)
     order = np.argsort(block.hashes, kind="stable")
     hashes = block.hashes[order]
@@ -65,6 +107,149 @@ def combine_object_pieces(
     return ObjectBlock(
         hashes[keep], list(map(keys.__getitem__, idx)), list(map(values.__getitem__, idx))
     )
+
+
+def _combine_int_arrays(
+    pieces: list[ObjectBlock], merge_combiners: MergeCombiners
+) -> IntKeyBlock | None:
+    """The combine of int-key pieces with a plain ``+`` done on arrays alone: run batches
+    decoded as :class:`~extagg.spill.blocks.IntKeyBlock` (and lists of exact ints and
+    numbers, turned into arrays); ``None`` (nothing done) for anything else, unequal keys of
+    one hash or an ``int64`` overflow."""
+    if not is_plain_add(merge_combiners):
+        return None
+    keys, numbers = [], []
+    for piece in pieces:
+        arrays = _int_arrays(piece)
+        if arrays is None:
+            return None
+        keys.append(arrays[0])
+        numbers.append(arrays[1])
+    dtype = numbers[0].dtype
+    if any(column.dtype != dtype for column in numbers):
+        return None  # int and float combiners: Python's int + float decides
+    hashes = np.concatenate([piece.hashes for piece in pieces])
+    order = np.argsort(hashes, kind="stable")
+    hashes = hashes[order]
+    key_array = np.concatenate(keys)[order]
+    same = np.flatnonzero(hashes[1:] == hashes[:-1])
+    if len(same) and not (key_array[same] == key_array[same + 1]).all():
+        return None
+    column = np.concatenate(numbers)[order]
+    if not len(same):
+        return IntKeyBlock(hashes, key_array, column)
+    first = np.ones(len(hashes), dtype=bool)
+    first[same + 1] = False
+    starts = np.flatnonzero(first)
+    out = np.empty(len(starts), dtype=dtype)
+    if dtype == np.float64:
+        segment_sum_float(column, starts, out)
+    elif segment_sum_int(column, starts, out) >= 0:
+        return None
+    return IntKeyBlock(hashes[starts], key_array[starts], out)
+
+
+def _int_arrays(piece: ObjectBlock) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(int64 keys, float64 or int64 combiners)`` of a piece, or ``None`` if its keys are
+    not all exact ints in ``int64`` or its combiners not all exact floats or all exact ints."""
+    if type(piece) is IntKeyBlock:
+        return piece.int_keys, piece.numbers
+    keys, values = piece.keys, piece.values
+    n = len(keys)
+    count = operator.countOf
+    if not n or count(map(type, keys), int) != n:
+        return None
+    kind = type(values[0])
+    if (kind is not float and kind is not int) or count(map(type, values), kind) != n:
+        return None
+    try:
+        return (
+            np.array(keys, dtype=np.int64),
+            np.array(values, dtype=np.float64 if kind is float else np.int64),
+        )
+    except OverflowError:
+        return None
+
+
+def _combine_plain_keys(
+    pieces: list[ObjectBlock], merge_combiners: MergeCombiners
+) -> ObjectBlock | None:
+    """:func:`combine_object_pieces` for pieces whose keys are all exact ``int``/``str``, with
+    NumPy; ``None`` (nothing done) for other keys or when two unequal keys share a hash."""
+    keys: list[Any] = []
+    values: list[Any] = []
+    for piece in pieces:
+        keys.extend(piece.keys)
+        values.extend(piece.values)
+    n = len(keys)
+    count = operator.countOf
+    kind = type(keys[0])
+    if kind is not int and kind is not str:
+        return None
+    matching = count(map(type, keys), kind)
+    if matching != n and matching + count(map(type, keys), str if kind is int else int) != n:
+        return None
+    hashes = np.concatenate([piece.hashes for piece in pieces])
+    order = np.argsort(hashes, kind="stable")  # runs of sorted pieces: timsort merges them
+    hashes = hashes[order]
+    key_array = _key_array(keys, matching == n and kind is int)[order]
+    same = np.flatnonzero(hashes[1:] == hashes[:-1])
+    if len(same) and not (key_array[same] == key_array[same + 1]).all():
+        return None  # unequal keys of one hash: the general path keeps them apart
+    if not len(same):
+        return ObjectBlock(
+            hashes, key_array.tolist(), list(map(values.__getitem__, order.tolist()))
+        )
+    first = np.ones(n, dtype=bool)
+    first[same + 1] = False
+    starts = np.flatnonzero(first)
+    summed = _plain_sums(values, order, starts, merge_combiners)
+    if summed is None:
+        vs = list(map(values.__getitem__, order.tolist()))
+        summed = [vs[s] for s in starts.tolist()]
+        ends = np.append(starts[1:], n)
+        multi = np.flatnonzero(ends - starts > 1)
+        for g, s, e in zip(multi.tolist(), starts[multi].tolist(), ends[multi].tolist()):
+            summed[g] = reduce(merge_combiners, vs[s:e])
+    return ObjectBlock(hashes[starts], key_array[starts].tolist(), summed)
+
+
+def _key_array(keys: list[Any], all_int: bool) -> np.ndarray:
+    """The keys as an ``int64`` array when they are all ints that fit (compared and handed
+    back as ints of equal value), else as an object array."""
+    if all_int:
+        try:
+            return np.array(keys, dtype=np.int64)
+        except OverflowError:
+            pass
+    return np.array(keys, dtype=object)
+
+
+def _plain_sums(
+    values: list[Any], order: np.ndarray, starts: np.ndarray, merge_combiners: MergeCombiners
+) -> list[Any] | None:
+    """Every group's left-fold sum when ``merge_combiners`` is a plain ``+`` and the values
+    are all exact floats (or all exact ints whose sums stay in ``int64``), else ``None``."""
+    n = len(values)
+    if not is_plain_add(merge_combiners):
+        return None
+    kind = type(values[0])
+    if (kind is not float and kind is not int) or operator.countOf(map(type, values), kind) != n:
+        return None
+    out: np.ndarray
+    if kind is float:
+        column = np.array(values, dtype=np.float64)[order]
+        out = np.empty(len(starts), dtype=np.float64)
+        segment_sum_float(column, starts, out)
+        return list(out.tolist())
+    try:
+        ints = np.array(values, dtype=np.int64)[order]
+    except OverflowError:
+        return None
+    out = np.empty(len(starts), dtype=np.int64)
+    if segment_sum_int(ints, starts, out) >= 0:
+        return None  # a sum leaves int64: Python ints compute it
+    return list(out.tolist())
 
 
 def _combine_colliding(

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from extagg.errors import SpillError
-from extagg.spill.blocks import ColumnBlock, ObjectBlock
+from extagg.spill._pickle_kernels import FLOAT_VALUES, NOT_PARSED, parse_int_rows
+from extagg.spill.blocks import ColumnBlock, IntKeyBlock, ObjectBlock
 
 __all__ = [
     "BatchCodec",
@@ -68,12 +69,23 @@ class ObjectCodec(BatchCodec):
         return b"".join((_U32.pack(len(hashes)), hashes.tobytes(), body))
 
     def decode(self, payload: memoryview | bytes) -> ObjectBlock:
+        """The batch's rows; a batch of plain int keys and float or int combiners in the
+        shape the engine writes them from arrays comes back as an :class:`IntKeyBlock`
+        (read by a compiled parser, :mod:`extagg.spill._pickle_kernels`), any other is
+        unpickled."""
         view = memoryview(payload)
         (n,) = _U32.unpack_from(view, 0)
         end = 4 + 8 * n
         if end > len(view):
             raise ValueError(f"batch holds {len(view)} bytes, too few for {n} hashes")
         hashes = np.frombuffer(view[4:end], dtype="<u8").astype(np.uint64)
+        key_bits = np.empty(n, dtype=np.uint64)
+        value_bits = np.empty(n, dtype=np.uint64)
+        kind = parse_int_rows(np.frombuffer(view, np.uint8, offset=end), n, key_bits, value_bits)
+        if kind != NOT_PARSED:
+            numbers = value_bits.view(np.float64 if kind == FLOAT_VALUES else np.int64)
+            return IntKeyBlock(hashes, key_bits.view(np.int64), numbers)
+        del key_bits, value_bits
         keys, values = pickle.loads(view[end:])
         if len(keys) != n or len(values) != n:
             raise ValueError(f"batch declares {n} rows but holds {len(keys)} keys")
