@@ -13,7 +13,14 @@ import numpy as np
 
 from extagg._numba import jit
 
-__all__ = ["float_words", "add_var_lengths", "write_var", "unpack_var"]
+__all__ = [
+    "float_words",
+    "add_var_lengths",
+    "write_var",
+    "unpack_var",
+    "combine_codes",
+    "lookup_groups",
+]
 
 _jit = jit()
 
@@ -92,3 +99,32 @@ def unpack_var(blob_offsets, blob, index):
         for j in range(out_off[i + 1] - d):
             out[d + j] = blob[s + j]
     return out_off, out
+
+
+@_jit
+def combine_codes(combo, codes, valid, base, first):
+    """Fold one dictionary-coded key into each row's combination number, in place:
+    ``combo = combo * base + code`` (``combo = code`` when ``first``); a null (``valid``
+    non-empty and false) takes code ``base - 1``. ``codes`` of any integer type: no copy."""
+    has_mask = valid.shape[0] > 0
+    for i in range(combo.shape[0]):
+        code = np.int64(codes[i])
+        if has_mask and not valid[i]:
+            code = np.int64(base - 1)
+        if first:
+            combo[i] = code
+        else:
+            combo[i] = combo[i] * base + code
+
+
+@_jit
+def lookup_groups(combo, lookup, gids):
+    """Each row's group id ``lookup[combo]`` into ``gids``; returns how many rows had none
+    (-1) yet."""
+    misses = 0
+    for i in range(combo.shape[0]):
+        g = lookup[combo[i]]
+        gids[i] = g
+        if g < 0:
+            misses += 1
+    return misses

@@ -78,3 +78,21 @@ def gather_words(words, rows, out):
     """Reference of :func:`extagg.columnar._radix_kernels.gather_words`."""
     for i, r in enumerate(rows.tolist()):
         out[i, :] = words[r, :]
+
+
+def combine_codes(combo, codes, valid, base, first):
+    """Reference of ``combine_codes``."""
+    for i in range(len(combo)):
+        code = int(codes[i])
+        if len(valid) and not valid[i]:
+            code = base - 1
+        combo[i] = code if first else int(combo[i]) * base + code
+
+
+def lookup_groups(combo, lookup, gids):
+    """Reference of ``lookup_groups``."""
+    misses = 0
+    for i in range(len(combo)):
+        gids[i] = lookup[int(combo[i])]
+        misses += int(gids[i] < 0)
+    return misses

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from extagg.columnar._key_kernels import combine_codes, lookup_groups
 from extagg.columnar.columns import Column, to_column
 
 __all__ = ["CODED_ROW_BYTES", "CodedKeys", "CodedLookup", "coded_keys", "max_combinations"]
@@ -82,14 +83,16 @@ class CodedKeys:
             total *= bases[-1]
             if total > max_combinations(n):
                 return None
-        combo = np.zeros(n, dtype=np.int64)
-        for arr, base in zip(self.arrays, bases):
-            codes = _codes(arr)
-            if arr.null_count:
-                codes = np.where(_valid(arr), codes, base - 1)
-            combo *= base
-            combo += codes
+        combo = np.empty(n, dtype=np.int64)
+        for i, (arr, base) in enumerate(zip(self.arrays, bases)):
+            valid = _valid(arr) if arr.null_count else _NO_MASK
+            combine_codes(combo, _codes(arr), valid, base, i == 0)
         return combo, total
+
+    def group_ids(self, combo: np.ndarray, lookup: np.ndarray) -> tuple[np.ndarray, int]:
+        """Each row's group id by ``lookup`` (-1: none yet) and how many rows have none."""
+        gids = np.empty(len(combo), dtype=np.int64)
+        return gids, int(lookup_groups(combo, lookup, gids))
 
     def missing(self, combo: np.ndarray, total: int, lookup: np.ndarray) -> np.ndarray:
         """The combinations present in ``combo`` that ``lookup`` has no group for (-1),
@@ -165,14 +168,17 @@ class CodedLookup:
 
 
 def _codes(arr: pa.DictionaryArray) -> np.ndarray:
-    """The codes of ``arr`` as ``int64`` (a null's code is whatever its slot holds)."""
+    """The codes of ``arr`` in their own integer type, zero-copy (a null's code is whatever
+    its slot holds)."""
     indices = arr.indices
     buf = indices.buffers()[1]
-    dtype = np.dtype(indices.type.to_pandas_dtype())
     if buf is None:
         return np.zeros(len(arr), dtype=np.int64)
-    raw = np.frombuffer(buf, dtype=dtype)[indices.offset : indices.offset + len(indices)]
-    return raw.astype(np.int64)
+    dtype = np.dtype(indices.type.to_pandas_dtype())
+    return np.frombuffer(buf, dtype=dtype)[indices.offset : indices.offset + len(indices)]
+
+
+_NO_MASK = np.zeros(0, dtype=np.bool_)
 
 
 def _valid(arr: pa.Array) -> np.ndarray:

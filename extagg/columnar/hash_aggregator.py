@@ -579,7 +579,8 @@ class HashAggregator(Spillable[ColumnBlock]):
             make_room_for_var_states(st, state_bytes)
         table = self._ensure_table()
         lookup = self._coded_lookup.get(table, self.metrics.spill_count, coded, total)
-        new = coded.missing(combo, total, lookup)
+        gids, misses = coded.group_ids(combo, lookup)
+        new = coded.missing(combo, total, lookup) if misses else combo[:0]
         if len(new):
             key_cols = coded.key_columns(new)
             m = len(new)
@@ -595,7 +596,7 @@ class HashAggregator(Spillable[ColumnBlock]):
             )
             assert nxt == m and status == 0, (nxt, m, status)  # room was checked above
             lookup[new] = group_of
-        gids = lookup[combo]
+            gids = lookup[combo]
         self._fold(table, cols, gids, 0, n, n, self.metrics.records_read)
         self.metrics.records_read += n
         st.rows_since_spill += n
