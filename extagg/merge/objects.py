@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from extagg.merge._combine_kernels import segment_sum_float, segment_sum_int
 from extagg.spill.blocks import IntKeyBlock, ObjectBlock
 
 __all__ = ["combine_object_pieces", "is_plain_add", "same_key"]
@@ -142,9 +141,7 @@ def _combine_int_arrays(
     first[same + 1] = False
     starts = np.flatnonzero(first)
     out = np.empty(len(starts), dtype=dtype)
-    if dtype == np.float64:
-        segment_sum_float(column, starts, out)
-    elif segment_sum_int(column, starts, out) >= 0:
+    if not _segment_sums(column, starts, out):
         return None
     return IntKeyBlock(hashes[starts], key_array[starts], out)
 
@@ -225,6 +222,18 @@ def _key_array(keys: list[Any], all_int: bool) -> np.ndarray:
     return np.array(keys, dtype=object)
 
 
+def _segment_sums(column: np.ndarray, starts: np.ndarray, out: np.ndarray) -> bool:
+    """Each segment's left-fold sum of ``column`` (float64 or int64) into ``out``; ``False``
+    when an ``int64`` sum overflows. The compiled kernels are imported here: a worker whose
+    merges never sum plain numbers (PySpark's ``groupByKey``) never loads numba."""
+    from extagg.merge import _combine_kernels as CK
+
+    if column.dtype == np.float64:
+        CK.segment_sum_float(column, starts, out)
+        return True
+    return bool(CK.segment_sum_int(column, starts, out) < 0)
+
+
 def _plain_sums(
     values: list[Any], order: np.ndarray, starts: np.ndarray, merge_combiners: MergeCombiners
 ) -> list[Any] | None:
@@ -240,14 +249,14 @@ def _plain_sums(
     if kind is float:
         column = np.array(values, dtype=np.float64)[order]
         out = np.empty(len(starts), dtype=np.float64)
-        segment_sum_float(column, starts, out)
+        _segment_sums(column, starts, out)
         return list(out.tolist())
     try:
         ints = np.array(values, dtype=np.int64)[order]
     except OverflowError:
         return None
     out = np.empty(len(starts), dtype=np.int64)
-    if segment_sum_int(ints, starts, out) >= 0:
+    if not _segment_sums(ints, starts, out):
         return None  # a sum leaves int64: Python ints compute it
     return list(out.tolist())
 

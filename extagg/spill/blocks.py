@@ -13,8 +13,6 @@ from typing import Any, Union
 
 import numpy as np
 
-from extagg.spill._pickle_kernels import int_rows_size, write_int_rows
-
 __all__ = ["ObjectBlock", "IntKeyBlock", "PermutedObjectBlock", "ColumnBlock", "Block"]
 
 _EMPTY_HASHES = np.empty(0, dtype=np.uint64)
@@ -115,6 +113,8 @@ class IntKeyBlock(ObjectBlock):
     def pickled_rows(self) -> bytes:
         """``pickle.dumps((keys, values))``-equivalent bytes written from the arrays in the
         shape the codec reads back as arrays (an intermediate merge's run stays fast)."""
+        from extagg.spill._pickle_kernels import int_rows_size, write_int_rows  # numba: lazily
+
         out = np.empty(int_rows_size(len(self.hashes)), dtype=np.uint8)
         size = write_int_rows(
             np.ascontiguousarray(self.int_keys).view(np.uint64),

@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 
 from extagg.errors import SpillError
-from extagg.spill._pickle_kernels import FLOAT_VALUES, NOT_PARSED, parse_int_rows
 from extagg.spill.blocks import ColumnBlock, IntKeyBlock, ObjectBlock
 
 __all__ = [
@@ -44,6 +43,11 @@ class BatchCodec(ABC):
     @abstractmethod
     def decode(self, payload: memoryview | bytes) -> Any:
         """The block a payload holds (``ValueError`` if it is malformed)."""
+
+
+#: how a batch of int keys written from arrays starts (PROTO 5, EMPTY_LIST, MARK, LONG1):
+#: see :mod:`extagg.spill._pickle_reference` for the whole shape
+_INT_ROWS_START = b"\x80\x05](\x8a"
 
 
 class ObjectCodec(BatchCodec):
@@ -79,13 +83,19 @@ class ObjectCodec(BatchCodec):
         if end > len(view):
             raise ValueError(f"batch holds {len(view)} bytes, too few for {n} hashes")
         hashes = np.frombuffer(view[4:end], dtype="<u8").astype(np.uint64)
-        key_bits = np.empty(n, dtype=np.uint64)
-        value_bits = np.empty(n, dtype=np.uint64)
-        kind = parse_int_rows(np.frombuffer(view, np.uint8, offset=end), n, key_bits, value_bits)
-        if kind != NOT_PARSED:
-            numbers = value_bits.view(np.float64 if kind == FLOAT_VALUES else np.int64)
-            return IntKeyBlock(hashes, key_bits.view(np.int64), numbers)
-        del key_bits, value_bits
+        if view[end : end + len(_INT_ROWS_START)] == _INT_ROWS_START:
+            # written from arrays (a pickler writes a FRAME after PROTO): parse it compiled;
+            # imported here so that a worker that never sees such a batch never loads numba
+            from extagg.spill import _pickle_kernels as PK
+
+            key_bits = np.empty(n, dtype=np.uint64)
+            value_bits = np.empty(n, dtype=np.uint64)
+            data = np.frombuffer(view, np.uint8, offset=end)
+            kind = PK.parse_int_rows(data, n, key_bits, value_bits)
+            if kind != PK.NOT_PARSED:
+                numbers = value_bits.view(np.float64 if kind == PK.FLOAT_VALUES else np.int64)
+                return IntKeyBlock(hashes, key_bits.view(np.int64), numbers)
+            del key_bits, value_bits
         keys, values = pickle.loads(view[end:])
         if len(keys) != n or len(values) != n:
             raise ValueError(f"batch declares {n} rows but holds {len(keys)} keys")
