@@ -99,6 +99,29 @@ def test_equals_dict_with_forced_spills(spill_dir, pairs, every, batch, fan_in):
     assert files_under(spill_dir) == []
 
 
+@given(
+    pairs=st.lists(
+        st.tuples(st.sampled_from([0, False, 0.0, -0.0, 1, True, 1.0, 2, 2.0]), values),
+        max_size=60,
+    ),
+    every=st.sampled_from([None, 1, 2, 5]),
+    fan_in=st.integers(2, 5),
+)
+def test_equal_keys_of_other_types_keep_the_key_seen_first(spill_dir, pairs, every, fan_in):
+    """``0``, ``False`` and ``0.0`` are one key (equal, same hash): as in a dict, the group
+    keeps the key object seen first, whichever runs the records spilled to and however many
+    merge passes combine them."""
+    result, _ = run(
+        pairs, memory="16m", spill_dirs=[spill_dir], force_spill_every=every, fan_in=fan_in
+    )
+    first_seen: dict = {}
+    for k, _ in pairs:
+        first_seen.setdefault(k, k)
+    assert sorted((repr(k), type(k).__name__) for k, _ in result) == sorted(
+        (repr(k), type(k).__name__) for k in first_seen.values()
+    )
+
+
 @given(pairs=st.lists(st.tuples(st.integers(0, 50), st.integers()), max_size=200))
 def test_combiners_called_like_combine_by_key(spill_dir, pairs):
     # with list combiners every value must appear exactly once, and within one map in order

@@ -545,9 +545,11 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
     def _merged(self, memory_source: SpillableMemorySource) -> Iterator[Iterator[tuple[Any, Any]]]:
         """The merge of the sorted map and every run; closes everything when done, on error
         and when the consumer stops early."""
-        sources: list[BlockSource[ObjectBlock]] = [memory_source]
+        # oldest first: the merge keeps the key of the first source among equal keys (``0``
+        # before a later ``False``, as a dict keeps the key it saw first), and the map's rows
+        # are the newest
         with self.lock:  # a forced spill from another thread may be moving rows to a run
-            sources += self.runs.take_sources()
+            sources: list[BlockSource[ObjectBlock]] = [*self.runs.take_sources(), memory_source]
         merge_memory = 0
         try:
             fan_in = self.fan_in

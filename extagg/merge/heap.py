@@ -252,33 +252,42 @@ def merge_in_passes(
 ) -> Iterator[B]:
     """Merge any number of sources with at most ``fan_in`` open at once.
 
-    While there are more sources than ``fan_in``, the first few are merged into a new run by
-    ``write_run`` (which consumes a block iterator and returns a source over the run it wrote):
-    just enough of them that the rest fit in one final merge (the classic "merge just enough"
-    rule, so as little as possible is written twice). ``on_pass(merges_so_far, sources_merged)``
+    While there are more sources than ``fan_in``, the oldest not yet merged are merged into a
+    new run by ``write_run`` (which consumes a block iterator and returns a source over the run
+    it wrote): just enough of them that the rest fit in one final merge (the classic "merge
+    just enough" rule, so as little as possible is written twice); once every source has been
+    merged once, the merged runs are merged again. ``on_pass(merges_so_far, sources_merged)``
     reports each intermediate merge.
+
+    Sources come oldest first and stay in that order (a merged run takes the place of the
+    sources it replaces), because ``combine`` keeps, among equal keys, the key of the first
+    piece: the key seen first, as a dict keeps it (``0`` before a later ``False``).
     """
     if fan_in < 2:
         raise ValueError(f"fan_in must be at least 2, got {fan_in}")
     current = list(sources)
+    merged: list[BlockSource[B]] = []  # runs written by intermediate merges, oldest first
     passes = 0
     try:
-        while len(current) > fan_in:
-            passes += 1
-            take = min(fan_in, len(current) - fan_in + 1)
+        while len(merged) + len(current) > fan_in:
+            if len(current) < 2:  # every source merged once: merge the merged runs
+                current, merged = [*merged, *current], []
+            take = min(fan_in, len(merged) + len(current) - fan_in + 1, len(current))
             group, current = current[:take], current[take:]
-            current.append(write_run(merge_sources(group, combine)))
+            merged.append(write_run(merge_sources(group, combine)))
             log.info(
                 "Intermediate merge %d: %d sources into one run, %d left",
-                passes,
+                passes + 1,
                 take,
-                len(current),
+                len(merged) + len(current),
             )
+            passes += 1
             if on_pass is not None:
                 on_pass(passes, take)
+        current, merged = [*merged, *current], []
         yield from merge_sources(current, combine)
     finally:
-        for source in current:
+        for source in [*merged, *current]:
             source.close()
 
 
