@@ -206,9 +206,10 @@ def _load_kernels(warm: Any, batch: pa.RecordBatch, trigger: MemoryConsumer) -> 
     RSS is measured, so that what the process gains afterwards is the run's data. Kernels
     of the rarer paths (a hash-partitioned table, a multi-pass merge) load when used."""
     rows = batch.slice(0, WARM_ROWS)
+    spills = isinstance(warm, Spillable)  # the columnar engine: load its spill and merge too
     try:
         warm.update(rows)
-        if isinstance(warm, Spillable):  # the columnar engine: load its spill and merge too
+        if spills:
             warm.spill(1, trigger)
             warm.update(rows)
         for _ in warm.results():
