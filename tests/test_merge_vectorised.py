@@ -59,8 +59,8 @@ def test_float_segment_sum_matches_reference(data, sizes):
     values = np.array(data.draw(st.lists(floats, min_size=n, max_size=n)), dtype=np.float64)
     got = np.empty(len(starts))
     want = np.empty(len(starts))
-    kernels.segment_sum_float(values, starts, got)
-    reference.segment_sum_float(values, starts, want)
+    assert kernels.segment_sum(values, starts, got, -np.inf, np.inf) == -1
+    assert reference.segment_sum(values, starts, want, -np.inf, np.inf) == -1
     assert _bits(got.tolist()) == _bits(want.tolist())
     # and the reference is what reduce(+) over Python floats gives
     ends = [*starts[1:].tolist(), n]
@@ -79,8 +79,10 @@ def test_int_segment_sum_matches_reference_and_stops_at_overflow(data, sizes):
     )
     got = np.zeros(len(starts), dtype=np.int64)
     want = np.zeros(len(starts), dtype=np.int64)
-    at = kernels.segment_sum_int(values, starts, got)
-    assert at == reference.segment_sum_int(values, starts, want)
+    info = np.iinfo(np.int64)
+    bounds = (np.int64(info.min), np.int64(info.max))
+    at = kernels.segment_sum(values, starts, got, *bounds)
+    assert at == reference.segment_sum(values, starts, want, *bounds)
     done = len(starts) if at < 0 else at
     assert got[:done].tolist() == want[:done].tolist()
 

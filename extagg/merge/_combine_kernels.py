@@ -10,30 +10,16 @@ import numpy as np
 
 from extagg._numba import jit
 
-__all__ = ["segment_sum_float", "segment_sum_int"]
+__all__ = ["segment_sum"]
 
 
 @jit()
-def segment_sum_float(
-    values: np.ndarray, starts: np.ndarray, out: np.ndarray
-) -> None:  # pragma: no cover - compiled
-    """Left fold with ``+`` of every group of ``values`` into ``out`` (see the reference)."""
-    n = values.shape[0]
-    groups = starts.shape[0]
-    for g in range(groups):
-        s = starts[g]
-        e = starts[g + 1] if g + 1 < groups else n
-        total = values[s]
-        for i in range(s + 1, e):
-            total = total + values[i]
-        out[g] = total
-
-
-@jit()
-def segment_sum_int(
-    values: np.ndarray, starts: np.ndarray, out: np.ndarray
+def segment_sum(
+    values: np.ndarray, starts: np.ndarray, out: np.ndarray, sum_low: float, sum_high: float
 ) -> int:  # pragma: no cover - compiled
-    """The same over ``int64``; the first group that overflows, or ``-1`` (see the reference)."""
+    """Left fold with ``+`` of every group of ``values`` (``float64`` or ``int64``) into
+    ``out``; the first group whose sum would leave ``[sum_low, sum_high]``, or ``-1`` (see the
+    reference). The bound is tested before each add, so an ``int64`` sum never wraps."""
     n = values.shape[0]
     groups = starts.shape[0]
     for g in range(groups):
@@ -42,9 +28,8 @@ def segment_sum_int(
         total = values[s]
         for i in range(s + 1, e):
             v = values[i]
-            t = total + v
-            if ((total ^ t) & (v ^ t)) < 0:
+            if (v > 0 and total > sum_high - v) or (v < 0 and total < sum_low - v):
                 return g
-            total = t
+            total = total + v
         out[g] = total
     return -1

@@ -16,38 +16,30 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["INT64_MAX", "INT64_MIN", "segment_sum_float", "segment_sum_int"]
+__all__ = ["INT64_MAX", "INT64_MIN", "segment_sum"]
 
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1
 
 
-def segment_sum_float(values: np.ndarray, starts: np.ndarray, out: np.ndarray) -> None:
-    """``out[g]`` = the left fold with ``+`` of ``values[starts[g]:starts[g + 1]]``
-    (``float64``; the last group runs to the end)."""
+def segment_sum(
+    values: np.ndarray, starts: np.ndarray, out: np.ndarray, sum_low: float, sum_high: float
+) -> int:
+    """``out[g]`` = the left fold with ``+`` of ``values[starts[g]:starts[g + 1]]`` (the last
+    group runs to the end); returns the first group whose sum would leave ``[sum_low,
+    sum_high]`` at some step (its ``out`` is undefined, the groups after it not computed), or
+    ``-1``. ``int64`` values take ``int64``'s bounds; floats ``±inf``, which never stop."""
+    is_int = values.dtype.kind == "i"
     n = len(values)
     groups = len(starts)
     for g in range(groups):
         s = int(starts[g])
         e = int(starts[g + 1]) if g + 1 < groups else n
-        total = float(values[s])
+        total = int(values[s]) if is_int else float(values[s])
         for i in range(s + 1, e):
-            total = total + float(values[i])
-        out[g] = total
-
-
-def segment_sum_int(values: np.ndarray, starts: np.ndarray, out: np.ndarray) -> int:
-    """The same over ``int64`` values; returns the first group whose sum leaves ``int64`` at
-    some step (its ``out`` is undefined, the groups after it not computed), or ``-1``."""
-    n = len(values)
-    groups = len(starts)
-    for g in range(groups):
-        s = int(starts[g])
-        e = int(starts[g + 1]) if g + 1 < groups else n
-        total = int(values[s])
-        for i in range(s + 1, e):
-            total = total + int(values[i])
-            if not INT64_MIN <= total <= INT64_MAX:
+            v = int(values[i]) if is_int else float(values[i])
+            if (v > 0 and total > sum_high - v) or (v < 0 and total < sum_low - v):
                 return g
+            total = total + v
         out[g] = total
     return -1

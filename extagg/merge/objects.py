@@ -33,6 +33,9 @@ MergeCombiners = Callable[[Any, Any], Any]
 VECTOR_MIN_ROWS = 64
 _ADD_CODE = (lambda a, b: a + b).__code__
 _VARARGS = 0x04 | 0x08  # CO_VARARGS | CO_VARKEYWORDS
+# the bounds a compiled segment sum stays within, typed like its values
+_INT64_BOUNDS = (np.int64(np.iinfo(np.int64).min), np.int64(np.iinfo(np.int64).max))
+_FLOAT_BOUNDS = (-np.inf, np.inf)
 
 
 def is_plain_add(func: Any) -> bool:
@@ -228,10 +231,8 @@ def _segment_sums(column: np.ndarray, starts: np.ndarray, out: np.ndarray) -> bo
     merges never sum plain numbers (PySpark's ``groupByKey``) never loads numba."""
     from extagg.merge import _combine_kernels as CK
 
-    if column.dtype == np.float64:
-        CK.segment_sum_float(column, starts, out)
-        return True
-    return bool(CK.segment_sum_int(column, starts, out) < 0)
+    low, high = _FLOAT_BOUNDS if column.dtype == np.float64 else _INT64_BOUNDS
+    return bool(CK.segment_sum(column, starts, out, low, high) < 0)
 
 
 def _plain_sums(
