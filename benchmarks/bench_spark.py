@@ -109,10 +109,32 @@ def _worker_rss(_: Any) -> int:
     return int(ps.Process().memory_info().rss)
 
 
+def warm_up(sc: Any, installed: bool) -> None:
+    """Run every benchmarked call once on 40 k records at a 1 MiB worker memory (so that the
+    engines spill and merge): the workers then hold what does not grow with the data -- the
+    imports and, with extagg, the compiled kernels loaded from numba's cache (~10 MiB) -- as
+    ``extagg aggregate`` counts its fixed RSS after loading the query's kernels."""
+    import extagg.spark as es
+
+    conf = sc._conf  # PySpark reads the worker memory from the driver's conf per call
+    memory = conf.get("spark.python.worker.memory")
+    conf.set("spark.python.worker.memory", "1m")
+    if installed:
+        es.install()
+    try:
+        for kind in ("int", "str"):
+            for call in CALLS.values():
+                call(make_rdd(sc, kind, 40_000, 4_000, 2)).count()
+    finally:
+        es.uninstall()
+        conf.set("spark.python.worker.memory", memory)
+
+
 def fixed_rss(sc: Any, installed: bool, flag: str = "engine") -> int:
-    """A fresh worker's RSS (the fixed overhead the budget comes on top of): with extagg,
-    after importing what reduceByKey and aggregateByKey need (``flag="engine"``, numba
-    included; reused workers keep it for every later call) or groupByKey alone (``"1"``)."""
+    """A worker's RSS before any benchmarked call (the fixed overhead the budget comes on top
+    of): with extagg, after importing what reduceByKey and aggregateByKey need
+    (``flag="engine"``, numba included; reused workers keep it for every later call) or
+    groupByKey alone (``"1"``); after :func:`warm_up`, the kernels included."""
     import extagg.spark as es
 
     if installed:
@@ -280,18 +302,23 @@ def main() -> None:
 
     from extagg._config import parse_size
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("extagg-bench-spark")
-        .config("spark.ui.enabled", "false")
-        .config("spark.python.worker.memory", args.worker_memory)
-        .config("spark.python.worker.reuse", "true")
-        .config("spark.sql.shuffle.partitions", str(args.partitions))
-        .config("spark.driver.memory", "2g")
-        .getOrCreate()
-    )
+    def new_session() -> Any:
+        """A SparkSession with its own Python workers (a stopped one's workers exit)."""
+        session = (
+            SparkSession.builder.master("local[2]")
+            .appName("extagg-bench-spark")
+            .config("spark.ui.enabled", "false")
+            .config("spark.python.worker.memory", args.worker_memory)
+            .config("spark.python.worker.reuse", "true")
+            .config("spark.sql.shuffle.partitions", str(args.partitions))
+            .config("spark.driver.memory", "2g")
+            .getOrCreate()
+        )
+        session.sparkContext.setLogLevel("OFF")
+        return session
+
+    spark = new_session()
     sc = spark.sparkContext
-    sc.setLogLevel("OFF")
     n, keys = args.records, args.keys
     budget_mib = parse_size(args.worker_memory) / 2**20
     started = time.perf_counter()
@@ -301,20 +328,32 @@ def main() -> None:
         f"load {os.getloadavg()[0]:.1f} at start",
         flush=True,
     )
-    # every stock call first: Python workers are reused, and one that imported extagg keeps
-    # its modules (its RSS would count against the stock merger)
+    # each engine in a session of its own: Python workers are reused, and one keeps what its
+    # allocator holds from earlier tasks (and the modules it imported), which would count
+    # against the other engine; in --interleave mode both share the workers
     fixed: dict[str, int] = {}
+    imports: dict[str, int] = {}
     rows: list[dict[str, Any]] = []
     answers: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def measure_fixed(engine: str) -> None:
+        imports[engine] = fixed_rss(sc, engine == "extagg")
+        warm_up(sc, engine == "extagg")
+        fixed[engine] = fixed_rss(sc, engine == "extagg")
+
     if args.interleave:  # stock and extagg alternate; stock's RSS then counts extagg's imports
         for engine in args.engines:
-            fixed[engine] = fixed_rss(sc, engine == "extagg")
+            measure_fixed(engine)
         order = [(e, k, c) for k in args.keys_type for c in args.calls for e in args.engines]
     else:
         order = [(e, k, c) for e in args.engines for k in args.keys_type for c in args.calls]
     for engine, kind, call in order:
         if engine not in fixed:
-            fixed[engine] = fixed_rss(sc, engine == "extagg")
+            if fixed:  # the next engine: new workers
+                spark.stop()
+                spark = new_session()
+                sc = spark.sparkContext
+            measure_fixed(engine)
         rdd = make_rdd(sc, kind, n, keys, args.partitions)
         row, answer = run(sc, call, kind, rdd, engine == "extagg")
         rows.append(row)
@@ -328,6 +367,10 @@ def main() -> None:
                 if row["call"] == call and row["keys"] == kind:
                     row["error"] = "answers differ"
     print_table(rows, fixed, budget_mib)
+    print(
+        "worker RSS after imports only (before the warm-up job): "
+        + ", ".join(f"{e} {b / 2**20:.0f} MiB" for e, b in imports.items())
+    )
     if not args.skip_dataframe:
         rows += dataframe_part(spark, n, keys, args.partitions)
     print(f"\n# done in {time.perf_counter() - started:.0f} s, load {os.getloadavg()[0]:.1f}")
@@ -336,8 +379,10 @@ def main() -> None:
 
         with open(args.out, "a") as f:
             for row in rows:
+                fixed_mib = round(fixed.get(row.get("engine", ""), 0) / 2**20, 1) or None
                 f.write(json.dumps({**row, "records": n, "groups": keys,
-                                    "worker_memory": args.worker_memory}) + "\n")  # fmt: skip
+                                    "worker_memory": args.worker_memory,
+                                    "worker_fixed_rss_mib": fixed_mib}) + "\n")  # fmt: skip
     spark.stop()
 
 
