@@ -896,6 +896,7 @@ class HashAggregator(Spillable[ColumnBlock]):
         if not spill_or_partition(st, table, may_partition, split if splits else None):
             return
         if self._partitions is not None:  # split: the lower partitions stay in the table
+            self._enlarge_split_chunks()
             return
         # no table any more: larger chunks and a buffer per partition, as large as granted
         plans = [(st.chunk_rows, st.scratch)]
@@ -904,6 +905,24 @@ class HashAggregator(Spillable[ColumnBlock]):
         self._partitions = start_partitioning(st, plans)
         if self._partitions is not None:
             st.resident_parts = 0
+
+    def _enlarge_split_chunks(self) -> None:
+        """After a split, most rows of a chunk are set aside (written per partition) and each
+        chunk costs a sort and a write call per partition whatever its size: chunks as large
+        as the input had once partitioned (``partition_chunks``), if the budget grants their
+        buffers beside the kept table (the fold's and the set-aside's temporaries and the
+        kept rows' copies), else as large as granted, else unchanged."""
+        st = self.table_state
+        if self._chunk_rows_arg is not None or st.chunk_rows <= 0:
+            return
+        rows, aside_scratch = partition_chunks(st.layout, len(self._needed), self.budget.max_memory)
+        per_row = st.scratch // st.chunk_rows + aside_scratch // max(1, rows)
+        while rows > st.chunk_rows:
+            if self.budget.hold_more(rows * per_row - st.scratch):
+                st.chunk_rows, st.scratch = rows, rows * per_row
+                log.debug("%s: chunks of %d rows while split", self.name, rows)
+                return
+            rows //= 2
 
     def _route(
         self, cols: dict[str, Column], enc: EncodedKeys, n: int
@@ -1155,10 +1174,12 @@ class HashAggregator(Spillable[ColumnBlock]):
                     state_runs=state_runs,
                     fold_states=lambda child, block: child._fold_states(block),
                     presize=lambda child, rows: child._presize(rows // 2),
+                    feed_bytes=buffer_bytes(self.budget.max_memory),
                 )
             st.scratch = 0  # no more chunks to fold: give back their buffers
             # reading a partition back holds one of its batches (stored, decompressed, decoded),
-            # or one batch of a run of groups
+            # or one batch of a run of groups, or consecutive small batches fed together up to
+            # the size of one (held twice: the batches, then joined)
             batch = max(buffer_bytes(self.budget.max_memory), st.runs.max_batch_bytes)
             st.aside_bytes = IO_COPIES * batch if partitions is not None else 0
             self.budget.floor = 0

@@ -324,6 +324,11 @@ class PartitionSource(BlockSource[ColumnBlock], Generic[Child]):
     into that partition's child (``fold_states(child, block)``) before its rows, so no merge of
     runs is needed after the children: the children's outputs are the result. ``presize(child,
     rows)`` is told the rows a child is about to get. The runs are deleted on :meth:`close`.
+
+    ``feed_bytes``: consecutive batches of a partition are fed together up to this many bytes
+    (the caller holds the memory for that much): a partition written with small buffers (while
+    a split table kept most of the budget) is otherwise fed a few hundred rows at a time, and
+    the per-call cost of folding them outweighs the rows' own.
     """
 
     def __init__(
@@ -340,8 +345,10 @@ class PartitionSource(BlockSource[ColumnBlock], Generic[Child]):
         state_runs: list[str] | None = None,
         fold_states: Callable[[Child, ColumnBlock], None] | None = None,
         presize: Callable[[Child, int], None] | None = None,
+        feed_bytes: int = 0,
     ) -> None:
         self.runs = runs
+        self._feed_bytes = feed_bytes
         self.schema = schema
         self.name = name
         self._make_child = make_child
@@ -424,15 +431,31 @@ class PartitionSource(BlockSource[ColumnBlock], Generic[Child]):
                     self._fold_states(child, readers[r].read_block(i))
             if path is not None:
                 with RunReader(path) as reader:
+                    pending: list[ColumnBlock] = []
+                    pending_bytes = 0
                     for i in range(len(reader.batches)):
                         block: ColumnBlock = reader.read_block(i)
-                        self._feed(child, block_to_columns(block, self.schema), len(block))
+                        if pending and pending_bytes + block.nbytes() > self._feed_bytes:
+                            self._feed_blocks(child, pending)
+                            pending, pending_bytes = [], 0
+                        pending.append(block)
+                        pending_bytes += block.nbytes()
+                        del block
+                    if pending:
+                        self._feed_blocks(child, pending)
         finally:
             if path is not None:
                 self.runs.remove(path)
             self.runs.metrics.merge_time_s += time.perf_counter() - started
         log.debug("%s aggregated partition %s in child %s", self.name, path, child.name)
         self._blocks = self._child_blocks(child)
+
+    def _feed_blocks(self, child: Child, blocks: list[ColumnBlock]) -> None:
+        """Feed ``blocks`` (consecutive batches of one partition) to ``child`` as one; the
+        list is emptied, so only the joined block stays alive while it is folded."""
+        block = blocks[0] if len(blocks) == 1 else ColumnBlock.concat(_same_columns(blocks))
+        blocks.clear()
+        self._feed(child, block_to_columns(block, self.schema), len(block))
 
     def _finish_child(self) -> None:
         child, self._child, self._blocks = self._child, None, None

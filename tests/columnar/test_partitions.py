@@ -323,3 +323,50 @@ def test_a_split_table_keeps_its_lower_partitions_in_memory(spill_dir, caplog, k
     in_memory, _, _ = _run(table, keys, AGGS, "512m")
     assert got.select(keys).equals(in_memory.select(keys))  # same order
     assert files_under(spill_dir) == []
+
+
+def test_a_split_table_folds_and_feeds_its_partitions_in_large_pieces(
+    spill_dir, monkeypatch
+) -> None:
+    """After a split most rows of a chunk are written per partition, and the partitions are
+    written with small buffers (the table keeps the memory): the chunks grow to the size the
+    input has once partitioned (if granted), and a partition's small batches are fed to its
+    aggregator together, not a few hundred rows per call (which made a 20 M-row run 2.5x
+    slower). Same groups as the reference, the budget held."""
+    import extagg.columnar.hash_aggregator as ha
+    import extagg.columnar.partition_files as pf
+
+    reads: list[int] = []
+    feeds: list[int] = []
+    read_block = pf.RunReader.read_block
+    update = ha.HashAggregator._update_columns
+
+    def counting_read(self, i):  # type: ignore[no-untyped-def]
+        block = read_block(self, i)
+        if "part-" in self.path:
+            reads.append(len(block))
+        return block
+
+    def counting_update(self, cols, n, enc=None, step=None):  # type: ignore[no-untyped-def]
+        if "/p" in self.name:
+            feeds.append(n)
+        return update(self, cols, n, enc, step)
+
+    monkeypatch.setattr(pf.RunReader, "read_block", counting_read)
+    monkeypatch.setattr(ha.HashAggregator, "_update_columns", counting_update)
+    table = _int_table(400_000, 150_000, seed=12)
+    with HashAggregator(["k"], AGGS, memory="6m", spill_dirs=[str(spill_dir)]) as agg:
+        first_chunk_rows = None
+        for start in range(0, table.num_rows, 20_000):
+            agg.update(table.slice(start, 20_000))
+            if first_chunk_rows is None:
+                first_chunk_rows = agg.table_state.chunk_rows
+        assert 0 < agg.table_state.resident_parts < 16  # split
+        assert first_chunk_rows is not None
+        assert agg.table_state.chunk_rows > first_chunk_rows
+        got = pa.Table.from_batches(list(agg.results()), schema=agg.schema)
+        assert 0 < agg.metrics.peak_granted_bytes <= 6 << 20
+    assert reads and sum(feeds) == sum(reads)
+    assert len(feeds) * 4 <= len(reads), (len(feeds), len(reads))
+    _check(table, ["k"], AGGS, got)
+    assert files_under(spill_dir) == []
