@@ -30,6 +30,10 @@ from extagg.errors import InputError, QueryError
 __all__ = ["InputScan", "ScanProgress", "open_input", "parse_type", "row_bytes", "FORMATS"]
 
 log = logging.getLogger(__name__)
+#: a CSV key column is parsed as a dictionary when its first block holds at most one distinct
+#: value in this many rows, and at most :data:`CODED_SAMPLE_VALUES` values
+CODED_SAMPLE_RATIO = 16
+CODED_SAMPLE_VALUES = 1 << 12
 
 FORMATS = ("parquet", "csv", "tsv", "json", "ipc")
 _COMPRESSED = (".gz", ".zst", ".zstd", ".bz2")
@@ -81,8 +85,9 @@ class InputScan:
     readahead: int = 1
     #: bytes of CSV/JSON text parsed at once (one block becomes one batch)
     block_bytes: int = 1 << 22
-    #: string columns read from Parquet as dictionary arrays (codes and the values once, as
-    #: the file's dictionary pages hold them): the query's keys, grouped by their codes
+    #: string columns read as dictionary arrays, the query's keys, grouped by their codes:
+    #: from Parquet as the file's dictionary pages hold them (codes and the values once);
+    #: from CSV/TSV parsed so (see :meth:`few_distinct`)
     dictionary_columns: list[str] = field(default_factory=list)
     #: the columns the filter reads
     filter_columns: list[str] = field(default_factory=list)
@@ -120,14 +125,56 @@ class InputScan:
             if fmt == "parquet":
                 self.progress.row_groups_read += opts.get("row_groups", 0)
 
+    def few_distinct(self, columns: Sequence[str]) -> bool:
+        """Whether ``columns`` take few distinct values in the first block of the first text
+        file (at most one in :data:`CODED_SAMPLE_RATIO` of its rows each, and at most
+        :data:`CODED_SAMPLE_VALUES`): then parsing them as dictionaries is worth it (a few
+        codes per chunk instead of a string hashed per row). Keys whose values turn out many
+        later are decoded again by the aggregator, chunk by chunk."""
+        import pyarrow.compute as pc
+        import pyarrow.csv as pacsv
+
+        plain = [p for p in self._parts if "zstd" not in p[3]]
+        if not columns or not plain:
+            return False
+        path, dataset, fmt, _opts = plain[0]
+        base = dataset.format.default_fragment_scan_options
+        read = base.read_options
+        try:  # the first block only (a dataset scan of a text file parses ahead)
+            with pacsv.open_csv(
+                pa.input_stream(path, compression="detect"),
+                read_options=pacsv.ReadOptions(
+                    block_size=self.block_bytes, column_names=read.column_names,
+                    autogenerate_column_names=read.autogenerate_column_names,
+                    skip_rows=read.skip_rows, encoding=read.encoding,
+                ),
+                parse_options=dataset.format.parse_options,
+                convert_options=_convert_options(base.convert_options, include=columns),
+            ) as reader:  # fmt: skip
+                batch = next(iter(reader), None)
+        except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+            raise self._read_error(path, dataset, fmt, exc) from exc
+        if batch is None or batch.num_rows == 0:
+            return False
+        most = min(CODED_SAMPLE_VALUES, batch.num_rows // CODED_SAMPLE_RATIO)
+        return all(
+            pc.count_distinct(batch.column(name), mode="all").as_py() <= most for name in columns
+        )
+
     def _fragment_batches(self, dataset: Any, fmt: str) -> Iterator[pa.RecordBatch]:
         """One fragment (row group, text file) at a time: a scan of the whole dataset decodes
         fragments ahead into Arrow's pool as fast as it can read them, without bound when the
         aggregation is the slower side (245 MiB at a 16 MiB budget on TPC-H Q1)."""
-        options = _text_scan_options(fmt, dataset.format, self.block_bytes)
+        schema = dataset.schema
+        coded = [n for n in self.dictionary_columns if n in schema.names]
+        if fmt in ("csv", "tsv") and coded:  # key strings parsed straight into dictionaries
+            for name in coded:
+                i = schema.get_field_index(name)
+                schema = schema.set(i, schema.field(i).with_type(_coded_type(schema.field(i))))
+        options = _text_scan_options(fmt, dataset.format, self.block_bytes, schema, coded)
         for fragment in dataset.get_fragments():
             yield from fragment.to_batches(
-                schema=dataset.schema, columns=self.columns, filter=self.filter,
+                schema=schema, columns=self.columns, filter=self.filter,
                 batch_size=self.batch_rows, batch_readahead=0, fragment_readahead=0,
                 fragment_scan_options=options, use_threads=True,
             )  # fmt: skip
@@ -326,15 +373,49 @@ def _prefetched(batches: Iterator[Any], ahead: int) -> Iterator[Any]:
         thread.join()
 
 
-def _text_scan_options(fmt: str, file_format: Any, block_bytes: int) -> Any:
-    """Scan options that parse CSV/JSON text ``block_bytes`` at a time (``None``: defaults)."""
+def _convert_options(
+    convert: Any, types: dict[str, pa.DataType] | None = None, include: Sequence[str] = ()
+) -> Any:
+    """``convert`` (CSV conversion options) with more column ``types`` and, if given, only
+    the columns ``include``."""
+    import pyarrow.csv as pacsv
+
+    return pacsv.ConvertOptions(
+        check_utf8=convert.check_utf8, column_types={**convert.column_types, **(types or {})},
+        null_values=convert.null_values, true_values=convert.true_values,
+        false_values=convert.false_values, strings_can_be_null=convert.strings_can_be_null,
+        quoted_strings_can_be_null=convert.quoted_strings_can_be_null,
+        timestamp_parsers=convert.timestamp_parsers, decimal_point=convert.decimal_point,
+        include_columns=list(include) or convert.include_columns,
+        include_missing_columns=convert.include_missing_columns,
+    )  # fmt: skip
+
+
+def _coded_type(f: pa.Field) -> pa.DataType:
+    """The dictionary type a CSV key column of ``f``'s type is parsed into."""
+    return pa.dictionary(pa.int32(), f.type)
+
+
+def _text_scan_options(
+    fmt: str,
+    file_format: Any,
+    block_bytes: int,
+    schema: pa.Schema | None = None,
+    coded: Sequence[str] = (),
+) -> Any:
+    """Scan options that parse CSV/JSON text ``block_bytes`` at a time (``None``: defaults);
+    the CSV columns ``coded`` parsed as dictionaries (their type in ``schema``)."""
     if fmt in ("csv", "tsv"):
         import pyarrow.csv as pacsv
 
         base = file_format.default_fragment_scan_options
         read = base.read_options
+        convert = base.convert_options
+        if coded and schema is not None:
+            types = {name: schema.field(name).type for name in coded}
+            convert = _convert_options(convert, types=types)
         return ds.CsvFragmentScanOptions(
-            convert_options=base.convert_options,
+            convert_options=convert,
             read_options=pacsv.ReadOptions(
                 block_size=block_bytes, column_names=read.column_names,
                 autogenerate_column_names=read.autogenerate_column_names,

@@ -307,10 +307,12 @@ class _ScanMemory(MemoryConsumer):
 
 
 def _dictionary_keys(scan: InputScan, keys: Sequence[str]) -> list[str]:
-    """The string key columns a Parquet scan reads as dictionary arrays: the columnar engine
-    groups them by their codes (see :mod:`extagg.columnar.coded_keys`). Not those the filter
-    reads (it compares plain values)."""
-    if scan.format != "parquet":
+    """The string key columns a Parquet or CSV scan reads as dictionary arrays: the columnar
+    engine groups them by their codes (see :mod:`extagg.columnar.coded_keys`). Not those the
+    filter reads (it compares plain values). From CSV only when every key is such a column
+    and a sample shows them few (:meth:`InputScan.few_distinct`): the codes are then used,
+    and a text parser's dictionaries are built per block, unlike Parquet's stored ones."""
+    if scan.format not in ("parquet", "csv", "tsv"):
         return []
     filtered = set(scan.filter_columns)
     out = []
@@ -318,6 +320,8 @@ def _dictionary_keys(scan: InputScan, keys: Sequence[str]) -> list[str]:
         t = scan.schema.field(name).type
         if (pa.types.is_string(t) or pa.types.is_binary(t)) and name not in filtered:
             out.append(name)
+    if scan.format != "parquet" and (len(out) < len(keys) or not scan.few_distinct(out)):
+        return []
     return out
 
 
