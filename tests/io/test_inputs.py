@@ -352,3 +352,19 @@ def test_csv_string_keys_with_few_values_are_parsed_as_codes(tmp_path):
             for key, v in reference(want_table, by).items()
         }
         assert_same(as_dict(got.read_all(), by), want)
+
+
+def test_csv_keys_in_hive_folders_and_the_folder_key(tmp_path):
+    """Hive-partitioned CSV: a text key with few values is grouped by codes beside the folder
+    key, which comes from the folder names (never sampled from the text): same answers as
+    pandas."""
+    import pyarrow.compute as pc
+
+    table = sample_table(6_000)
+    table = table.append_column("t", pc.binary_join_element_wise(table["s"], "-", ""))
+    ds.write_dataset(
+        table, tmp_path / "hive", format="csv", partitioning=["s"], partitioning_flavor="hive"
+    )
+    for by in (["s"], ["t"], ["s", "t"]):
+        got = extagg.aggregate_files(str(tmp_path / "hive"), by=by, aggs=AGGS, memory="4m")
+        assert_same(as_dict(got.read_all(), by), reference(table, by))
