@@ -236,13 +236,23 @@ def test_string_view_columns_are_read_as_strings(tmp_path):
     assert got == {"a": 4}
 
 
+def _scanned_types(source, by, where=None) -> dict:
+    """The column types of the first batch a planned query's scan reads."""
+    from extagg.io.run import plan_query
+
+    query = plan_query(source, by=by, aggs=AGGS, where=where)
+    try:
+        query.run()  # plans the dictionary columns, then reads
+        return {f.name: f.type for f in next(iter(query.scan.batches())).schema}
+    finally:
+        query.close()
+
+
 def test_parquet_string_keys_are_read_as_codes(tmp_path):
     """String keys with small dictionary pages come as dictionary arrays (the engine groups
     them by codes); a key whose writer gave up on the dictionary (a large page), and one the
     filter reads, come as plain strings. Same answers as pandas either way."""
     import numpy as np
-
-    from extagg.io.run import plan_query
 
     rng = np.random.default_rng(3)
     n = 60_000
@@ -260,12 +270,7 @@ def test_parquet_string_keys_are_read_as_codes(tmp_path):
     pq.write_table(table, path, row_group_size=20_000)
 
     def scanned_types(by, where=None):
-        query = plan_query(path, by=by, aggs=AGGS, where=where)
-        try:
-            query.run()  # plans the dictionary columns, then reads
-            return {f.name: f.type for f in next(iter(query.scan.batches())).schema}
-        finally:
-            query.close()
+        return _scanned_types(path, by, where)
 
     types = scanned_types(["f", "g", "u"])
     assert pa.types.is_dictionary(types["f"]) and pa.types.is_dictionary(types["g"])
@@ -293,8 +298,6 @@ def test_csv_string_keys_with_few_values_are_parsed_as_codes(tmp_path):
     import numpy as np
     import pyarrow.compute as pc
 
-    from extagg.io.run import plan_query
-
     rng = np.random.default_rng(5)
     n = 120_000
     early = 100_000  # the first block (4 MiB, ~70 k rows) holds only these
@@ -317,12 +320,7 @@ def test_csv_string_keys_with_few_values_are_parsed_as_codes(tmp_path):
         dst.write(src.read())
 
     def scanned_types(by, where=None, source=path):
-        query = plan_query(source, by=by, aggs=AGGS, where=where)
-        try:
-            query.run()  # plans the dictionary columns, then reads
-            return {f.name: f.type for f in next(iter(query.scan.batches())).schema}
-        finally:
-            query.close()
+        return _scanned_types(source, by, where)
 
     types = scanned_types(["f", "g"])
     assert pa.types.is_dictionary(types["f"]) and pa.types.is_dictionary(types["g"])
