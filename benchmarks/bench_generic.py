@@ -4,9 +4,12 @@ A sum of float values over ``(key, value)`` records: 20 M records over 1 M full-
 (every one outside ±2**61, where Python's ``hash(x) != x``) and 5 M records over 1 M short
 strings (``user_123``), plus the older 10 M-record workloads (1 M and 5 M int keys below 2**48,
 2 M strings ``key-%012x``), fed to every engine by the same generator (records made chunk by
-chunk from seeded NumPy; no input list is held). ``extagg`` and ``merger`` fold with the same
-Python lambdas (``lambda v: v``, ``lambda c, v: c + v``): the general path. ``extagg-typed`` is
-``Aggregator.reducing(operator.add)``, which the map folds in compiled code (its typed path). Each engine runs in memory (a budget nothing
+chunk from seeded NumPy; no input list is held). ``extagg`` and ``merger`` are given the same
+Python lambdas (``lambda v: v``, ``lambda c, v: c + v``, ``lambda a, b: a + b``), which extagg
+recognises by their code as a sum (``extagg.function_code``) and folds in compiled code (its
+typed path); ``extagg-general`` is the same with ``typed_path=False``: every record calls the
+lambdas, what any other Python combiner costs. ``extagg-typed`` is
+``Aggregator.reducing(operator.add)``. Each engine runs in memory (a budget nothing
 reaches) and at a small budget that makes both spilling engines spill. ``ExternalMerger``
 compares its limit with the whole process RSS, so it gets the budget above the child's RSS at
 the start of the timed block. Every run is a fresh process (see ``_harness``): one untimed
@@ -77,8 +80,8 @@ QUICK_WORKLOADS: dict[str, dict[str, Any]] = {
     "int-5M": {"records": 200_000, "distinct": 100_000, "kind": "int", "spill": 8 * H.MIB},
     "str-2M": {"records": 200_000, "distinct": 40_000, "kind": "str", "spill": 8 * H.MIB},
 }
-ENGINES = ("extagg", "extagg-typed", "merger", "dict", "feed")
-SPILLING_ENGINES = ("extagg", "extagg-typed", "merger")
+ENGINES = ("extagg", "extagg-general", "extagg-typed", "merger", "dict", "feed")
+SPILLING_ENGINES = ("extagg", "extagg-general", "extagg-typed", "merger")
 #: workloads a full run measures unless ``--workloads`` says otherwise: issue 11's two, scaled
 #: down so that a default run (fresh processes and the interleaved table) takes ~10 minutes
 DEFAULT_WORKLOADS = ("int64-125k", "user-250k")
@@ -128,13 +131,22 @@ LAMBDAS = (lambda v: v, lambda c, v: c + v, lambda a, b: a + b)
 
 
 def run_extagg(
-    stream: Iterator[tuple[Any, float]], budget: int, force: int | None = None, typed: bool = False
+    stream: Iterator[tuple[Any, float]],
+    budget: int,
+    force: int | None = None,
+    typed: bool = False,
+    general: bool = False,
 ) -> dict:
+    """``typed``: ``Aggregator.reducing(operator.add)``; else the lambdas, which extagg
+    recognises as that (``extagg.function_code``) unless ``general`` turns the typed path off:
+    then every record calls them, what any other Python combiner costs."""
     from extagg import Aggregator, ExternalAppendOnlyMap
 
     groups, total = 0, 0.0
     aggregator = Aggregator.reducing(operator.add) if typed else Aggregator(*LAMBDAS)
-    with ExternalAppendOnlyMap(aggregator, memory=budget, force_spill_every=force) as m:
+    with ExternalAppendOnlyMap(
+        aggregator, memory=budget, force_spill_every=force, typed_path=not general
+    ) as m:
         m.insert_all(stream)
         peak_after_insert = H.peak_rss()  # where the peak came: folding or merging
         typed_path = type(m._map).__name__ == "TypedReduceMap"
@@ -210,9 +222,14 @@ def run_extagg_typed(stream: Iterator[tuple[Any, float]], budget: int) -> dict:
     return run_extagg(stream, budget, typed=True)
 
 
+def run_extagg_general(stream: Iterator[tuple[Any, float]], budget: int) -> dict:
+    return run_extagg(stream, budget, general=True)
+
+
 RUNNERS = {
     "extagg": run_extagg,
     "extagg-typed": run_extagg_typed,
+    "extagg-general": run_extagg_general,
     "merger": run_merger,
     "dict": run_dict,
     "feed": run_feed,
@@ -220,7 +237,7 @@ RUNNERS = {
 
 
 #: engine → runner of the interleaved comparison (``mode`` chooses the budget)
-INTERLEAVED_ENGINES = ("merger", "extagg", "extagg-typed", "dict", "feed")
+INTERLEAVED_ENGINES = ("merger", "extagg", "extagg-general", "extagg-typed", "dict", "feed")
 
 
 def interleaved(case: dict[str, Any]) -> dict[str, Any]:
@@ -229,7 +246,7 @@ def interleaved(case: dict[str, Any]) -> dict[str, Any]:
     rounds, spill = case["rounds"], case["spill"]
     prime = records(PRIME_RECORDS, PRIME_RECORDS // 10, case["kind"], seed=SEED + 1)
     run_extagg(prime, spill, force=PRIME_RECORDS // 4, typed=True)
-    run_extagg(records(PRIME_RECORDS, PRIME_RECORDS // 10, case["kind"]), spill, typed=False)
+    run_extagg(records(PRIME_RECORDS, PRIME_RECORDS // 10, case["kind"]), spill, general=True)
     out: dict[str, Any] = {}
     for _ in range(rounds):
         for mode, budget in (("in memory", IN_MEMORY_BUDGET), ("spilling", spill)):
@@ -270,25 +287,28 @@ def interleaved_table(results: dict[str, dict[str, Any]], rounds: int) -> str:
                 f"{H.format_bytes(spec['spill'])})",
                 ratio("merger", "extagg", "in memory", 1.2),
                 ratio("merger", "extagg", "spilling", 2.0),
+                ratio("merger", "extagg-general", "in memory"),
+                ratio("merger", "extagg-general", "spilling"),
                 ratio("dict", "extagg-typed", "in memory", 1.0),
                 ratio("merger", "extagg-typed", "spilling"),
                 ratio("dict", "extagg", "in memory"),
                 " / ".join(
                     str(cells[f"{e}|spilling"]["spills"])
-                    for e in ("extagg", "extagg-typed", "merger")
+                    for e in ("extagg", "extagg-general", "extagg-typed", "merger")
                 ),
                 ", ".join(
                     f"{e} {med(e, 'in memory'):.2f}"
-                    for e in ("merger", "extagg", "extagg-typed", "dict", "feed")
+                    for e in ("merger", "extagg", "extagg-general", "extagg-typed", "dict", "feed")
                 ),
                 ", ".join(f"{x:.1f}" for x in res["load_average"]),
             ]
         )
     headers = [
         "workload (records / keys, spilling budget)", "in memory: merger / extagg (target ≥ 1.2)",
-        "both spill: merger / extagg (target ≥ 2)", "dict / extagg-typed (target ≥ 1)",
-        "both spill: merger / extagg-typed", "dict / extagg", "spills extagg / typed / merger",
-        "CPU s in memory (medians)", "load at end",
+        "both spill: merger / extagg (target ≥ 2)", "in memory: merger / extagg-general",
+        "both spill: merger / extagg-general", "dict / extagg-typed (target ≥ 1)",
+        "both spill: merger / extagg-typed", "dict / extagg",
+        "spills extagg / general / typed / merger", "CPU s in memory (medians)", "load at end",
     ]  # fmt: skip
     return "\n".join(
         [
@@ -314,7 +334,13 @@ def child(case: dict[str, Any]) -> dict[str, Any]:
     budget = case["budget"]
     prime = records(PRIME_RECORDS, max(1, PRIME_RECORDS // 10), case["kind"], seed=SEED + 1)
     if case["engine"].startswith("extagg"):  # loads the spill and merge paths
-        run_extagg(prime, budget, force=PRIME_RECORDS // 4, typed=case["engine"] != "extagg")
+        run_extagg(
+            prime,
+            budget,
+            force=PRIME_RECORDS // 4,
+            typed=case["engine"] == "extagg-typed",
+            general=case["engine"] == "extagg-general",
+        )
     else:
         run(prime, budget)
     stream = records(case["records"], case["distinct"], case["kind"])
@@ -412,17 +438,20 @@ def target_rows(results: list[dict[str, Any]], workloads: list[str]) -> list[lis
             None,
         )
         peaks = []
-        for engine in ("extagg", "extagg-typed"):
+        for engine in ("extagg", "extagg-general", "extagg-typed"):
             peak = med(engine, "spilling", "peak_above_baseline")
             if peak is not None and budget:
                 mark = " ✅" if peak <= 1.25 * budget else " ❌"
                 peaks.append(f"{engine}: {peak / budget:.2f}×{mark}")
-        spills = [med(e, "spilling", "spills") for e in ("extagg", "extagg-typed", "merger")]
+        engines = ("extagg", "extagg-general", "extagg-typed", "merger")
+        spills = [med(e, "spilling", "spills") for e in engines]
         rows.append(
             [
                 w,
                 ratio(med("merger", "in memory"), med("extagg", "in memory"), 1.2),
                 ratio(med("merger", "spilling"), med("extagg", "spilling"), 2.0),
+                ratio(med("merger", "in memory"), med("extagg-general", "in memory")),
+                ratio(med("merger", "spilling"), med("extagg-general", "spilling")),
                 ratio(med("dict", "in memory"), med("extagg-typed", "in memory"), 1.0),
                 ratio(med("merger", "spilling"), med("extagg-typed", "spilling")),
                 ratio(med("dict", "in memory"), med("extagg", "in memory")),
@@ -440,8 +469,10 @@ def render(results: list[dict[str, Any]], workloads: list[str], info: dict[str, 
     ]  # fmt: skip
     targets = [
         "workload", "in memory: merger / extagg (target ≥ 1.2)",
-        "both spill: merger / extagg (target ≥ 2)", "dict / extagg-typed (target ≥ 1)",
-        "both spill: merger / extagg-typed", "dict / extagg", "spills extagg / typed / merger",
+        "both spill: merger / extagg (target ≥ 2)", "in memory: merger / extagg-general",
+        "both spill: merger / extagg-general", "dict / extagg-typed (target ≥ 1)",
+        "both spill: merger / extagg-typed", "dict / extagg",
+        "spills extagg / general / typed / merger",
         "peak RSS above baseline / budget (target ≤ 1.25)",
     ]  # fmt: skip
     load = ", ".join(f"{x:.1f}" for x in info["load_average"])

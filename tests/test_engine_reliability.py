@@ -37,6 +37,7 @@ from extagg.memory import UnifiedMemoryManager, task_memory_manager
 
 from .conftest import files_under
 
+#: a sum as PySpark jobs write it, used with ``typed_path=False``: the general path
 SUM = Aggregator(lambda v: v, lambda c, v: c + v, lambda a, b: a + b)
 
 
@@ -104,7 +105,9 @@ def test_a_bad_key_keeps_the_records_before_it_and_names_its_index(
     pairs = [(i % 700, 1) for i in range(3000)]
     pairs[0] = (7, 1)  # EqRaises hashes like 7: comparing it with the stored 7 raises
     pairs[position] = (bad, 1)
-    emap = ExternalAppendOnlyMap(SUM, memory="16m", spill_dirs=[spill_dir], force_spill_every=every)
+    emap = ExternalAppendOnlyMap(
+        SUM, typed_path=False, memory="16m", spill_dirs=[spill_dir], force_spill_every=every
+    )
     with pytest.raises(BadKeyError, match=f"record {position}:") as err:
         emap.insert_all(iter(pairs))
     assert isinstance(err.value, TypeError) and err.value.index == position
@@ -131,7 +134,7 @@ def test_a_combiner_error_keeps_the_records_before_it(spill_dir):
 
 
 def test_a_bad_pair_keeps_the_records_before_it(spill_dir):
-    emap = ExternalAppendOnlyMap(SUM, memory="16m", spill_dirs=[spill_dir])
+    emap = ExternalAppendOnlyMap(SUM, typed_path=False, memory="16m", spill_dirs=[spill_dir])
     with pytest.raises(TypeError, match="record 1100 is an item of type tuple"):
         emap.insert_all([*((i, 1) for i in range(1100)), (1, 2, 3), (5, 1)])
     assert emap.metrics.records_read == 1100
@@ -188,7 +191,12 @@ keys = st.one_of(scalars, st.tuples(scalars, scalars), st.tuples(st.tuples(nans,
 )
 def test_keys_group_the_same_before_and_after_spills(spill_dir, pairs, every, ordered):
     emap = ExternalAppendOnlyMap(
-        SUM, memory="16m", spill_dirs=[spill_dir], force_spill_every=every, batch_size=8
+        SUM,
+        typed_path=False,
+        memory="16m",
+        spill_dirs=[spill_dir],
+        force_spill_every=every,
+        batch_size=8,
     )
     with emap:
         emap.insert_all(pairs)
@@ -205,14 +213,16 @@ def test_keys_group_the_same_before_and_after_spills(spill_dir, pairs, every, or
 
 def test_nan_keys_are_one_group_after_a_spill(spill_dir):
     nan = float("nan")
-    emap = ExternalAppendOnlyMap(SUM, memory="16m", spill_dirs=[spill_dir], force_spill_every=2)
+    emap = ExternalAppendOnlyMap(
+        SUM, typed_path=False, memory="16m", spill_dirs=[spill_dir], force_spill_every=2
+    )
     emap.insert_all([(nan, 1), (nan, 1), (float("nan"), 1), ((1, nan), 1), ((1, nan), 1), (0, 0)])
     out = list(emap.iterator())
     assert sorted(c for k, c in out) == [0, 2, 3]
 
 
 def test_keys_compared_by_identity_are_rejected_at_insert(spill_dir):
-    emap = ExternalAppendOnlyMap(SUM, memory="16m", spill_dirs=[spill_dir])
+    emap = ExternalAppendOnlyMap(SUM, typed_path=False, memory="16m", spill_dirs=[spill_dir])
     with pytest.raises(BadKeyError, match="record 3: keys of type ByIdentity compare by identity"):
         emap.insert_all([(1, 1), (2, 1), (3, 1), (ByIdentity(), 1), (4, 1)])
     with pytest.raises(BadKeyError, match="record 0:"):
@@ -273,7 +283,7 @@ def test_sigint_fuzzing_loses_nothing_and_applies_whole_chunks(spill_dir):
     rng = random.Random(15)
     data = [(rng.randrange(4000), rng.randrange(1, 4)) for _ in range(60_000)]
     emap = ExternalAppendOnlyMap(
-        SUM, memory="2m", spill_dirs=[spill_dir], force_spill_every=7000, fan_in=4
+        SUM, typed_path=False, memory="2m", spill_dirs=[spill_dir], force_spill_every=7000, fan_in=4
     )
     interrupted = 0
     with Interrupter(seed=1, low=0.0005, high=0.004) as fuzz:
@@ -354,7 +364,9 @@ def test_interrupt_while_a_failed_spill_is_put_back_loses_nothing(spill_dir, mon
         return real_after_update(self, n)
 
     pairs = [(i % 3000, 1) for i in range(20_000)]
-    emap = ExternalAppendOnlyMap(SUM, memory="16m", spill_dirs=[spill_dir], force_spill_every=9000)
+    emap = ExternalAppendOnlyMap(
+        SUM, typed_path=False, memory="16m", spill_dirs=[spill_dir], force_spill_every=9000
+    )
     emap.insert_all(pairs[:9000])
     monkeypatch.setattr(runfile, "open_for_writing", lambda path: InterruptedFile(path, 1 << 30))
     monkeypatch.setattr(SizeTracker, "after_update", after_update)
@@ -380,7 +392,9 @@ def test_interrupt_during_the_destructive_sort_leaves_a_usable_map(spill_dir, mo
         return real_sort(hashes)
 
     pairs = [(i % 2500, 1) for i in range(12_000)]
-    emap = ExternalAppendOnlyMap(SUM, memory="16m", spill_dirs=[spill_dir], force_spill_every=5000)
+    emap = ExternalAppendOnlyMap(
+        SUM, typed_path=False, memory="16m", spill_dirs=[spill_dir], force_spill_every=5000
+    )
     monkeypatch.setattr(_kernels, "stable_argsort_u64", sort_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
         emap.insert_all(pairs)
@@ -440,7 +454,7 @@ def test_peak_memory_of_a_huge_value_is_within_30_percent(spill_dir):
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        emap = ExternalAppendOnlyMap(SUM, memory="4g", spill_dirs=[spill_dir])
+        emap = ExternalAppendOnlyMap(SUM, typed_path=False, memory="4g", spill_dirs=[spill_dir])
         emap.insert("huge", b"x" * big)
         emap.insert_all((i, i) for i in range(1000, 3000))
         held = tracemalloc.get_traced_memory()[0] - before
@@ -455,7 +469,9 @@ def test_peak_memory_of_a_huge_value_is_within_30_percent(spill_dir):
 def test_a_huge_record_missed_by_the_sample_fails_at_its_spill(spill_dir):
     """Among many entries the size sample may miss one huge record; its spill then shows that
     the merge could never hold it, and the map says so at once."""
-    emap = ExternalAppendOnlyMap(SUM, memory="32m", spill_dirs=[spill_dir], force_spill_every=1024)
+    emap = ExternalAppendOnlyMap(
+        SUM, typed_path=False, memory="32m", spill_dirs=[spill_dir], force_spill_every=1024
+    )
     pairs = [(i, 1) for i in range(1000)] + [("huge", b"x" * (6 << 20))] + [(-1, 1)] * 23
     with pytest.raises(MemoryLimitError, match="merging it will need"):
         emap.insert_all(pairs + [(i, 1) for i in range(1024)])
@@ -469,7 +485,7 @@ def test_a_huge_record_missed_by_the_sample_fails_at_its_spill(spill_dir):
 
 
 def test_a_record_larger_than_the_budget_fails_when_inserted(spill_dir):
-    emap = ExternalAppendOnlyMap(SUM, memory="64m", spill_dirs=[spill_dir])
+    emap = ExternalAppendOnlyMap(SUM, typed_path=False, memory="64m", spill_dirs=[spill_dir])
     emap.insert_all((i, 1) for i in range(50))
     with pytest.raises(MemoryLimitError, match=r"key 'huge' holds 9\d\.\d MiB .* budget of 64"):
         emap.insert_all([("huge", b"x" * (96 << 20)), (1, 1)])
@@ -507,7 +523,7 @@ def test_a_dropped_engine_releases_files_and_grant_without_the_cyclic_gc(spill_d
     tmm = task_memory_manager(UnifiedMemoryManager(max_memory="64m"), f"dropped-{engine}")
     if engine == "map":
         emap = ExternalAppendOnlyMap(
-            SUM, memory_manager=tmm, spill_dirs=[spill_dir], force_spill_every=500
+            SUM, typed_path=False, memory_manager=tmm, spill_dirs=[spill_dir], force_spill_every=500
         )
         emap.insert_all((i, 1) for i in range(2000))
     else:
@@ -535,7 +551,7 @@ def test_a_dropped_engine_releases_files_and_grant_without_the_cyclic_gc(spill_d
 
 def test_both_engines_raise_usage_error_after_close_and_after_iteration(spill_dir):
     for used_up in ("close", "iterate"):
-        emap = ExternalAppendOnlyMap(SUM, memory="16m", spill_dirs=[spill_dir])
+        emap = ExternalAppendOnlyMap(SUM, typed_path=False, memory="16m", spill_dirs=[spill_dir])
         emap.insert(1, 1)
         agg = HashAggregator("k", {"n": ("*", "count")}, memory="16m", spill_dirs=[spill_dir])
         agg.update(pa.record_batch({"k": np.arange(5)}))

@@ -43,6 +43,8 @@ class CollidingStr(str):
         return 42
 
 
+#: a sum written as PySpark jobs write it; these tests pass ``typed_path=False`` with it (the
+#: general path: extagg.function_code recognises these lambdas and would fold them compiled)
 SUM = Aggregator(lambda v: v, lambda c, v: c + v, lambda a, b: a + b)
 
 
@@ -58,6 +60,7 @@ def reference(pairs, agg=SUM):
 
 
 def run(pairs, agg=SUM, **options):
+    options.setdefault("typed_path", False)  # SUM's lambdas would fold on the typed path
     with ExternalAppendOnlyMap(agg, **options) as emap:
         emap.insert_all(pairs)
         result = list(emap.iterator())
@@ -147,7 +150,7 @@ def test_output_order_is_deterministic(spill_dir):
     for every in (None, 100):
         for ordered in (False, True):
             emap = ExternalAppendOnlyMap(
-                SUM, memory="16m", spill_dirs=[spill_dir], force_spill_every=every
+                SUM, typed_path=False, memory="16m", spill_dirs=[spill_dir], force_spill_every=every
             )
             emap.insert_all(pairs)
             result = list(emap.iterator(ordered=ordered))
@@ -229,7 +232,9 @@ def test_real_budget_spills_without_the_knob(spill_dir, caplog):
 
 
 def test_iterator_is_destructive_and_single_use(spill_dir):
-    emap = ExternalAppendOnlyMap(SUM, memory="16m", spill_dirs=[spill_dir], force_spill_every=3)
+    emap = ExternalAppendOnlyMap(
+        SUM, typed_path=False, memory="16m", spill_dirs=[spill_dir], force_spill_every=3
+    )
     emap.insert_all((i, 1) for i in range(10))
     it = emap.iterator()
     assert len(list(it)) == 10
@@ -242,7 +247,7 @@ def test_iterator_is_destructive_and_single_use(spill_dir):
 
 
 def test_iter_protocol(spill_dir):
-    with ExternalAppendOnlyMap(SUM, memory="16m", spill_dirs=[spill_dir]) as emap:
+    with ExternalAppendOnlyMap(SUM, typed_path=False, memory="16m", spill_dirs=[spill_dir]) as emap:
         emap.insert("a", 1)
         emap.insert("a", 2)
         assert dict(emap) == {"a": 3}
@@ -250,7 +255,9 @@ def test_iter_protocol(spill_dir):
 
 def shared_map(spill_dir, **options):
     mm = UnifiedMemoryManager(max_memory="64m")
-    emap = ExternalAppendOnlyMap(SUM, memory_manager=mm, spill_dirs=[spill_dir], **options)
+    emap = ExternalAppendOnlyMap(
+        SUM, typed_path=False, memory_manager=mm, spill_dirs=[spill_dir], **options
+    )
     other = MemoryConsumer(task_memory_manager(mm))
     return emap, other
 
@@ -303,7 +310,7 @@ def test_forced_spill_during_iteration_drops_the_map(spill_dir):
 
 
 def test_unhashable_key_names_its_type(spill_dir):
-    with ExternalAppendOnlyMap(SUM, memory="16m", spill_dirs=[spill_dir]) as emap:
+    with ExternalAppendOnlyMap(SUM, typed_path=False, memory="16m", spill_dirs=[spill_dir]) as emap:
         with pytest.raises(TypeError, match="list"):
             emap.insert([1, 2], 1)
         with pytest.raises(TypeError, match="dict"):
@@ -312,7 +319,7 @@ def test_unhashable_key_names_its_type(spill_dir):
 
 def test_bad_records_are_reported(spill_dir):
     with (
-        ExternalAppendOnlyMap(SUM, memory="16m", spill_dirs=[spill_dir]) as emap,
+        ExternalAppendOnlyMap(SUM, typed_path=False, memory="16m", spill_dirs=[spill_dir]) as emap,
         pytest.raises(TypeError, match="pairs"),
     ):
         emap.insert_all([(1, 2, 3)])
@@ -333,7 +340,9 @@ def test_disk_full_raises_names_directory_and_map_stops_taking_input(spill_dir, 
 
     from .spill.test_runfile import FullDisk
 
-    emap = ExternalAppendOnlyMap(SUM, memory="16m", spill_dirs=[spill_dir], force_spill_every=100)
+    emap = ExternalAppendOnlyMap(
+        SUM, typed_path=False, memory="16m", spill_dirs=[spill_dir], force_spill_every=100
+    )
     emap.insert_all((i, 1) for i in range(100))
     monkeypatch.setattr(runfile, "open_for_writing", lambda path: FullDisk(path, 50))
     with pytest.raises(SpillError) as err:
@@ -366,7 +375,7 @@ def test_disk_full_in_a_forced_spill_during_iteration_loses_nothing(
     tmm = task_memory_manager(UnifiedMemoryManager(max_memory="64m"), "full")
     other = MemoryConsumer(tmm, "other")
     with ExternalAppendOnlyMap(
-        SUM, memory_manager=tmm, spill_dirs=[spill_dir], batch_size=500
+        SUM, typed_path=False, memory_manager=tmm, spill_dirs=[spill_dir], batch_size=500
     ) as emap:
         emap.insert_all((k % 5000, 1) for k in range(10_000))
         it = emap.iterator(ordered=ordered)
@@ -383,7 +392,9 @@ def test_disk_full_in_a_forced_spill_during_iteration_loses_nothing(
 
 
 def test_corrupt_run_file_raises_corrupt_file_error(spill_dir):
-    emap = ExternalAppendOnlyMap(SUM, memory="16m", spill_dirs=[spill_dir], force_spill_every=500)
+    emap = ExternalAppendOnlyMap(
+        SUM, typed_path=False, memory="16m", spill_dirs=[spill_dir], force_spill_every=500
+    )
     emap.insert_all((i, 1) for i in range(2000))
     victim = emap.spill_files[0]
     with open(victim, "r+b") as f:
@@ -398,7 +409,9 @@ def test_corrupt_run_file_raises_corrupt_file_error(spill_dir):
 
 
 def test_files_removed_after_exception_in_consumer_loop(spill_dir):
-    emap = ExternalAppendOnlyMap(SUM, memory="16m", spill_dirs=[spill_dir], force_spill_every=100)
+    emap = ExternalAppendOnlyMap(
+        SUM, typed_path=False, memory="16m", spill_dirs=[spill_dir], force_spill_every=100
+    )
     emap.insert_all((i, 1) for i in range(1000))
     assert files_under(spill_dir)
     with pytest.raises(ZeroDivisionError):
@@ -427,7 +440,9 @@ def test_keyboard_interrupt_in_the_middle_of_a_merge_cleans_up(spill_dir):
 
 
 def test_garbage_collected_map_removes_its_files(spill_dir):
-    emap = ExternalAppendOnlyMap(SUM, memory="16m", spill_dirs=[spill_dir], force_spill_every=100)
+    emap = ExternalAppendOnlyMap(
+        SUM, typed_path=False, memory="16m", spill_dirs=[spill_dir], force_spill_every=100
+    )
     emap.insert_all((i, 1) for i in range(1000))
     assert files_under(spill_dir)
     del emap
@@ -437,7 +452,7 @@ def test_garbage_collected_map_removes_its_files(spill_dir):
 
 def test_close_releases_memory(spill_dir):
     mm = UnifiedMemoryManager(max_memory="64m")
-    emap = ExternalAppendOnlyMap(SUM, memory_manager=mm, spill_dirs=[spill_dir])
+    emap = ExternalAppendOnlyMap(SUM, typed_path=False, memory_manager=mm, spill_dirs=[spill_dir])
     emap.insert_all((i, i) for i in range(20_000))
     assert mm.execution_memory_used > 0
     emap.close()
@@ -446,11 +461,11 @@ def test_close_releases_memory(spill_dir):
 
 def test_bad_options_fail_clearly():
     with pytest.raises(ValueError, match="memory"):
-        ExternalAppendOnlyMap(SUM, memory="lots")
+        ExternalAppendOnlyMap(SUM, typed_path=False, memory="lots")
     with pytest.raises(TypeError, match="Aggregator"):
         ExternalAppendOnlyMap(lambda v: v)
     with pytest.raises(ValueError, match="batch_size"):
-        ExternalAppendOnlyMap(SUM, memory="1m", batch_size=0)
+        ExternalAppendOnlyMap(SUM, typed_path=False, memory="1m", batch_size=0)
 
 
 def test_same_output_whatever_pythonhashseed(tmp_path):
@@ -498,7 +513,9 @@ def test_two_threads_sharing_one_task_do_not_deadlock(spill_dir):
 
     def work(seed):
         try:
-            with ExternalAppendOnlyMap(SUM, memory_manager=tmm, spill_dirs=[spill_dir]) as emap:
+            with ExternalAppendOnlyMap(
+                SUM, typed_path=False, memory_manager=tmm, spill_dirs=[spill_dir]
+            ) as emap:
                 emap.insert_all(((i * 31 + seed) % 50_000, 1) for i in range(150_000))
                 results[seed] = dict(emap.iterator())
         except BaseException as exc:  # pragma: no cover - reported below
@@ -517,7 +534,7 @@ def test_two_threads_sharing_one_task_do_not_deadlock(spill_dir):
 
 def test_big_rows_are_spilled_in_small_batches_within_budget(spill_dir):
     pairs = ((f"{i:06d}" + "x" * 1800, 1) for i in range(6000))
-    with ExternalAppendOnlyMap(SUM, memory="2m", spill_dirs=[spill_dir]) as emap:
+    with ExternalAppendOnlyMap(SUM, typed_path=False, memory="2m", spill_dirs=[spill_dir]) as emap:
         emap.insert_all(pairs)
         assert emap.metrics.spill_count >= 2
         assert emap.runs.max_batch_bytes < 2 * 2**20 // 8
@@ -540,7 +557,9 @@ def test_forced_spill_from_another_thread_during_iteration_repeats_nothing(
     tmm = task_memory_manager(UnifiedMemoryManager(max_memory="256m"), "race")
     other = MemoryConsumer(tmm, "other")
     n = 20_000
-    emap = ExternalAppendOnlyMap(SUM, memory_manager=tmm, spill_dirs=[spill_dir], batch_size=500)
+    emap = ExternalAppendOnlyMap(
+        SUM, typed_path=False, memory_manager=tmm, spill_dirs=[spill_dir], batch_size=500
+    )
     emap.insert_all((k % n, 1) for k in range(2 * n))
     if spilled_before:
         emap.spill(1, other)

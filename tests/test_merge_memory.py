@@ -40,7 +40,9 @@ def test_merge_of_many_runs_stays_near_its_budget() -> None:
     for k, v in _records(n, distinct):
         reference[k] = reference.get(k, 0.0) + v
     m = ExternalAppendOnlyMap(
-        Aggregator(lambda v: v, lambda c, v: c + v, lambda a, b: a + b), memory=BUDGET
+        Aggregator(lambda v: v, lambda c, v: c + v, lambda a, b: a + b),
+        typed_path=False,
+        memory=BUDGET,
     )
     m.insert_all(_records(n, distinct))
     assert m.metrics.spill_count >= 20  # many runs, merged at once or in passes

@@ -267,7 +267,7 @@ def test_engine_results_identical_to_row_by_row_merge(
     aggregator = Aggregator(lambda v: v, lambda c, v: c + v, lambda a, b: a + b)
     options = dict(
         memory="16m", spill_dirs=[spill_dir], force_spill_every=every, batch_size=batch,
-        fan_in=fan_in,
+        fan_in=fan_in, typed_path=False,
     )  # fmt: skip
 
     def run():
@@ -314,6 +314,7 @@ def test_engine_takes_the_vectorised_paths_on_plain_keys(spill_dir, monkeypatch)
         pairs = list(zip(keys, rng.random(len(keys)).tolist()))
         with ExternalAppendOnlyMap(
             Aggregator(lambda v: v, lambda c, v: c + v, lambda a, b: a + b),
+            typed_path=False,
             memory="16m",
             spill_dirs=[spill_dir],
             force_spill_every=3_000,
@@ -349,6 +350,7 @@ def test_array_merge_stays_near_its_budget(spill_dir, kind):
     values = rng.random(len(keys)).tolist()
     with ExternalAppendOnlyMap(
         Aggregator(lambda v: v, lambda c, v: c + v, lambda a, b: a + b),
+        typed_path=False,
         memory=budget,
         spill_dirs=[spill_dir],
     ) as m:
@@ -381,6 +383,7 @@ def test_map_after_a_spill_is_presized_and_its_arrays_stay_granted(spill_dir):
     pairs = list(zip(keys.tolist(), [1.0] * len(keys)))
     with ExternalAppendOnlyMap(
         Aggregator(lambda v: v, lambda c, v: c + v, lambda a, b: a + b),
+        typed_path=False,
         memory="4m",
         spill_dirs=[spill_dir],
     ) as m:
@@ -400,6 +403,7 @@ def test_map_after_a_spill_is_presized_and_its_arrays_stay_granted(spill_dir):
     task = task_memory_manager(manager, "presize-test")
     emap = ExternalAppendOnlyMap(
         Aggregator(lambda v: v, lambda c, v: c + v, lambda a, b: a + b),
+        typed_path=False,
         memory_manager=task,
         spill_dirs=[spill_dir],
     )

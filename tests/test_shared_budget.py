@@ -17,6 +17,7 @@ from extagg.memory import UnifiedMemoryManager
 
 from .conftest import files_under
 
+#: a sum as PySpark jobs write it, used with ``typed_path=False``: the general path
 SUM = Aggregator(lambda v: v, lambda c, v: c + v, lambda a, b: a + b)
 MiB = 2**20
 #: the stated fixed overhead on top of budget x 1.25: allocator slack, merge and I/O buffers
@@ -25,7 +26,9 @@ FIXED_OVERHEAD = 48 * MiB
 
 def fold_in_thread(mm, spill_dir, seed, n, keys, results, metrics, errors):
     try:
-        emap = ExternalAppendOnlyMap(SUM, memory_manager=mm, spill_dirs=[spill_dir])
+        emap = ExternalAppendOnlyMap(
+            SUM, typed_path=False, memory_manager=mm, spill_dirs=[spill_dir]
+        )
         emap.insert_all((((i * 7919 + seed) % keys), 1) for i in range(n))
         results[seed] = dict(emap.iterator())
         metrics[seed] = emap.metrics

@@ -159,7 +159,13 @@ def test_stays_typed_on_fitting_records():
 
 def test_reduce_function():
     assert Aggregator.reducing(operator.add).reduce_function is operator.add
-    assert Aggregator(lambda v: v, operator.add, operator.add).reduce_function is None
+    # the identity and a + b written as lambdas are recognised by their code
+    assert Aggregator(lambda v: v, operator.add, operator.add).reduce_function is operator.add
+    lambdas = Aggregator(lambda v: v, lambda c, v: c + v, lambda a, b: a + b)
+    assert lambdas.reduce_function is operator.add
+    assert Aggregator(lambda v: v, max, max).reduce_function is max
+    assert Aggregator(lambda v: v, lambda c, v: c + v, max).reduce_function is None
+    assert Aggregator(lambda v: v + 0, operator.add, operator.add).reduce_function is None
 
 
 # ---------------------------------------------------------------------- kernels vs reference

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from extagg.function_code import computes_like, is_identity, is_plain_add
+
 __all__ = ["Aggregator"]
 
 V = TypeVar("V")
@@ -87,25 +89,50 @@ class Aggregator(Generic[V, C]):
         """``"count"`` for :meth:`counting`, ``"sum_count"`` for :meth:`sum_count`,
         ``"sum_count_merge"`` for ``Aggregator.reducing(Aggregator.sum_count().merge_combiners)``
         (the reduce side of a mean: it merges ``(sum, count)`` combiners), else ``None``; the
-        same functions, however the aggregator was built."""
+        same functions, however the aggregator was built, and the same computations written
+        as the lambdas PySpark jobs pass (``lambda v: 1``, ``lambda c, v: c + 1``, ``lambda a,
+        b: a + b``; ``lambda v: (v, 1)``, ... — see :mod:`extagg.function_code`)."""
         functions = (self.create_combiner, self.merge_value, self.merge_combiners)
-        if functions == (_count_create, _count_merge_value, operator.add):
+        if _same_code(functions, (_count_create, _count_merge_value, operator.add)):
             return "count"
-        if functions == (_sum_count_create, _sum_count_merge_value, _sum_count_merge_combiners):
+        if _same_code(
+            functions, (_sum_count_create, _sum_count_merge_value, _sum_count_merge_combiners)
+        ):
             return "sum_count"
         merge = _sum_count_merge_combiners
-        if functions == (_identity, merge, merge):
+        if _same_code(functions, (_identity, merge, merge)):
             return "sum_count_merge"
         return None
 
     @property
     def reduce_function(self) -> Callable[[Any, Any], Any] | None:
         """``func`` when this aggregator is ``Aggregator.reducing(func)`` (the identity creates
-        the combiner, ``func`` merges values and combiners), else ``None``. The generic engine
-        folds ``operator.add``, ``min`` and ``max`` over plain numbers in compiled code."""
-        if self.create_combiner is _identity and self.merge_value is self.merge_combiners:
+        the combiner, ``func`` merges values and combiners), else ``None``; an aggregator of
+        lambdas ``lambda v: v`` and ``lambda a, b: a + b`` (twice) is ``reducing(operator.add)``.
+        The generic engine folds ``operator.add``, ``min`` and ``max`` over plain numbers in
+        compiled code."""
+        if not is_identity(self.create_combiner):
+            return None
+        if self.merge_value is self.merge_combiners:
             return self.merge_value
+        if is_plain_add(self.merge_value) and is_plain_add(self.merge_combiners):
+            return operator.add
         return None
+
+
+def _same_code(
+    functions: tuple[Callable[..., Any], ...], references: tuple[Callable[..., Any], ...]
+) -> bool:
+    """Whether each function is its reference or computes like it (operator.add: a plain +)."""
+    for func, reference in zip(functions, references):
+        if func is reference:
+            continue
+        if reference is operator.add:
+            if not is_plain_add(func):
+                return False
+        elif not computes_like(func, reference):
+            return False
+    return True
 
 
 def _identity(value: Any) -> Any:

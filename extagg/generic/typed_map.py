@@ -41,6 +41,7 @@ from extagg.collection import _typed_kernels as TK
 from extagg.collection.size_estimator import allocated_size
 from extagg.collection.typed_table import TypedHashTable
 from extagg.errors import DestroyedError
+from extagg.function_code import is_plain_add
 from extagg.generic import _typed_fold_kernels as FK
 from extagg.generic.aggregator import Aggregator
 from extagg.hashing import hash_array
@@ -82,6 +83,8 @@ def typed_op(reduce_function: Callable[[Any, Any], Any] | None) -> int | None:
     """The kernel operation of a reducing aggregator's function, or ``None`` (general path)."""
     if reduce_function is None:
         return None
+    if is_plain_add(reduce_function):  # operator.add, or a lambda a, b: a + b
+        return FK.OP_ADD
     try:
         return TYPED_OPS.get(reduce_function)
     except TypeError:  # an unhashable callable object

@@ -8,21 +8,21 @@ Keys that are all exact ``int`` or ``str`` (what most jobs group by) take a vect
 the rows are ordered and compared as NumPy arrays (no per-row Python), and when the
 combiners are all exact ``float`` (or ``int``) and ``merge_combiners`` is ``operator.add`` or
 a function whose code is exactly ``return a + b`` of its two arguments
-(:func:`is_plain_add`), every group is summed by a compiled left fold in the same order
-(:mod:`extagg.merge._combine_kernels`), the very doubles the function gives. Otherwise
-``merge_combiners`` is called as before.
+(:func:`extagg.function_code.is_plain_add`), every group is summed by a compiled left fold in
+the same order (:mod:`extagg.merge._combine_kernels`), the very doubles the function gives.
+Otherwise ``merge_combiners`` is called as before.
 """
 
 from __future__ import annotations
 
 import operator
-import types
 from collections.abc import Callable
 from functools import reduce
 from typing import Any
 
 import numpy as np
 
+from extagg.function_code import is_plain_add
 from extagg.spill.blocks import IntKeyBlock, ObjectBlock
 
 __all__ = ["combine_object_pieces", "is_plain_add", "same_key"]
@@ -31,31 +31,9 @@ MergeCombiners = Callable[[Any, Any], Any]
 
 #: below this many rows a window is combined row by row (the arrays cost more than they save)
 VECTOR_MIN_ROWS = 64
-_ADD_CODE = (lambda a, b: a + b).__code__
-_VARARGS = 0x04 | 0x08  # CO_VARARGS | CO_VARKEYWORDS
 # the bounds a compiled segment sum stays within, typed like its values
 _INT64_BOUNDS = (np.int64(np.iinfo(np.int64).min), np.int64(np.iinfo(np.int64).max))
 _FLOAT_BOUNDS = (-np.inf, np.inf)
-
-
-def is_plain_add(func: Any) -> bool:
-    """Whether ``func(a, b)`` is ``a + b`` and nothing else: ``operator.add``, or a plain
-    function whose code is that of ``lambda a, b: a + b`` (whatever its argument names;
-    no closure, no ``*args``). On two exact floats that is IEEE addition, which the
-    compiled fold computes bit for bit."""
-    if func is operator.add:
-        return True
-    if type(func) is not types.FunctionType:
-        return False
-    code = func.__code__
-    return (
-        code.co_code == _ADD_CODE.co_code
-        and code.co_argcount == 2
-        and code.co_kwonlyargcount == 0
-        and not code.co_flags & _VARARGS
-        and not code.co_freevars
-        and not code.co_cellvars
-    )
 
 
 def combine_object_pieces(

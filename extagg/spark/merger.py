@@ -134,8 +134,9 @@ def recognise(agg: Any) -> Recognised:
     """See through the closures PySpark's RDD methods build around the user's functions.
 
     ``reduceByKey(f)``: ``createCombiner`` is PySpark's identity lambda and ``mergeValue is
-    mergeCombiners``; when ``f`` (unwrapped) is ``operator.add``, ``min`` or ``max`` — builtins
-    that never raise ``StopIteration`` — the typed path may fold it. ``aggregateByKey(zero,
+    mergeCombiners``; when ``f`` (unwrapped) is ``operator.add``, ``min``, ``max`` — builtins
+    that never raise ``StopIteration`` — or a ``lambda a, b: a + b`` (which on the plain numbers
+    the typed path takes cannot raise either), the typed path may fold it. ``aggregateByKey(zero,
     seq, comb)`` / ``foldByKey(zero, f)``: ``createCombiner`` is ``lambda v: seq(
     deepcopy(zero), v)``; with an immutable ``zero`` that deep copy is ``zero`` itself, so the
     combiner is built as ``seq(zero, v)``. Anything else is used as given.
@@ -171,9 +172,9 @@ def recognise(agg: Any) -> Recognised:
 
 
 def _typed_op(fn: Any) -> int | None:
-    import operator
+    from extagg.function_code import is_plain_add
 
-    if fn is not operator.add and fn is not min and fn is not max:
+    if fn is not min and fn is not max and not is_plain_add(fn):
         return None  # numba is imported for the typed path only
     from extagg.generic.typed_map import typed_op
 

@@ -168,7 +168,12 @@ def test_recognise_sees_through_pyspark_closures():
     reduce_add = recognise(aggregator_of(CALLS["reduceByKey"]))
     assert reduce_add.typed_op is not None and reduce_add.merge is operator.add
     assert reduce_add.create(7) == 7
-    assert recognise(aggregator_of(CALLS["reduceByKey.lambda"])).typed_op is None
+    # a lambda a, b: a + b is recognised by its code (extagg.function_code); others are not
+    reduce_lambda = recognise(aggregator_of(CALLS["reduceByKey.lambda"]))
+    assert reduce_lambda.typed_op == reduce_add.typed_op
+    assert reduce_lambda.merge(2, 3) == 5 and reduce_lambda.merge.__name__ == "<lambda>"
+    assert recognise(aggregator_of(lambda r: r.reduceByKey(lambda a, b: b + a))).typed_op is None
+    assert recognise(aggregator_of(lambda r: r.reduceByKey(lambda a, b: a * b))).typed_op is None
     tuple_zero = recognise(aggregator_of(CALLS["aggregateByKey"]))
     assert tuple_zero.create(5) == (5, 1) and tuple_zero.merge is add_pair
     assert tuple_zero.create.__name__ == "create_from_zero"  # no deepcopy per key
