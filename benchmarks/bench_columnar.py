@@ -84,9 +84,13 @@ ENGINES = {
 
 
 def prepare_extagg(spec: dict[str, Any], budget: int | None, threads: int | None = None):
+    import inspect
+
     from extagg import HashAggregator
 
-    options = {} if threads is None else {"threads": threads}  # the baseline may predate it
+    # the baseline may predate ``threads`` (then it has one thread)
+    known = "threads" in inspect.signature(HashAggregator).parameters
+    options = {"threads": threads} if threads is not None and known else {}
 
     def run(table):
         with HashAggregator(
@@ -234,7 +238,7 @@ def make_engine(name: str, spec: dict[str, Any], budget: int | None):
         if not root:
             raise SystemExit("extagg-baseline needs EXTAGG_BENCH_BASELINE=<another checkout>")
         sys.path.insert(0, root)  # this fresh process imports that checkout's extagg
-        return prepare_extagg(spec, budget)
+        return prepare_extagg(spec, budget, ENGINES[name][0])
     if name in ("extagg", "extagg-2t"):
         return prepare_extagg(spec, budget, ENGINES[name][0])
     if name.startswith("duckdb"):

@@ -1,7 +1,8 @@
 """Grow the aggregator's table, or spill it: the decision the memory grant makes.
 
 Every growth is asked of the memory manager first, for the exact bytes the table will hold at
-its peak (old and new arrays during a copy) plus the chunk and I/O buffers. When doubling is
+its peak (old and new slot arrays during the rehash; group arrays old and new during a copy,
+or once where they grow in place) plus the chunk and I/O buffers. When doubling is
 refused the table is filled further (to 7/8 of its slots) if that much is granted; only then is
 it spilled. Each function works on the aggregator's :class:`~extagg.columnar.state.TableState`.
 """
@@ -22,7 +23,7 @@ def try_grow(st: TableState, table: TypedHashTable) -> bool:
     caller spills it, or partitions)."""
     budget = st.budget
     if table.capacity * 2 <= MAX_CAPACITY and budget.hold(
-        table.nbytes + table.bytes_after_growth() + st.buffers
+        table.bytes_at_growth_peak() + st.buffers
     ):
         table.grow()
         budget.trim()

@@ -8,8 +8,16 @@ import numpy as np
 import pytest
 
 from extagg import hashing
+from extagg.collection import typed_table as TT
 from extagg.collection._typed_kernels import ARENA_FULL, DONE, TABLE_FULL
-from extagg.collection.typed_table import MIN_CAPACITY, TypedHashTable, payload_row_dtype, zeros
+from extagg.collection.typed_table import (
+    MIN_CAPACITY,
+    TypedHashTable,
+    _grown,
+    _reservation_of,
+    payload_row_dtype,
+    zeros,
+)
 
 E8 = np.zeros(0, dtype=np.uint8)
 E64 = np.zeros(0, dtype=np.int64)
@@ -37,6 +45,10 @@ def test_nbytes_is_exact_and_predicted() -> None:
         assert table.nbytes == sum(a.nbytes for a in arrays)
         assert all(np.shares_memory(p, table.rows) for p in table.payload)
         predicted = table.bytes_after_growth()
+        # small arrays grow by copying: at the peak the old table and the new one are held
+        # (but for the arena and the meta words, which a doubling keeps)
+        kept = table.meta.nbytes + table.arena.nbytes
+        assert table.bytes_at_growth_peak() == table.nbytes + predicted - kept
         table.grow()
         assert table.nbytes == predicted
 
@@ -232,3 +244,84 @@ def test_keeping_the_lower_hashes_compacts_in_place_and_rotates(hash_is_key) -> 
     hashes, slot_gids = table.sort_by_hash()
     assert np.all(hashes[:-1] <= hashes[1:])
     assert sorted(hashes.tolist()) == sorted(hashing.hash_array(more).tolist())
+
+
+@pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE"), reason="no MADV_HUGEPAGE here")
+def test_growable_arrays_reserve_address_space_not_memory() -> None:
+    size = 64 << 20
+    before = _rss_anon()
+    big = zeros((size // 16, 2), np.uint64, growable=True)
+    area = _reservation_of(big)
+    assert area is not None and len(area) >= size and big.nbytes == size
+    assert _rss_anon() - before < size // 4  # nothing touched, nothing resident
+    grown = _grown(big, size // 8, size // 16, 0)  # twice the rows, same mapping
+    assert _reservation_of(grown) is area and grown.nbytes == 2 * size
+    assert _rss_anon() - before < size // 4
+    grown[:1000] = 7
+    short = _grown(grown, 10, 10, 0)  # a shorter view, then longer again keeping 5 rows:
+    again = _grown(short, 1000, 5, 0)  # the bytes exposed before are zeroed, not reused
+    assert np.all(again[:5] == 7) and not again[5:].any()
+
+
+@pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE"), reason="no MADV_HUGEPAGE here")
+@pytest.mark.parametrize("hash_is_key", [False, True])
+def test_group_arrays_grow_in_place_and_reused_bytes_start_clean(monkeypatch, hash_is_key):
+    """Small arrays made growable (the threshold lowered): doubling keeps the group arrays'
+    mapping (no copy), every group and state survives, rows exposed again after a clear hold
+    the fill values, not old states, and the table matches a dict through cycles of fill,
+    grow, sort and clear."""
+    monkeypatch.setattr(TT, "HUGE_PAGE_BYTES", 4096)
+    table = TypedHashTable(1, 1, False, PAYLOAD, capacity=MIN_CAPACITY, hash_is_key=hash_is_key)
+    rng = np.random.default_rng(7)
+    for cycle in range(3):
+        keys = rng.choice(1 << 40, size=20_000 - 6000 * cycle, replace=False).astype(np.int64)
+        reserved = None
+        ref: dict[int, float] = {}
+        for start in range(0, len(keys), 2500):
+            part = keys[start : start + 2500]
+            gids = _fill(table, part)
+            if reserved is None and table.rows.nbytes >= 4096:
+                reserved = TT._reservation_of(table.rows)
+            assert np.all(table.payload[1][table.num_groups :] == -1)
+            assert not table.key_nulls[table.num_groups :].any()
+            table.payload[0][gids] += part.astype(np.float64)
+            table.payload[1][gids] = cycle
+            for k in part.tolist():
+                ref[k] = ref.get(k, 0.0) + float(k)
+        assert reserved is not None and TT._reservation_of(table.rows) is reserved
+        # every group array grows in place: the peak of a doubling is the new table and the
+        # old slot array, not the old table beside the new one
+        peak = table.bytes_at_growth_peak()
+        assert peak == table.bytes_after_growth() + table.slots.nbytes
+        assert peak < table.nbytes + table.bytes_after_growth()
+        assert TT._reservation_of(table.key_words) is not None
+        table.check_invariants()
+        n = table.num_groups
+        got = dict(zip(table.key_words[:n, 0].view(np.int64).tolist(), table.payload[0][:n]))
+        assert got == ref and np.all(table.payload[1][:n] == cycle)
+        table.sort_by_hash()
+        table.clear()
+        if cycle == 1:
+            table.reset(MIN_CAPACITY)  # a new mapping after a reset
+
+
+@pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE"), reason="no MADV_HUGEPAGE here")
+def test_no_address_space_is_reserved_under_an_address_space_limit() -> None:
+    """``ulimit -v`` (PySpark sets one for ``spark.executor.pyspark.memory``): a reservation
+    would eat what the process may map, so large arrays are exact and grow by copying."""
+    import subprocess
+    import sys
+
+    code = (
+        "import resource, numpy as np\n"
+        "from extagg.collection.typed_table import zeros, _grown, _reservation_of\n"
+        "hard = resource.getrlimit(resource.RLIMIT_AS)[1]\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (8 << 30, hard))\n"
+        "a = zeros((1 << 20, 2), np.uint64, growable=True)\n"
+        "a[:] = 3\n"
+        "assert len(_reservation_of(a)) == a.nbytes\n"
+        "b = _grown(a, 1 << 21, 1 << 20, 0)\n"
+        "assert _reservation_of(b) is not _reservation_of(a) and b[: 1 << 20].min() == 3\n"
+        "assert not b[1 << 20 :].any()\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
