@@ -281,7 +281,8 @@ def _settle() -> int:
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_sigint_fuzzing_loses_nothing_and_applies_whole_chunks(spill_dir):
     rng = random.Random(15)
-    data = [(rng.randrange(4000), rng.randrange(1, 4)) for _ in range(60_000)]
+    # enough records that the run outlasts 20 interrupts 0.5-4 ms apart on a fast machine
+    data = [(rng.randrange(4000), rng.randrange(1, 4)) for _ in range(150_000)]
     emap = ExternalAppendOnlyMap(
         SUM, typed_path=False, memory="2m", spill_dirs=[spill_dir], force_spill_every=7000, fan_in=4
     )
