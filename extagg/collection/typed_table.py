@@ -68,7 +68,7 @@ def zeros(
     advise = getattr(mmap, "MADV_HUGEPAGE", None)
     if nbytes < HUGE_PAGE_BYTES or advise is None:
         return np.zeros(dims, dtype=dtype)
-    area = _Reservation.make(nbytes, _reserve_bytes() if growable else 0)
+    area = _Reservation.make(nbytes, _reserve_bytes(nbytes) if growable else 0)
     try:
         area.madvise(advise)
     except OSError:  # huge pages not offered: a plain mapping is still zeroed memory
@@ -101,19 +101,27 @@ class _Reservation(mmap.mmap):
         return area
 
 
-def _reserve_bytes() -> int:
-    """The most address space one growable array reserves: physical memory (a table never
-    holds more), or nothing where the address space is limited (``ulimit -v``, or PySpark's
-    ``spark.executor.pyspark.memory``: reserving would take from what the process may map) —
-    then arrays grow by copying. Asked each time: a limit may be set after import."""
+#: a growable array reserves this many times its size (eight doublings in place, then one copy
+#: into a new reservation): address space stays bounded by what the tables hold, however many
+#: tables (threads, partitions) a process has
+RESERVE_FACTOR = 256
+
+
+def _reserve_bytes(nbytes: int) -> int:
+    """The address space a growable array of ``nbytes`` reserves: :data:`RESERVE_FACTOR`
+    times its size, at most physical memory (a table never holds more); nothing where the
+    address space is limited (``ulimit -v``, or PySpark's ``spark.executor.pyspark.memory``:
+    reserving would take from what the process may map) — then arrays grow by copying.
+    Asked each time: a limit may be set after import."""
     import resource
 
     try:
         if resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY:
             return 0
-        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+        physical = int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
     except (OSError, ValueError):
         return 0
+    return min(physical, RESERVE_FACTOR * nbytes)
 
 
 def _reservation_of(array: np.ndarray) -> _Reservation | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mmap
+import os
 
 import numpy as np
 import pytest
@@ -252,7 +253,9 @@ def test_growable_arrays_reserve_address_space_not_memory() -> None:
     before = _rss_anon()
     big = zeros((size // 16, 2), np.uint64, growable=True)
     area = _reservation_of(big)
-    assert area is not None and len(area) >= size and big.nbytes == size
+    physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert area is not None and big.nbytes == size
+    assert len(area) == min(physical, TT.RESERVE_FACTOR * size)
     assert _rss_anon() - before < size // 4  # nothing touched, nothing resident
     grown = _grown(big, size // 8, size // 16, 0)  # twice the rows, same mapping
     assert _reservation_of(grown) is area and grown.nbytes == 2 * size
@@ -264,6 +267,21 @@ def test_growable_arrays_reserve_address_space_not_memory() -> None:
 
 
 @pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE"), reason="no MADV_HUGEPAGE here")
+def test_an_array_outgrowing_its_reservation_moves_to_a_larger_one(monkeypatch) -> None:
+    monkeypatch.setattr(TT, "RESERVE_FACTOR", 4)
+    rows = (8 << 20) // 8
+    first = zeros(rows, np.int64, growable=True)
+    first[:] = np.arange(rows)
+    area = _reservation_of(first)
+    assert len(area) == 4 * first.nbytes
+    in_place = _grown(first, 4 * rows, rows, 0)  # fills the reservation exactly
+    assert _reservation_of(in_place) is area
+    moved = _grown(in_place, 8 * rows, 4 * rows, 0)  # a copy into a new, larger reservation
+    assert _reservation_of(moved) is not area and len(_reservation_of(moved)) == 4 * moved.nbytes
+    assert np.array_equal(moved[:rows], np.arange(rows)) and not moved[rows:].any()
+
+
+@pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE"), reason="no MADV_HUGEPAGE here")
 @pytest.mark.parametrize("hash_is_key", [False, True])
 def test_group_arrays_grow_in_place_and_reused_bytes_start_clean(monkeypatch, hash_is_key):
     """Small arrays made growable (the threshold lowered): doubling keeps the group arrays'
@@ -271,6 +289,7 @@ def test_group_arrays_grow_in_place_and_reused_bytes_start_clean(monkeypatch, ha
     the fill values, not old states, and the table matches a dict through cycles of fill,
     grow, sort and clear."""
     monkeypatch.setattr(TT, "HUGE_PAGE_BYTES", 4096)
+    monkeypatch.setattr(TT, "RESERVE_FACTOR", 1 << 12)  # room for every doubling here
     table = TypedHashTable(1, 1, False, PAYLOAD, capacity=MIN_CAPACITY, hash_is_key=hash_is_key)
     rng = np.random.default_rng(7)
     for cycle in range(3):

@@ -302,7 +302,7 @@ def test_a_table_spilled_when_full_starts_again_larger(spill_dir, monkeypatch) -
     from extagg.collection import typed_table
 
     in_place = _capacities_around_the_first_spill(spill_dir)
-    monkeypatch.setattr(typed_table, "_reserve_bytes", lambda: 0)  # as under ``ulimit -v``
+    monkeypatch.setattr(typed_table, "_reserve_bytes", lambda nbytes: 0)  # as under ``ulimit -v``
     copied = _capacities_around_the_first_spill(spill_dir)
     assert copied[1] >= 2 * copied[0]  # stopped where doubling was refused; then larger
     assert in_place[0] >= 2 * copied[0] and in_place[1] >= in_place[0]
