@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import mmap
 import os
+import platform
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -69,11 +71,38 @@ def zeros(
     if nbytes < HUGE_PAGE_BYTES or advise is None:
         return np.zeros(dims, dtype=dtype)
     area = _Reservation.make(nbytes, _reserve_bytes(nbytes) if growable else 0)
+    if area.capacity == nbytes:
+        _advise_huge_pages(area, 0, len(area))
+    else:  # only what the array covers: a huge page past its end would be resident, unused
+        covered = area.start + nbytes // HUGE_PAGE * HUGE_PAGE
+        _advise_huge_pages(area, area.start, covered)
+        _advise_huge_pages(area, covered, len(area), huge=False)  # even where THP is "always"
+    return np.frombuffer(area, dtype=dtype, count=count, offset=area.start).reshape(dims)
+
+
+#: the size of a transparent huge page (x86-64, arm64 with 4 KiB pages)
+HUGE_PAGE = 2 << 20
+
+
+def _advise_huge_pages(area: mmap.mmap, start: int, end: int, huge: bool = True) -> None:
+    """Advise ``[start, end)`` of ``area`` to use huge pages, or (``huge=False``) not to
+    (``start`` page-aligned)."""
+    advise = getattr(mmap, "MADV_HUGEPAGE" if huge else "MADV_NOHUGEPAGE", None)
+    if advise is None or end <= start:
+        return
     try:
-        area.madvise(advise)
-    except OSError:  # huge pages not offered: a plain mapping is still zeroed memory
+        area.madvise(advise, start, end - start)
+    except (OSError, ValueError):  # huge pages not offered: a plain mapping is still zeroed
         pass
-    return np.frombuffer(area, dtype=dtype, count=count).reshape(dims)
+
+
+#: ``MAP_NORESERVE`` (the ``mmap`` module has it from Python 3.13; 0x4000 on Linux x86-64 and
+#: arm64): the reservation is not charged to the kernel's commit accounting
+_MAP_NORESERVE = getattr(
+    mmap,
+    "MAP_NORESERVE",
+    0x4000 if sys.platform == "linux" and platform.machine() in ("x86_64", "aarch64") else 0,
+)
 
 
 class _Reservation(mmap.mmap):
@@ -81,10 +110,14 @@ class _Reservation(mmap.mmap):
     address space only (``MAP_NORESERVE``; pages exist once written), so a table's group arrays
     grow by a longer view over the same mapping — no copy of the groups, and no second set of
     fresh pages for the kernel to zero (where a doubling's time went: 43 % of an in-memory
-    10 M-group aggregation). ``exposed`` is how many bytes views have covered so far: beyond
-    it the mapping is still all zeros."""
+    10 M-group aggregation). Arrays start at ``start``, the first 2 MiB boundary of a
+    reservation (so that its huge pages line up with the array), and may take ``capacity``
+    bytes. ``exposed`` is how many bytes views have covered so far: beyond it the mapping is
+    still all zeros."""
 
     exposed: int
+    start: int
+    capacity: int
 
     @classmethod
     def make(cls, nbytes: int, reserve: int) -> _Reservation:
@@ -92,11 +125,15 @@ class _Reservation(mmap.mmap):
         area = None
         if reserve > nbytes:
             try:
-                area = cls(-1, reserve, flags=flags | getattr(mmap, "MAP_NORESERVE", 0))
+                area = cls(-1, reserve + HUGE_PAGE, flags=flags | _MAP_NORESERVE)
             except (OSError, OverflowError, ValueError):  # no address space to spare: exact
                 area = None
         if area is None:
             area = cls(-1, nbytes, flags=flags)
+            area.start, area.capacity = 0, nbytes
+        else:
+            address = np.frombuffer(area, dtype=np.uint8, count=1).ctypes.data
+            area.start, area.capacity = -address % HUGE_PAGE, reserve
         area.exposed = nbytes
         return area
 
@@ -574,7 +611,7 @@ def _grows_in_place(array: np.ndarray, rows: int) -> bool:
     area = _reservation_of(array)
     return (
         area is not None
-        and rows * _row_bytes(array) <= len(area)
+        and rows * _row_bytes(array) <= area.capacity
         and array.flags.c_contiguous
         and array.shape[0] <= rows
     )
@@ -588,11 +625,14 @@ def _grown(array: np.ndarray, rows: int, keep: int, fill: object) -> np.ndarray:
     area = _reservation_of(array)
     row_bytes = _row_bytes(array)
     need = rows * row_bytes
-    if area is not None and need <= len(area) and array.flags.c_contiguous and keep <= rows:
-        flat = np.frombuffer(area, dtype=np.uint8, count=need)
+    if area is not None and need <= area.capacity and array.flags.c_contiguous and keep <= rows:
+        flat = np.frombuffer(area, dtype=np.uint8, count=need, offset=area.start)
         # bytes a view has covered before may hold old groups (after a clear): zero them
         flat[keep * row_bytes : min(need, area.exposed)] = 0
-        area.exposed = max(area.exposed, need)
+        if need > area.exposed:  # huge pages for the whole ones now covered (see zeros)
+            begin = area.start + area.exposed // HUGE_PAGE * HUGE_PAGE
+            _advise_huge_pages(area, begin, area.start + need // HUGE_PAGE * HUGE_PAGE)
+            area.exposed = need
         out = flat.view(array.dtype).reshape(shape)
         if fill != 0:
             out[keep:] = fill

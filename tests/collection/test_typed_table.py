@@ -255,7 +255,8 @@ def test_growable_arrays_reserve_address_space_not_memory() -> None:
     area = _reservation_of(big)
     physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     assert area is not None and big.nbytes == size
-    assert len(area) == min(physical, TT.RESERVE_FACTOR * size)
+    assert area.capacity == min(physical, TT.RESERVE_FACTOR * size)
+    assert big.ctypes.data % TT.HUGE_PAGE == 0  # huge pages line up with the array
     assert _rss_anon() - before < size // 4  # nothing touched, nothing resident
     grown = _grown(big, size // 8, size // 16, 0)  # twice the rows, same mapping
     assert _reservation_of(grown) is area and grown.nbytes == 2 * size
@@ -273,11 +274,13 @@ def test_an_array_outgrowing_its_reservation_moves_to_a_larger_one(monkeypatch) 
     first = zeros(rows, np.int64, growable=True)
     first[:] = np.arange(rows)
     area = _reservation_of(first)
-    assert len(area) == 4 * first.nbytes
+    assert area.capacity == 4 * first.nbytes
     in_place = _grown(first, 4 * rows, rows, 0)  # fills the reservation exactly
     assert _reservation_of(in_place) is area
     moved = _grown(in_place, 8 * rows, 4 * rows, 0)  # a copy into a new, larger reservation
-    assert _reservation_of(moved) is not area and len(_reservation_of(moved)) == 4 * moved.nbytes
+    assert (
+        _reservation_of(moved) is not area and _reservation_of(moved).capacity == 4 * moved.nbytes
+    )
     assert np.array_equal(moved[:rows], np.arange(rows)) and not moved[rows:].any()
 
 
@@ -344,3 +347,17 @@ def test_no_address_space_is_reserved_under_an_address_space_limit() -> None:
         "assert not b[1 << 20 :].any()\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE"), reason="no MADV_HUGEPAGE here")
+def test_a_growable_array_makes_no_huge_page_past_its_end_resident() -> None:
+    """Huge pages are advised only for the whole ones the array covers: writing its last
+    bytes must not make a 2 MiB page of the reservation beyond it resident."""
+    size = (64 << 20) + 4096
+    before = _rss_anon()
+    array = zeros(size, np.uint8, growable=True)
+    array[:] = 1
+    assert _rss_anon() - before < size + (256 << 10)  # not size + a 2 MiB page
+    grown = _grown(array, size + (8 << 20), size, 0)
+    grown[size:] = 2
+    assert _rss_anon() - before < size + (8 << 20) + (256 << 10)
