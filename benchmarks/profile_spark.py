@@ -2,10 +2,10 @@
 
 Runs, in this process and on one partition of records, what PySpark's Python workers run for
 ``reduceByKey``, ``aggregateByKey`` (tuple combiner) and ``groupByKey().mapValues(len)``: the
-map side (``combineLocally``: merger ``mergeValues`` + ``items``), the shuffle write
-(``partitionBy``'s partition function and pickling of the buckets, taken from PySpark's own
-``RDD.partitionBy`` by running it on a fake RDD), the shuffle read (unpickling) and the reduce
-side (``mergeCombiners`` + ``items``). Each stage is timed (wall and CPU) for the stock merger
+map side (``combineLocally``: merger ``mergeValues``, then ``items`` read by the shuffle write:
+``partitionBy``'s partition function and pickling of the buckets, taken from PySpark's own
+``RDD.partitionBy`` by running it on a fake RDD, extagg's while installed), and the reduce side
+(the shuffle's deserializer unpickling as ``mergeCombiners`` reads, then ``items``). Each stage is timed (wall and CPU) for the stock merger
 and for extagg's. No JVM: what is left of a real job's time is the JVM shuffle and the pipes.
 
     python benchmarks/profile_spark.py --records 750000 --keys 250000 --memory 14 --keys-type int
@@ -143,14 +143,38 @@ def shuffle_read(chunks: list[bytes], partitions: int) -> list[list[bytes]]:
     return out
 
 
+def _deserializer(engine: str) -> Any:
+    """The shuffled RDD's deserializer: PySpark's, or extagg's while installed (if any)."""
+    from pyspark.serializers import BatchedSerializer, CPickleSerializer
+
+    from extagg.spark import shim
+
+    make = getattr(shim, "shuffle_deserializer", None)
+    if engine == "extagg" and make is not None:
+        return make(CPickleSerializer())
+    return BatchedSerializer(CPickleSerializer())
+
+
+def _framed(blobs: list[bytes]) -> Any:
+    """A reduce task's input: the partition's pickled batches, length-framed."""
+    import io
+
+    from pyspark.serializers import write_int
+
+    buf = io.BytesIO()
+    for blob in blobs:
+        write_int(len(blob), buf)
+        buf.write(blob)
+    buf.seek(0)
+    return buf
+
+
 def profile(
     engine: str, call: str, data: list[Any], memory: float, partitions: int, maps: int = 1
 ) -> Timer:
     """Time one job's Python work: ``maps`` map tasks over ``data`` (split evenly), then the
     reduce side of every partition (``maps`` > 1: each partition gets its share of every map
     task's output, as in a real job; 1: of the one map task's)."""
-    import pickle
-
     from pyspark.shuffle import ExternalGroupBy, ExternalMerger
 
     if engine == "extagg":
@@ -165,22 +189,22 @@ def profile(
     for start in range(0, len(data), step):
         merger = Merger(agg, memory * 0.9)
         timer.run("map: mergeValues", merger.mergeValues, iter(data[start : start + step]))
-        combined = timer.run("map: items", lambda m: list(m.items()), merger)
-        write = "shuffle write: partition + pickle"
+        # items() straight into the writer, as PySpark pipelines them (extagg's map side folds
+        # lazily as the writer reads, and hands its typed groups on as arrays)
+        write = "map: items + shuffle write"
         chunks = timer.run(
-            write, lambda c: list(shuffle_write(c, partitions, memory, engine)), combined
+            write, lambda m: list(shuffle_write(m.items(), partitions, memory, engine)), merger
         )
-        del combined
         for part, got in enumerate(shuffle_read(chunks, partitions)):
             by_part[part] += got
         del chunks
     total = 0
+    deserializer = _deserializer(engine)
     for part in by_part:
-        unpickle = "shuffle read: unpickle"
-        pairs = timer.run(unpickle, lambda p: [kv for b in p for kv in pickle.loads(b)], part)
         reducer = (Group if call == "groupByKey" else Merger)(agg, memory)
-        timer.run("reduce: mergeCombiners", reducer.mergeCombiners, iter(pairs))
-        del pairs
+        stream = deserializer.load_stream(_framed(part))  # unpickled as the merger reads
+        timer.run("reduce: unpickle + mergeCombiners", reducer.mergeCombiners, stream)
+        del part
         if call == "groupByKey":
             count = timer.run("reduce: items", lambda r: sum(len(v) for _, v in r.items()), reducer)
         else:

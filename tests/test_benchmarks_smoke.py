@@ -84,10 +84,13 @@ def test_scaling_quick_runs_and_engines_agree(tmp_path: Path) -> None:
     assert {r["case"]["engine"] for r in results} == set(engines)
     for r in results:
         (run,) = r["runs"]
+        if r["case"]["engine"] == "duckdb" and "Out of Memory" in run.get("error", ""):
+            continue  # DuckDB 2 cannot finish under the smallest budgets: a result, not a defect
         assert "error" not in run, run
         assert run["groups"] == r["case"]["groups"]
     budgets = [r for r in results if r["case"]["curve"] == "budget" and r["case"]["budget"]]
-    assert budgets and all(r["runs"][0]["peak_above_baseline"] >= 0 for r in budgets)
+    finished = [r for r in budgets if "error" not in r["runs"][0]]
+    assert finished and all(r["runs"][0]["peak_above_baseline"] >= 0 for r in finished)
     extagg_limited = [r for r in budgets if r["case"]["engine"] == "extagg"]
     assert extagg_limited and all(r["runs"][0]["spills"] > 0 for r in extagg_limited)
 

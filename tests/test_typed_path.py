@@ -21,6 +21,7 @@ from extagg.generic import _typed_fold_kernels as K
 from extagg.generic import _typed_fold_reference as R
 from extagg.generic.keys import NAN
 from extagg.generic.typed_map import TypedReduceMap
+from tests.collection.test_pair_arrays import block_of
 
 OPS = {"add": operator.add, "min": min, "max": max}
 INT64 = st.integers(-(2**63), 2**63 - 1)
@@ -307,3 +308,94 @@ def test_destructive_slices_are_destructive_arrays_in_pieces(keys, size, op):
     assert all(0 < len(k) <= size and len(k) == len(v) for k, v in pieces)
     assert [k for ks, _ in pieces for k in ks] == whole_keys
     assert [v for _, vs in pieces for v in vs] == whole_values
+
+
+def _block(keys, values, counts=None):
+    return block_of(keys, values, counts)
+
+
+@st.composite
+def block_streams(draw):
+    """Batches of typed pairs (some as blocks, some as lists), mostly of one key and value
+    kind, sometimes with a batch that does not fit (other value type, an int sum overflow)."""
+    key_kind = draw(st.sampled_from(["int", "str"]))
+    value_kind = draw(st.sampled_from(["int", "float"]))
+    keys = st.integers(-3, 40) if key_kind == "int" else st.sampled_from(["a", "bb", "é", ""])
+    values = int_values if value_kind == "int" else float_values
+    batches = []
+    for _ in range(draw(st.integers(1, 6))):
+        n = draw(st.integers(1, 60))
+        batch_values = values
+        if draw(st.integers(0, 9)) == 0:  # a batch of the other value kind
+            batch_values = float_values if value_kind == "int" else int_values
+        pairs = draw(st.lists(st.tuples(keys, batch_values), min_size=n, max_size=n))
+        kinds = {type(v) for _, v in pairs}
+        as_block = len(kinds) == 1 and draw(st.booleans())
+        batches.append((pairs, as_block))
+    return batches
+
+
+@settings(max_examples=80, deadline=None)
+@given(block_streams(), st.sampled_from(sorted(OPS)), st.sampled_from([None, 1, 7]))
+def test_blocks_fold_like_their_pairs(batches, op, every):
+    """``insert_batch`` of typed blocks (a typed shuffle's batches) gives exactly what
+    ``insert_all`` of the same pairs gives: order, bits, spills, hand-over included."""
+    func = OPS[op]
+
+    def fed(use_blocks):
+        with ExternalAppendOnlyMap(
+            Aggregator.reducing(func), memory="16m", force_spill_every=every
+        ) as m:
+            for pairs, as_block in batches:
+                if use_blocks and as_block:
+                    m.insert_batch(_block([k for k, _ in pairs], [v for _, v in pairs]))
+                else:
+                    m.insert_all(pairs)
+            kind = type(m._map)
+            out = [(exact(k), exact(c)) for k, c in m.iterator()]
+            return out, m.metrics.spill_count, m.metrics.records_read, kind
+
+    assert fed(True) == fed(False)
+
+
+def test_block_with_an_overflowing_sum_hands_over_mid_block():
+    pairs = [(1, 2**62), (2, 1), (1, 2**62), (3, 4), (1, 5)] * 2000
+    block = _block([k for k, _ in pairs], [v for _, v in pairs])
+    with ExternalAppendOnlyMap(Aggregator.reducing(operator.add), memory="64m") as m:
+        m.insert_batch(block)
+        assert type(m._map) is SizeTrackingAppendOnlyMap
+        out = dict(m.iterator())
+    assert out == {1: 2000 * (2**63 + 5), 2: 2000, 3: 8000}
+
+
+def test_sum_count_combiner_blocks_fold_like_their_pairs(tmp_path):
+    """(sum, count) combiners as blocks with counts: the mean's merge side, spilling."""
+    rng = np.random.default_rng(3)
+    keys = rng.integers(0, 3000, size=40_000).tolist()
+    sums = rng.normal(size=40_000).tolist()
+    counts = rng.integers(1, 9, size=40_000).tolist()
+    agg = Aggregator.reducing(Aggregator.sum_count().merge_combiners)
+
+    def fed(use_blocks):
+        with ExternalAppendOnlyMap(agg, memory="1m", spill_dirs=[str(tmp_path)]) as m:
+            for start in range(0, 40_000, 5000):
+                part = slice(start, start + 5000)
+                if use_blocks:
+                    m.insert_batch(_block(keys[part], sums[part], counts[part]))
+                else:
+                    m.insert_all(zip(keys[part], zip(sums[part], counts[part])))
+            assert type(m._map) is TypedReduceMap
+            return [(exact(k), exact(c)) for k, c in m.iterator()], m.metrics.spill_count
+
+    blocks, spills = fed(True)
+    assert spills > 0
+    assert (blocks, spills) == fed(False)
+
+
+def test_fold_pairs_refuses_other_kinds_without_folding():
+    typed = TypedReduceMap(K.OP_ADD)
+    assert typed.fold_pairs(_block([1, 2], [1, 2])) == 2
+    assert typed.fold_pairs(_block(["a"], [1])) == 0  # str keys into an int table
+    assert typed.fold_pairs(_block([1], [1.5])) == 0  # float values into an int table
+    keys, values = typed.destructive_arrays()
+    assert (keys, values) == ([1, 2], [1, 2])

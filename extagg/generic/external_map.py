@@ -32,6 +32,7 @@ from extagg._config import (
 from extagg._interrupts import deferred_interrupts
 from extagg.collection import SizeTrackingAppendOnlyMap
 from extagg.collection.append_only_map import DEFAULT_CAPACITY, SORT_BYTES_PER_ENTRY
+from extagg.collection.pair_arrays import PairArrays
 from extagg.errors import BadKeyError, MemoryLimitError
 from extagg.generic.aggregator import Aggregator
 from extagg.generic.keys import canonical_keys
@@ -249,21 +250,7 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
         """Fold one chunk (after a spill if the map has outgrown its grant), all or — on an
         error — exactly the records before the failing one; Ctrl-C waits for the end."""
         with self.lock:
-            self.check_open(INSERT_AFTER_ITERATOR)
-            self._restore_unspilled()
-            current = self._map
-            assert current is not None
-            estimate = current.estimate_size()
-            if estimate > self.metrics.peak_memory_bytes:
-                self.metrics.peak_memory_bytes = estimate
-            # a spill sorts the map first: its working memory is part of what we hold
-            estimate += SORT_BYTES_PER_ENTRY * (len(current) + len(keys))
-            if len(current) + len(keys) > current.grow_threshold:
-                # this chunk may double the table: ask for the new arrays before they exist
-                estimate += current.growth_bytes()
-            if self.maybe_spill(estimate):
-                current = self._map
-                assert current is not None
+            current = self._room_for(len(keys))
             with deferred_interrupts():
                 if isinstance(current, TypedReduceMap):
                     typed = current.fold_typed(keys, values, self._typed_combiners)
@@ -282,6 +269,59 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
                         raise
                     self._fold_general(current, keys, values, create, merge, offset)
             self._check_largest_entry(current)
+
+    def _room_for(self, records: int) -> SizeTrackingAppendOnlyMap | TypedReduceMap:
+        """Before folding ``records`` (under the lock): put back a failed spill's rows, account
+        for the map as it may grow, spill it if the grant falls short; the map to fold into."""
+        self.check_open(INSERT_AFTER_ITERATOR)
+        self._restore_unspilled()
+        current = self._map
+        assert current is not None
+        estimate = current.estimate_size()
+        if estimate > self.metrics.peak_memory_bytes:
+            self.metrics.peak_memory_bytes = estimate
+        # a spill sorts the map first: its working memory is part of what we hold
+        estimate += SORT_BYTES_PER_ENTRY * (len(current) + records)
+        if len(current) + records > current.grow_threshold:
+            # this chunk may double the table: ask for the new arrays before they exist
+            estimate += current.growth_bytes()
+        if self.maybe_spill(estimate):
+            current = self._map
+            assert current is not None
+        return current
+
+    def insert_batch(self, batch: PairArrays) -> None:
+        """Fold a block of typed pairs (:class:`~extagg.collection.pair_arrays.PairArrays`, what
+        a PySpark shuffle written by :func:`extagg.spark.install` carries): on the typed path
+        from its arrays, with no Python object per pair; otherwise as :meth:`insert_all` of its
+        pairs. The same result, and the same guarantees, as :meth:`insert_all`."""
+        self.check_open(INSERT_AFTER_ITERATOR)
+        if not isinstance(self._map, TypedReduceMap):
+            self.insert_all(batch)
+            return
+        create, merge = self.aggregator.create_combiner, self.aggregator.merge_value
+        step = self._chunk
+        for start in range(0, len(batch), step):
+            part = batch.slice(start, start + step)
+            with self.lock:
+                current = self._room_for(len(part))
+                with deferred_interrupts():
+                    done = 0
+                    if isinstance(current, TypedReduceMap):
+                        done = current.fold_pairs(part, self._typed_combiners)
+                        self.elements_read += done
+                        self.metrics.records_read += done
+                    if done < len(part):  # the rest does not fit the typed path: the general
+                        general = (
+                            current
+                            if isinstance(current, SizeTrackingAppendOnlyMap)
+                            else self._to_general(current)
+                        )
+                        rest = part.slice(done, len(part))
+                        keys, values = rest.key_objects(), rest.value_objects()
+                        self._fold_general(general, keys, values, create, merge, start + done)
+                        current = general
+                self._check_largest_entry(current)
 
     def _fold_general(
         self,

@@ -30,7 +30,6 @@ from __future__ import annotations
 import operator
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -38,6 +37,7 @@ import numpy as np
 from extagg._hash_kernels import hash_var_column
 from extagg.collection import SizeTrackingAppendOnlyMap
 from extagg.collection import _typed_kernels as TK
+from extagg.collection.pair_arrays import PairArrays, decode_keys
 from extagg.collection.size_estimator import allocated_size
 from extagg.collection.typed_table import TypedHashTable
 from extagg.errors import DestroyedError
@@ -217,7 +217,81 @@ class TypedReduceMap:
         prepared = self._keys_arrays(keys, n)
         if prepared is None:
             return 0
+        return self._insert_and_fold(prepared, states, combiners)
+
+    def fold_pairs(self, batch: PairArrays, combiners: bool = False) -> int:
+        """:meth:`fold_typed` of a block of typed pairs, read from its arrays (no Python object
+        per pair): all of it, none (keys or values of another type than this map's), or the
+        pairs before an ``int`` sum or count that would leave ``int64``."""
+        self._check_valid()
+        self._folded = 0
+        n = len(batch)
+        if n == 0:
+            return 0
+        states = self._batch_states(batch, combiners)
+        if states is None:
+            return 0
+        key_kind = str if batch.key_is_str else int
+        if self.key_kind is not None and key_kind is not self.key_kind:
+            return 0
+        self.key_kind = key_kind
+        if batch.int_keys is not None:
+            ints = batch.int_keys
+            words = ints.view(np.uint64).reshape(n, 1)
+            prepared = (hash_array(ints), words, _EMPTY_I64, _EMPTY_U8)
+        else:
+            first = int(batch.offsets[0])
+            offsets = batch.offsets - first
+            data = batch.arena[first : first + int(offsets[-1])]
+            if not batch.ascii_keys:
+                self._ascii = False
+            hashes = np.empty(n, dtype=np.uint64)
+            _hash_var(offsets, data, hashes)
+            self._sample_batch_keys(batch.slice(0, min(n, 8)), offsets, data)
+            prepared = (hashes, np.empty((n, 0), dtype=np.uint64), offsets, data)
+        return self._insert_and_fold(prepared, states, combiners)
+
+    def _batch_states(self, batch: PairArrays, combiners: bool) -> tuple[np.ndarray, ...] | None:
+        """The arrays the fold reads from a block's combiners, or ``None`` if they do not fit."""
+        op = self.op
+        kind = float if batch.states.dtype == np.float64 else int
+        if op == FK.OP_COUNT and not combiners:
+            self.value_kind = int
+            return ()
+        if op == FK.OP_COUNT:
+            kind_needed: type | None = int
+        else:
+            kind_needed = self.value_kind
+        if kind_needed is not None and kind is not kind_needed:
+            return None
+        pairs = op == FK.OP_SUM_COUNT and combiners
+        if pairs != (batch.counts is not None):
+            return None
+        self.value_kind = kind
+        if batch.counts is not None:
+            return (batch.states, batch.counts)
+        return (batch.states,)
+
+    def _sample_batch_keys(self, head: PairArrays, offsets: np.ndarray, data: np.ndarray) -> None:
+        """Size samples of a block's first keys, and its longest key, as :meth:`_sample_keys`."""
+        getsizeof = sys.getsizeof
+        for key in head.key_objects():
+            self._key_bytes += allocated_size(getsizeof(key))
+            self._key_samples += 1
+        lengths = np.diff(offsets)
+        longest = int(lengths.argmax())
+        if int(lengths[longest]) > self._largest[0]:
+            (key,) = decode_keys(None, offsets[longest : longest + 2], data, False)
+            self._largest = (allocated_size(getsizeof(key)) + _ENTRY_BYTES, key)
+
+    def _insert_and_fold(
+        self,
+        prepared: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+        states: tuple[np.ndarray, ...],
+        combiners: bool,
+    ) -> int:
         hashes, words, offsets, data = prepared
+        n = len(hashes)
         table = self._table_for()
         gids = np.empty(n, dtype=np.int64)
         groups_before = table.num_groups
@@ -352,10 +426,9 @@ class TypedReduceMap:
     def _key_list(self, n: int) -> list[Any]:
         table = self._table
         assert table is not None
-        return _decode_keys(
-            _key_bits(table, n), table.var_offsets[: n + 1], table.arena, self.key_kind is str,
-            self._ascii,
-        )  # fmt: skip
+        is_str = self.key_kind is str
+        int_keys = None if is_str else _key_bits(table, n)
+        return decode_keys(int_keys, table.var_offsets[: n + 1], table.arena, self._ascii)
 
     def _lists(self) -> tuple[list[Any], list[Any]]:
         n = self._groups()
@@ -390,12 +463,22 @@ class TypedReduceMap:
     def destructive_slices(self, size: int = 16384) -> Iterator[tuple[list[Any], list[Any]]]:
         """Destroy the map; its keys and states in order of first appearance, ``size`` groups
         at a time: beside the table only one slice of Python objects exists at once (what a
-        hand-on to a consumer that takes them one by one, such as a shuffle writer, needs)."""
+        hand-on to a consumer that takes them one by one needs)."""
+        return (
+            (part.key_objects(), part.value_objects())
+            for part in self.destructive_pair_slices(size)
+        )
+
+    def destructive_pair_slices(self, size: int = 16384) -> Iterator[PairArrays]:
+        """Destroy the map; its groups in order of first appearance, ``size`` at a time, as
+        :class:`~extagg.collection.pair_arrays.PairArrays` (views of the table, which the
+        generator holds until it is done): no Python object per group (what a shuffle writer
+        that partitions and pickles arrays takes)."""
         self._check_valid()
         table, n = self._table, self._groups()
-        is_str, ascii_keys, op = self.key_kind is str, self._ascii, self.op
+        is_str, ascii_keys, pairs = self.key_kind is str, self._ascii, self.op == FK.OP_SUM_COUNT
         self._destroy()
-        return _slices(table, n, max(1, size), is_str, ascii_keys, op)
+        return _pair_slices(table, n, max(1, size), is_str, ascii_keys, pairs)
 
     def destructive_sort_order(self) -> tuple[np.ndarray, np.ndarray, list[Any], list[Any]]:
         """Destroy the map; ``(order hashes ascending, order, keys, values)`` as
@@ -519,7 +602,8 @@ class TypedSortedRows:
     def lists(self) -> tuple[list[Any], list[Any]]:
         """Keys and values of every group of the map, in order of first appearance."""
         n = len(self._states)
-        keys = _decode_keys(self._keys, self._offsets, self._arena, self._key_is_str, self._ascii)
+        int_keys = None if self._key_is_str else self._keys
+        keys = decode_keys(int_keys, self._offsets, self._arena, self._ascii)
         kind = np.float64 if self._value_is_float else np.int64
         values: list[Any] = self._states[:n].view(kind).tolist()
         if self._counts is not None:
@@ -636,24 +720,25 @@ def _exact_array(values: Sequence[Any], n: int, kind: type) -> np.ndarray | None
         return None
 
 
-def _slices(
-    table: TypedHashTable | None, n: int, size: int, is_str: bool, ascii_keys: bool, op: int
-) -> Iterator[tuple[list[Any], list[Any]]]:
-    """:meth:`TypedReduceMap.destructive_slices`' generator (holds the table until done)."""
+def _pair_slices(
+    table: TypedHashTable | None, n: int, size: int, is_str: bool, ascii_keys: bool, pairs: bool
+) -> Iterator[PairArrays]:
+    """:meth:`TypedReduceMap.destructive_pair_slices`' generator (holds the table until done)."""
     if table is None or n == 0:
         return
+    states = table.payload[0]
+    counts = table.payload[1] if pairs else None
     for start in range(0, n, size):
         stop = min(n, start + size)
-        offsets = table.var_offsets[start : stop + 1]
-        arena = table.arena
+        part_counts = None if counts is None else counts[start:stop]
         if is_str:
-            arena = table.arena[int(offsets[0]) : int(offsets[-1])]
-            offsets = offsets - offsets[0]
-        keys = _decode_keys(_key_bits(table, stop)[start:], offsets, arena, is_str, ascii_keys)
-        values: list[Any] = table.payload[0][start:stop].tolist()
-        if op == FK.OP_SUM_COUNT:
-            values = list(zip(values, table.payload[1][start:stop].tolist(), strict=True))
-        yield keys, values
+            offsets = table.var_offsets[start : stop + 1]
+            yield PairArrays(
+                None, offsets, table.arena, ascii_keys, states[start:stop], part_counts
+            )
+        else:
+            keys = table.key_words[start:stop, 0].view(np.int64)
+            yield PairArrays(keys, None, None, True, states[start:stop], part_counts)
 
 
 def _key_bits(table: TypedHashTable, n: int) -> np.ndarray:
@@ -661,21 +746,6 @@ def _key_bits(table: TypedHashTable, n: int) -> np.ndarray:
     if table.key_words.shape[1] == 0:
         return _EMPTY_U64
     return table.key_words[:n, 0]
-
-
-def _decode_keys(
-    key_bits: np.ndarray, offsets: np.ndarray, arena: np.ndarray, is_str: bool, ascii_keys: bool
-) -> list[Any]:
-    """The Python keys of groups ``0..n-1`` (int64 words, or str from the arena)."""
-    if not is_str:
-        ints: list[Any] = key_bits.view(np.int64).tolist()
-        return ints
-    bounds = offsets.tolist()
-    raw = arena[: bounds[-1]].tobytes()
-    if ascii_keys:
-        text = raw.decode("ascii")
-        return [text[a:b] for a, b in pairwise(bounds)]
-    return [raw[a:b].decode("utf-8", "surrogatepass") for a, b in pairwise(bounds)]
 
 
 def _hash_var(offsets: np.ndarray, data: np.ndarray, out: np.ndarray) -> None:

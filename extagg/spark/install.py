@@ -98,7 +98,7 @@ def _partition_by(self: Any, numPartitions: int | None, partitionFunc: Any = Non
         pairs = jvm.PairwiseRDD(keyed._jrdd.rdd()).asJavaPairRDD()
         jpartitioner = jvm.PythonPartitioner(num, id(partitionFunc))
     jrdd = jvm.PythonRDD.valueOfPair(pairs.partitionBy(jpartitioner))
-    rdd = module.RDD(jrdd, self.ctx, module.BatchedSerializer(serializer))
+    rdd = module.RDD(jrdd, self.ctx, shim.shuffle_deserializer(serializer))
     rdd.partitioner = partitioner
     return rdd
 

@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator
+from itertools import chain, groupby
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from extagg._config import MiB
 from extagg._malloc import release_free_memory
+from extagg.collection.pair_arrays import PairArrays
 from extagg.memory import ENGINE_MIN_BUDGET
 from extagg.metrics import SpillMetrics
 from extagg.spark.groupby import SpillingGroupBy
@@ -181,6 +183,10 @@ def _typed_op(fn: Any) -> int | None:
     return typed_op(fn)
 
 
+def _is_block(batch: Any) -> bool:
+    return isinstance(batch, PairArrays)
+
+
 class SparkMerger:
     """An ``ExternalMerger``-compatible merger: the map side folds in a
     :class:`~extagg.spark.partial.PartialCombiner`, the reduce side merges in an
@@ -242,9 +248,19 @@ class SparkMerger:
                 name="pyspark-merger",
             )
             self.metrics = self._map.metrics
+        emap = self._map
         try:
             with fewer_collections():  # PySpark unpickles the records as we read them
-                self._map.insert_all(iterator)
+                batches = getattr(iterator, "extagg_batches", None)  # shim.ShuffleStream
+                if batches is None:
+                    emap.insert_all(iterator)
+                    return
+                for typed, group in groupby(batches(), _is_block):
+                    if typed:
+                        for block in group:
+                            emap.insert_batch(block)
+                    else:
+                        emap.insert_all(chain.from_iterable(group))
         except StopIteration as exc:  # PySpark's wrapper was taken off a typed reduce function
             raise stop_iteration_error(exc) from exc
 

@@ -38,7 +38,9 @@ Memory: the combiners are accounted to the budget (:class:`~extagg.spillable.Spi
 threshold policy) from sampled sizes; when the grant falls short they are handed on. While they
 are being handed on nothing is folded, so the worker holds one generation of combiners at most.
 The dict's combiners leave one by one (popped as the shuffle writer takes them); the typed
-table's are decoded to Python objects :data:`HAND_ON_SLICE` groups at a time (decoding the
+table's leave :data:`HAND_ON_SLICE` groups at a time as arrays
+(:class:`~extagg.collection.pair_arrays.PairArrays`), which the shuffle writer partitions and
+pickles as arrays and anything else reads as Python objects a slice at a time (decoding the
 whole table beside itself took the map side of ``reduceByKey`` on str keys to 1.5x its
 budget). After a generation has been handed on, and when the task ends, the freed C heap (the
 table's arrays, list buffers) is given back to the kernel
@@ -53,16 +55,18 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from itertools import islice
+from itertools import chain, islice
 from typing import Any
 
 from extagg._config import format_size
 from extagg._malloc import release_free_memory
+from extagg.collection.pair_arrays import PairArrays
 from extagg.collection.size_estimator import estimate_size
 from extagg.memory import Consumer
 from extagg.spillable import Spillable
 
 __all__ = [
+    "HandedOn",
     "MIN_COMBINE_SAVING",
     "YOUNG_THRESHOLD",
     "PartialCombiner",
@@ -113,6 +117,41 @@ def fewer_collections() -> Iterator[None]:
                 _gc_saved = None
 
 
+class HandedOn:
+    """What :meth:`PartialCombiner.combine` hands on: an iterator of ``(key, combiner)``
+    pairs, produced in parts as the combiner folds. A consumer that can take a part whole —
+    the shuffle writer (:func:`extagg.spark.shuffle.write_buckets`) — reads :meth:`parts`
+    instead: lists or iterators of pairs, and the typed fold's groups as
+    :class:`~extagg.collection.pair_arrays.PairArrays` blocks (no Python object per group)."""
+
+    __slots__ = ("_parts", "_pairs")
+
+    def __init__(self, parts: Iterator[Iterable[tuple[Any, Any]]]) -> None:
+        self._parts = parts
+        self._pairs: Iterator[tuple[Any, Any]] | None = None
+
+    def __iter__(self) -> HandedOn:
+        return self
+
+    def __next__(self) -> tuple[Any, Any]:
+        if self._pairs is None:
+            self._pairs = chain.from_iterable(self._parts)
+        return next(self._pairs)
+
+    def parts(self) -> Iterator[Iterable[tuple[Any, Any]]]:
+        """The parts, each an iterable of pairs or a ``PairArrays`` (read one or the other:
+        not after pairs were taken)."""
+        if self._pairs is not None:
+            raise RuntimeError("HandedOn: pairs were taken already; the parts are gone")
+        return self._parts
+
+    def close(self) -> None:
+        """Stop folding and release the combiner (what closing a generator does)."""
+        close = getattr(self._parts, "close", None)
+        if close is not None:
+            close()
+
+
 class PartialCombiner(Spillable[Any]):
     """Combines ``(key, value)`` records per key within a budget; see the module docstring.
 
@@ -155,7 +194,7 @@ class PartialCombiner(Spillable[Any]):
         self.values = 0
         self.entry_bytes = 96.0  # running estimate of a key + combiner + entry
         self.value_bytes = 36.0  # groupByKey: running estimate of one value + its list slot
-        self._out: list[Iterable[tuple[Any, Any]]] | None = None
+        self._out: list[Iterator[Iterable[tuple[Any, Any]]]] | None = None
         #: combiners handed on (keys may repeat across generations), and how many times the
         #: budget made the combiner hand them on early
         self.emitted = 0
@@ -184,15 +223,17 @@ class PartialCombiner(Spillable[Any]):
         self.entry_bytes = 0.9 * self.entry_bytes + 0.1 * size
 
     # ------------------------------------------------------------------ folding
-    def combine(self, records: Iterable[tuple[Any, Any]]) -> Iterator[tuple[Any, Any]]:
-        """Fold ``records`` lazily; yields ``(key, combiner)`` pairs, a key possibly more
-        than once (the reduce side merges them)."""
+    def combine(self, records: Iterable[tuple[Any, Any]]) -> HandedOn:
+        """Fold ``records`` lazily; the ``(key, combiner)`` pairs handed on, a key possibly
+        more than once (the reduce side merges them)."""
         self.check_open("combine after the combiner closed")
-        it = iter(records)
+        return HandedOn(self._parts(iter(records)))
+
+    def _parts(self, it: Iterator[tuple[Any, Any]]) -> Iterator[Iterable[tuple[Any, Any]]]:
         with fewer_collections():
             yield from self._combine(it)
 
-    def _combine(self, it: Iterator[tuple[Any, Any]]) -> Iterator[tuple[Any, Any]]:
+    def _combine(self, it: Iterator[tuple[Any, Any]]) -> Iterator[Iterable[tuple[Any, Any]]]:
         try:
             while True:
                 typed = self._typed
@@ -208,7 +249,7 @@ class PartialCombiner(Spillable[Any]):
                 out, self._out = self._out, None
                 if out is not None:
                     while out:  # no name may keep a handed-on generation alive after it
-                        yield from out.pop(0)
+                        yield from out.pop(0)  # the parts of one source
                     del out
                     release_free_memory()  # the generation's freed heap (module docstring)
                 if self.passing:
@@ -258,7 +299,7 @@ class PartialCombiner(Spillable[Any]):
 
     def _pass_through(
         self, chunk: list[tuple[Any, Any]], it: Iterator[tuple[Any, Any]]
-    ) -> Iterator[tuple[Any, list[Any]]]:
+    ) -> Iterator[list[tuple[Any, list[Any]]]]:
         """groupByKey without the map-side combine (Spark's own ``mapSideCombine=false``):
         every record leaves as ``(key, [value])``; nothing is held."""
         with self.lock:
@@ -266,21 +307,21 @@ class PartialCombiner(Spillable[Any]):
         while chunk:
             self.metrics.records_read += len(chunk)
             self.emitted += len(chunk)
-            yield from [(k, [v]) for k, v in chunk]
+            yield [(k, [v]) for k, v in chunk]
             chunk = list(islice(it, CHUNK))
 
-    def _leave_typed(self) -> Iterator[tuple[Any, Any]]:
+    def _leave_typed(self) -> Iterator[PairArrays]:
         typed, self._typed = self._typed, None
         log.debug("%s: records left the typed fold; %d groups handed on", self.name, len(typed))
         self.emitted += len(typed)
-        return _typed_handed_on(typed)
+        return typed.destructive_pair_slices(HAND_ON_SLICE)
 
-    def _drain(self) -> Iterator[tuple[Any, Any]]:
+    def _drain(self) -> Iterator[Iterable[tuple[Any, Any]]]:
         if self._typed is not None:
             yield from self._leave_typed()
         groups, self.groups, self.values = self.groups, {}, 0
         self.emitted += len(groups)
-        yield from _handed_on(groups)
+        yield _handed_on(groups)
 
     # ------------------------------------------------------------------ Spillable hooks
     def collection_is_empty(self) -> bool:
@@ -290,18 +331,18 @@ class PartialCombiner(Spillable[Any]):
         """Hand the combiners to the shuffle (yielded before the next chunk is folded)."""
         self.flushes += 1
         log.debug("%s: %s of combiners handed on (%s)", self.name, format_size(size), reason)
-        parts: list[Iterable[tuple[Any, Any]]] = []
+        parts: list[Iterator[Iterable[tuple[Any, Any]]]] = []  # sources of parts
         if self._typed is not None and len(self._typed):
             from extagg.generic.typed_map import TypedReduceMap
 
             op = self._typed.op
             self.emitted += len(self._typed)
-            parts.append(_typed_handed_on(self._typed))
+            parts.append(self._typed.destructive_pair_slices(HAND_ON_SLICE))
             self._typed = TypedReduceMap(op)
         if self.groups:
             if self.lists and self.flushes == 1:
                 self._decide_pass_through()
-            parts.append(_handed_on(self.groups))
+            parts.append(iter((_handed_on(self.groups),)))
             self.emitted += len(self.groups)
             self.groups, self.values = {}, 0
         self._out = parts
@@ -335,14 +376,6 @@ def _handed_on(groups: dict[Any, Any]) -> Iterator[tuple[Any, Any]]:
     pop = groups.popitem
     for _ in range(len(groups)):
         yield pop()
-
-
-def _typed_handed_on(typed: Any) -> Iterator[tuple[Any, Any]]:
-    """A typed table's groups, decoded to Python objects a slice at a time as the shuffle
-    writer takes them (the whole generation as objects beside the table would exceed the
-    budget the table was sized for)."""
-    for keys, values in typed.destructive_slices(HAND_ON_SLICE):
-        yield from zip(keys, values)
 
 
 def stop_iteration_error(exc: StopIteration) -> Exception:
