@@ -121,8 +121,11 @@ class TypedReduceMap:
     :meth:`fold_typed`, which reports how many records fitted.
     """
 
-    def __init__(self, op: int) -> None:
+    def __init__(self, op: int, *, from_zero: bool = False) -> None:
         self.op = op
+        #: values are added to an int ``0`` first (PySpark's ``foldByKey(0, add)``,
+        #: ``aggregateByKey((0, 0), ...)``): ``0 + v``, which turns a float ``-0.0`` into ``0.0``
+        self.from_zero = from_zero
         self.key_kind: type | None = None  # int or str, fixed by the first chunk
         self.value_kind: type | None = None  # float or int
         self._table: TypedHashTable | None = None
@@ -353,7 +356,11 @@ class TypedReduceMap:
                 return None
             return (sums, counts)
         array = self._values_array(values, n)
-        return None if array is None else (array,)
+        if array is None:
+            return None
+        if self.from_zero and array.dtype == np.float64:
+            array += 0.0  # 0 + v: -0.0 becomes 0.0, every other value (NaN too) stays itself
+        return (array,)
 
     def _values_array(self, values: Sequence[Any], n: int) -> np.ndarray | None:
         kind = self.value_kind

@@ -126,10 +126,14 @@ class Recognised(NamedTuple):
     merge: Any
     #: ``mergeCombiners`` with a typed reduce function unwrapped, else PySpark's
     merge_combiners: Any
-    #: the typed-path operation of ``reduceByKey(add | min | max)``, else None
+    #: the typed-path operation of ``reduceByKey(add | min | max)`` and of the plain sums of
+    #: ``foldByKey`` / ``aggregateByKey`` (see :func:`recognise`), else None
     typed_op: int | None
     #: ``groupByKey``'s list aggregator
     group_by_key: bool
+    #: the typed fold starts each combiner from an int zero (``foldByKey(0, add)``,
+    #: ``aggregateByKey((0, 0), sum-and-count)``)
+    typed_from_zero: bool = False
 
 
 def recognise(agg: Any) -> Recognised:
@@ -141,7 +145,10 @@ def recognise(agg: Any) -> Recognised:
     the typed path takes cannot raise either), the typed path may fold it. ``aggregateByKey(zero,
     seq, comb)`` / ``foldByKey(zero, f)``: ``createCombiner`` is ``lambda v: seq(
     deepcopy(zero), v)``; with an immutable ``zero`` that deep copy is ``zero`` itself, so the
-    combiner is built as ``seq(zero, v)``. Anything else is used as given.
+    combiner is built as ``seq(zero, v)``; a sum from an int ``0`` (``foldByKey(0, add)``) or a
+    sum and count from ``(0, 0)`` (the mean: ``seq = (c[0] + v, c[1] + 1)``, ``comb = (a[0] +
+    b[0], a[1] + b[1])``, written with any argument names) folds typed too, from zero.
+    Anything else is used as given.
     """
     create, merge, merge_combiners = agg.createCombiner, agg.mergeValue, agg.mergeCombiners
     if _is_group_by_key(agg):
@@ -169,8 +176,35 @@ def recognise(agg: Any) -> Recognised:
             def create_from_zero(value: Any) -> Any:
                 return seq(zero, value)
 
+            comb = _unwrap(merge_combiners)
+            typed = _typed_from_zero(zero, seq, comb)
+            if typed is not None:  # plain sums: fold them typed on both sides
+                return Recognised(create_from_zero, seq, comb, typed, False, True)
             return Recognised(create_from_zero, _unwrap(merge), merge_combiners, None, False)
     return Recognised(_unwrap(create), _unwrap(merge), merge_combiners, None, False)
+
+
+def _typed_from_zero(zero: Any, seq: Any, comb: Any) -> int | None:
+    """The typed operation of ``foldByKey(0, f)`` / ``aggregateByKey(0, f, g)`` with ``f`` and
+    ``g`` a plain ``+``, and of ``aggregateByKey((0, 0), seq, comb)`` where ``seq`` is
+    ``(c[0] + v, c[1] + 1)`` and ``comb`` ``(a[0] + b[0], a[1] + b[1])`` (the mean's sum and
+    count); ``None`` for anything else. The zeros must be exact ``int`` ``0``s: ``0 + v`` is
+    ``v`` for an int and ``0.0 + v`` for a float (the typed fold computes that), where a zero
+    ``0.0`` would turn int values into floats."""
+    from extagg.function_code import is_plain_add
+
+    if type(zero) is int and zero == 0:
+        return _typed_op(seq) if is_plain_add(seq) and is_plain_add(comb) else None
+    if type(zero) is not tuple or len(zero) != 2 or any(type(z) is not int or z for z in zero):
+        return None
+    from extagg.generic.aggregator import Aggregator
+
+    mean = Aggregator.sum_count()
+    if Aggregator(mean.create_combiner, seq, comb).pattern != "sum_count":
+        return None
+    from extagg.generic.typed_map import aggregator_op  # numba: only on this path
+
+    return aggregator_op(mean)
 
 
 def _typed_op(fn: Any) -> int | None:
@@ -288,6 +322,7 @@ class SparkMerger:
             seen.create,
             seen.merge,
             typed_op=seen.typed_op,
+            typed_from_zero=seen.typed_from_zero,
             lists=seen.group_by_key,
             memory=self.budget,
             spill_dirs=self.localdirs,

@@ -161,7 +161,11 @@ class PartialCombiner(Spillable[Any]):
         ``createCombiner(v)`` and ``mergeValue(c, v)``, as Spark calls them.
     typed_op
         The :mod:`extagg.generic.typed_map` operation when the aggregator is
-        ``reduceByKey(add | min | max)`` (the typed fold), else ``None``.
+        ``reduceByKey(add | min | max)`` or one of the sums :func:`extagg.spark.merger.recognise`
+        reads (the typed fold), else ``None``.
+    typed_from_zero
+        The typed fold's combiners start from an int zero (``foldByKey(0, add)``,
+        ``aggregateByKey((0, 0), ...)``): each value is added to ``0`` first.
     lists
         The aggregator is ``groupByKey``'s: ``[v]`` and ``append`` (folded inline).
     memory, spill_dirs, name
@@ -174,6 +178,7 @@ class PartialCombiner(Spillable[Any]):
         merge: Callable[[Any, Any], Any],
         *,
         typed_op: int | None = None,
+        typed_from_zero: bool = False,
         lists: bool = False,
         memory: int | str | None = None,
         spill_dirs: Iterable[str] | str | None = None,
@@ -188,7 +193,7 @@ class PartialCombiner(Spillable[Any]):
         if typed_op is not None:
             from extagg.generic.typed_map import TypedReduceMap  # numba: only on this path
 
-            self._typed = TypedReduceMap(typed_op)
+            self._typed = TypedReduceMap(typed_op, from_zero=typed_from_zero)
         self.groups: dict[Any, Any] = {}
         #: values folded into the dict since it was last handed on (list growth)
         self.values = 0
@@ -335,10 +340,10 @@ class PartialCombiner(Spillable[Any]):
         if self._typed is not None and len(self._typed):
             from extagg.generic.typed_map import TypedReduceMap
 
-            op = self._typed.op
+            op, from_zero = self._typed.op, self._typed.from_zero
             self.emitted += len(self._typed)
             parts.append(self._typed.destructive_pair_slices(HAND_ON_SLICE))
-            self._typed = TypedReduceMap(op)
+            self._typed = TypedReduceMap(op, from_zero=from_zero)
         if self.groups:
             if self.lists and self.flushes == 1:
                 self._decide_pass_through()

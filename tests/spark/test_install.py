@@ -392,3 +392,35 @@ def test_typed_keys_spilling_same_as_stock(spark_context, kind):
     assert len(ours["add"]) == keys
     _, disk_spilled = spill_totals(spark_context, f"typed-{kind}")
     assert disk_spilled > 0
+
+
+@pytest.mark.parametrize("values", ["int", "float"])
+def test_sums_from_zero_typed_same_as_stock(spark_context, values):
+    """foldByKey(0, add) and aggregateByKey((0, 0), sum and count) fold typed on both sides
+    (1m workers: hand-ons and spills) and give stock's answers, types and zero signs included:
+    a key whose values are all -0.0 sums to 0.0 (``0 + -0.0``), as in PySpark."""
+    n, keys = 60_000, 15_000
+
+    def record(i):
+        k = (i * 7919) % keys
+        if k == 0:
+            return (k, -0.0 if values == "float" else 0)
+        return (k, (i % 1000) / 2 if values == "float" else i % 1000)
+
+    rdd = spark_context.parallelize(range(n), 4).map(record)
+    calls = {
+        "fold": lambda r: r.foldByKey(0, operator.add, 3),
+        "mean": lambda r: r.aggregateByKey(
+            (0, 0), lambda c, v: (c[0] + v, c[1] + 1), lambda a, b: (a[0] + b[0], a[1] + b[1]), 3
+        ),
+    }
+    stock = {name: dict(call(rdd).collect()) for name, call in calls.items()}
+    with spark_setting(spark_context, "spark.python.worker.memory", "1m"), es.installed():
+        ours = {name: dict(call(rdd).collect()) for name, call in calls.items()}
+    assert ours == stock
+    assert len(ours["fold"]) == keys
+    for name in calls:  # types and the sign of zero too
+        assert {k: repr(v) for k, v in ours[name].items()} == {
+            k: repr(v) for k, v in stock[name].items()
+        }
+    assert repr(ours["fold"][0]) == ("0.0" if values == "float" else "0")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import operator
+import struct
 import os
 import pickle
 from collections import defaultdict
@@ -177,6 +178,20 @@ def test_recognise_sees_through_pyspark_closures():
     tuple_zero = recognise(aggregator_of(CALLS["aggregateByKey"]))
     assert tuple_zero.create(5) == (5, 1) and tuple_zero.merge is add_pair
     assert tuple_zero.create.__name__ == "create_from_zero"  # no deepcopy per key
+    assert tuple_zero.typed_op is not None and tuple_zero.typed_from_zero  # sum and count
+    assert tuple_zero.merge_combiners is merge_pair  # unwrapped: the reduce side folds typed
+    fold_zero = recognise(aggregator_of(CALLS["foldByKey"]))
+    assert fold_zero.typed_op == reduce_add.typed_op and fold_zero.typed_from_zero
+    for build in (
+        lambda r: r.foldByKey(0.0, operator.add),  # 0.0 + int is a float: not the typed sum
+        lambda r: r.foldByKey(1, operator.add),
+        lambda r: r.foldByKey(0, max),
+        lambda r: r.aggregateByKey((0, 0.0), add_pair, merge_pair),
+        lambda r: r.aggregateByKey((0, 0), lambda c, v: (c[0] + v, c[1] + 2), merge_pair),
+        lambda r: r.aggregateByKey((0, 0), add_pair, lambda a, b: (a[0] + b[0], a[1])),
+        lambda r: r.aggregateByKey(0, operator.add, max),
+    ):
+        assert recognise(aggregator_of(build)).typed_op is None
     list_zero = recognise(aggregator_of(CALLS["aggregateByKey.list"]))
     first, second = list_zero.create(1), list_zero.create(1)
     assert first == second == [1] and first is not second  # a mutable zero is still copied
@@ -394,3 +409,62 @@ def test_typed_generations_are_handed_on_a_slice_at_a_time(monkeypatch, kind):
         pieces += 1
     assert combiner.flushes > 1 and pieces == combiner.emitted > keys
     assert out == reference("reduceByKey", pairs)
+
+
+FROM_ZERO_VALUES = st.one_of(
+    st.integers(-(2**62), 2**62),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([-0.0, 0.0, 2**63 - 1, -(2**63)]),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    call=st.sampled_from(["aggregateByKey", "foldByKey", "aggregateByKey.lambdas"]),
+    values_kind=st.sampled_from(["int", "float", "mixed"]),
+    data=st.data(),
+)
+def test_sums_from_zero_fold_typed_exactly_as_python(call, values_kind, data):
+    """``foldByKey(0, add)`` and ``aggregateByKey((0, 0), sum, count)`` on the typed fold:
+    bit for bit what PySpark's own functions compute (``0 + -0.0`` is ``0.0``; an int sum
+    leaving int64 and a float among ints leave the typed fold)."""
+    values = {
+        "int": st.integers(-(2**62), 2**62),
+        "float": st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([-0.0]),
+        "mixed": FROM_ZERO_VALUES,
+    }[values_kind]
+    pairs = data.draw(st.lists(st.tuples(st.integers(0, 30), values), max_size=2000))
+    build = {
+        "aggregateByKey": CALLS["aggregateByKey"],
+        "foldByKey": CALLS["foldByKey"],
+        "aggregateByKey.lambdas": lambda r: r.aggregateByKey(
+            (0, 0), lambda c, v: (c[0] + v, c[1] + 1), lambda a, b: (a[0] + b[0], a[1] + b[1])
+        ),
+    }[call]
+    agg = aggregator_of(build)
+    seen = recognise(agg)
+    assert seen.typed_op is not None and seen.typed_from_zero
+    combiner = PartialCombiner(
+        seen.create,
+        seen.merge,
+        typed_op=seen.typed_op,
+        typed_from_zero=seen.typed_from_zero,
+        memory=1 << 20,
+    )
+    ours: dict[Any, Any] = {}
+    for k, c in combiner.combine(iter(pairs)):  # a key twice only after an int sum overflowed
+        ours[k] = agg.mergeCombiners(ours[k], c) if k in ours else c
+    stock: dict[Any, Any] = {}
+    for k, v in pairs:  # PySpark's own functions, as its merger calls them
+        stock[k] = agg.mergeValue(stock[k], v) if k in stock else agg.createCombiner(v)
+    assert {k: _bits(c) for k, c in ours.items()} == {k: _bits(c) for k, c in stock.items()}
+
+
+def _bits(value: Any) -> Any:
+    """A value with its types and float bits (NaN payloads aside: which NaN an add returns is
+    the compiler's choice of operand order)."""
+    if isinstance(value, tuple):
+        return tuple(_bits(v) for v in value)
+    if type(value) is float:
+        return ("nan",) if value != value else (float, struct.pack("<d", value))
+    return (type(value), value)
