@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import io
 import operator
-import struct
 import os
 import pickle
+import struct
 from collections import defaultdict
 from typing import Any
 
