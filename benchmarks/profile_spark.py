@@ -159,12 +159,10 @@ def _framed(blobs: list[bytes]) -> Any:
     """A reduce task's input: the partition's pickled batches, length-framed."""
     import io
 
-    from pyspark.serializers import write_int
+    from pyspark.serializers import NoOpSerializer
 
     buf = io.BytesIO()
-    for blob in blobs:
-        write_int(len(blob), buf)
-        buf.write(blob)
+    NoOpSerializer().dump_stream(blobs, buf)  # PySpark's own framing of raw bytes
     buf.seek(0)
     return buf
 

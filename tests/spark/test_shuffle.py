@@ -11,7 +11,7 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
-from pyspark.serializers import BatchedSerializer, CPickleSerializer, write_int
+from pyspark.serializers import BatchedSerializer, CPickleSerializer, NoOpSerializer
 
 import extagg.spark as es
 from extagg.collection.pair_arrays import PairArrays
@@ -64,9 +64,7 @@ def by_partition(stream: list) -> dict[int, list[bytes]]:
 def framed(blobs: list[bytes]) -> io.BytesIO:
     """What a reduce task's Python worker reads for its partition: length-framed batches."""
     buf = io.BytesIO()
-    for blob in blobs:
-        write_int(len(blob), buf)
-        buf.write(blob)
+    NoOpSerializer().dump_stream(blobs, buf)  # PySpark's own framing of raw bytes
     buf.seek(0)
     return buf
 
