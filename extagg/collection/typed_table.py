@@ -52,6 +52,8 @@ MIN_ARENA = 4096
 #: offers them (``madvise``): a probe into a large table then rarely misses the TLB as well as
 #: the cache, and growing the table takes 512 times fewer page faults
 HUGE_PAGE_BYTES = 4 << 20
+#: the size of a transparent huge page (x86-64, arm64 with 4 KiB pages)
+HUGE_PAGE = 2 << 20
 
 
 def zeros(
@@ -67,8 +69,7 @@ def zeros(
     dims = (shape,) if isinstance(shape, int) else tuple(shape)
     count = int(np.prod(dims, dtype=np.int64))
     nbytes = count * dtype.itemsize
-    advise = getattr(mmap, "MADV_HUGEPAGE", None)
-    if nbytes < HUGE_PAGE_BYTES or advise is None:
+    if nbytes < HUGE_PAGE_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):
         return np.zeros(dims, dtype=dtype)
     area = _Reservation.make(nbytes, _reserve_bytes(nbytes) if growable else 0)
     if area.capacity == nbytes:
@@ -78,10 +79,6 @@ def zeros(
         _advise_huge_pages(area, area.start, covered)
         _advise_huge_pages(area, covered, len(area), huge=False)  # even where THP is "always"
     return np.frombuffer(area, dtype=dtype, count=count, offset=area.start).reshape(dims)
-
-
-#: the size of a transparent huge page (x86-64, arm64 with 4 KiB pages)
-HUGE_PAGE = 2 << 20
 
 
 def _advise_huge_pages(area: mmap.mmap, start: int, end: int, huge: bool = True) -> None:
