@@ -283,7 +283,7 @@ def test_string_keys_spill_from_the_arrays_like_the_general_path(tmp_path):
     size=st.integers(1, 64),
     op=st.sampled_from(["add", "max", "sum_count"]),
 )
-def test_destructive_slices_are_destructive_arrays_in_pieces(keys, size, op):
+def test_destructive_pair_slices_are_destructive_arrays_in_pieces(keys, size, op):
     """Handing a table on a slice at a time gives the same keys and states, in the same order,
     as decoding it whole (ASCII and non-ASCII str keys, int keys, (sum, count) states)."""
     from extagg.generic.typed_map import aggregator_op, typed_op
@@ -302,7 +302,7 @@ def test_destructive_slices_are_destructive_arrays_in_pieces(keys, size, op):
 
     whole_keys, whole_values = build().destructive_arrays()
     sliced = build()
-    pieces = list(sliced.destructive_slices(size))
+    pieces = [(p.key_objects(), p.value_objects()) for p in sliced.destructive_pair_slices(size)]
     with pytest.raises(DestroyedError):
         len(sliced)
     assert all(0 < len(k) <= size and len(k) == len(v) for k, v in pieces)

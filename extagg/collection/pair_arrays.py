@@ -109,15 +109,6 @@ class PairArrays:
         """Whether the keys are ``str`` (else ``int``)."""
         return self.int_keys is None
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the arrays (the arena's used part)."""
-        size = self.states.nbytes + (0 if self.counts is None else self.counts.nbytes)
-        if self.int_keys is not None:
-            return size + self.int_keys.nbytes
-        used = int(self.offsets[-1] - self.offsets[0]) if len(self.offsets) else 0
-        return size + self.offsets.nbytes + used
-
     def key_objects(self) -> list[Any]:
         """The keys as Python objects."""
         return decode_keys(self.int_keys, self.offsets, self.arena, self.ascii_keys)

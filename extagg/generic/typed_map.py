@@ -467,15 +467,6 @@ class TypedReduceMap:
         self._destroy()
         return keys, values
 
-    def destructive_slices(self, size: int = 16384) -> Iterator[tuple[list[Any], list[Any]]]:
-        """Destroy the map; its keys and states in order of first appearance, ``size`` groups
-        at a time: beside the table only one slice of Python objects exists at once (what a
-        hand-on to a consumer that takes them one by one needs)."""
-        return (
-            (part.key_objects(), part.value_objects())
-            for part in self.destructive_pair_slices(size)
-        )
-
     def destructive_pair_slices(self, size: int = 16384) -> Iterator[PairArrays]:
         """Destroy the map; its groups in order of first appearance, ``size`` at a time, as
         :class:`~extagg.collection.pair_arrays.PairArrays` (views of the table, which the
