@@ -10,10 +10,10 @@ Every ``_kernels``-style module compiles its functions with :func:`jit`:
 * ``boundscheck`` left to numba's ``NUMBA_BOUNDSCHECK`` environment variable (off by default,
   for speed): set ``NUMBA_BOUNDSCHECK=1`` to debug a kernel with checked indexing.
 
-Besides the decorator, three kinds of intrinsics the kernels of the hash tables use:
-:func:`prefetch` (start loading a cache line ahead of its use) and 8-byte loads and stores at
+Besides the decorator, the helpers the kernels of the hash tables use:
+:func:`prefetch` (start loading a cache line ahead of its use), 8-byte loads and stores at
 any byte offset of a ``uint8`` array (:data:`load_f64`, :data:`store_f64`, ... : the fields of
-a packed record row, which need not be aligned).
+a packed record row, which need not be aligned), and :func:`copy_bytes` built on them.
 
 numba fills global registries (boxing, lowering) the first time it is imported and the first
 time its CPU target is used; Ctrl-C in the middle leaves them half-filled, and every later
@@ -42,7 +42,7 @@ from numba.extending import intrinsic
 
 __all__ = [
     "CACHE", "FASTMATH", "NOGIL", "jit", "prefetch",
-    "load_f64", "store_f64", "load_i64", "store_i64", "load_u64", "store_u64",
+    "load_f64", "store_f64", "load_i64", "store_i64", "load_u64", "store_u64", "copy_bytes",
 ]  # fmt: skip
 
 CACHE = True
@@ -145,3 +145,17 @@ def _memory_access(nbtype: Any) -> tuple[Any, Any]:
 load_f64, store_f64 = _memory_access(types.float64)
 load_i64, store_i64 = _memory_access(types.int64)
 load_u64, store_u64 = _memory_access(types.uint64)
+
+
+@jit(inline="always")
+def copy_bytes(dst: Any, at: int, src: Any, start: int, n: int) -> None:
+    """``dst[at:at + n] = src[start:start + n]`` (``uint8`` arrays) in a kernel, 8 bytes a
+    step: a byte loop over another array cannot be vectorised (numba cannot rule out that
+    the two overlap), and strings are copied by the million (gathers, arenas)."""
+    j = 0
+    while j + 8 <= n:
+        store_u64(dst, at + j, load_u64(src, start + j))
+        j += 8
+    while j < n:
+        dst[at + j] = src[start + j]
+        j += 1

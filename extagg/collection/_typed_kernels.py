@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from extagg._numba import jit, load_u64, prefetch, store_u64
+from extagg._numba import copy_bytes, jit, load_u64, prefetch, store_u64
 
 __all__ = [
     "DONE",
@@ -41,11 +41,94 @@ TABLE_FULL = 1
 ARENA_FULL = 2
 
 _SMALL = 24  # buckets up to this size are finished by insertion sort
-#: rows ahead whose home slot a probe loop prefetches (misses of ~16 rows overlap); the
-#: group's stored key is prefetched half as far ahead, once its slot has (probably) arrived
+#: rows ahead whose home slot a probe loop prefetches (misses of ~16 rows overlap); a pass
+#: over groups already found (their stored keys) prefetches half as far ahead
 PREFETCH_ROWS = 16
 _HALF = PREFETCH_ROWS // 2
-_QUARTER = PREFETCH_ROWS // 4
+
+
+#: rows a probe handles per block: first every row's slot (misses overlapping), then the stored
+#: keys of the rows whose slot held their hash, then the rest one by one (see ``insert_rows``)
+PROBE_BLOCK = 256
+
+
+@_jit
+def _slot_candidates(hashes, b0, b1, slots, shift, cand):
+    """Phase one of a block: each row's first slot holding its hash (``cand``: that group's
+    id) or an empty slot (``-1``). Touches the slot array only, so the rows' misses are
+    independent of each other and overlap (prefetched :data:`PREFETCH_ROWS` rows ahead)."""
+    mask = slots.shape[0] - 1
+    for i in range(b0, b1):
+        if i + PREFETCH_ROWS < b1:
+            prefetch(slots, np.int64(hashes[i + PREFETCH_ROWS] >> shift))
+        h = hashes[i]
+        pos = np.int64(h >> shift)
+        step = 0
+        while True:
+            g1 = slots[pos, 1]
+            if g1 == 0 or slots[pos, 0] == h:
+                break
+            step += 1
+            pos = (pos + step) & mask
+        cand[i - b0] = np.int64(g1) - 1
+
+
+@_jit
+def _check_fixed_keys(words, nulls, b0, b1, key_words, key_nulls, cand):
+    """Phase two: drop the candidates whose stored words or null mask differ from the row's."""
+    k = words.shape[1]
+    has_nulls = nulls.shape[0] > 0
+    has_key_nulls = key_nulls.shape[0] > 0
+    m = b1 - b0
+    for j in range(m):
+        if k > 0 and j + _HALF < m and cand[j + _HALF] >= 0:
+            prefetch(key_words, cand[j + _HALF])
+        g = cand[j]
+        if g < 0:
+            continue
+        i = b0 + j
+        same = not has_key_nulls or key_nulls[g] == (nulls[i] if has_nulls else 0)
+        w = 0
+        while same and w < k:
+            same = key_words[g, w] == words[i, w]
+            w += 1
+        if not same:
+            cand[j] = -1
+
+
+@_jit
+def _check_var_keys(var_off, var_data, b0, b1, g_var_off, arena, cand, start):
+    """Phase two for the variable-length part: first every candidate's offset in the arena
+    (``start``), then its bytes, each pass prefetching its loads half a prefetch distance
+    ahead: the three dependent misses of a row (slot, offset, bytes) are three passes over the
+    block, not a chain the CPU waits on row after row."""
+    m = b1 - b0
+    for j in range(m):
+        if j + _HALF < m and cand[j + _HALF] >= 0:
+            prefetch(g_var_off, cand[j + _HALF])
+        g = cand[j]
+        if g >= 0:
+            start[j] = g_var_off[g]
+    for j in range(m):
+        if j + _HALF < m and cand[j + _HALF] >= 0:
+            prefetch(arena, start[j + _HALF])
+        g = cand[j]
+        if g < 0:
+            continue
+        i = b0 + j
+        a = start[j]
+        b = var_off[i]
+        length = g_var_off[g + 1] - a
+        same = var_off[i + 1] - b == length
+        c = 0
+        while same and c + 8 <= length:
+            same = load_u64(arena, a + c) == load_u64(var_data, b + c)
+            c += 8
+        while same and c < length:
+            same = arena[a + c] == var_data[b + c]
+            c += 1
+        if not same:
+            cand[j] = -1
 
 
 @_jit
@@ -74,9 +157,14 @@ def insert_rows(
     ``(next_row, status)``; rows before ``next_row`` have their group ids. An empty
     ``key_nulls`` means no group and no row has a null key column (neither read nor written).
 
-    Each row's home slot is prefetched :data:`PREFETCH_ROWS` rows ahead, the stored key of the
-    group found there (its words, its offset in the arena) half as far ahead and its bytes in
-    the arena a quarter as far, so that the cache misses of several rows overlap.
+    Rows go in blocks of :data:`PROBE_BLOCK`, in three passes: every row's slot
+    (:func:`_slot_candidates`), then the stored keys of the groups found there
+    (:func:`_check_fixed_keys`, :func:`_check_var_keys`), then, in row order, the rows still
+    without a group - new keys, and the rare hash collisions - probed and inserted one by one
+    as before. The passes only read the table, so the groups, their ids and the slots are those
+    of a row-by-row probe; a row's dependent misses (slot, then the group's key words or arena
+    offset, then its bytes) become independent loads across the block, which the CPU overlaps
+    (string keys: half the time of the row-by-row loop with its prefetches).
     """
     n = hashes.shape[0]
     mask = slots.shape[0] - 1
@@ -86,73 +174,72 @@ def insert_rows(
     k = words.shape[1]
     n_groups = meta[0]
     used = meta[1]
-    for i in range(start, n):
-        if i + PREFETCH_ROWS < n:
-            prefetch(slots, np.int64(hashes[i + PREFETCH_ROWS] >> shift))
-        if i + _HALF < n:
-            ahead = slots[np.int64(hashes[i + _HALF] >> shift), 1]
-            if ahead != 0:
-                if k > 0:
-                    prefetch(key_words, np.int64(ahead) - 1)
-                if has_var:
-                    prefetch(g_var_off, np.int64(ahead) - 1)
-        if has_var and i + _QUARTER < n:
-            ahead = slots[np.int64(hashes[i + _QUARTER] >> shift), 1]
-            if ahead != 0:
-                prefetch(arena, g_var_off[np.int64(ahead) - 1])
-        h = hashes[i]
-        nw = nulls[i] if has_nulls else 0
-        pos = np.int64(h >> shift)
-        step = 0
-        while True:
-            g1 = slots[pos, 1]
-            if g1 == 0:
-                if n_groups >= grow_at:
-                    meta[0] = n_groups
-                    meta[1] = used
-                    return i, TABLE_FULL
-                if has_var:
-                    s = var_off[i]
-                    length = var_off[i + 1] - s
-                    if used + length > arena.shape[0]:
+    cand = np.empty(PROBE_BLOCK, np.int64)
+    arena_start = np.empty(PROBE_BLOCK if has_var else 0, np.int64)
+    for b0 in range(start, n, PROBE_BLOCK):
+        b1 = min(b0 + PROBE_BLOCK, n)
+        _slot_candidates(hashes, b0, b1, slots, shift, cand)
+        if k > 0 or has_key_nulls:
+            _check_fixed_keys(words, nulls, b0, b1, key_words, key_nulls, cand)
+        if has_var:
+            _check_var_keys(var_off, var_data, b0, b1, g_var_off, arena, cand, arena_start)
+        for i in range(b0, b1):
+            g = cand[i - b0]
+            if g >= 0:
+                out_gid[i] = g
+                continue
+            h = hashes[i]
+            nw = nulls[i] if has_nulls else 0
+            pos = np.int64(h >> shift)
+            step = 0
+            while True:
+                g1 = slots[pos, 1]
+                if g1 == 0:
+                    if n_groups >= grow_at:
                         meta[0] = n_groups
                         meta[1] = used
-                        return i, ARENA_FULL
-                    for j in range(length):
-                        arena[used + j] = var_data[s + j]
-                    used += length
-                    g_var_off[n_groups + 1] = used
-                for j in range(k):
-                    key_words[n_groups, j] = words[i, j]
-                if has_key_nulls:
-                    key_nulls[n_groups] = nw
-                slots[pos, 0] = h
-                slots[pos, 1] = np.uint64(n_groups + 1)
-                out_gid[i] = n_groups
-                n_groups += 1
-                break
-            if slots[pos, 0] == h:
-                # compare keys in line: helper calls taking arrays cost ~100 ns per row here
-                g = np.int64(g1) - 1
-                same = not has_key_nulls or key_nulls[g] == nw
-                j = 0
-                while same and j < k:
-                    same = key_words[g, j] == words[i, j]
-                    j += 1
-                if same and has_var:
-                    sa = g_var_off[g]
-                    sb = var_off[i]
-                    length = g_var_off[g + 1] - sa
-                    same = var_off[i + 1] - sb == length
-                    j = 0
-                    while same and j < length:
-                        same = arena[sa + j] == var_data[sb + j]
-                        j += 1
-                if same:
-                    out_gid[i] = g
+                        return i, TABLE_FULL
+                    if has_var:
+                        s = var_off[i]
+                        length = var_off[i + 1] - s
+                        if used + length > arena.shape[0]:
+                            meta[0] = n_groups
+                            meta[1] = used
+                            return i, ARENA_FULL
+                        copy_bytes(arena, used, var_data, s, length)
+                        used += length
+                        g_var_off[n_groups + 1] = used
+                    for j in range(k):
+                        key_words[n_groups, j] = words[i, j]
+                    if has_key_nulls:
+                        key_nulls[n_groups] = nw
+                    slots[pos, 0] = h
+                    slots[pos, 1] = np.uint64(n_groups + 1)
+                    out_gid[i] = n_groups
+                    n_groups += 1
                     break
-            step += 1
-            pos = (pos + step) & mask
+                if slots[pos, 0] == h:
+                    # compare keys in line: helper calls taking arrays cost ~100 ns per row here
+                    g = np.int64(g1) - 1
+                    same = not has_key_nulls or key_nulls[g] == nw
+                    j = 0
+                    while same and j < k:
+                        same = key_words[g, j] == words[i, j]
+                        j += 1
+                    if same and has_var:
+                        sa = g_var_off[g]
+                        sb = var_off[i]
+                        length = g_var_off[g + 1] - sa
+                        same = var_off[i + 1] - sb == length
+                        j = 0
+                        while same and j < length:
+                            same = arena[sa + j] == var_data[sb + j]
+                            j += 1
+                    if same:
+                        out_gid[i] = g
+                        break
+                step += 1
+                pos = (pos + step) & mask
     meta[0] = n_groups
     meta[1] = used
     return n, DONE
@@ -513,10 +600,8 @@ def gather_var(
         if i + PREFETCH_ROWS < m and data.shape[0] > 0:
             prefetch(data, min(offsets[rows[i + PREFETCH_ROWS]], data.shape[0] - 1))
         r = rows[i]
-        s = offsets[r]
         d = out_off[i]
-        for j in range(out_off[i + 1] - d):
-            out[d + j] = data[s + j]
+        copy_bytes(out, d, data, offsets[r], out_off[i + 1] - d)
     return out_off, out
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from extagg._numba import (
+    copy_bytes,
     jit,
     load_f64,
     load_i64,
@@ -429,8 +430,7 @@ def _put_var(arena, used, ref, ln, g, data, start, n):
     if ln[g] < n:
         at = used
         used += n
-    for j in range(n):
-        arena[at + j] = data[start + j]
+    copy_bytes(arena, at, data, start, n)
     ref[g] = at
     ln[g] = n
     return used
@@ -503,9 +503,7 @@ def gather_arena(arena, ref, ln, groups):
     for i in range(m):
         g = groups[i]
         d = out_off[i]
-        s = ref[g]
-        for j in range(out_off[i + 1] - d):
-            out[d + j] = arena[s + j]
+        copy_bytes(out, d, arena, ref[g], out_off[i + 1] - d)
     return out_off, out
 
 
@@ -566,10 +564,8 @@ def gather_var_rows(offsets, data, rows):
         r = rows[i]
         if r < 0:
             continue
-        s = offsets[r]
         d = out_off[i]
-        for j in range(out_off[i + 1] - d):
-            out[d + j] = data[s + j]
+        copy_bytes(out, d, data, offsets[r], out_off[i + 1] - d)
     return out_off, out
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from extagg._numba import jit
+from extagg._numba import copy_bytes, jit
 
 __all__ = [
     "float_words",
@@ -68,8 +68,7 @@ def write_var(cursor, offsets, data, valid, prefix, blob):
             for b in range(4):
                 blob[c + b] = np.uint8((size >> (8 * b)) & 0xFF)
             c += 4
-        for j in range(size):
-            blob[c + j] = data[s + j]
+        copy_bytes(blob, c, data, s, size)
         cursor[i] = c + size
 
 
@@ -95,9 +94,7 @@ def unpack_var(blob_offsets, blob, index):
     out = np.empty(total, dtype=np.uint8)
     for i in range(n):
         d = out_off[i]
-        s = starts[i]
-        for j in range(out_off[i + 1] - d):
-            out[d + j] = blob[s + j]
+        copy_bytes(out, d, blob, starts[i], out_off[i + 1] - d)
     return out_off, out
 
 

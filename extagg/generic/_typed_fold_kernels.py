@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from extagg._numba import jit
+from extagg._numba import copy_bytes, jit
 from extagg.generic._typed_fold_reference import (
     APPENDS,
     BINFLOAT,
@@ -194,8 +194,7 @@ def pickle_rows(
                 for j in range(4):
                     out[pos + 1 + j] = (length >> (8 * j)) & 0xFF
                 pos += 5
-            for j in range(length):
-                out[pos + j] = arena[start + j]
+            copy_bytes(out, pos, arena, start, length)
             pos += length
         else:
             pos = _put_long1(out, pos, key_bits[g])

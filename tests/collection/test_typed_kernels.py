@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from extagg.collection import _typed_kernels as K
@@ -66,6 +68,49 @@ def test_insert_rows_matches_reference(rows, hash_bits, has_var) -> None:
     for key, gid in zip(keys, fast[1].tolist()):
         assert by_key.setdefault(key, gid) == gid
     assert len(set(by_key.values())) == len(by_key)
+
+
+#: long keys differing in one byte (the probe compares 8 bytes at a time, then the tail)
+_LONG_KEYS = [b"user_0000000001", b"user_0000000002", b"user_00000000010", b"x" * 8, b"x" * 9]
+
+
+@settings(max_examples=60)
+@given(
+    keys=st.lists(st.integers(0, 44), min_size=1, max_size=900),
+    hash_bits=st.integers(0, 8),
+    with_nulls=st.booleans(),
+)
+def test_insert_rows_across_probe_blocks_matches_reference(keys, hash_bits, with_nulls) -> None:
+    """Rows spanning several of the kernel's probe blocks, mostly hits on groups already
+    there, with collisions (few hash bits), long variable-length keys, null masks, and the
+    table or the arena filling mid-block: the same groups, stops and slots as row by row."""
+    values = [_LONG_KEYS[v % 5] + bytes([v]) * (v // 5 % 3) for v in keys]
+    words = np.array([[v // 15] for v in keys], dtype=np.uint64).reshape(len(keys), 1)
+    nulls = np.array([v // 5 % 2 for v in keys] if with_nulls else [], dtype=np.uint8)
+    var_off, var_data = _var(values)
+    identity = [
+        (v // 15, v // 5 % 2 if with_nulls else 0, b) for v, b in zip(keys, values, strict=True)
+    ]
+    # a hash of the whole key with only ``hash_bits`` bits: equal keys, equal hashes
+    small = [(zlib.crc32(b) + 7 * w + 13 * n) % 2**hash_bits for w, n, b in identity]
+    hashes = np.array(small, dtype=np.uint64) << np.uint64(56)
+    fast = _insert_all(K, hashes, words, nulls, var_off, var_data, True)
+    slow = _insert_all(R, hashes, words, nulls, var_off, var_data, True)
+    assert fast[1].tolist() == slow[1].tolist()
+    assert fast[2] == slow[2]
+    assert np.array_equal(fast[0].slots, slow[0].slots)
+    first = list(dict.fromkeys(identity))
+    assert fast[1].tolist() == [first.index(key) for key in identity]
+    # the same rows again: every one a hit on a group of an earlier block
+    for mod, (table, out, _stops) in ((K, fast), (R, slow)):
+        again = np.full(len(keys), -1, dtype=np.int64)
+        done = mod.insert_rows(
+            hashes, words, nulls, var_off, var_data, 0, table.slots, table.shift,
+            table.key_words, table.key_nulls, table.var_offsets, table.arena, table.meta,
+            table.grow_at, again,
+        )  # fmt: skip
+        assert done == (len(keys), K.DONE)
+        assert again.tolist() == out.tolist()
 
 
 @given(st.lists(st.integers(0, 2**64 - 1), min_size=0, max_size=300), st.integers(0, 2))
