@@ -100,6 +100,35 @@ class Column:
         assert self.values is not None
         return Column(self.name, self.kind, self.arrow_type, self.values[rows], valid)
 
+    @staticmethod
+    def concat(parts: Sequence[Column]) -> Column:
+        """The rows of ``parts`` (columns of one name and type) one after the other, copied
+        (variable-length offsets from 0; a validity mask only if some part has one)."""
+        first = parts[0]
+        if len(parts) == 1:
+            return first
+        valid = None
+        if any(p.valid is not None for p in parts):
+            valid = np.concatenate(
+                [np.ones(len(p), dtype=np.bool_) if p.valid is None else p.valid for p in parts]
+            )
+        if not first.is_var:
+            values = np.concatenate([p.values for p in parts if p.values is not None])
+            return Column(first.name, first.kind, first.arrow_type, values, valid)
+        offsets = [np.zeros(1, dtype=np.int64)]
+        data = []
+        end = 0
+        for p in parts:
+            assert p.offsets is not None and p.data is not None
+            lo, hi = int(p.offsets[0]), int(p.offsets[-1])
+            offsets.append(p.offsets[1:] - lo + end)
+            data.append(p.data[lo:hi])
+            end += hi - lo
+        return Column(
+            first.name, first.kind, first.arrow_type, None, valid,
+            np.concatenate(offsets), np.concatenate(data),
+        )  # fmt: skip
+
     def nbytes(self) -> int:
         total = 0
         for arr in (self.values, self.valid, self.offsets, self.data):

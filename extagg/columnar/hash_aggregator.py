@@ -106,6 +106,12 @@ THREAD_CHUNK_ROWS = 1 << 18
 #: above baseline 0.81x a 60 MiB limit but 1.2-1.4x a 30 MiB one (the merges' working set at
 #: 15 MiB per partition), and two threads no faster than one at 30-120 MiB in all
 AUTO_THREAD_MIN_BUDGET = 32 << 20
+#: the least rows per chunk with threads when the thread count was not asked for (a chunk's
+#: buffers take up to a sixteenth of the budget, so this is a budget: ~120 MiB with one int key
+#: and one value): every call that folds a partition's share of a chunk costs Python work, and
+#: with smaller chunks two threads measured 1.1-2.2x slower than one (int-1M at 14 MiB, str-1M
+#: at 17 MiB, int-10M at 109 MiB; benchmarks/README.md, "Columnar, 2026-11-26, second pass")
+AUTO_THREAD_MIN_CHUNK_ROWS = 1 << 16
 
 
 class HashAggregator(Spillable[ColumnBlock]):
@@ -650,6 +656,14 @@ class HashAggregator(Spillable[ColumnBlock]):
         rows = max(1 << 10, min(THREAD_CHUNK_ROWS, max_memory // (16 * per_row)))
         rows = 1 << (rows.bit_length() - 1)
         scratch = rows * per_row
+        if self._threads_auto and rows < AUTO_THREAD_MIN_CHUNK_ROWS:
+            log.info(
+                "%s: a budget of %s gives chunks of %d rows with threads: 1 thread (each "
+                "partition's share of a chunk would cost more to hand over than to fold)",
+                self.name, format_size(max_memory), rows,
+            )  # fmt: skip
+            self.threads = 1
+            return
         wanted = bits = partition_bits(self.threads)
         while bits:
             child_max = (max_memory - scratch) >> bits

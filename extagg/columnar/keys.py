@@ -53,6 +53,28 @@ class EncodedKeys:
         offsets = self.var_offsets[lo : hi + 1] if len(self.var_offsets) else self.var_offsets
         return EncodedKeys(self.hashes[lo:hi], self.words[lo:hi], nulls, offsets, self.var_data)
 
+    @staticmethod
+    def concat(parts: Sequence[EncodedKeys]) -> EncodedKeys:
+        """The keys of ``parts`` (encoded by one layout) one after the other, copied."""
+        if len(parts) == 1:
+            return parts[0]
+        first = parts[0]
+        hashes = np.concatenate([p.hashes for p in parts])
+        words = np.concatenate([p.words for p in parts])
+        nulls = np.concatenate([p.nulls for p in parts]) if len(first.nulls) else first.nulls
+        offsets, data = first.var_offsets, first.var_data
+        if len(offsets):
+            pieces = [np.zeros(1, dtype=np.int64)]
+            chunks = []
+            end = 0
+            for p in parts:
+                lo, hi = int(p.var_offsets[0]), int(p.var_offsets[-1])
+                pieces.append(p.var_offsets[1:] - lo + end)
+                chunks.append(p.var_data[lo:hi])
+                end += hi - lo
+            offsets, data = np.concatenate(pieces), np.concatenate(chunks)
+        return EncodedKeys(hashes, words, nulls, offsets, data)
+
     def take(self, rows: np.ndarray, rotate: int = 0) -> EncodedKeys:
         """The keys of rows ``rows`` (int64 row numbers), copied, hashes rotated left by
         ``rotate`` bits (as a partition's aggregator sees them)."""

@@ -323,19 +323,25 @@ class ThreadedFold:
         return _Slice(part, enc, order, bounds)
 
     def _fold_worker(self, w: int, slices: list[_Slice]) -> None:
-        """Worker ``w``: its partitions, each gathered from every slice in slice order."""
+        """Worker ``w``: its partitions, each gathered from every slice in slice order and
+        folded in one call (a child's every call costs Python work, whatever its rows)."""
         for p in range(w, self.parts, self.threads):
-            child = self.children[p]
+            if self._stop.is_set():
+                return
+            keys: list[EncodedKeys] = []
+            cols: list[dict[str, Column]] = []
             for s in slices:
-                if self._stop.is_set():
-                    return
                 lo, hi = int(s.bounds[p]), int(s.bounds[p + 1])
-                if lo == hi:
-                    continue
-                rows = s.order[lo:hi]
-                enc = s.enc.take(rows, self.bits)
-                sub = {k: c.take(rows) for k, c in s.cols.items()}
-                child.fold_encoded(sub, enc, hi - lo)
+                if lo < hi:
+                    rows = s.order[lo:hi]
+                    keys.append(s.enc.take(rows, self.bits))
+                    cols.append({k: c.take(rows) for k, c in s.cols.items()})
+            if not keys:
+                continue
+            enc = EncodedKeys.concat(keys)
+            sub = {k: Column.concat([c[k] for c in cols]) for k in cols[0]}
+            del keys, cols
+            self.children[p].fold_encoded(sub, enc, len(enc.hashes))
 
     def _run(self, jobs: list[Callable[[], _T]]) -> list[_T]:
         """Run ``jobs`` on the pool; their results in order, or the first error (by job

@@ -250,16 +250,19 @@ def test_small_budget_falls_back_to_fewer_threads(caplog: pytest.LogCaptureFixtu
     assert got.equals(want)
 
 
-def test_default_thread_count_needs_32_mib_per_partition(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Threads not asked for: every core at a budget of 32 MiB per partition and more, one
-    thread below (where threads were measured past the limit in RSS); an explicit count is
-    obeyed down to the engine minimum."""
+def test_default_thread_count_needs_a_budget_for_large_chunks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Threads not asked for: every core when the budget gives chunks of 2**16 rows and more
+    (here, one int key and one value: ~113 MiB) and 32 MiB per partition, one thread below
+    (where two threads were measured slower than one, and past the limit in RSS); an explicit
+    count is obeyed down to the engine minimum."""
     monkeypatch.delenv("EXTAGG_THREADS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1}, raising=False)
     table = _spill_input(70_000, 20_000)
     want = aggregate(table, "k", {"s": ("v", "sum")}, threads=1, memory="64m")
-    cases = (("512m", None, 2), ("72m", None, 2), ("48m", None, 1), ("32m", None, 1),
-             ("32m", 2, 2))  # fmt: skip
+    cases = (("512m", None, 2), ("160m", None, 2), ("100m", None, 1), ("72m", None, 1),
+             ("32m", None, 1), ("32m", 2, 2), ("72m", 2, 2))  # fmt: skip
     for memory, explicit, threads in cases:
         with HashAggregator("k", {"s": ("v", "sum")}, memory=memory, threads=explicit) as agg:
             agg.update(table)
