@@ -13,7 +13,8 @@ Every ``_kernels``-style module compiles its functions with :func:`jit`:
 Besides the decorator, the helpers the kernels of the hash tables use:
 :func:`prefetch` (start loading a cache line ahead of its use), 8-byte loads and stores at
 any byte offset of a ``uint8`` array (:data:`load_f64`, :data:`store_f64`, ... : the fields of
-a packed record row, which need not be aligned), and :func:`copy_bytes` built on them.
+a packed record row, which need not be aligned), and :func:`copy_bytes` and
+:func:`same_bytes` built on them.
 
 numba fills global registries (boxing, lowering) the first time it is imported and the first
 time its CPU target is used; Ctrl-C in the middle leaves them half-filled, and every later
@@ -42,7 +43,8 @@ from numba.extending import intrinsic
 
 __all__ = [
     "CACHE", "FASTMATH", "NOGIL", "jit", "prefetch",
-    "load_f64", "store_f64", "load_i64", "store_i64", "load_u64", "store_u64", "copy_bytes",
+    "load_f64", "store_f64", "load_i64", "store_i64", "load_u64", "store_u64",
+    "copy_bytes", "same_bytes",
 ]  # fmt: skip
 
 CACHE = True
@@ -159,3 +161,18 @@ def copy_bytes(dst: Any, at: int, src: Any, start: int, n: int) -> None:
     while j < n:
         dst[at + j] = src[start + j]
         j += 1
+
+
+@jit(inline="always")
+def same_bytes(a: Any, at: int, b: Any, start: int, n: int) -> bool:
+    """``a[at:at + n] == b[start:start + n]`` (``uint8`` arrays) in a kernel, 8 bytes a step."""
+    j = 0
+    while j + 8 <= n:
+        if load_u64(a, at + j) != load_u64(b, start + j):
+            return False
+        j += 8
+    while j < n:
+        if a[at + j] != b[start + j]:
+            return False
+        j += 1
+    return True

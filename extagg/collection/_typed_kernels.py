@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from extagg._numba import copy_bytes, jit, load_u64, prefetch, store_u64
+from extagg._numba import copy_bytes, jit, load_u64, prefetch, same_bytes, store_u64
 
 __all__ = [
     "DONE",
@@ -119,15 +119,7 @@ def _check_var_keys(var_off, var_data, b0, b1, g_var_off, arena, cand, start):
         a = start[j]
         b = var_off[i]
         length = g_var_off[g + 1] - a
-        same = var_off[i + 1] - b == length
-        c = 0
-        while same and c + 8 <= length:
-            same = load_u64(arena, a + c) == load_u64(var_data, b + c)
-            c += 8
-        while same and c < length:
-            same = arena[a + c] == var_data[b + c]
-            c += 1
-        if not same:
+        if var_off[i + 1] - b != length or not same_bytes(arena, a, var_data, b, length):
             cand[j] = -1
 
 
@@ -230,11 +222,9 @@ def insert_rows(
                         sa = g_var_off[g]
                         sb = var_off[i]
                         length = g_var_off[g + 1] - sa
-                        same = var_off[i + 1] - sb == length
-                        j = 0
-                        while same and j < length:
-                            same = arena[sa + j] == var_data[sb + j]
-                            j += 1
+                        same = var_off[i + 1] - sb == length and same_bytes(
+                            arena, sa, var_data, sb, length
+                        )
                     if same:
                         out_gid[i] = g
                         break
@@ -550,11 +540,9 @@ def group_rows(hashes, words, nulls, var_off, var_data, out_gid, first_row):
                     sa = var_off[other]
                     sb = var_off[row]
                     length = var_off[other + 1] - sa
-                    same = var_off[row + 1] - sb == length
-                    j = 0
-                    while same and j < length:
-                        same = var_data[sa + j] == var_data[sb + j]
-                        j += 1
+                    same = var_off[row + 1] - sb == length and same_bytes(
+                        var_data, sa, var_data, sb, length
+                    )
                 if same:
                     out_gid[row] = g
                     break

@@ -28,6 +28,7 @@ from extagg.collection._typed_kernels import gather_var
 
 __all__ = [
     "Column",
+    "concat_var",
     "KINDS",
     "column_kind",
     "DECIMAL64_DIGITS",
@@ -115,19 +116,12 @@ class Column:
         if not first.is_var:
             values = np.concatenate([p.values for p in parts if p.values is not None])
             return Column(first.name, first.kind, first.arrow_type, values, valid)
-        offsets = [np.zeros(1, dtype=np.int64)]
-        data = []
-        end = 0
+        pieces = []
         for p in parts:
             assert p.offsets is not None and p.data is not None
-            lo, hi = int(p.offsets[0]), int(p.offsets[-1])
-            offsets.append(p.offsets[1:] - lo + end)
-            data.append(p.data[lo:hi])
-            end += hi - lo
-        return Column(
-            first.name, first.kind, first.arrow_type, None, valid,
-            np.concatenate(offsets), np.concatenate(data),
-        )  # fmt: skip
+            pieces.append((p.offsets, p.data))
+        offsets, data = concat_var(pieces)
+        return Column(first.name, first.kind, first.arrow_type, None, valid, offsets, data)
 
     def nbytes(self) -> int:
         total = 0
@@ -135,6 +129,20 @@ class Column:
             if arr is not None:
                 total += arr.nbytes
         return total
+
+
+def concat_var(parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Variable-length values given as ``(offsets, data)`` pieces, one after the other, as
+    one ``(offsets from 0, data)`` (copied; a piece's offsets need not start at 0)."""
+    offsets = [np.zeros(1, dtype=np.int64)]
+    data = []
+    end = 0
+    for off, values in parts:
+        lo, hi = int(off[0]), int(off[-1])
+        offsets.append(off[1:] - lo + end)
+        data.append(values[lo:hi])
+        end += hi - lo
+    return np.concatenate(offsets), np.concatenate(data)
 
 
 def type_name(arrow_type: pa.DataType) -> str:

@@ -18,7 +18,7 @@ from extagg.collection._typed_kernels import gather_var
 from extagg.collection.typed_table import null_mask_dtype
 from extagg.columnar import _key_kernels as KK
 from extagg.columnar import _radix_kernels as RK
-from extagg.columnar.columns import Column, decimal_array, is_decimal64
+from extagg.columnar.columns import Column, concat_var, decimal_array, is_decimal64
 
 __all__ = ["KeyLayout", "EncodedKeys", "WORD_PREFIX", "NULLS_COLUMN", "VAR_COLUMN"]
 
@@ -61,18 +61,14 @@ class EncodedKeys:
         first = parts[0]
         hashes = np.concatenate([p.hashes for p in parts])
         words = np.concatenate([p.words for p in parts])
-        nulls = np.concatenate([p.nulls for p in parts]) if len(first.nulls) else first.nulls
+        nulls = first.nulls  # empty: no null key in the part
+        if any(len(p.nulls) for p in parts):
+            nulls = np.concatenate(
+                [p.nulls if len(p.nulls) else np.zeros(len(p.hashes), p.nulls.dtype) for p in parts]
+            )
         offsets, data = first.var_offsets, first.var_data
         if len(offsets):
-            pieces = [np.zeros(1, dtype=np.int64)]
-            chunks = []
-            end = 0
-            for p in parts:
-                lo, hi = int(p.var_offsets[0]), int(p.var_offsets[-1])
-                pieces.append(p.var_offsets[1:] - lo + end)
-                chunks.append(p.var_data[lo:hi])
-                end += hi - lo
-            offsets, data = np.concatenate(pieces), np.concatenate(chunks)
+            offsets, data = concat_var([(p.var_offsets, p.var_data) for p in parts])
         return EncodedKeys(hashes, words, nulls, offsets, data)
 
     def take(self, rows: np.ndarray, rotate: int = 0) -> EncodedKeys:

@@ -551,3 +551,53 @@ def test_peak_rss_with_all_threads_spilling() -> None:
     above, limit, groups, spills = map(int, proc.stdout.split())
     assert groups > 900_000 and spills > 0
     assert above <= 1.25 * limit, (above, limit)
+
+
+@given(
+    st.lists(
+        st.lists(st.one_of(st.none(), st.text(max_size=12)), min_size=1, max_size=20),
+        min_size=1,
+        max_size=4,
+    ),
+    st.integers(0, 3),
+)
+def test_a_partitions_rows_of_every_slice_concatenate_in_order(parts: list, skip: int) -> None:
+    """A worker hands a partition's rows of all slices over in one call: the keys and columns
+    of the slices one after the other, as if gathered from one array (offsets of a slice that
+    does not start at 0 rebased, a validity mask where some slice has nulls)."""
+    from extagg.columnar.columns import Column, to_columns
+    from extagg.columnar.keys import EncodedKeys, KeyLayout
+
+    layout = KeyLayout(["s"], ["string"], [pa.string()])
+    cols: list[Column] = []
+    keys: list[EncodedKeys] = []
+    for values in parts:
+        col = to_columns(pa.record_batch({"s": pa.array(values, pa.string())}), ["s"])["s"]
+        cut = min(skip, len(values) - 1)  # a slice that starts inside the bytes
+        piece = col.slice(cut, len(values))
+        cols.append(piece)
+        keys.append(layout.encode([piece]).slice(0, len(values) - cut))
+    whole = [v for values in parts for v in values[min(skip, len(values) - 1) :]]
+    want_col = to_columns(pa.record_batch({"s": pa.array(whole, pa.string())}), ["s"])["s"]
+    got = Column.concat(cols)
+    assert len(got) == len(whole)
+    got_valid = np.ones(len(whole), bool) if got.valid is None else got.valid
+    want_valid = np.ones(len(whole), bool) if want_col.valid is None else want_col.valid
+    assert got_valid.tolist() == want_valid.tolist()
+    texts = [
+        bytes(got.data[got.offsets[i] : got.offsets[i + 1]]).decode() if got_valid[i] else None
+        for i in range(len(whole))
+    ]
+    assert texts == whole
+    enc = EncodedKeys.concat(keys)
+    want = layout.encode([want_col])
+    assert enc.hashes.tolist() == want.hashes.tolist()
+
+    def null_bits(nulls: np.ndarray) -> list[int]:  # empty: no null key at all
+        return nulls.tolist() if len(nulls) else [0] * len(whole)
+
+    assert null_bits(enc.nulls) == null_bits(want.nulls)
+    for i in range(len(whole)):
+        a = enc.var_data[enc.var_offsets[i] : enc.var_offsets[i + 1]]
+        b = want.var_data[want.var_offsets[i] : want.var_offsets[i + 1]]
+        assert a.tobytes() == b.tobytes()
