@@ -156,7 +156,8 @@ class HashAggregator(Spillable[ColumnBlock]):
         rows and order, is the same for every thread count. ``1`` folds in the caller's thread.
         A budget too small for a child per partition falls back to fewer threads; without a
         count asked for, each thread partition needs 32 MiB of the budget (below that threads
-        were measured to exceed the limit in RSS, and to be no faster than one).
+        were measured to exceed the limit in RSS) and a chunk 2**16 rows (a sixteenth of the
+        budget; below that two threads were measured slower than one).
     name
         Name in logs and memory reports.
 
