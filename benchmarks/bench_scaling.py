@@ -404,7 +404,9 @@ def draw(results: list[dict[str, Any]], img_dir: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullLocator
 
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
     img_dir.mkdir(parents=True, exist_ok=True)
     written = []
 
@@ -451,10 +453,17 @@ def draw(results: list[dict[str, Any]], img_dir: Path) -> list[Path]:
         if limits:
             ms = [b / H.MIB for b in limits]
             ax_r.plot(ms, [1.25 * m for m in ms], "k--", lw=1, label="1.25 × limit")
+        ticks = [b / H.MIB for b in limits] + [top / H.MIB]
+        labels = [f"{t:.0f}" for t in ticks[:-1]] + ["no limit"]
         for ax, ylabel in ((ax_t, "seconds"), (ax_r, "peak RSS above baseline, MiB")):
             ax.set_xscale("log")
             ax.set_yscale("log")
-            ax.set_xlabel("memory limit, MiB (rightmost: no limit)")
+            ax.set_xticks(ticks, labels, fontsize=8)  # the limits only: no overlapping minor labels
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.yaxis.set_major_formatter(plain)
+            ax.yaxis.set_minor_formatter(plain)
+            ax.tick_params(axis="y", which="minor", labelsize=7)
+            ax.set_xlabel("memory limit, MiB")
             ax.set_ylabel(ylabel)
             ax.grid(True, alpha=0.25)
         ax_r.legend(fontsize=8)
