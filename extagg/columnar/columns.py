@@ -93,34 +93,39 @@ class Column:
 
     def take(self, rows: np.ndarray) -> Column:
         """Rows ``rows`` (int64 row numbers) as a new column (copies; offsets from 0)."""
-        valid = None if self.valid is None else self.valid[rows]
-        if self.is_var:
-            assert self.offsets is not None and self.data is not None
-            off, data = gather_var(self.offsets, self.data, rows)
-            return Column(self.name, self.kind, self.arrow_type, None, valid, off, data)
-        assert self.values is not None
-        return Column(self.name, self.kind, self.arrow_type, self.values[rows], valid)
+        return Column.take_many([(self, rows)])
 
     @staticmethod
-    def concat(parts: Sequence[Column]) -> Column:
-        """The rows of ``parts`` (columns of one name and type) one after the other, copied
-        (variable-length offsets from 0; a validity mask only if some part has one)."""
-        first = parts[0]
-        if len(parts) == 1:
-            return first
+    def take_many(parts: Sequence[tuple[Column, np.ndarray]]) -> Column:
+        """Rows ``rows`` of each ``(column, rows)`` part (columns of one name and type), one
+        part after the other, as one new column: fixed-width values gathered straight into
+        it; variable-length ones gathered per part, then joined (offsets from 0). A validity
+        mask only if some part has one."""
+        first = parts[0][0]
+        total = sum(len(rows) for _, rows in parts)
         valid = None
-        if any(p.valid is not None for p in parts):
-            valid = np.concatenate(
-                [np.ones(len(p), dtype=np.bool_) if p.valid is None else p.valid for p in parts]
-            )
+        if any(c.valid is not None for c, _ in parts):
+            valid = np.ones(total, dtype=np.bool_)
+        values = None
         if not first.is_var:
-            values = np.concatenate([p.values for p in parts if p.values is not None])
+            assert first.values is not None
+            values = np.empty((total, *first.values.shape[1:]), dtype=first.values.dtype)
+        var = []
+        at = 0
+        for col, rows in parts:
+            end = at + len(rows)
+            if valid is not None and col.valid is not None:
+                np.take(col.valid, rows, out=valid[at:end])
+            if values is not None:
+                assert col.values is not None
+                np.take(col.values, rows, axis=0, out=values[at:end])
+            else:
+                assert col.offsets is not None and col.data is not None
+                var.append(gather_var(col.offsets, col.data, rows))
+            at = end
+        if values is not None:
             return Column(first.name, first.kind, first.arrow_type, values, valid)
-        pieces = []
-        for p in parts:
-            assert p.offsets is not None and p.data is not None
-            pieces.append((p.offsets, p.data))
-        offsets, data = concat_var(pieces)
+        offsets, data = var[0] if len(var) == 1 else concat_var(var)
         return Column(first.name, first.kind, first.arrow_type, None, valid, offsets, data)
 
     def nbytes(self) -> int:

@@ -818,10 +818,10 @@ class HashAggregator(Spillable[ColumnBlock]):
         st = self.table_state
         threaded = self._threaded
         assert threaded is not None
-        # chunks whose strings (keys and values) take at most 1/16 of the budget: they are
-        # held twice while a chunk is gathered per partition
+        # chunks whose strings (keys and values) take at most 1/24 of the budget: up to three
+        # more copies are held while a chunk is gathered per partition (see _fold_threaded)
         var_offsets = [c.offsets for c in cols.values() if c.offsets is not None]
-        var_limit = max(1, self.budget.max_memory // 16)
+        var_limit = max(1, self.budget.max_memory // 24)
         start = 0
         while start < n:
             stop = min(n, start + st.chunk_rows)
@@ -843,11 +843,13 @@ class HashAggregator(Spillable[ColumnBlock]):
             start = stop
 
     def _fold_threaded(self, threaded: ThreadedFold, cols: dict[str, Column], n: int) -> None:
-        # the strings of a chunk are copied once more, gathered per partition
+        # the strings of a chunk are copied again, gathered per partition: a worker gathers
+        # its partition's key bytes, then each string column's, slice by slice, then joins
+        # the slices' pieces: at most three copies of the strings at once over all workers
         var_bytes = sum(c.data.nbytes for c in cols.values() if c.data is not None)
-        if var_bytes and not self.budget.hold_more(2 * var_bytes):
+        if var_bytes and not self.budget.hold_more(3 * var_bytes):
             raise MemoryLimitError(
-                f"{self.name} needs {format_size(2 * var_bytes)} more for the strings of a "
+                f"{self.name} needs {format_size(3 * var_bytes)} more for the strings of a "
                 f"chunk ({self.budget.describe()})"
             )
         self._note_peak(threaded.held())

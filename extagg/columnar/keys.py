@@ -53,36 +53,37 @@ class EncodedKeys:
         offsets = self.var_offsets[lo : hi + 1] if len(self.var_offsets) else self.var_offsets
         return EncodedKeys(self.hashes[lo:hi], self.words[lo:hi], nulls, offsets, self.var_data)
 
-    @staticmethod
-    def concat(parts: Sequence[EncodedKeys]) -> EncodedKeys:
-        """The keys of ``parts`` (encoded by one layout) one after the other, copied."""
-        if len(parts) == 1:
-            return parts[0]
-        first = parts[0]
-        hashes = np.concatenate([p.hashes for p in parts])
-        words = np.concatenate([p.words for p in parts])
-        nulls = first.nulls  # empty: no null key in the part
-        if any(len(p.nulls) for p in parts):
-            nulls = np.concatenate(
-                [p.nulls if len(p.nulls) else np.zeros(len(p.hashes), p.nulls.dtype) for p in parts]
-            )
-        offsets, data = first.var_offsets, first.var_data
-        if len(offsets):
-            offsets, data = concat_var([(p.var_offsets, p.var_data) for p in parts])
-        return EncodedKeys(hashes, words, nulls, offsets, data)
-
     def take(self, rows: np.ndarray, rotate: int = 0) -> EncodedKeys:
         """The keys of rows ``rows`` (int64 row numbers), copied, hashes rotated left by
         ``rotate`` bits (as a partition's aggregator sees them)."""
-        hashes = np.empty(len(rows), dtype=np.uint64)
-        RK.gather_hashes(self.hashes, rows, rotate, hashes)
-        words = np.empty((len(rows), self.words.shape[1]), dtype=np.uint64)
-        if self.words.shape[1]:
-            RK.gather_words(self.words, rows, words)
-        nulls = self.nulls[rows] if len(self.nulls) else self.nulls
-        offsets, data = self.var_offsets, self.var_data
-        if len(offsets):
-            offsets, data = gather_var(offsets, data, rows)
+        return EncodedKeys.take_many([(self, rows)], rotate)
+
+    @staticmethod
+    def take_many(parts: Sequence[tuple[EncodedKeys, np.ndarray]], rotate: int = 0) -> EncodedKeys:
+        """The keys of rows ``rows`` of each ``(keys, rows)`` part (encoded by one layout), one
+        part after the other, gathered into one set of arrays (the fixed-width ones without an
+        intermediate copy), hashes rotated left by ``rotate`` bits."""
+        first = parts[0][0]
+        total = sum(len(rows) for _, rows in parts)
+        hashes = np.empty(total, dtype=np.uint64)
+        words = np.empty((total, first.words.shape[1]), dtype=np.uint64)
+        has_nulls = any(len(enc.nulls) for enc, _ in parts)
+        nulls = np.zeros(total if has_nulls else 0, dtype=first.nulls.dtype)
+        var = []
+        at = 0
+        for enc, rows in parts:
+            end = at + len(rows)
+            RK.gather_hashes(enc.hashes, rows, rotate, hashes[at:end])
+            if words.shape[1]:
+                RK.gather_words(enc.words, rows, words[at:end])
+            if len(enc.nulls):  # empty: no null key in the part (zeros above)
+                np.take(enc.nulls, rows, out=nulls[at:end])
+            if len(enc.var_offsets):
+                var.append(gather_var(enc.var_offsets, enc.var_data, rows))
+            at = end
+        offsets, data = first.var_offsets, first.var_data
+        if var:
+            offsets, data = var[0] if len(var) == 1 else concat_var(var)
         return EncodedKeys(hashes, words, nulls, offsets, data)
 
 

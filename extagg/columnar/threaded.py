@@ -328,19 +328,18 @@ class ThreadedFold:
         for p in range(w, self.parts, self.threads):
             if self._stop.is_set():
                 return
-            keys: list[EncodedKeys] = []
-            cols: list[dict[str, Column]] = []
-            for s in slices:
-                lo, hi = int(s.bounds[p]), int(s.bounds[p + 1])
-                if lo < hi:
-                    rows = s.order[lo:hi]
-                    keys.append(s.enc.take(rows, self.bits))
-                    cols.append({k: c.take(rows) for k, c in s.cols.items()})
-            if not keys:
+            parts = [
+                (s, s.order[int(s.bounds[p]) : int(s.bounds[p + 1])])
+                for s in slices
+                if s.bounds[p] < s.bounds[p + 1]
+            ]
+            if not parts:
                 continue
-            enc = EncodedKeys.concat(keys)
-            sub = {k: Column.concat([c[k] for c in cols]) for k in cols[0]}
-            del keys, cols
+            enc = EncodedKeys.take_many([(s.enc, rows) for s, rows in parts], self.bits)
+            sub = {
+                name: Column.take_many([(s.cols[name], rows) for s, rows in parts])
+                for name in parts[0][0].cols
+            }
             self.children[p].fold_encoded(sub, enc, len(enc.hashes))
 
     def _run(self, jobs: list[Callable[[], _T]]) -> list[_T]:

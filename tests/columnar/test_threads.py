@@ -560,38 +560,51 @@ def test_peak_rss_with_all_threads_spilling() -> None:
         max_size=4,
     ),
     st.integers(0, 3),
+    st.randoms(use_true_random=False),
 )
-def test_a_partitions_rows_of_every_slice_concatenate_in_order(parts: list, skip: int) -> None:
-    """A worker hands a partition's rows of all slices over in one call: the keys and columns
-    of the slices one after the other, as if gathered from one array (offsets of a slice that
-    does not start at 0 rebased, a validity mask where some slice has nulls)."""
+def test_a_partitions_rows_of_every_slice_gather_in_order(parts: list, skip: int, rnd) -> None:
+    """A worker hands a partition's rows of all slices over in one call: the chosen rows of
+    each slice's keys and columns one slice after the other, as if gathered from one array
+    (a slice starting inside its column's bytes, validity masks, null-key masks of slices
+    without nulls, string and int columns)."""
     from extagg.columnar.columns import Column, to_columns
     from extagg.columnar.keys import EncodedKeys, KeyLayout
 
     layout = KeyLayout(["s"], ["string"], [pa.string()])
-    cols: list[Column] = []
-    keys: list[EncodedKeys] = []
+    picks: list[tuple[Column, Column, EncodedKeys, np.ndarray]] = []
+    whole: list[str | None] = []
     for values in parts:
-        col = to_columns(pa.record_batch({"s": pa.array(values, pa.string())}), ["s"])["s"]
+        batch = pa.record_batch(
+            {"s": pa.array(values, pa.string()), "n": pa.array(range(len(values)), pa.int64())}
+        )
+        cols = to_columns(batch, ["s", "n"])
         cut = min(skip, len(values) - 1)  # a slice that starts inside the bytes
-        piece = col.slice(cut, len(values))
-        cols.append(piece)
-        keys.append(layout.encode([piece]).slice(0, len(values) - cut))
-    whole = [v for values in parts for v in values[min(skip, len(values) - 1) :]]
-    want_col = to_columns(pa.record_batch({"s": pa.array(whole, pa.string())}), ["s"])["s"]
-    got = Column.concat(cols)
-    assert len(got) == len(whole)
+        s_col, n_col = cols["s"].slice(cut, len(values)), cols["n"].slice(cut, len(values))
+        rows = np.array(
+            sorted(rnd.sample(range(len(values) - cut), rnd.randint(0, len(values) - cut))),
+            dtype=np.int64,
+        )
+        picks.append((s_col, n_col, layout.encode([s_col]), rows))
+        whole += [values[cut + int(r)] for r in rows]
+    got = Column.take_many([(s_col, rows) for s_col, _n, _e, rows in picks])
+    numbers = Column.take_many([(n_col, rows) for _s, n_col, _e, rows in picks])
+    enc = EncodedKeys.take_many([(e, rows) for _s, _n, e, rows in picks], 5)
+    assert len(got) == len(numbers) == len(enc.hashes) == len(whole)
+    want_n = [int(n_col.values[r]) for _s, n_col, _e, rows in picks for r in rows]
+    assert numbers.values is not None and numbers.values.tolist() == want_n
     got_valid = np.ones(len(whole), bool) if got.valid is None else got.valid
-    want_valid = np.ones(len(whole), bool) if want_col.valid is None else want_col.valid
-    assert got_valid.tolist() == want_valid.tolist()
+    assert got_valid.tolist() == [v is not None for v in whole]
     texts = [
         bytes(got.data[got.offsets[i] : got.offsets[i + 1]]).decode() if got_valid[i] else None
         for i in range(len(whole))
     ]
     assert texts == whole
-    enc = EncodedKeys.concat(keys)
+    if not whole:
+        return
+    want_col = to_columns(pa.record_batch({"s": pa.array(whole, pa.string())}), ["s"])["s"]
     want = layout.encode([want_col])
-    assert enc.hashes.tolist() == want.hashes.tolist()
+    rotated = (want.hashes << np.uint64(5)) | (want.hashes >> np.uint64(59))
+    assert enc.hashes.tolist() == rotated.tolist()
 
     def null_bits(nulls: np.ndarray) -> list[int]:  # empty: no null key at all
         return nulls.tolist() if len(nulls) else [0] * len(whole)
