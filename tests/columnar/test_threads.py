@@ -614,3 +614,26 @@ def test_a_partitions_rows_of_every_slice_gather_in_order(parts: list, skip: int
         a = enc.var_data[enc.var_offsets[i] : enc.var_offsets[i + 1]]
         b = want.var_data[want.var_offsets[i] : want.var_offsets[i + 1]]
         assert a.tobytes() == b.tobytes()
+
+
+def test_dictionary_coded_keys_fold_by_their_codes_in_one_thread() -> None:
+    """Keys that come as dictionary codes (Parquet's small dictionaries) fold by their codes,
+    which the thread partitions cannot do: the threads are chosen at the first batch with rows
+    (the file reader's first batch is an empty table that only fixes the types), one thread for
+    coded keys, the asked-for count otherwise; the same result either way."""
+    rng = np.random.default_rng(5)
+    words = np.array(["A", "N", "R", "F", "O"])
+    keys = words[rng.integers(0, 5, 40_000)]
+    values = rng.random(40_000)
+    plain = pa.table({"k": pa.array(keys), "v": values})
+    coded = pa.record_batch({"k": pa.array(keys).dictionary_encode(), "v": values})
+    want = aggregate(plain, "k", {"s": ("v", "sum")}, threads=1, memory="64m")
+    for batch, threads in ((coded, 1), (plain, 2)):
+        with HashAggregator("k", {"s": ("v", "sum")}, threads=2, memory="64m") as agg:
+            agg.update(plain.slice(0, 0))  # types only, as the file reader starts
+            assert agg.threads == 2
+            agg.update(batch)
+            assert agg.threads == threads
+            got = pa.Table.from_batches(list(agg.results()))
+        got_sums = {k: v["s"] for k, v in result_dict(got, ["k"]).items()}
+        assert got_sums == pytest.approx({k: v["s"] for k, v in result_dict(want, ["k"]).items()})
