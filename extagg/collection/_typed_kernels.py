@@ -26,7 +26,7 @@ __all__ = [
     "rehash_slots",
     "sort_slots",
     "sort_hash_index",
-    "group_rows",
+    "group_sorted_pieces",
     "gather_var",
     "gather_group_keys",
     "gather_groups",
@@ -492,73 +492,101 @@ def _compact_and_radix_sort(slots):
 def sort_hash_index(hashes, index):
     """Sort ``(hashes[i], index[i])`` pairs in place by hash, ties by index.
 
-    The radix sort that ``sort_slots`` falls back on and ``group_rows`` orders its groups with,
-    on two plain arrays: the entry point its tests compare with the reference (equal hashes,
-    the heap-sort path, large inputs)."""
+    The radix sort that ``sort_slots`` falls back on, on two plain arrays: the entry point its
+    tests compare with the reference (equal hashes, the heap-sort path, large inputs)."""
     _sort_pairs(hashes, index, hashes.shape[0])
 
 
+#: up to this many pieces the merge finds the smallest head by a scan of all heads (no
+#: unpredictable branches: 17-19 ns a row for 12-16 pieces, against 40-55 for a heap of the
+#: heads and ~21 for sorting the rows by hash, which it does for more pieces)
+SCAN_HEADS = 16
+_NO_ROW = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
 @_jit
-def group_rows(hashes, words, nulls, var_off, var_data, out_gid, first_row):
-    """Number the distinct keys of rows in any order, as if sorted (the merge's combine).
+def _merge_order_scan(hashes, starts, order):
+    """Rows of the hash-sorted pieces in (hash, row) order, the smallest head found by a scan
+    (an exhausted piece's head reads as the largest hash; a live piece may hold that hash
+    too, so the tie is settled by the pieces' positions)."""
+    pieces = starts.shape[0] - 1
+    head_hash = np.empty(pieces, dtype=np.uint64)
+    pos = np.empty(pieces, dtype=np.int64)
+    for p in range(pieces):
+        pos[p] = starts[p]
+        head_hash[p] = hashes[starts[p]] if starts[p] < starts[p + 1] else _NO_ROW
+    for o in range(starts[pieces]):
+        best = 0
+        best_hash = head_hash[0]
+        for p in range(1, pieces):
+            h = head_hash[p]
+            if h < best_hash:  # strict: of equal hashes the earlier piece (smaller rows)
+                best_hash = h
+                best = p
+        if best_hash == _NO_ROW:  # every head reads as the largest hash: the first live one
+            for p in range(pieces):
+                if pos[p] < starts[p + 1]:
+                    best = p
+                    break
+        row = pos[best]
+        order[o] = row
+        pos[best] = row + 1
+        head_hash[best] = hashes[row + 1] if row + 1 < starts[best + 1] else _NO_ROW
+
+
+@_jit
+def _merge_order_sort(hashes, starts, order):
+    """Rows of the hash-sorted pieces in (hash, row) order, by sorting (hash, row) pairs."""
+    n = starts[starts.shape[0] - 1]
+    sorted_hashes = hashes[:n].copy()
+    for i in range(n):
+        order[i] = i
+    _sort_pairs(sorted_hashes, order, n)
+
+
+@_jit
+def group_sorted_pieces(hashes, starts, words, nulls, var_off, var_data, out_gid, first_row):
+    """Number the distinct keys of rows that come as pieces each sorted by hash (the merge's
+    combine: piece ``p`` is rows ``starts[p]..starts[p + 1]``), as if all were sorted.
 
     The same as sorting the rows by ``(hash, row)`` and numbering the keys in that order (the
     plain-Python reference does exactly that): groups numbered in ``(hash, first row)`` order,
-    ``out_gid[row]`` and ``first_row[group]`` filled, the number of groups returned. But the
-    rows go through a scratch hash table and only the groups are sorted: when many sources
-    hold the same keys (a merge of many runs) there are far fewer groups than rows. The table
-    probes with the hash's low bits: the rows of one merge window share their high bits.
+    ``out_gid[row]`` and ``first_row[group]`` filled, the number of groups returned. The
+    pieces are merged (a scan of their heads; many pieces are sorted instead), then each row
+    is compared only with the groups of its hash (one, unless hashes collide). A scratch hash
+    table over the rows took 2.5 times as long for a dozen pieces (42 ns a row).
     """
-    n = hashes.shape[0]
+    pieces = starts.shape[0] - 1
+    n = starts[pieces]
+    order = np.empty(n, dtype=np.int64)
+    if pieces <= SCAN_HEADS:
+        _merge_order_scan(hashes, starts, order)
+    else:
+        _merge_order_sort(hashes, starts, order)
     has_nulls = nulls.shape[0] > 0
-    capacity = 16
-    while capacity * 3 < n * 4:  # load factor at most 3/4
-        capacity *= 2
-    mask = np.uint64(capacity - 1)
-    # slots hold group + 1 only (8 bytes, the hash is read through the group's first row):
-    # the scratch stays within two block copies per row even for one-word keys
-    slots = np.zeros(capacity, dtype=np.int64)
     n_groups = 0
-    for row in range(n):
+    run_hash = np.uint64(0)
+    run_first = 0  # the first group of the current hash
+    for o in range(n):
+        row = order[o]
         h = hashes[row]
-        pos = np.int64(h & mask)
-        step = 0
-        while True:
-            g1 = slots[pos]
-            if g1 == 0:
-                slots[pos] = n_groups + 1
-                first_row[n_groups] = row
-                out_gid[row] = n_groups
-                n_groups += 1
-                break
-            g = g1 - 1
-            other = first_row[g]
-            if (
-                hashes[other] == h
-                and (not has_nulls or nulls[other] == nulls[row])
-                and _same_key(words, var_off, var_data, other, words, var_off, var_data, row)
-            ):
-                out_gid[row] = g
-                break
-            step += 1
-            pos = (pos + step) & np.int64(mask)
-    slots = np.zeros(1, dtype=np.int64)  # give the scratch table back before sorting
-    # order the groups by (hash, first row): first rows grow with the group number
-    group_hashes = np.empty(n_groups, dtype=np.uint64)
-    order = np.empty(n_groups, dtype=np.int64)
-    for g in range(n_groups):
-        group_hashes[g] = hashes[first_row[g]]
-        order[g] = g
-    _sort_pairs(group_hashes, order, n_groups)
-    rank = np.empty(n_groups, dtype=np.int64)
-    firsts = np.empty(n_groups, dtype=np.int64)
-    for r in range(n_groups):
-        rank[order[r]] = r
-        firsts[r] = first_row[order[r]]
-    for g in range(n_groups):
-        first_row[g] = firsts[g]
-    for row in range(n):
-        out_gid[row] = rank[out_gid[row]]
+        g = -1
+        if n_groups > 0 and h == run_hash:
+            for cand in range(run_first, n_groups):
+                other = first_row[cand]
+                if (not has_nulls or nulls[other] == nulls[row]) and _same_key(
+                    words, var_off, var_data, other, words, var_off, var_data, row
+                ):
+                    g = cand
+                    break
+        else:
+            run_hash = h
+            run_first = n_groups
+        if g < 0:
+            g = n_groups
+            first_row[g] = row
+            n_groups += 1
+        out_gid[row] = g
     return n_groups
 
 

@@ -134,8 +134,9 @@ def _group_sorted_rows(sorted_hashes, order, words, nulls, var_off, var_data, ou
     return len(groups)
 
 
-def group_rows(hashes, words, nulls, var_off, var_data, out_gid, first_row):
-    """Reference of ``group_rows``: sort rows by (hash, row), then group them."""
+def group_sorted_pieces(hashes, starts, words, nulls, var_off, var_data, out_gid, first_row):
+    """Reference of ``group_sorted_pieces``: sort rows by (hash, row), then group them (the
+    pieces' order is not used)."""
     order = np.arange(len(hashes), dtype=np.int64)
     sorted_hashes = hashes.copy()
     sort_hash_index(sorted_hashes, order)

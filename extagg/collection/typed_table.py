@@ -48,10 +48,17 @@ MAX_CAPACITY = 1 << 30
 MIN_ARENA = 4096
 
 
-#: arrays of at least this many bytes are mapped with transparent huge pages where the kernel
-#: offers them (``madvise``): a probe into a large table then rarely misses the TLB as well as
-#: the cache, and growing the table takes 512 times fewer page faults
+#: arrays of at least this many bytes get a mapping of their own (zeroed by the kernel, given
+#: back when the array goes, growable in place) and, with :data:`USE_HUGE_PAGES`, transparent
+#: huge pages
 HUGE_PAGE_BYTES = 4 << 20
+#: advise those mappings to use transparent huge pages (``EXTAGG_HUGE_PAGES=1``; off by
+#: default). A probe into a large table then rarely misses the TLB as well as the cache, but a
+#: huge page touched for the first time can cost far more than its 512 small ones: on the VMs
+#: measured (docs/columnar.md, "Huge pages") a 10 M-group table's doublings took 2.0–2.6 s with
+#: them and 0.9–1.0 s without, and the whole aggregation was 15 % slower with them. Where the
+#: kernel's THP mode is ``always`` the kernel uses them anyway.
+USE_HUGE_PAGES = os.environ.get("EXTAGG_HUGE_PAGES", "0").strip().lower() in ("1", "true", "yes")
 #: the size of a transparent huge page (x86-64, arm64 with 4 KiB pages)
 HUGE_PAGE = 2 << 20
 
@@ -59,8 +66,9 @@ HUGE_PAGE = 2 << 20
 def zeros(
     shape: int | tuple[int, ...], dtype: np.dtype | type, *, growable: bool = False
 ) -> np.ndarray:
-    """``np.zeros``; large arrays in an anonymous mapping advised to use huge pages (the
-    kernel zero-fills it; unmapped when the array is collected). ``nbytes`` is the same.
+    """``np.zeros``; large arrays in an anonymous mapping of their own, advised to use huge
+    pages with :data:`USE_HUGE_PAGES` (the kernel zero-fills it; unmapped when the array is
+    collected). ``nbytes`` is the same.
 
     ``growable``: the mapping reserves address space (not memory: no page is touched, none
     counted by the kernel) for the array to grow along its first axis in place, so that
@@ -85,7 +93,7 @@ def _advise_huge_pages(area: mmap.mmap, start: int, end: int, huge: bool = True)
     """Advise ``[start, end)`` of ``area`` to use huge pages, or (``huge=False``) not to
     (``start`` page-aligned)."""
     advise = getattr(mmap, "MADV_HUGEPAGE" if huge else "MADV_NOHUGEPAGE", None)
-    if advise is None or end <= start:
+    if advise is None or end <= start or (huge and not USE_HUGE_PAGES):
         return
     try:
         area.madvise(advise, start, end - start)

@@ -180,19 +180,23 @@ class BlockLayout:
     def combine(self, pieces: list[ColumnBlock]) -> ColumnBlock:
         """Merge hash-sorted pieces (keys unique within each) into one hash-sorted block.
 
-        Rows are grouped through a scratch hash table (keys compared word by word, so colliding
-        keys stay apart), the groups ordered by (hash, first row), and the states of equal keys
+        The pieces are merged by hash (keys compared word by word, so colliding keys stay
+        apart), the groups numbered in (hash, first row) order, and the states of equal keys
         merged by the aggregate kernels.
         """
         if len(pieces) == 1:
             return pieces[0]
+        starts = np.zeros(len(pieces) + 1, dtype=np.int64)
+        np.cumsum([len(p) for p in pieces], out=starts[1:])
         block = ColumnBlock.concat(pieces)
         m = len(block)
         words, nulls, var_off, var_data = self._key_arrays(block)
         out_gid = np.empty(m, dtype=np.int64)
         first_row = np.empty(m, dtype=np.int64)
         groups = int(
-            TK.group_rows(block.hashes, words, nulls, var_off, var_data, out_gid, first_row)
+            TK.group_sorted_pieces(
+                block.hashes, starts, words, nulls, var_off, var_data, out_gid, first_row
+            )
         )
         rows = first_row[:groups]
         columns = {

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import zlib
+from itertools import pairwise
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from extagg.collection import _typed_kernels as K
@@ -187,46 +188,66 @@ def test_sort_slots_of_an_arbitrary_slot_array_falls_back_to_the_radix_sort() ->
     assert np.array_equal(a[:n], b[:n])
 
 
+def _hash_sorted_pieces(hashes, cuts):
+    """Row order and piece starts for rows cut at ``cuts`` into pieces, each sorted by hash."""
+    bounds = [0, *sorted({c for c in cuts if 0 < c < len(hashes)}), len(hashes)]
+    order = np.concatenate(
+        [lo + np.argsort(hashes[lo:hi], kind="stable") for lo, hi in pairwise(bounds)]
+    ).astype(np.int64)
+    return order, np.array(bounds, dtype=np.int64)
+
+
 @given(
     st.lists(st.tuples(st.integers(0, 3), st.integers(0, 1), st.binary(max_size=3)), max_size=80),
-    st.integers(0, 2),
+    st.integers(0, 3),
+    st.lists(st.integers(0, 80), max_size=6),
 )
-def test_group_rows_matches_reference(rows, hash_kind) -> None:
+# two pieces exhausted before the last one's rows of the largest hash
+@example(rows=[(3, 0, b""), (2, 0, b""), (0, 0, b""), (1, 0, b"")], hash_kind=3, cuts=[1, 2])
+def test_group_sorted_pieces_matches_reference(rows, hash_kind, cuts) -> None:
     m = len(rows)
     words = np.array([[w] for w, _n, _v in rows], dtype=np.uint64).reshape(m, 1)
-    nulls = np.array([n for _w, n, _v in rows], dtype=np.uint8)
-    var_off, var_data = _var([v for *_r, v in rows])
     if hash_kind == 0:  # heavy collisions
         hashes = (words[:, 0] % np.uint64(2)).astype(np.uint64)
     elif hash_kind == 1:  # equal high bits (one merge window), distinct low bits
         hashes = (np.uint64(0xABCD) << np.uint64(48)) | words[:, 0]
-    else:
+    elif hash_kind == 2:
         hashes = (words[:, 0] + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
+    else:  # the largest hash, which an exhausted piece's head reads as
+        hashes = np.where(words[:, 0] < 2, np.uint64(2**64 - 1), words[:, 0])
+    order, starts = _hash_sorted_pieces(hashes, cuts)
+    rows = [rows[i] for i in order.tolist()]
+    words, hashes = words[order], hashes[order]
+    nulls = np.array([n for _w, n, _v in rows], dtype=np.uint8)
+    var_off, var_data = _var([v for *_r, v in rows])
     results = []
     for mod in (K, R):
         out_gid = np.full(m, -1, dtype=np.int64)
         first = np.full(m, -1, dtype=np.int64)
-        g = mod.group_rows(hashes, words, nulls, var_off, var_data, out_gid, first)
+        g = mod.group_sorted_pieces(hashes, starts, words, nulls, var_off, var_data, out_gid, first)
         results.append((int(g), out_gid.tolist(), first[:g].tolist()))
     assert results[0] == results[1]
     assert results[0][0] == len(set(rows))
 
 
-def test_group_rows_many_rows_few_keys() -> None:
-    # the merge's case: the same keys from many sources, in no particular order
+def test_group_sorted_pieces_many_pieces_few_keys() -> None:
+    # the merge's case: the same keys from many sources (a heap deeper than a few levels)
     rng = np.random.default_rng(5)
     keys = rng.integers(0, 3000, 50_000, dtype=np.uint64)
-    words = keys.reshape(-1, 1).copy()
     hashes = keys * np.uint64(0x9E3779B97F4A7C15)
+    order, starts = _hash_sorted_pieces(hashes, rng.integers(1, 50_000, 40).tolist())
+    keys, hashes = keys[order], hashes[order]
+    words = keys.reshape(-1, 1).copy()
     out_gid = np.empty(len(keys), dtype=np.int64)
     first = np.empty(len(keys), dtype=np.int64)
-    g = int(K.group_rows(hashes, words, E8, E64, E8, out_gid, first))
+    g = int(K.group_sorted_pieces(hashes, starts, words, E8, E64, E8, out_gid, first))
     distinct = np.unique(keys)
     assert g == len(distinct)
     group_hashes = hashes[first[:g]]
     assert np.all(group_hashes[1:] >= group_hashes[:-1])  # groups numbered in hash order
     assert np.array_equal(keys[first[out_gid]], keys)  # every row in its key's group
     assert np.array_equal(np.sort(keys[first[:g]]), distinct)
+    assert np.all(first[:g] == np.array([np.flatnonzero(out_gid == i).min() for i in range(g)]))
 
 
 @given(st.lists(st.binary(max_size=6), max_size=30), st.data())

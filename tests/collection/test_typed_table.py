@@ -349,10 +349,63 @@ def test_no_address_space_is_reserved_under_an_address_space_limit() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def _thp_mode() -> str:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled", encoding="ascii") as f:
+            text = f.read()
+    except OSError:
+        return ""
+    return text[text.find("[") + 1 : text.find("]")]
+
+
+def _anon_huge_bytes(array: np.ndarray) -> int:
+    """``AnonHugePages`` of the mapping holding ``array`` (``/proc/self/smaps``)."""
+    address = array.ctypes.data
+    inside = False
+    with open("/proc/self/smaps", encoding="ascii") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and head == "AnonHugePages:":
+                return int(line.split()[1]) * 1024
+    raise AssertionError("the array's mapping is not in /proc/self/smaps")
+
+
+@pytest.mark.skipif(_thp_mode() != "madvise", reason="huge pages are not given on advice here")
+@pytest.mark.parametrize("advised", [False, True])
+def test_huge_pages_only_when_asked_for(monkeypatch, advised) -> None:
+    """``EXTAGG_HUGE_PAGES`` (``USE_HUGE_PAGES``): off by default, because a huge page's first
+    touch cost more than its small ones on the machines measured; on, the table's large
+    arrays are backed by huge pages."""
+    monkeypatch.setattr(TT, "USE_HUGE_PAGES", advised)
+    array = zeros(32 << 20, np.uint8, growable=True)
+    array[:] = 1
+    huge = _anon_huge_bytes(array)
+    assert huge > 0 if advised else huge == 0
+
+
+def test_huge_pages_are_off_unless_the_environment_says_so() -> None:
+    import subprocess
+    import sys
+
+    code = "import extagg.collection.typed_table as t; print(t.USE_HUGE_PAGES)"
+    for value, expected in ((None, "False"), ("1", "True"), ("0", "False"), ("yes", "True")):
+        env = {k: v for k, v in os.environ.items() if k != "EXTAGG_HUGE_PAGES"}
+        if value is not None:
+            env["EXTAGG_HUGE_PAGES"] = value
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True
+        )
+        assert out.stdout.strip() == expected
+
+
 @pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE"), reason="no MADV_HUGEPAGE here")
-def test_a_growable_array_makes_no_huge_page_past_its_end_resident() -> None:
+def test_a_growable_array_makes_no_huge_page_past_its_end_resident(monkeypatch) -> None:
     """Huge pages are advised only for the whole ones the array covers: writing its last
     bytes must not make a 2 MiB page of the reservation beyond it resident."""
+    monkeypatch.setattr(TT, "USE_HUGE_PAGES", True)
     size = (64 << 20) + 4096
     before = _rss_anon()
     array = zeros(size, np.uint8, growable=True)
