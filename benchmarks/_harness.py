@@ -234,6 +234,47 @@ def _run_case(
     return {"case": case, "runs": results, "summary": summarise(results)}
 
 
+def run_cases_interleaved(
+    script: str,
+    cases: Sequence[dict[str, Any]],
+    *,
+    runs: int,
+    warmup: int,
+    timeout: float,
+    log: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """:func:`run_case` for several cases (engines on one query), their runs interleaved: run
+    ``i`` of every case, then run ``i + 1`` of every case. On a machine whose speed drifts over
+    minutes (a VM's fresh memory, other tenants) the cases' medians then see the same drift;
+    run one after the other, the first case's five runs and the last's differed by up to 30 %
+    on the same engine. A case that fails stops (its error is its summary); the others go on."""
+    done: list[list[dict[str, Any]]] = [[] for _ in cases]
+    failed: list[str | None] = [None for _ in cases]
+    for _ in range(warmup):
+        for k, case in enumerate(cases):
+            if failed[k] is None:
+                first = _spawn(script, case, timeout)
+                if "error" in first:
+                    failed[k] = first["error"]
+                    done[k].append(first)
+                    if log:
+                        log(f"  {case.get('engine', k)}: warm-up failed: {first['error']}")
+    for _ in range(runs):
+        for k, case in enumerate(cases):
+            if failed[k] is None:
+                r = _spawn(script, case, timeout)
+                done[k].append(r)
+                if "error" in r:
+                    failed[k] = r["error"]
+                    if log:
+                        log(f"  {case.get('engine', k)}: run failed: {r['error']}")
+    return [
+        {"case": case, "runs": results,
+         "summary": {"error": err} if err is not None else summarise(results)}
+        for case, results, err in zip(cases, done, failed, strict=True)
+    ]  # fmt: skip
+
+
 def summarise(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Median, min and max of every numeric field of the runs (``field`` → ``[med, lo, hi]``)."""
     out: dict[str, Any] = {}

@@ -12,14 +12,15 @@ Queries:
 
 Each at no limit and at 1/8 of the peak memory extagg's own no-limit run was granted (DuckDB's
 ``memory_limit`` gets the same; Polars has no such knob and runs its streaming engine). Every
-run is a fresh process (``_harness.run_case``): the child imports its engine, resets the
+run is a fresh process, the engines' runs of a case interleaved (``_harness.run_cases_interleaved``;
+``--sequential``: one engine's runs after the other's): the child imports its engine, resets the
 peak-RSS counter, runs the query from the file to the last result batch, and reports the time,
 the peak RSS above that baseline and the process's whole-life peak, and a checksum of the answer
 (group count, column sums) that the parent compares with DuckDB's to 1e-9 relative. extagg's
-child is set up as ``extagg aggregate`` sets up its process (Arrow on jemalloc, no pandas); its
-time includes loading its compiled kernels; under a limit its row also shows the "data" part of
-its RSS: the peak above the run's fixed RSS (imports and the query's kernels), against the
-limit. Threads: ``--threads`` (default 1) for all three (extagg's ``threads=``, DuckDB
+child is set up as ``extagg aggregate`` sets up its process (Arrow on jemalloc, no pandas, the
+C heap keeping freed memory for reuse); its time includes loading its compiled kernels; under a
+limit its row also shows the "data" part of its RSS: the peak above the run's fixed RSS
+(imports and the query's kernels), against the limit. Threads: ``--threads`` (default 1) for all three (extagg's ``threads=``, DuckDB
 ``threads``, ``POLARS_MAX_THREADS``; Arrow's CPU and I/O pools). Usage::
 
     python benchmarks/bench_files.py [--sf 1] [--sf10] [--threads 2] [--runs 3] [--quick]
@@ -54,6 +55,7 @@ from _harness import (
     peak_rss,
     reset_peak_rss,
     run_case,
+    run_cases_interleaved,
     run_guarded,
     update_readme,
     write_results,
@@ -142,10 +144,12 @@ def child(case: dict[str, Any]) -> dict[str, Any]:
     q = QUERIES[case["query"]]
     path, fmt, engine, memory = case["path"], case["format"], case["engine"], case["memory"]
     if engine == "extagg":  # the process as `extagg aggregate` sets it up (Arrow's pool, no pandas)
+        from extagg._malloc import keep_freed_heap_for_reuse
         from extagg.cli_aggregate import import_arrow_without_pandas, use_returning_memory_pool
 
         use_returning_memory_pool()
         import_arrow_without_pandas()
+        keep_freed_heap_for_reuse()
     _threads(case["threads"])
     if engine == "extagg":
         import extagg
@@ -243,6 +247,11 @@ def main() -> None:
     parser.add_argument("--queries", nargs="+", default=list(QUERIES))
     parser.add_argument("--engines", nargs="+", default=["extagg", "duckdb", "polars"])
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument(
+        "--sequential", action="store_true",
+        help="run each engine's runs one after the other (checkpointed: --resume works); "
+        "by default the engines' runs are interleaved",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.child:
         run_guarded(lambda: child(json.loads(args.child)))
@@ -272,17 +281,23 @@ def main() -> None:
                             continue
                         limits.append(("1/8", max(8 * MIB, int(granted[0]) // 8)))
                     memory = dict(limits)[label]
-                    for engine in args.engines:
-                        if engine == "polars" and label != "none":
-                            continue  # no memory limit to give it
-                        case = {**base_case, "engine": engine, "memory": memory}
-                        print(f"sf{sf:g} {fmt} {query} limit={label} {engine}", flush=True)
-                        res = run_case(SCRIPT, case, runs=runs, warmup=warmup,
-                                       timeout=args.timeout, log=print, checkpoint=checkpoint)  # fmt: skip
+                    # polars: no memory limit to give it
+                    engines = [e for e in args.engines if e != "polars" or label == "none"]
+                    cases = [{**base_case, "engine": e, "memory": memory} for e in engines]
+                    print(f"sf{sf:g} {fmt} {query} limit={label}: {', '.join(engines)}"
+                          + (" (runs interleaved)" if not args.sequential else ""), flush=True)  # fmt: skip
+                    if not args.sequential:
+                        done = run_cases_interleaved(SCRIPT, cases, runs=runs, warmup=warmup,
+                                                     timeout=args.timeout, log=print)  # fmt: skip
+                    else:
+                        done = [run_case(SCRIPT, case, runs=runs, warmup=warmup,
+                                         timeout=args.timeout, log=print, checkpoint=checkpoint)
+                                for case in cases]  # fmt: skip
+                    for engine, res in zip(engines, done, strict=True):
                         results.append(res)
                         per_limit.setdefault(label, {})[engine] = res["summary"]
                         if "cpu_seconds" in res["summary"]:
-                            print(f"  {res['summary']['seconds'][0]:.2f} s wall, "
+                            print(f"  {engine}: {res['summary']['seconds'][0]:.2f} s wall, "
                                   f"{res['summary']['cpu_seconds'][0]:.2f} s CPU", flush=True)  # fmt: skip
                     duck = per_limit.get(label, {}).get("duckdb")
                     for engine, summ in per_limit.get(label, {}).items():

@@ -119,8 +119,13 @@ def run() -> None:
 
     After Ctrl-C (status 130) everything the run made is already removed; the process then
     leaves at once (``os._exit``) instead of tearing down numba, LLVM and Arrow's thread pools,
-    which takes seconds on a loaded machine: "stop" should mean stop.
+    which takes seconds on a loaded machine: "stop" should mean stop. The process is the
+    command's own, so the C heap keeps freed memory for reuse (``keep_freed_heap_for_reuse``:
+    a library caller's process is never changed so).
     """
+    from extagg._malloc import keep_freed_heap_for_reuse
+
+    keep_freed_heap_for_reuse()
     code = main()
     if code == 130:
         import os

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -206,6 +207,29 @@ def test_large_arrays_are_mapped_zeroed_and_given_back() -> None:
     assert touched - before >= size * 0.9
     del big  # the mapping goes with the array
     assert touched - _rss_anon() >= size * 0.9
+
+
+def _linux_at_least(major: int, minor: int) -> bool:
+    if sys.platform != "linux":
+        return False
+    release = os.uname().release.split("-")[0].split(".")
+    try:
+        return (int(release[0]), int(release[1])) >= (major, minor)
+    except (IndexError, ValueError):
+        return False
+
+
+@pytest.mark.skipif(not _linux_at_least(5, 14), reason="MADV_POPULATE_WRITE: Linux 5.14+")
+def test_a_populated_array_is_resident_at_once() -> None:
+    """Slot arrays are made resident when made (a probe reads a slot before writing it: two
+    page faults per page otherwise); other large arrays only as they are written."""
+    size = 64 << 20
+    before = _rss_anon()
+    lazy = zeros((size // 16, 2), np.uint64)
+    assert _rss_anon() - before < size // 4
+    populated = zeros((size // 16, 2), np.uint64, populate=True)
+    assert _rss_anon() - before >= size * 0.9
+    assert not populated.any() and not lazy.any()  # zeros all the same
 
 
 @pytest.mark.parametrize("hash_is_key", [False, True])
