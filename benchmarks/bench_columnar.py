@@ -6,7 +6,9 @@ column); TPC-H ``lineitem`` at SF1 and SF10 grouped by ``l_orderkey`` and by ``(
 l_partkey, l_suppkey)`` (sums of quantity and price). Every engine runs with no limit; extagg
 and DuckDB (1 and 2 threads) also at 1/8 of the memory extagg's in-memory table was granted.
 Each run is a fresh process holding the whole input in memory (the baseline); one untimed
-warm-up, medians of ``--runs`` runs with min–max, peak RSS above the baseline for each. Usage::
+warm-up, medians of ``--runs`` runs with min–max, peak RSS above the baseline for each. The
+engines' runs of a workload and limit are interleaved (``--sequential``: one engine's after the
+other's), so a machine whose speed drifts over minutes slows them alike. Usage::
 
     python benchmarks/bench_columnar.py                 # full suite, updates benchmarks/README.md
     python benchmarks/bench_columnar.py --quick         # tiny data, one run, no README update
@@ -310,28 +312,39 @@ def run_workload(name: str, spec: dict[str, Any], args) -> list[dict[str, Any]]:
     rows = _rows(path)
     out = []
 
-    def run(engine: str, mode: str, budget: int | None, note: str = "") -> dict[str, Any]:
-        case = {"workload": name, "engine": engine, "mode": mode, "budget": budget, "note": note,
-                "threads": ENGINES[engine][0], "rows": rows, "path": str(path), "spec": spec}  # fmt: skip
-        print(f"{name} {engine} {mode} ...", file=sys.stderr, flush=True)
-        r = H.run_case(__file__, case, runs=args.runs, warmup=args.warmup, timeout=args.timeout,
-                       log=lambda m: print(m, file=sys.stderr, flush=True),
-                           checkpoint=args.checkpoint)  # fmt: skip
-        s = r["summary"]
-        if "seconds" in s:
-            print(f"  {H.format_range(s['seconds'])} s, peak +{H.format_bytes(s['peak_above_baseline'][0])}",
-                  file=sys.stderr, flush=True)  # fmt: skip
-        out.append(r)
-        return r
+    def log(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    def run(engines: list[str], mode: str, budget: int | None, note: str = "") -> dict[str, Any]:
+        """The engines on one mode, their runs interleaved (``--sequential``: one after the
+        other, checkpointed)."""
+        cases = [{"workload": name, "engine": engine, "mode": mode, "budget": budget,
+                  "note": note, "threads": ENGINES[engine][0], "rows": rows, "path": str(path),
+                  "spec": spec} for engine in engines]  # fmt: skip
+        log(f"{name} {mode}: {', '.join(engines)} ...")
+        if args.sequential:
+            done = [H.run_case(__file__, case, runs=args.runs, warmup=args.warmup,
+                               timeout=args.timeout, log=log, checkpoint=args.checkpoint)
+                    for case in cases]  # fmt: skip
+        else:
+            done = H.run_cases_interleaved(__file__, cases, runs=args.runs, warmup=args.warmup,
+                                           timeout=args.timeout, log=log)  # fmt: skip
+        for engine, r in zip(engines, done, strict=True):
+            s = r["summary"]
+            if "seconds" in s:
+                log(f"  {engine}: {H.format_range(s['seconds'])} s, "
+                    f"peak +{H.format_bytes(s['peak_above_baseline'][0])}")  # fmt: skip
+            out.append(r)
+        return dict(zip(engines, done, strict=True))
 
     engines = [e for e in args.engines if not (e == "ceiling" and spec["kind"] == "str")]
-    in_memory = {e: run(e, "no limit", None) for e in engines}
+    in_memory = run(engines, "no limit", None)
     if args.no_limit_only:
         return out
     budget, how = eighth_budget(in_memory.get("extagg"), spec, rows)
-    for engine in engines:
-        if ENGINES[engine][1]:
-            run(engine, "1/8", budget, how)
+    limited = [e for e in engines if ENGINES[e][1]]
+    if limited:
+        run(limited, "1/8", budget, how)
     return out
 
 
@@ -430,7 +443,8 @@ def render(results: list[dict[str, Any]], workloads: list[str], info: dict[str, 
             f"{info['cpus']} cores, {H.format_bytes(info.get('memory_total'))}, Python {info['python']}, "
             f"numba {info.get('numba')}, duckdb {info.get('duckdb')}, polars {info.get('polars')}, "
             f"pandas {info.get('pandas')}; load average at start {load}, at end {load_end}. "
-            f"{args.runs} timed runs after {args.warmup} warm-up, each a fresh process.",
+            f"{args.runs} timed runs after {args.warmup} warm-up, each a fresh process"
+            f"{', one engine after the other' if args.sequential else ', the engines interleaved'}.",
             "",
             H.markdown_table(headers, summary_rows(results)),
             "",
@@ -470,6 +484,11 @@ def main() -> None:
     parser.add_argument(
         "--no-limit-only", action="store_true", help="skip the runs at 1/8 of the memory"
     )
+    parser.add_argument(
+        "--sequential", action="store_true",
+        help="run each engine's runs one after the other (checkpointed: --resume works); "
+        "by default the engines' runs of a workload and limit are interleaved",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.child:
         H.run_guarded(lambda: child(json.loads(args.child)))
