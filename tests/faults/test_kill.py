@@ -51,6 +51,13 @@ def _kill_after(child: subprocess.Popen, delay: float) -> None:
     assert child.returncode == -signal.SIGKILL, child.stderr.read()
 
 
+def _printed_batches(output: str) -> list[int]:
+    """The batches a killed child said it committed: whole ``batch N`` lines only (the kill may
+    cut the last line anywhere, even after ``batch``)."""
+    lines = output.split("\n")[:-1]  # the last piece has no newline: cut, or empty
+    return [int(parts[1]) for parts in map(str.split, lines) if parts[:1] == ["batch"]]
+
+
 @pytest.mark.parametrize("kind", ["generic", "columnar"])
 def test_engines_killed_while_spilling_leave_nothing_behind(
     tmp_path: Path, kind: str, tally
@@ -77,7 +84,7 @@ def test_state_jobs_killed_at_random_points_keep_every_committed_batch(
     for _ in range(KILLS):
         child = _child("state", root)
         _kill_after(child, rng.uniform(0.05, 1.2))
-        printed = [int(line.split()[1]) for line in child.stdout if line.startswith("batch")]
+        printed = _printed_batches(child.stdout.read())
         temp_left += bool(sc.temp_files(root))
         last = Checkpoint(root).last_committed_batch()  # opening removes its temp files
         if printed:
