@@ -16,6 +16,7 @@ __all__ = [
     "env_flag",
     "default_spill_dirs",
     "resolve_threads",
+    "resolve_file_threads",
     "THREADS_ENV",
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_FAN_IN",
@@ -145,6 +146,18 @@ def resolve_threads(threads: int | None) -> int:
     if threads < 1:
         raise ValueError(f"threads must be a positive integer, got {threads}")
     return threads
+
+
+def resolve_file_threads(threads: int | None) -> int:
+    """The fold threads of a file query: :func:`resolve_threads`, except that when neither
+    the caller nor ``EXTAGG_THREADS`` chose, one fewer than the CPUs (at least one). The scan's
+    reader thread decodes the file on a core of its own beside the folds: with two CPUs, two
+    fold threads made TPC-H SF10 ``GROUP BY l_orderkey`` (Parquet, in memory) take 7.2-8.5 s
+    against 5.1-5.2 s with one (the threads' partitioning is extra work, and three busy
+    threads shared two cores)."""
+    if threads is None and env_int(THREADS_ENV) is None:
+        return max(1, resolve_threads(None) - 1)
+    return resolve_threads(threads)
 
 
 def env_flag(var: str, default: bool) -> bool:

@@ -61,7 +61,9 @@ def add_aggregate_command(sub: Any) -> None:
     p.add_argument("--no-header", action="store_true", help="CSV files have no header line")
     p.add_argument("--spill-dir", action="append", dest="spill_dirs", help="spill directory")
     p.add_argument(
-        "--threads", type=int, help="worker threads (default: EXTAGG_THREADS or the CPUs usable)"
+        "--threads",
+        type=int,
+        help="fold threads (default: EXTAGG_THREADS, else the CPUs usable less one for the reader)",
     )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar, no summary")
     p.add_argument("--json-summary", metavar="FILE", help="write the run's metrics as JSON")

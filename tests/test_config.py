@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from extagg._config import env_size, format_size, parse_size
@@ -55,3 +57,40 @@ def test_format_size_like_spark():
     assert format_size(2048) == "2.0 KiB"
     assert format_size(63.2 * 2**20) == "63.2 MiB"
     assert format_size(3 * 2**30) == "3.0 GiB"
+
+
+def test_file_queries_leave_a_core_to_the_reader(monkeypatch) -> None:
+    """A file query's folds default to one fewer thread than the CPUs (the reader thread
+    decodes the file on its own core), at least one; an explicit count or EXTAGG_THREADS is
+    obeyed as it is."""
+    from extagg import _config
+
+    monkeypatch.delenv("EXTAGG_THREADS", raising=False)
+    for cpus, folds in ((1, 1), (2, 1), (4, 3), (16, 15)):
+        monkeypatch.setattr(_config.os, "sched_getaffinity", lambda _pid, n=cpus: set(range(n)))
+        assert _config.resolve_threads(None) == cpus
+        assert _config.resolve_file_threads(None) == folds
+        assert _config.resolve_file_threads(2) == 2
+    monkeypatch.setenv("EXTAGG_THREADS", "4")
+    assert _config.resolve_file_threads(None) == 4
+    monkeypatch.setenv("EXTAGG_THREADS", "zero")
+    with pytest.raises(ValueError, match="EXTAGG_THREADS"):
+        _config.resolve_file_threads(None)
+
+
+def test_a_file_query_folds_with_the_threads_it_resolved(tmp_path, monkeypatch) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from extagg.io.run import plan_query
+
+    monkeypatch.delenv("EXTAGG_THREADS", raising=False)
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"k": [1, 2, 1], "v": [1.0, 2.0, 3.0]}), path)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    for threads, expected in ((None, max(1, cpus - 1)), (3, 3)):
+        query = plan_query(str(path), by=["k"], aggs={"s": ("v", "sum")}, threads=threads)
+        try:
+            assert query.threads == expected
+        finally:
+            query.close()

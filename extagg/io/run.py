@@ -17,6 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from extagg._config import resolve_file_threads
 from extagg._sysinfo import current_rss, peak_rss
 from extagg.errors import QueryError
 from extagg.io.inputs import InputScan, open_input, row_bytes, unknown_column
@@ -59,7 +60,10 @@ class FileQuery:
         threads: int | None = None,
     ) -> None:
         self.scan = scan
-        self.threads = threads
+        try:  # the reader thread takes a core: see resolve_file_threads
+            self.threads = resolve_file_threads(threads)
+        except ValueError as exc:  # a bad EXTAGG_THREADS
+            raise QueryError(str(exc)) from None
         self.by = by
         self.aggs = aggs
         self.having = having
