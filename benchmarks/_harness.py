@@ -201,37 +201,14 @@ def run_case(
                 if log:
                     log("  (from the checkpoint)")
                 return done["result"]
-    result = _run_case(script, case, runs, warmup, timeout, log)
+    result = run_cases_interleaved(
+        script, [case], runs=runs, warmup=warmup, timeout=timeout, log=log
+    )[0]
     if checkpoint is not None:
         checkpoint.parent.mkdir(parents=True, exist_ok=True)
         with checkpoint.open("a", encoding="utf-8") as f:
             f.write(json.dumps({"key": key, "result": result}) + "\n")
     return result
-
-
-def _run_case(
-    script: str,
-    case: dict[str, Any],
-    runs: int,
-    warmup: int,
-    timeout: float,
-    log: Callable[[str], None] | None,
-) -> dict[str, Any]:
-    for _ in range(warmup):
-        first = _spawn(script, case, timeout)
-        if "error" in first:
-            if log:
-                log(f"  warm-up failed: {first['error']}")
-            return {"case": case, "runs": [first], "summary": {"error": first["error"]}}
-    results = []
-    for _ in range(runs):
-        r = _spawn(script, case, timeout)
-        results.append(r)
-        if "error" in r:
-            if log:
-                log(f"  run failed: {r['error']}")
-            return {"case": case, "runs": results, "summary": {"error": r["error"]}}
-    return {"case": case, "runs": results, "summary": summarise(results)}
 
 
 def run_cases_interleaved(

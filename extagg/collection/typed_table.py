@@ -54,8 +54,8 @@ MIN_ARENA = 4096
 HUGE_PAGE_BYTES = 4 << 20
 #: advise those mappings to use transparent huge pages (``EXTAGG_HUGE_PAGES=1``; off by
 #: default). A probe into a large table then rarely misses the TLB as well as the cache, but a
-#: huge page touched for the first time can cost far more than its 512 small ones: on the VMs
-#: measured (docs/columnar.md, "Huge pages") a 10 M-group table's doublings took 2.0–2.6 s with
+#: huge page touched for the first time can cost far more than its 512 small ones: on the VM
+#: measured (docs/columnar.md, "Huge pages") a 15 M-group table's doublings took 2.0–2.6 s with
 #: them and 0.9–1.0 s without, and the whole aggregation was 15 % slower with them. Where the
 #: kernel's THP mode is ``always`` the kernel uses them anyway.
 USE_HUGE_PAGES = os.environ.get("EXTAGG_HUGE_PAGES", "0").strip().lower() in ("1", "true", "yes")
@@ -81,7 +81,7 @@ def zeros(
     ``populate``: the pages are made at once, written (``MADV_POPULATE_WRITE``), for an array
     that is about to be written all over. A slot array is: a probe *reads* a slot before it
     writes it, so each of its pages took two faults (the shared zero page mapped, then copied
-    on write); made at once, a 10 M-group table's doublings took 0.63 s instead of 0.92-1.14
+    on write); made at once, a 15 M-group table's doublings took 0.6 s instead of 0.92-1.14
     and half the page faults."""
     dtype = np.dtype(dtype)
     dims = (shape,) if isinstance(shape, int) else tuple(shape)
@@ -107,7 +107,7 @@ _MADV_POPULATE_WRITE = 23 if sys.platform == "linux" else None
 
 def _populate(area: mmap.mmap, start: int, end: int) -> None:
     """Make the pages of ``[start, end)`` of ``area`` resident and writable now (one call, no
-    fault per page); where the kernel cannot (before 5.14), they come on first touch."""
+    trap per page); where the kernel cannot (before 5.14), they come on first touch."""
     if end <= start or _MADV_POPULATE_WRITE is None:
         return
     begin = start // mmap.PAGESIZE * mmap.PAGESIZE

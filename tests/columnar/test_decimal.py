@@ -340,3 +340,20 @@ def test_wide_decimal_value_kernels_match_reference(rows, merge_to, func) -> Non
     F.merge(spec, ms, out, slow, R)
     assert all(np.array_equal(a, b) for a, b in zip(mf, ms))
     assert F.finalize(spec, mf).type == pa.decimal128(38, 0)
+
+
+def test_a_large_narrow_decimal_column_is_copied_into_arrows_pool() -> None:
+    """A scan batch's narrow decimal column becomes its low words, copied into Arrow's memory
+    pool (which keeps freed pages for the next batch; the C heap gave them back every time);
+    small ones stay on the C heap. The values are the unscaled decimals either way."""
+    values = [decimal.Decimal(f"{i % 5000 - 2500}.{i % 100:02d}") for i in range(40_000)]
+    arr = pa.array(values, type=pa.decimal128(15, 2)).slice(7)
+    before = pa.total_allocated_bytes()
+    col = to_column("price", arr)
+    expected = [int(v.scaleb(2)) for v in values[7:]]
+    assert col.values.dtype == np.int64 and col.values.tolist() == expected
+    assert pa.total_allocated_bytes() - before >= col.values.nbytes  # held in Arrow's pool
+    del col
+    assert pa.total_allocated_bytes() == before
+    small = to_column("price", arr.slice(0, 100))
+    assert small.values.tolist() == expected[:100]
