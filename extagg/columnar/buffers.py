@@ -27,7 +27,8 @@ BATCH_VAR_BYTES = 1 << 20
 #: gathering, encoding and compressing one batch holds about this many copies of it
 IO_COPIES = 3
 #: merge buffers per source, in batches: its pending rows (up to about one and a half), their
-#: concatenation for the combine, the combine's scratch table (at most 37 bytes per row) and output
+#: concatenation for the combine, the combine's scratch (at most 32 bytes per row: group ids,
+#: first rows, the merged order, and the hashes' copy when many pieces are sorted) and output
 MERGE_COPIES = 4
 
 
