@@ -366,3 +366,94 @@ def test_csv_keys_in_hive_folders_and_the_folder_key(tmp_path):
     for by in (["s"], ["t"], ["s", "t"]):
         got = extagg.aggregate_files(str(tmp_path / "hive"), by=by, aggs=AGGS, memory="4m")
         assert_same(as_dict(got.read_all(), by), reference(table, by))
+
+
+def _finished_by(items, finish_sleep=0.0, read_sleep=0.0, consume_sleep=0.0):
+    """Run ``_prefetched`` over ``items`` with a finishing step that records its thread."""
+    import threading
+    import time
+
+    from extagg.io.inputs import _prefetched
+
+    def produce():
+        for item in items:
+            time.sleep(read_sleep)
+            yield item
+
+    def finish(item):
+        time.sleep(finish_sleep)
+        return item * 10, threading.current_thread().name
+
+    out = []
+    for value, thread in _prefetched(produce(), 1, finish):
+        out.append((value, thread))
+        time.sleep(consume_sleep)
+    return out
+
+
+def test_the_scan_finishes_batches_on_the_side_that_waits():
+    """A slow caller leaves the finishing step (the filter) to the reader thread; a slow
+    reader hands it to the caller, whose core would otherwise idle. Same items, same order."""
+    items = list(range(40))
+    slow_caller = _finished_by(items, consume_sleep=0.004)
+    assert [v for v, _ in slow_caller] == [i * 10 for i in items]
+    on_reader = sum(t == "extagg-scan" for _, t in slow_caller)
+    assert on_reader >= len(items) - 2, slow_caller
+
+    slow_reader = _finished_by(items, read_sleep=0.004)
+    assert [v for v, _ in slow_reader] == [i * 10 for i in items]
+    on_caller = sum(t != "extagg-scan" for _, t in slow_reader)
+    assert on_caller >= len(items) // 2, slow_reader
+
+
+def test_a_finishing_step_error_reaches_the_caller_on_either_side():
+    from extagg.io.inputs import _prefetched
+
+    def finish(item):
+        if item == 3:
+            raise ValueError("bad batch 3")
+        return item
+
+    for read_sleep in (0.0, 0.003):  # finished by the reader / mostly by the caller
+
+        def produce(read_sleep=read_sleep):
+            import time
+
+            for i in range(6):
+                time.sleep(read_sleep)
+                yield i
+
+        got = []
+        with pytest.raises(ValueError, match="bad batch 3"):
+            for item in _prefetched(produce(), 1, finish):
+                got.append(item)
+        assert got == [0, 1, 2]
+    assert list(_prefetched(iter(range(5)), 0, lambda i: -i)) == [0, -1, -2, -3, -4]
+
+
+def test_where_filter_is_the_same_whichever_thread_applies_it(tmp_path, monkeypatch):
+    """The Parquet filter step run by the caller (the reader made slow) gives the rows of
+    the one run by the reader."""
+    import pyarrow.compute as pc
+
+    from extagg.io import inputs
+
+    n = 50_000
+    table = pa.table({
+        "k": pa.array([i % 7 for i in range(n)], pa.int64()),
+        "v": pa.array(range(n), pa.int64()),
+        "d": pa.array([i % 100 for i in range(n)], pa.int32()),
+    })  # fmt: skip
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path, row_group_size=5_000)
+    expected = {
+        r["k"]: r["s"]
+        for r in table.filter(pc.less(table["d"], 30))
+        .group_by("k").aggregate([("v", "sum")]).rename_columns(["k", "s"]).to_pylist()
+    }  # fmt: skip
+    for starved in (False, True):
+        monkeypatch.setattr(inputs._WaitBalance, "consumer_starved", lambda self, s=starved: s)
+        out = extagg.aggregate_files(
+            str(path), by="k", aggs={"s": ("v", "sum")}, where="d < 30", batch_rows=1_000
+        ).read_all()
+        assert dict(zip(out["k"].to_pylist(), out["s"].to_pylist())) == expected
