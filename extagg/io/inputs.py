@@ -94,6 +94,11 @@ class InputScan:
     filter_columns: list[str] = field(default_factory=list)
     #: the filter evaluated eagerly on a batch (a boolean mask, or None: use ``filter``)
     filter_mask: Callable[[pa.RecordBatch], pa.Array | None] | None = None
+    #: whether a Parquet batch's filter step may be left to the consumer when it waits for
+    #: the reader (see :func:`_prefetched`): it then holds the unfiltered batch and its
+    #: filtered copy while the reader decodes the next, one batch more than the scan's
+    #: share of the budget counts otherwise; the run allows it only while that share has room
+    filter_on_consumer: bool = True
     progress: ScanProgress = field(default_factory=ScanProgress)
     _parts: list[tuple[str, Any, ds.FileFormat, dict[str, Any]]] = field(default_factory=list)
 
@@ -113,7 +118,9 @@ class InputScan:
                         lambda: self.batch_rows, self.dictionary_columns, self.filter_mask,
                     )  # fmt: skip
                     finish = _FilterStep(self.columns, self.filter)
-                    it = _prefetched(decoded, self.readahead, finish)
+                    it = _prefetched(
+                        decoded, self.readahead, finish, lambda: self.filter_on_consumer
+                    )
                 else:
                     it = _prefetched(self._fragment_batches(dataset, fmt), self.readahead)
                 for batch in it:
@@ -372,7 +379,10 @@ class _WaitBalance:
 
 
 def _prefetched(
-    items: Iterator[Any], ahead: int, finish: Callable[[Any], Any] | None = None
+    items: Iterator[Any],
+    ahead: int,
+    finish: Callable[[Any], Any] | None = None,
+    hand_over: Callable[[], bool] = lambda: True,
 ) -> Iterator[Any]:
     """``items``, read by a thread at most ``ahead`` items in front of the caller (Arrow
     decodes without the GIL, so reading overlaps the aggregation); its exceptions are raised
@@ -383,7 +393,8 @@ def _prefetched(
     while the caller keeps up, by the caller while it waits for the reader (then the step
     runs beside the next item's decoding, on the caller's otherwise idle core). TPC-H Q1
     at SF10: the reader's thread is the critical path, and filtering the batches on the
-    caller's side took ~0.5 s off it."""
+    caller's side took ~0.5 s off it. ``hand_over()`` false keeps the step on the reader
+    (the caller would hold one more batch than the budget allows)."""
     if ahead <= 0:
         for item in items:
             yield item if finish is None else finish(item)
@@ -411,7 +422,7 @@ def _prefetched(
     def read() -> None:
         try:
             for item in items:
-                if finish is not None and not balance.consumer_starved():
+                if finish is not None and not (hand_over() and balance.consumer_starved()):
                     entry = (True, finish(item), False)
                 else:  # unfinished only when there is a step left to the caller
                     entry = (finish is None, item, False)

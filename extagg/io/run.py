@@ -310,6 +310,9 @@ class _ScanMemory(MemoryConsumer):
         rows = share // (width * batches)
         scan.batch_rows = int(max(MIN_BATCH_ROWS, min(self._batch_rows, rows)))
         text = scan.block_bytes if scan.format in ("csv", "tsv", "json") else 0
+        # room for one batch more: the consumer may filter a batch beside the reader
+        scan.filter_on_consumer = scan.batch_rows * width * (batches + 1) <= share
+        batches += scan.filter_on_consumer
         want = min(scan.batch_rows * width * batches, share) + text
         self._wanted = want
         if want > self.used:

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 
 MIB = 1 << 20
+D = pa.decimal128(15, 2)
 ROWS = 2_000_000
 
 
@@ -35,6 +36,14 @@ def big_file(tmp_path_factory) -> str:
             "f": pa.array(rng.choice(["A", "N", "R"], ROWS)),
             "v": rng.random(ROWS),
             "q": rng.integers(1, 50, ROWS),
+            # TPC-H Q1's shape: decimal sums, a filter on a column no aggregate reads
+            "p": pa.array(rng.integers(0, 10**9, ROWS), pa.int64())
+            .cast(pa.decimal128(21, 2))
+            .cast(D),
+            "t": pa.array(rng.integers(0, 10**4, ROWS), pa.int64())
+            .cast(pa.decimal128(21, 2))
+            .cast(D),
+            "d": rng.integers(0, 100, ROWS).astype(np.int32),
         }
     )
     pq.write_table(table, path, row_group_size=1_000_000)
@@ -59,8 +68,10 @@ def _run(tmp_path, path: str, query: list[str], memory: str) -> dict:
         (["--by", "f", "--agg", "s=sum(v)", "--agg", "n=count(*)", "--where", "q < 40"], "16m",
          False),
         (["--by", "k", "--agg", "s=sum(v)", "--agg", "m=max(q)"], "24m", True),
+        (["--by", "f", "--agg", "p=sum(p)", "--agg", "t=sum(t)", "--agg", "a=mean(p)",
+          "--agg", "b=mean(t)", "--where", "d <= 97"], "8m", False),
     ],
-    ids=["few-groups", "spilling"],
+    ids=["few-groups", "spilling", "q1-shape"],
 )  # fmt: skip
 def test_peak_rss_above_fixed_stays_within_the_budget(tmp_path, big_file, query, memory, spills):
     m = _run(tmp_path, big_file, query, memory)
