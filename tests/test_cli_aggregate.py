@@ -249,6 +249,8 @@ def test_same_answers_as_duckdb(tmp_path, data, capsys):
                                                    "count, count_distinct, first"]),
         (["--by", "k", "--agg", "n count"], 2, ["NAME=FUNC(COLUMN)"]),
         (["--by", "k", "--agg", "n=count(*)", "--memory", "12 parsecs"], 2, ["'12 parsecs'"]),
+        (["--by", "k", "--agg", "n=count(*)", "--memory", "100k"], 2,
+         ["100.0 KiB", "below the engines' working minimum"]),
         (["--by", "k", "--agg", "n=count(*)", "--where", "u > > 1"], 2, ["position 4", "^"]),
         (["--by", "k", "--agg", "n=count(*)", "--having", "nn > 1"], 2,
          ["unknown result column 'nn'", "did you mean 'n'"]),

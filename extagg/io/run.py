@@ -387,8 +387,10 @@ def plan_query(
         raise QueryError(str(exc)) from None
     sample = 1 << 22
     if memory is not None:
-        try:
-            budget = parse_size(memory, name="memory")
+        from extagg.memory import check_engine_budget
+
+        try:  # a budget below the engines' minimum is a bad argument, like a bad size
+            budget = check_engine_budget(parse_size(memory, name="memory"))
         except (TypeError, ValueError) as exc:
             raise QueryError(str(exc)) from None
         sample = max(1 << 20, min(sample, budget // 16))  # CSV type inference: ~25x this
