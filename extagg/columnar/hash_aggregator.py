@@ -906,6 +906,18 @@ class HashAggregator(Spillable[ColumnBlock]):
         """Every group once, combined, in hash order (hashed as the parent sees them)."""
         return self._blocks()
 
+    @property
+    def takes_groups(self) -> bool:
+        """Whether :meth:`fold_groups` may be called: not once hash-partitioned."""
+        return self._partitions is None
+
+    def fold_groups(self, block: ColumnBlock) -> None:
+        """Fold a block of combined groups (a thread-local table's, hashed as the parent sees
+        them) into the table, as a spilled run's groups are merged."""
+        with self.lock:
+            self.check_open(f"{self.name}: fold_groups() after results() or close()")
+            self._fold_states(block)
+
     # ------------------------------------------------------------------ partitioning
     def _spill_or_partition(self, table: TypedHashTable) -> None:
         """The full table cannot grow: spill it, and maybe partition the input from now on."""

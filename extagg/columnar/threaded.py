@@ -25,9 +25,13 @@ it: each worker then folds its row slice of every chunk into a table of its own 
 child, unrotated; thread-local pre-aggregation), and the results merge the partitions' stream
 with the locals' streams, combining equal keys (:func:`extagg.merge.heap.merge_in_passes`). If
 a local table outgrows ``2 * LOCAL_MAX_GROUPS`` or spills, the chunks after it are partitioned
-again (the locals keep what they hold, merged at the end). Not with ``first``/``last``, whose
-order the combine would not keep. Same rows in the same order; float sums may differ in the
-last bits (the additions are grouped differently, as a spill does).
+again, and the locals' groups are folded into the partitions' children at once (each local's
+groups come out in hash order, so a partition's are one run of them): input sorted by its key
+(ids, times) shows few groups a chunk and many in all, and merging every group of the run
+with the locals' at the end had cost it ~40 % (20 M sorted rows, 5 M groups, two threads:
+1.45 s against 1.05 s). Not with ``first``/``last``, whose order the combine would not keep.
+Same rows in the same order; float sums may differ in the last bits (the additions are
+grouped differently, as a spill does).
 
 Memory: the children of worker ``w`` are consumers of one task (``TaskMemoryManager`` with an
 explicit id) of the caller's ``UnifiedMemoryManager``, so each worker gets its fair share and
@@ -121,6 +125,13 @@ class ThreadChild(Protocol):
     def fold_encoded(self, cols: dict[str, Column], enc: EncodedKeys, n: int) -> None:
         """Fold ``n`` rows whose keys are already encoded (hashes as the child sees them)."""
 
+    @property
+    def takes_groups(self) -> bool:
+        """Whether :meth:`fold_groups` may be called (not once it is hash-partitioned)."""
+
+    def fold_groups(self, block: ColumnBlock) -> None:
+        """Fold a block of groups (combined states, hashed as the parent sees them)."""
+
     def blocks(self) -> Iterator[ColumnBlock]:
         """Every group once, hashed as the parent sees them, in hash order."""
 
@@ -210,6 +221,8 @@ class ThreadedFold:
         self._merge = merge
         #: the thread-local children (few groups), one per worker, once chosen
         self.locals: list[ThreadChild] = []
+        #: the metrics of thread-local children whose groups went to the partitions
+        self._drained: list[SpillMetrics] = []
         #: "first" (no chunk on the pool yet), "local" or "partition"
         self.mode = "first" if self._make_local is not None and self.threads > 1 else "partition"
         self._pool: ThreadPoolExecutor | None = None
@@ -233,7 +246,7 @@ class ThreadedFold:
 
     def child_metrics(self) -> list[SpillMetrics]:
         """The partitions' aggregators' metrics (live: they spill while the workers fold)."""
-        return [child.metrics for child in [*self.children, *self.locals]]
+        return [*(child.metrics for child in [*self.children, *self.locals]), *self._drained]
 
     def held(self) -> int:
         """Bytes the workers' tasks hold together."""
@@ -313,6 +326,26 @@ class ThreadedFold:
         if grown or any(local.metrics.spill_count for local in self.locals):
             self.mode = "partition"
             log.debug("%s: thread-local tables outgrown: partitioning again", self.name)
+            self._drain_locals()
+
+    def _drain_locals(self) -> None:
+        """Fold every thread-local table's groups into the partitions' children and close
+        it (in the caller's thread, between chunks): the results then need no merge. Not if
+        a child cannot take groups (hash-partitioned): the locals are then merged at the end."""
+        if self._stop.is_set() or not all(child.takes_groups for child in self.children):
+            return
+        shift = 64 - self.bits
+        edges = np.array([p << shift for p in range(1, self.parts)], dtype=np.uint64)
+        while self.locals:
+            local = self.locals[0]
+            for block in local.blocks():
+                cuts = [0, *np.searchsorted(block.hashes, edges).tolist(), len(block)]
+                for p in range(self.parts):
+                    if cuts[p] < cuts[p + 1]:
+                        self.children[p].fold_groups(block.slice(cuts[p], cuts[p + 1]))
+            self._drained.append(local.metrics)
+            self.locals.pop(0)
+            local.close()
 
     def _slice(self, cols: dict[str, Column], lo: int, hi: int, n: int) -> _Slice:
         part = cols if (lo == 0 and hi == n) else {k: c.slice(lo, hi) for k, c in cols.items()}

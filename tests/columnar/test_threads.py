@@ -294,8 +294,9 @@ def test_few_groups_fold_into_thread_local_tables_then_partition_again(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Few groups after the first chunk: every worker folds into its own table; once a local
-    table outgrows the limit the chunks are partitioned again; the results merge both, the
-    same rows in the same order as one thread, memory within the budget, no file left."""
+    table outgrows the limit the chunks are partitioned again and the local tables' groups
+    are folded into the partitions (none is left to merge at the end); the same rows in the
+    same order as one thread, memory within the budget, no file left."""
     monkeypatch.setattr(T, "LOCAL_MAX_GROUPS", 64)
     rng = np.random.default_rng(5)
     few = rng.integers(0, 50, 40_000)
@@ -314,8 +315,9 @@ def test_few_groups_fold_into_thread_local_tables_then_partition_again(
                 threaded = threaded or agg._threaded
                 assert threaded is not None
                 modes.append(threaded.mode)
-            assert threaded is not None and len(threaded.locals) == 2
+            assert threaded is not None and threaded.locals == []
             assert modes[0] == "local" and modes[-1] == "partition", modes
+            assert sum(m.records_read for m in threaded.child_metrics()) == len(idx)
             got = pa.Table.from_batches(list(agg.results()))
             assert 0 < agg.metrics.peak_granted_bytes <= agg.budget.max_memory
         _assert_same(got, want, ["k"], ["m"])
