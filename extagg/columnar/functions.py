@@ -375,14 +375,15 @@ def update_all(
 #: rows a chunk needs at least to be folded by ``fused_update_few`` (its partials are set up
 #: and added once per operation and group)
 FEW_GROUPS_MIN_ROWS = 1 << 10
-_FEW_CODES = (_kernels.FUSED_COUNT, _kernels.FUSED_SUM_INT, _kernels.FUSED_MIN_INT,
-              _kernels.FUSED_MAX_INT)  # fmt: skip
+_FEW_CODES = frozenset((_kernels.FUSED_COUNT, _kernels.FUSED_SUM_INT, _kernels.FUSED_MIN_INT,
+                        _kernels.FUSED_MAX_INT))  # fmt: skip
 
 
 def _few_groups(gids: np.ndarray, ops: np.ndarray) -> int:
     """The bound of ``gids`` when ``fused_update_few`` can fold the chunk (integer operations
     only, group ids below ``FEW_GROUPS``, rows enough); else 0."""
-    if len(gids) < FEW_GROUPS_MIN_ROWS or not np.isin(ops[:, 0], _FEW_CODES).all():
+    # a set of the few codes, not np.isin: ~1 us against ~75 us, once a chunk
+    if len(gids) < FEW_GROUPS_MIN_ROWS or not _FEW_CODES.issuperset(ops[:, 0].tolist()):
         return 0
     groups = int(gids.max()) + 1
     return groups if groups <= _kernels.FEW_GROUPS else 0

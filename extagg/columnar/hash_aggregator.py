@@ -444,14 +444,13 @@ class HashAggregator(Spillable[ColumnBlock]):
             or self._partitions is not None
             or batch.num_rows <= st.chunk_rows
             or batch.num_rows > CODED_BATCH_ROWS
-            or coded_keys(batch, self.keys) is None
         ):
             return 0
         # enough for the per-row path too: a batch whose keys fall back to being decoded
         per_row = st.layout.keys.scratch_bytes(1, 0) + 16 * len(self._needed) + CODED_ROW_BYTES
         need = batch.num_rows * per_row
         extra = int(need - st.scratch)
-        if extra <= 0:
+        if extra <= 0 or coded_keys(batch, self.keys) is None:
             return 0
         # only memory free now, to one task: asking for more would spill (this table, or
         # another consumer's) or wait for other tasks, dearer than folding in chunks
