@@ -191,3 +191,39 @@ def test_update_all_takes_the_few_groups_kernel_only_when_it_applies(monkeypatch
         calls.clear()
         F.update_all(specs, states, gids, columns, 0, table.rows)
         assert calls == [want], (aggs, top, rows)
+
+
+def test_fused_plans_are_remembered_for_the_same_views_and_column_kinds() -> None:
+    """A chunk after chunk of the same table and column kinds reuses the plan (the same ops
+    table, this chunk's columns); new state views (a grown table), a column that now has nulls,
+    two aggregates now on different columns each get their own plan."""
+    cols = {
+        "f": to_column("f", pa.array([1.0, 2.0])),
+        "g": to_column("g", pa.array([3.0, 4.0])),
+        "i": to_column("i", pa.array([1, 2], pa.int64())),
+    }
+    aggs = {"a": ("*", "count"), "b": ("f", "sum"), "c": ("f", "max"), "d": ("i", "sum")}
+    specs = [F.resolve(r, None if r.column is None else cols[r.column]) for r in F.parse_aggs(aggs)]
+    table, states = _table_states(specs, 2)
+    columns = [None, cols["f"], cols["f"], cols["i"]]
+    first = F.fused_ops(specs, states, columns, table.rows)
+    again = F.fused_ops(specs, states, [None, cols["f"], cols["f"], cols["i"]], table.rows)
+    assert first is not None and again is not None and again[0] is first[0]
+    other = to_column("f", pa.array([5.0, 6.0]))  # the next chunk's column, same kind
+    nxt = F.fused_ops(specs, states, [None, other, other, cols["i"]], table.rows)
+    assert nxt is not None and nxt[0] is first[0] and nxt[1][0] is other.values
+    assert len(nxt[1]) == 1 and nxt[3] == {0, 1, 2, 3}
+    # two aggregates on two columns: two float columns, another plan
+    split = F.fused_ops(specs, states, [None, cols["f"], cols["g"], cols["i"]], table.rows)
+    assert split is not None and split[0] is not first[0]
+    assert [c is v for c, v in zip(split[1], (cols["f"].values, cols["g"].values))] == [True] * 2
+    assert split[0][:, 1].tolist() == [0, 0, 1, 0]
+    # a column with nulls in this chunk: not fused, another plan
+    nulls = to_column("i", pa.array([1, None], pa.int64()))
+    some = F.fused_ops(specs, states, [None, cols["f"], cols["f"], nulls], table.rows)
+    assert some is not None and some[3] == {0, 1, 2}
+    # a grown table: new views, a plan for them (the offsets are the same)
+    grown, grown_states = _table_states(specs, 40)
+    after = F.fused_ops(specs, grown_states, columns, grown.rows)
+    assert after is not None and after[0] is not first[0]
+    assert after[0].tolist() == first[0].tolist()
