@@ -273,6 +273,7 @@ def _parquet_batches(
             )
         have = set(reader.schema_arrow.names)
         read = [n for n in schema.names if n in have]
+        as_is: bool | None = None  # decided on the first batch (a file's batches are alike)
         for batch in (
             batch
             for group in row_groups
@@ -280,13 +281,20 @@ def _parquet_batches(
                 batch_size=batch_rows(), row_groups=[group], columns=read, use_threads=False
             )
         ):
-            arrays = []
-            for f in schema:
-                if f.name in have:
-                    arrays.append(_as_type(batch.column(f.name), f.type))
-                else:
-                    arrays.append(pa.nulls(batch.num_rows, f.type))
-            out = pa.RecordBatch.from_arrays(arrays, names=schema.names)
+            if as_is is None:  # the file's batches have the scan's types: taken as they come
+                as_is = len(read) == len(schema) and all(
+                    _as_type(c, f.type) is c for c, f in zip(batch.columns, schema, strict=True)
+                )
+            if as_is:
+                out = batch
+            else:
+                arrays = []
+                for f in schema:
+                    if f.name in have:
+                        arrays.append(_as_type(batch.column(f.name), f.type))
+                    else:
+                        arrays.append(pa.nulls(batch.num_rows, f.type))
+                out = pa.RecordBatch.from_arrays(arrays, names=schema.names)
             mask = None if filter is None or filter_mask is None else filter_mask(out)
             yield out, mask
 
