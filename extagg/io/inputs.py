@@ -107,11 +107,12 @@ class InputScan:
         for path, dataset, fmt, opts in self._parts:
             size = _size(path)
             try:
-                if "zstd" in opts:
-                    file_format, part_schema = opts["zstd"]
-                    it = _zstd_batches(
-                        path, fmt, file_format, part_schema, self.columns, self.filter
-                    )
+                if "text" in opts:
+                    it = _prefetched(
+                        self._text_batches(path, opts["text"]), self.readahead,
+                        _FilterStep(self.columns, self.filter, self.filter_mask),
+                        lambda: self.filter_on_consumer,
+                    )  # fmt: skip
                 elif "row_group_ids" in opts:
                     decoded = _parquet_batches(
                         path, opts["row_group_ids"], dataset.schema, self.filter,
@@ -122,7 +123,7 @@ class InputScan:
                         decoded, self.readahead, finish, lambda: self.filter_on_consumer
                     )
                 else:
-                    it = _prefetched(self._fragment_batches(dataset, fmt), self.readahead)
+                    it = _prefetched(self._fragment_batches(dataset), self.readahead)
                 for batch in it:
                     if batch.num_rows:
                         self.progress.rows += batch.num_rows
@@ -143,24 +144,18 @@ class InputScan:
         import pyarrow.compute as pc
         import pyarrow.csv as pacsv
 
-        plain = [p for p in self._parts if "zstd" not in p[3]]
-        if not columns or not plain:
+        texts = [(path, opts["text"]) for path, _, _, opts in self._parts if "text" in opts]
+        if not columns or not texts:
             return False
-        path, dataset, _fmt, _opts = plain[0]
-        partitioning = getattr(dataset, "partitioning", None)
-        if partitioning is not None and set(columns) & set(partitioning.schema.names):
+        path, text = texts[0]
+        if set(columns) & set(text.folder_values):
             return False  # a key from the folder names, not the text
-        base = dataset.format.default_fragment_scan_options
-        read = base.read_options
-        try:  # the first block only (a dataset scan of a text file parses ahead)
-            with pacsv.open_csv(
-                pa.input_stream(path, compression="detect"),
-                read_options=pacsv.ReadOptions(
-                    block_size=self.block_bytes, column_names=read.column_names,
-                    autogenerate_column_names=read.autogenerate_column_names,
-                    skip_rows=read.skip_rows, encoding=read.encoding,
-                ),
-                parse_options=dataset.format.parse_options,
+        base = text.file_format.default_fragment_scan_options
+        try:  # the first block only
+            with _text_stream(path) as stream, pacsv.open_csv(
+                stream,
+                read_options=_read_options(base.read_options, self.block_bytes),
+                parse_options=text.file_format.parse_options,
                 convert_options=_convert_options(base.convert_options, include=columns),
             ) as reader:  # fmt: skip
                 batch = next(iter(reader), None)
@@ -175,23 +170,51 @@ class InputScan:
             pc.count_distinct(batch.column(name), mode="all").as_py() <= most for name in columns
         )
 
-    def _fragment_batches(self, dataset: Any, fmt: str) -> Iterator[pa.RecordBatch]:
-        """One fragment (row group, text file) at a time: a scan of the whole dataset decodes
+    def _fragment_batches(self, dataset: Any) -> Iterator[pa.RecordBatch]:
+        """One fragment (row group, file) at a time: a scan of the whole dataset decodes
         fragments ahead into Arrow's pool as fast as it can read them, without bound when the
         aggregation is the slower side (245 MiB at a 16 MiB budget on TPC-H Q1)."""
-        schema = dataset.schema
-        coded = [n for n in self.dictionary_columns if n in schema.names]
-        if fmt in ("csv", "tsv") and coded:  # key strings parsed straight into dictionaries
-            for name in coded:
-                i = schema.get_field_index(name)
-                schema = schema.set(i, schema.field(i).with_type(_coded_type(schema.field(i))))
-        options = _text_scan_options(fmt, dataset.format, self.block_bytes, schema, coded)
         for fragment in dataset.get_fragments():
             yield from fragment.to_batches(
-                schema=schema, columns=self.columns, filter=self.filter,
+                schema=dataset.schema, columns=self.columns, filter=self.filter,
                 batch_size=self.batch_rows, batch_readahead=0, fragment_readahead=0,
-                fragment_scan_options=options, use_threads=True,
+                use_threads=True,
             )  # fmt: skip
+
+    def _text_batches(
+        self, path: str, text: _TextFile
+    ) -> Iterator[tuple[pa.RecordBatch, pa.Array | None]]:
+        """A CSV/TSV/JSON Lines file through Arrow's streaming reader, its (decompressed)
+        bytes read through a :class:`_GatedStream`: a few blocks ahead of the parsed
+        batches taken, not Arrow's 32. Each parsed block gets the columns from the folder
+        names and the scan's types (numbers widened, missing columns as nulls), and is cut
+        into batches of at most ``batch_rows`` rows, each left to a :class:`_FilterStep`
+        (no mask: the filter is evaluated there, on whichever side waits)."""
+        coded = set(self.dictionary_columns) if text.fmt in ("csv", "tsv") else set()
+        schema = pa.schema(
+            f.with_type(_coded_type(f)) if f.name in coded else f for f in text.schema
+        )
+        parsed = pa.schema([f for f in schema if f.name not in text.folder_values])
+        folder = _FolderColumns(text.folder_values, schema)
+        gate = _GatedStream(_text_stream(path))
+        try:
+            source = pa.PythonFile(gate, mode="r")
+            reader = gate.call(lambda: _open_text(source, text, parsed, self.block_bytes))
+            while True:
+                block = gate.call(reader.read_next_batch, taken=True)
+                if block is None:
+                    return
+                if folder.names:
+                    block = folder.add(block)
+                if block.schema != schema:
+                    block = pa.RecordBatch.from_arrays(
+                        [_as_type(block.column(f.name), f.type) for f in schema], schema=schema
+                    )
+                step = max(1, self.batch_rows)
+                for start in range(0, block.num_rows, step):
+                    yield block.slice(start, step), None
+        finally:
+            gate.close()
 
     def _read_error(self, path: str, dataset: Any, fmt: str, exc: Exception) -> InputError:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -306,12 +329,22 @@ class _FilterStep:
     reader thread's ~2.2 s), which :func:`_prefetched` runs on whichever side of the queue
     is waiting for the other."""
 
-    def __init__(self, columns: Sequence[str], filter: Any) -> None:
+    def __init__(
+        self,
+        columns: Sequence[str],
+        filter: Any,
+        filter_mask: Callable[[pa.RecordBatch], pa.Array | None] | None = None,
+    ) -> None:
         self.columns = list(columns)
         self.filter = filter
+        #: evaluates the filter on a batch that comes without its mask (a third of the time
+        #: of ``batch.filter(expression)`` on a CSV block: ~80 against ~240 us)
+        self.filter_mask = filter_mask
 
     def __call__(self, item: tuple[pa.RecordBatch, pa.Array | None]) -> pa.RecordBatch:
         out, mask = item
+        if mask is None and self.filter is not None and self.filter_mask is not None:
+            mask = self.filter_mask(out)
         if mask is not None:
             out = out.select(self.columns)
             if mask.true_count < len(mask):  # nulls and falses dropped, as the filter's
@@ -481,73 +514,213 @@ def _coded_type(f: pa.Field) -> pa.DataType:
     return pa.dictionary(pa.int32(), f.type)
 
 
-def _text_scan_options(
-    fmt: str,
-    file_format: Any,
-    block_bytes: int,
-    schema: pa.Schema | None = None,
-    coded: Sequence[str] = (),
-) -> Any:
-    """Scan options that parse CSV/JSON text ``block_bytes`` at a time (``None``: defaults);
-    the CSV columns ``coded`` parsed as dictionaries (their type in ``schema``)."""
-    if fmt in ("csv", "tsv"):
-        import pyarrow.csv as pacsv
+@dataclass
+class _TextFile:
+    """How a CSV/TSV/JSON Lines file is parsed: its format's options, the scan's schema
+    (every column the query reads, the folder ones included) and the values of the columns
+    its hive folder names give."""
 
-        base = file_format.default_fragment_scan_options
-        read = base.read_options
-        convert = base.convert_options
-        if coded and schema is not None:
-            types = {name: schema.field(name).type for name in coded}
-            convert = _convert_options(convert, types=types)
-        return ds.CsvFragmentScanOptions(
-            convert_options=convert,
-            read_options=pacsv.ReadOptions(
-                block_size=block_bytes, column_names=read.column_names,
-                autogenerate_column_names=read.autogenerate_column_names,
-                skip_rows=read.skip_rows, encoding=read.encoding,
-            ),
-        )  # fmt: skip
-    if fmt == "json":
-        import pyarrow.json as pajson
-
-        return ds.JsonFragmentScanOptions(read_options=pajson.ReadOptions(block_size=block_bytes))
-    return None
+    fmt: str
+    file_format: Any
+    schema: pa.Schema
+    folder_values: dict[str, Any]
 
 
 def _is_zstd(path: str) -> bool:
     return path.lower().endswith((".zst", ".zstd"))
 
 
-def _zstd_reader(path: str, fmt: str, file_format: Any) -> Any:
-    """A streaming reader of a ``.zst`` text file: Arrow's dataset layer detects only
-    ``.gz``/``.bz2`` from the extension, so these are decompressed here, block by block."""
-    stream = pa.CompressedInputStream(_LOCAL.open_input_stream(path, compression=None), "zstd")
-    if fmt == "json":
-        import pyarrow.json as pajson
+def _text_stream(path: str) -> Any:
+    """``path``'s bytes, decompressed if its extension says so (``.gz``, ``.bz2``, ``.zst``)."""
+    if _is_zstd(path):
+        return pa.CompressedInputStream(_LOCAL.open_input_stream(path, compression=None), "zstd")
+    return _LOCAL.open_input_stream(path, compression="detect")
 
-        return pajson.open_json(stream)
+
+def _read_options(read: Any, block_bytes: int) -> Any:
+    """CSV read options ``read`` with ``block_bytes`` blocks."""
     import pyarrow.csv as pacsv
 
-    opts = file_format.default_fragment_scan_options
-    return pacsv.open_csv(
-        stream, read_options=opts.read_options, parse_options=file_format.parse_options,
-        convert_options=opts.convert_options,
+    return pacsv.ReadOptions(
+        block_size=block_bytes, column_names=read.column_names,
+        autogenerate_column_names=read.autogenerate_column_names,
+        skip_rows=read.skip_rows, encoding=read.encoding,
     )  # fmt: skip
 
 
-def _zstd_batches(
-    path: str, fmt: str, file_format: Any, schema: pa.Schema, columns: list[str], filter: Any
-) -> Iterator[pa.RecordBatch]:
-    reader = _zstd_reader(path, fmt, file_format)
-    for batch in reader:
-        table = pa.Table.from_batches([batch])
-        for f in schema:
-            if f.name not in table.column_names:
-                table = table.append_column(f.name, pa.nulls(table.num_rows, f.type))
-        table = table.select(schema.names).cast(schema)
-        if filter is not None:
-            table = table.filter(filter)
-        yield from table.select(columns).to_batches()
+def _open_text(source: Any, text: _TextFile, schema: pa.Schema, block_bytes: int) -> Any:
+    """Arrow's streaming reader of a CSV/JSON ``source``, parsing only ``schema``'s columns,
+    as ``schema``'s types (columns the file lacks as nulls), ``block_bytes`` at a time."""
+    if text.fmt == "json":
+        import pyarrow.json as pajson
+
+        return pajson.open_json(
+            source,
+            read_options=pajson.ReadOptions(block_size=block_bytes),
+            parse_options=pajson.ParseOptions(
+                explicit_schema=schema, unexpected_field_behavior="ignore"
+            ),
+        )
+    import pyarrow.csv as pacsv
+
+    base = text.file_format.default_fragment_scan_options
+    convert = _convert_options(
+        base.convert_options, types={f.name: f.type for f in schema}, include=schema.names
+    )
+    convert.include_missing_columns = True
+    return pacsv.open_csv(
+        source, read_options=_read_options(base.read_options, block_bytes),
+        parse_options=text.file_format.parse_options, convert_options=convert,
+    )  # fmt: skip
+
+
+def _text_schema(path: str, fmt: str, file_format: Any) -> pa.Schema:
+    """The schema Arrow infers from the first block of a CSV/JSON file (its first
+    ``block_size`` bytes, decompressed), read through a :class:`_GatedStream` that lets
+    the reader have the next block only: ``file_format.inspect`` opens a reader that reads
+    32 blocks ahead (~130 MiB for a 4 MiB sample, in the process's peak before the run)."""
+    gate = _GatedStream(_text_stream(path), ahead=1)
+    source = pa.PythonFile(gate, mode="r")
+    if fmt == "json":
+        import pyarrow.json as pajson
+
+        def open_reader() -> Any:
+            return pajson.open_json(source)
+    else:
+        import pyarrow.csv as pacsv
+
+        opts = file_format.default_fragment_scan_options
+
+        def open_reader() -> Any:
+            return pacsv.open_csv(
+                source, read_options=opts.read_options,
+                parse_options=file_format.parse_options, convert_options=opts.convert_options,
+            )  # fmt: skip
+
+    reader = None
+    try:
+        reader = gate.call(open_reader)
+        return reader.schema
+    finally:
+        # the gate opens before the reader goes: a JSON reader's destructor waits for the
+        # read its I/O thread has started, which waits for the gate
+        gate.close()
+        del reader
+
+
+class _FolderColumns:
+    """The columns a hive folder's names give, as arrays of one repeated value, cut to each
+    block's length from one array made long enough."""
+
+    def __init__(self, values: dict[str, Any], schema: pa.Schema) -> None:
+        self.names = [name for name in schema.names if name in values]
+        self._scalars = [pa.scalar(values[n], schema.field(n).type) for n in self.names]
+        self._arrays: list[pa.Array] = []
+
+    def add(self, block: pa.RecordBatch) -> pa.RecordBatch:
+        n = block.num_rows
+        if not self._arrays or len(self._arrays[0]) < n:
+            import numpy as np
+
+            zeros = pa.array(np.zeros(max(n, 1024), np.int32))
+            self._arrays = [pa.array([s.as_py()], s.type).take(zeros) for s in self._scalars]
+        arrays = [*block.columns, *(a.slice(0, n) for a in self._arrays)]
+        return pa.RecordBatch.from_arrays(arrays, names=[*block.schema.names, *self.names])
+
+
+#: CSV/JSON blocks a text scan reads ahead of the parsed batches taken from Arrow's reader.
+#: The reader needs the block after the one it parses (to finish that one's last row), so
+#: two ahead left the parse and the fold taking turns (TPC-H Q1 on SF1 CSV, one thread:
+#: 1.9 s against 1.6 s for four or more, or for Arrow's own 32)
+TEXT_BLOCKS_AHEAD = 4
+#: blocks' worth of memory a text scan holds at most, raw or parsed: those read ahead, the
+#: parser's copies of those it parses, their columns, the batches queued and folded
+#: (measured in Arrow's pool on TPC-H lineitem CSV, four ahead: 6 blocks with one parsing
+#: thread, 11 with two; see ``_ScanMemory`` in :mod:`extagg.io.run`)
+TEXT_BLOCKS_HELD = 3 * TEXT_BLOCKS_AHEAD
+#: seconds a read waits past the limit while the reader's caller waits for a batch (a
+#: safety net: see :class:`_GatedStream`)
+GATE_ESCAPE_S = 0.2
+
+
+class _GatedStream:
+    """A file-like stream for ``pa.PythonFile`` whose reads wait while the reader is
+    :data:`TEXT_BLOCKS_AHEAD` blocks ahead of the batches taken from it.
+
+    Arrow's streaming CSV and JSON readers read their input on an I/O thread up to 32
+    blocks ahead of the batch asked for, into Arrow's memory pool, outside any budget
+    (84 MiB of 1.6 MiB blocks while TPC-H Q1 ran on SF1 CSV at 26 MiB). Each
+    read here is one block (the readers ask for ``block_size`` bytes at a time) and waits
+    until the caller has taken enough batches (:meth:`call` with ``taken``). Arrow gives a
+    batch for every block, an empty one for a block of blank lines; should a block ever give
+    none, the count would lag and both sides would wait: a read also goes ahead once the
+    caller has waited for a batch for :data:`GATE_ESCAPE_S`."""
+
+    def __init__(self, stream: Any, ahead: int | None = None) -> None:
+        import threading
+
+        self._stream = stream
+        self._ahead = TEXT_BLOCKS_AHEAD if ahead is None else ahead
+        self._cond = threading.Condition()
+        self._reads = 0
+        self._taken = 0
+        self._caller_waits_since: float | None = None
+        #: the most blocks read ahead of those taken (for tests)
+        self.max_lead = 0
+        self.closed = False
+
+    def readable(self) -> bool:
+        return True
+
+    def read_buffer(self, nbytes: int) -> Any:
+        if not self._admit():
+            return pa.py_buffer(b"")
+        return self._stream.read_buffer(nbytes)
+
+    def read(self, nbytes: int = -1) -> bytes:
+        if not self._admit():
+            return b""
+        return bytes(self._stream.read(nbytes))
+
+    def _admit(self) -> bool:
+        import sys
+
+        with self._cond:
+            while not self.closed and self._reads > self._taken + self._ahead:
+                since = self._caller_waits_since
+                if since is not None and time.monotonic() - since >= GATE_ESCAPE_S:
+                    break
+                if sys.is_finalizing():
+                    break
+                self._cond.wait(GATE_ESCAPE_S / 4)
+            if self.closed:
+                return False
+            self._reads += 1
+            self.max_lead = max(self.max_lead, self._reads - self._taken)
+            return True
+
+    def call(self, fn: Callable[[], Any], taken: bool = False) -> Any:
+        """``fn()`` (which waits on the reader) marked as the caller waiting; ``taken``: it
+        takes a batch (``StopIteration`` is returned as ``None``)."""
+        with self._cond:
+            self._caller_waits_since = time.monotonic()
+        try:
+            return fn()
+        except StopIteration:
+            return None
+        finally:
+            with self._cond:
+                self._caller_waits_since = None
+                self._taken += taken
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        """Reads from now on see the end of the file (the reader's thread stops reading).
+        The file itself is closed with the last reference to it: Arrow's thread may be in a
+        read of it now."""
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
 
 
 def row_bytes(schema: pa.Schema) -> int:
@@ -700,8 +873,7 @@ def open_input(
 ) -> InputScan:
     """Resolve ``paths`` and plan a scan of the ``needed`` columns (see the module docstring).
 
-    CSV column types are inferred from the first ``sample_bytes`` of each file (Arrow's
-    inference holds ~25 times that while it runs).
+    CSV column types are inferred from the first ``sample_bytes`` of each file.
 
     Raises :class:`~extagg.errors.InputError` (missing files, schemas that cannot be unified,
     naming both files and the column) and :class:`~extagg.errors.QueryError` (a needed column
@@ -750,8 +922,8 @@ def open_input(
     for path, _base in files:
         try:
             per_file.append(
-                (path, _zstd_reader(path, fmt, file_format).schema)
-                if _is_zstd(path)
+                (path, _text_schema(path, fmt, file_format))
+                if fmt in ("csv", "tsv", "json")
                 else (path, file_format.inspect(path, _LOCAL))
             )
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
@@ -807,15 +979,15 @@ def open_input(
             else pa.schema([f for f in unified if f.name not in hive])
         )
         for path in group:
-            if _is_zstd(path):
-                if base is not None:
-                    raise QueryError(f"{path}: .zst files in hive folders are not supported")
-                parts.append((path, None, fmt, {"zstd": (file_format, part_schema)}))
-                continue
             kwargs: dict[str, Any] = {"format": file_format, "schema": part_schema}
             if base is not None:
                 kwargs["partitioning"] = ds.partitioning(hive_schema, flavor="hive")
                 kwargs["partition_base_dir"] = base
+            if fmt in ("csv", "tsv", "json"):
+                values = _folder_values(path, kwargs, list(hive)) if base is not None else {}
+                text = _TextFile(fmt, file_format, part_schema, values)
+                parts.append((path, None, fmt, {"text": text}))
+                continue
             dataset = ds.dataset([path], **kwargs)
             opts: dict[str, Any] = {}
             if fmt == "parquet":
@@ -841,6 +1013,14 @@ def open_input(
         len(files), fmt, scan.total_bytes, needed, rg_selected, rg_total,
     )  # fmt: skip
     return scan
+
+
+def _folder_values(path: str, kwargs: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """The values of the hive columns ``names`` that the folder names of ``path`` give (a
+    column its folders do not name, or name as null, is null)."""
+    fragment = next(iter(ds.dataset([path], **kwargs).get_fragments()))
+    keys = ds.get_partition_keys(fragment.partition_expression)
+    return {name: keys.get(name) for name in names}
 
 
 def _unify_column(name: str, per_file: list[tuple[str, pa.Schema]]) -> pa.Field:

@@ -20,7 +20,7 @@ import pyarrow as pa
 from extagg._config import resolve_file_threads
 from extagg._sysinfo import current_rss, peak_rss
 from extagg.errors import QueryError
-from extagg.io.inputs import InputScan, open_input, row_bytes, unknown_column
+from extagg.io.inputs import TEXT_BLOCKS_HELD, InputScan, open_input, row_bytes, unknown_column
 from extagg.io.output import ResultWriter
 from extagg.io.output import output_format as pick_output_format
 from extagg.io.where import ParsedExpression, parse_expression
@@ -230,14 +230,28 @@ def _load_kernels(warm: Any, batch: pa.RecordBatch, trigger: MemoryConsumer) -> 
         warm.close()
 
 
+#: the smallest CSV/JSON block a text scan parses
+MIN_TEXT_BLOCK_BYTES = 64 << 10
+#: a CSV/JSON block size below which the text may take up to a third of the budget instead
+#: of a quarter: every block costs ~0.1 ms in Arrow's reader and ~0.5 ms more in the scan
+#: and the fold (TPC-H SF1 CSV Q1: 2.6 s of Arrow's parse alone with 96 KiB blocks, 1.9 s
+#: with 1 MiB; 5.5 s end to end at 9 MiB with 96 KiB blocks)
+GOOD_TEXT_BLOCK_BYTES = 256 << 10
+
+
 class _ScanMemory(MemoryConsumer):
     """The scan's decoded batches (the one being folded and the ones Arrow reads ahead),
     accounted to the memory manager like the aggregator's tables; not spillable.
 
     The batch size is chosen so that they take at most 1/8 of the budget (1 024 to 65 536
-    rows; CSV/JSON text blocks 64 KiB to 4 MiB, of which one is parsed at a time), and that
-    much is acquired before the scan starts; 1/4 while the aggregator holds little (see
-    :meth:`adapt`).
+    rows), and that much is acquired before the scan starts; 1/4 while the aggregator holds
+    little (see :meth:`adapt`). CSV/JSON text is parsed in blocks (64 KiB to 4 MiB), of which
+    the scan holds :data:`~extagg.io.inputs.TEXT_BLOCKS_HELD` at most, raw or parsed, the
+    batches included: the blocks are sized so that all of them fit in 1/4 of the budget (in
+    up to 1/3 of a small one, for blocks of :data:`GOOD_TEXT_BLOCK_BYTES`), and that much is
+    acquired. A quarter, not an eighth: a text block's size is fixed for the file (no
+    :meth:`adapt`), and at an eighth TPC-H SF1 CSV Q1 at 26 MiB took 2.6-3.1 s in 277 KiB
+    blocks against 1.8-2.1 s in 830 KiB ones.
     """
 
     def __init__(self, tmm: Any) -> None:
@@ -252,9 +266,10 @@ class _ScanMemory(MemoryConsumer):
     def reserve(self, scan: InputScan, budget: int) -> None:
         """Size the scan's batches from the schema's estimated row width; acquire them."""
         self._batch_rows = scan.batch_rows
-        share = budget // 8
-        batches = scan.readahead + 1
-        scan.block_bytes = int(max(64 << 10, min(scan.block_bytes, share // batches)))
+        block = budget // 4 // TEXT_BLOCKS_HELD  # the batches included (a block's rows or fewer)
+        if block < GOOD_TEXT_BLOCK_BYTES:  # up to a third of a small budget for text
+            block = max(block, min(GOOD_TEXT_BLOCK_BYTES, budget // 3 // TEXT_BLOCKS_HELD))
+        scan.block_bytes = int(max(MIN_TEXT_BLOCK_BYTES, min(scan.block_bytes, block)))
         self._size(scan, row_bytes(scan.schema), budget)
 
     def resize(self, scan: InputScan, batch: pa.RecordBatch, budget: int) -> None:
@@ -309,11 +324,12 @@ class _ScanMemory(MemoryConsumer):
         share = budget // self._div
         rows = share // (width * batches)
         scan.batch_rows = int(max(MIN_BATCH_ROWS, min(self._batch_rows, rows)))
-        text = scan.block_bytes if scan.format in ("csv", "tsv", "json") else 0
+        text = scan.block_bytes * TEXT_BLOCKS_HELD if scan.format in ("csv", "tsv", "json") else 0
         # room for one batch more: the consumer may filter a batch beside the reader
-        scan.filter_on_consumer = scan.batch_rows * width * (batches + 1) <= share
+        scan.filter_on_consumer = scan.batch_rows * width * (batches + 1) <= max(share, text)
         batches += scan.filter_on_consumer
-        want = min(scan.batch_rows * width * batches, share) + text
+        # a text scan's batches are cut from the blocks it holds: counted in those
+        want = max(min(scan.batch_rows * width * batches, share), text)
         self._wanted = want
         if want > self.used:
             self.acquire_memory(want - self.used)
@@ -393,7 +409,8 @@ def plan_query(
             budget = check_engine_budget(parse_size(memory, name="memory"))
         except (TypeError, ValueError) as exc:
             raise QueryError(str(exc)) from None
-        sample = max(1 << 20, min(sample, budget // 16))  # CSV type inference: ~25x this
+        # CSV type inference parses this much, holding ~3 times it (two blocks and the parse)
+        sample = max(1 << 20, min(sample, budget // 16))
     if threads is not None:
         from extagg._config import resolve_threads
 

@@ -307,3 +307,74 @@ def test_code_kernels_match_their_references(keys, rows, seed):
     assert misses == R.lookup_groups(combo_r, lookup, gids_r)
     assert gids_k.tolist() == gids_r.tolist() == lookup[combo_r].tolist()
     assert misses == int((lookup[combo_r] < 0).sum())
+
+
+def test_lookups_of_several_dictionary_orders_are_kept():
+    """A CSV parser gives each block its dictionaries in the order the block met the values:
+    the lookups of the last few orders are kept, so blocks that cycle through them encode
+    nothing after the first of each; a spill or another table starts afresh, and the
+    oldest of more orders than kept is dropped."""
+    from extagg.columnar.coded_keys import KEPT_DICTIONARY_SETS, CodedLookup
+
+    def coded(order: list[str], status: list[str]) -> CodedKeys:
+        flag = pa.DictionaryArray.from_arrays(pa.array([0, 1, 2, 0], pa.int32()), order)
+        st = pa.DictionaryArray.from_arrays(pa.array([0, 1, 0, 1], pa.int32()), status)
+        return CodedKeys(["flag", "status"], [flag, st])
+
+    orders = [
+        (["A", "N", "R"], ["F", "O"]),
+        (["N", "A", "R"], ["O", "F"]),
+        (["R", "A", "N"], ["F", "O"]),
+    ]
+
+    class Table:
+        pass
+
+    table = Table()
+    kept = CodedLookup()
+    first = [kept.get(table, 0, coded(*o), 6) for o in orders]
+    assert len({id(lookup) for lookup in first}) == 3
+    for i, o in enumerate(orders * 4):
+        assert kept.get(table, 0, coded(*o), 6) is first[i % 3]
+    assert kept.get(table, 1, coded(*orders[0]), 6) is not first[0]  # after a spill
+    assert kept.get(Table(), 1, coded(*orders[0]), 6) is not first[0]  # another table
+    letters = [chr(ord("a") + i) for i in range(KEPT_DICTIONARY_SETS + 1)]
+    many = [([letters[i], "x", "y"], ["F", "O"]) for i in range(KEPT_DICTIONARY_SETS + 1)]
+    lookups = [kept.get(table, 1, coded(*o), 6) for o in many]
+    assert kept.get(table, 1, coded(*many[-1]), 6) is lookups[-1]
+    assert kept.get(table, 1, coded(*many[0]), 6) is not lookups[0]  # the oldest went
+
+    # end to end: batches cycling through three orders encode each order's combinations once
+    batches = []
+    for i in range(12):
+        order, status = orders[i % 3]
+        flag = pa.DictionaryArray.from_arrays(pa.array([0, 1, 2, 1] * 50, pa.int32()), order)
+        st = pa.DictionaryArray.from_arrays(pa.array([0, 1, 1, 0] * 50, pa.int32()), status)
+        v = pa.array(range(i * 200, i * 200 + 200), pa.int64())
+        batches.append(
+            pa.record_batch([flag, st, v, v.cast(pa.string())], names=["flag", "status", "v", "v2"])
+        )
+    agg = HashAggregator(["flag", "status"], AGGS, memory="64m")
+    encoded: list[int] = []
+    real = agg._encode
+
+    def spy(cols, n=None):
+        out = real(cols, n)
+        encoded.append(len(out.hashes))
+        return out
+
+    with agg:
+        agg.update(batches[0])  # the first batch learns the types: the per-row path
+        agg._encode = spy  # type: ignore[method-assign]
+        for b in batches[1:]:
+            agg.update(b)
+        got = _result(agg)
+    assert len(encoded) == 3, encoded  # orders 2, 3 and 1 (the first batch's went per row)
+    rows = [
+        (b.column(0)[j].as_py(), b.column(1)[j].as_py(), b.column(2)[j].as_py())
+        for b in batches
+        for j in range(b.num_rows)
+    ]
+    assert {k: v[0] for k, v in got.items()} == {
+        k: v[0] for k, v in _pyarrow_reference(rows).items()
+    }

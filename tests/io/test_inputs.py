@@ -457,3 +457,104 @@ def test_where_filter_is_the_same_whichever_thread_applies_it(tmp_path, monkeypa
             str(path), by="k", aggs={"s": ("v", "sum")}, where="d < 30", batch_rows=1_000
         ).read_all()
         assert dict(zip(out["k"].to_pylist(), out["s"].to_pylist())) == expected
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_a_text_scan_reads_a_few_blocks_ahead_not_arrows_32(tmp_path, monkeypatch, fmt):
+    """Arrow's streaming CSV/JSON readers read 32 blocks ahead of the batch asked for, into
+    Arrow's pool and outside the budget; the scan lets them read only a few. While the caller
+    holds the first batch, the pool holds what the scan accounts for (``TEXT_BLOCKS_HELD``
+    blocks and the batches: the caller's and the one queued), and 32 blocks' worth and more
+    with the limit lifted."""
+    import gc
+    import time
+
+    from extagg.io import inputs
+
+    n = 600_000
+    path = tmp_path / f"t.{fmt}"
+    if fmt == "csv":
+        path.write_text("k,v\n" + "".join(f"{i % 97},{i}.5\n" for i in range(n)))
+    else:
+        path.write_text("".join(f'{{"k": {i % 97}, "v": {i}.5}}\n' for i in range(n)))
+    block = 128 << 10
+    assert path.stat().st_size > 40 * block
+
+    def held_while_the_caller_waits() -> tuple[int, int, int]:
+        scan = inputs.open_input(str(path), ["k", "v"])
+        scan.block_bytes = block
+        gc.collect()
+        before = pa.total_allocated_bytes()
+        batches = scan.batches()
+        first = next(batches)
+        time.sleep(0.5)  # Arrow's reader thread reads ahead as far as it may
+        held = pa.total_allocated_bytes() - before
+        rows = first.num_rows + sum(b.num_rows for b in batches)
+        return held, first.nbytes, rows
+
+    held, batch_bytes, rows = held_while_the_caller_waits()
+    assert rows == n
+    assert held <= inputs.TEXT_BLOCKS_HELD * block + 2 * batch_bytes, (held, batch_bytes)
+    monkeypatch.setattr(inputs, "TEXT_BLOCKS_AHEAD", 1 << 20)
+    unlimited, _, rows = held_while_the_caller_waits()
+    assert rows == n
+    assert unlimited >= 25 * block, unlimited
+
+
+def test_the_text_gate_waits_for_the_caller_and_opens_while_the_caller_waits():
+    """A read past the limit waits until the caller takes a batch; it goes ahead when the
+    caller itself waits for the reader (a block that gives no batch must not stop both);
+    closing the gate ends a waiting read with the end of the file."""
+    import threading
+    import time
+
+    from extagg.io.inputs import GATE_ESCAPE_S, _GatedStream
+
+    gate = _GatedStream(pa.BufferReader(b"x" * 100), ahead=1)
+    assert gate.read(10) == b"x" * 10 and gate.read(10) == b"x" * 10  # reads 1 and 2
+    done = threading.Event()
+    got: list[bytes] = []
+
+    def third_read() -> None:
+        got.append(gate.read(10))
+        done.set()
+
+    threading.Thread(target=third_read, daemon=True).start()
+    assert not done.wait(3 * GATE_ESCAPE_S)  # two blocks ahead of none taken: it waits
+    assert gate.call(lambda: 1, taken=True) == 1  # one taken: it may go
+    assert done.wait(5) and got == [b"x" * 10]
+
+    done.clear()
+    threading.Thread(target=third_read, daemon=True).start()
+    assert not done.wait(GATE_ESCAPE_S / 2)
+    started = time.monotonic()
+    gate.call(lambda: done.wait(5))  # the caller waits on the reader: the read goes ahead
+    assert done.is_set() and time.monotonic() - started < 5
+    assert gate.max_lead == 3
+
+    done.clear()
+    threading.Thread(target=third_read, daemon=True).start()
+    assert not done.wait(GATE_ESCAPE_S / 2)
+    gate.close()
+    assert done.wait(5) and got[-1] == b""
+
+
+def test_compressed_csv_in_hive_folders(tmp_path):
+    """Text files in hive folders, plain and compressed (``.zst`` included), give the
+    folder's column and the same groups as the table they came from."""
+    table = sample_table(3_000)
+    parts = {"x": table.slice(0, 1_000), "y": table.slice(1_000, 1_000), "z": table.slice(2_000)}
+    codecs = {"x": None, "y": "gz", "z": "zst"}
+    for value, part in parts.items():
+        folder = tmp_path / "hive" / f"p={value}"
+        folder.mkdir(parents=True)
+        write(part, folder / "part.csv", "csv")
+        if codecs[value]:
+            compress(folder / "part.csv", codecs[value])
+    full = pa.concat_tables(
+        [t.append_column("p", pa.array([v] * len(t))) for v, t in parts.items()]
+    )
+    got = run(str(tmp_path / "hive"), by=["p", "k"])
+    assert_same(as_dict(got, ["p", "k"]), reference(full, ["p", "k"]))
+    only_y = run(str(tmp_path / "hive"), by=["p"], where="p = 'y' and k < 10")
+    assert only_y.column("p").to_pylist() == ["y"]
