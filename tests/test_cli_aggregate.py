@@ -297,10 +297,16 @@ def test_subprocess_run_and_exit_codes(tmp_path, data):
     assert proc.returncode == 2 and "unknown column 'nope'" in proc.stderr
 
 
-def test_sigint_stops_and_leaves_no_files(tmp_path):
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_sigint_stops_and_leaves_no_files(tmp_path, fmt):
+    """Ctrl-C mid-run: exit 130 within a second or so, no spill file or partial output left
+    (CSV: Arrow's reader thread may be waiting on the scan's read-ahead limit)."""
     t = table(3_000_000, keys=1_500_000, seed=11)
-    src = tmp_path / "big.parquet"
-    pq.write_table(t, src, row_group_size=100_000)
+    src = tmp_path / f"big.{fmt}"
+    if fmt == "parquet":
+        pq.write_table(t, src, row_group_size=100_000)
+    else:
+        pacsv.write_csv(t, src)
     spill = tmp_path / "spill"
     spill.mkdir()
     out = tmp_path / "out.parquet"
@@ -323,7 +329,7 @@ def test_sigint_stops_and_leaves_no_files(tmp_path):
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
     assert not [p for p in spill.rglob("*") if p.is_file()]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.parquet", "spill"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"big.{fmt}", "spill"]
     print(f"stopped {stopped:.2f} s after SIGINT")
 
 

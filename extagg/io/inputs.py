@@ -11,6 +11,7 @@ statistics exclude it are never read) and never holds more than a few batches.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import difflib
 import glob
@@ -18,6 +19,7 @@ import logging
 import os
 import re
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -643,6 +645,23 @@ TEXT_BLOCKS_HELD = 3 * TEXT_BLOCKS_AHEAD
 GATE_ESCAPE_S = 0.2
 
 
+#: seconds :func:`_close_open_gates` waits at exit for a reader to take its end of file
+GATE_EXIT_WAIT_S = 0.5
+
+
+def _close_open_gates() -> None:
+    """At exit, before the interpreter finalizes: close every gate of a scan left unfinished
+    (its generator still referenced) and wait until the reader's I/O thread has taken the
+    end of the file and left: a thread of Arrow's that calls into a finalizing interpreter
+    aborts the process (``PyGILState_Release``, exit 134)."""
+    gates = list(_OPEN_GATES)
+    for gate in gates:
+        gate.close()
+    deadline = time.monotonic() + GATE_EXIT_WAIT_S
+    for gate in gates:
+        gate.wait_until_ended(max(0.0, deadline - time.monotonic()))
+
+
 class _GatedStream:
     """A file-like stream for ``pa.PythonFile`` whose reads wait while the reader is
     :data:`TEXT_BLOCKS_AHEAD` blocks ahead of the batches taken from it.
@@ -668,19 +687,37 @@ class _GatedStream:
         #: the most blocks read ahead of those taken (for tests)
         self.max_lead = 0
         self.closed = False
+        self._inside = 0  # threads in a read now
+        self._ended = False  # a read has returned the end of the file since close()
+        _OPEN_GATES.add(self)
 
     def readable(self) -> bool:
         return True
 
     def read_buffer(self, nbytes: int) -> Any:
-        if not self._admit():
-            return pa.py_buffer(b"")
-        return self._stream.read_buffer(nbytes)
+        with self._cond:
+            self._inside += 1
+        try:
+            if not self._admit():
+                self._ended = True
+                return pa.py_buffer(b"")
+            buffer = self._stream.read_buffer(nbytes)
+            if not buffer.size:  # the end of the file: no more reads
+                self._ended = True
+            return buffer
+        finally:
+            with self._cond:
+                self._inside -= 1
+                self._cond.notify_all()
 
     def read(self, nbytes: int = -1) -> bytes:
-        if not self._admit():
-            return b""
-        return bytes(self._stream.read(nbytes))
+        return self.read_buffer(nbytes).to_pybytes()
+
+    def wait_until_ended(self, timeout: float) -> bool:
+        """Wait (after :meth:`close`) until the reader's thread has been given the end of
+        the file and is out of this object's methods; ``False`` after ``timeout`` seconds."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._ended and not self._inside, timeout)
 
     def _admit(self) -> bool:
         import sys
@@ -721,6 +758,11 @@ class _GatedStream:
         with self._cond:
             self.closed = True
             self._cond.notify_all()
+
+
+#: the gates not closed yet (see :func:`_close_open_gates`)
+_OPEN_GATES: weakref.WeakSet[_GatedStream] = weakref.WeakSet()
+atexit.register(_close_open_gates)
 
 
 def row_bytes(schema: pa.Schema) -> int:

@@ -463,9 +463,10 @@ def test_where_filter_is_the_same_whichever_thread_applies_it(tmp_path, monkeypa
 def test_a_text_scan_reads_a_few_blocks_ahead_not_arrows_32(tmp_path, monkeypatch, fmt):
     """Arrow's streaming CSV/JSON readers read 32 blocks ahead of the batch asked for, into
     Arrow's pool and outside the budget; the scan lets them read only a few. While the caller
-    holds the first batch, the pool holds what the scan accounts for (``TEXT_BLOCKS_HELD``
-    blocks and the batches: the caller's and the one queued), and 32 blocks' worth and more
-    with the limit lifted."""
+    holds the first batch, the reader has read at most ``TEXT_BLOCKS_AHEAD`` + 1 blocks
+    beyond the batches taken and the pool holds no more than the scan accounts for
+    (``TEXT_BLOCKS_HELD`` blocks and the batches: the caller's and the one queued); with
+    the limit lifted, the reader runs 20 blocks and more ahead."""
     import gc
     import time
 
@@ -479,26 +480,41 @@ def test_a_text_scan_reads_a_few_blocks_ahead_not_arrows_32(tmp_path, monkeypatc
         path.write_text("".join(f'{{"k": {i % 97}, "v": {i}.5}}\n' for i in range(n)))
     block = 128 << 10
     assert path.stat().st_size > 40 * block
+    gates: list[inputs._GatedStream] = []
 
-    def held_while_the_caller_waits() -> tuple[int, int, int]:
+    class Recorded(inputs._GatedStream):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            gates.append(self)
+
+    monkeypatch.setattr(inputs, "_GatedStream", Recorded)
+
+    def scan_with_a_slow_caller(wait_for_lead: int) -> tuple[int, int, int, int]:
         scan = inputs.open_input(str(path), ["k", "v"])
         scan.block_bytes = block
         gc.collect()
         before = pa.total_allocated_bytes()
         batches = scan.batches()
         first = next(batches)
-        time.sleep(0.5)  # Arrow's reader thread reads ahead as far as it may
+        gate = gates[-1]
+        deadline = time.monotonic() + (5 if wait_for_lead else 0.5)
+        while time.monotonic() < deadline:  # Arrow's reader reads ahead as far as it may
+            time.sleep(0.05)
+            if wait_for_lead and gate.max_lead >= wait_for_lead:
+                break
         held = pa.total_allocated_bytes() - before
+        lead = gate.max_lead
         rows = first.num_rows + sum(b.num_rows for b in batches)
-        return held, first.nbytes, rows
+        return lead, held, first.nbytes, rows
 
-    held, batch_bytes, rows = held_while_the_caller_waits()
+    lead, held, batch_bytes, rows = scan_with_a_slow_caller(0)
     assert rows == n
+    assert lead <= inputs.TEXT_BLOCKS_AHEAD + 1, lead
     assert held <= inputs.TEXT_BLOCKS_HELD * block + 2 * batch_bytes, (held, batch_bytes)
     monkeypatch.setattr(inputs, "TEXT_BLOCKS_AHEAD", 1 << 20)
-    unlimited, _, rows = held_while_the_caller_waits()
+    lead, _, _, rows = scan_with_a_slow_caller(20)
     assert rows == n
-    assert unlimited >= 25 * block, unlimited
+    assert lead >= 20, lead
 
 
 def test_the_text_gate_waits_for_the_caller_and_opens_while_the_caller_waits():
@@ -558,3 +574,35 @@ def test_compressed_csv_in_hive_folders(tmp_path):
     assert_same(as_dict(got, ["p", "k"]), reference(full, ["p", "k"]))
     only_y = run(str(tmp_path / "hive"), by=["p"], where="p = 'y' and k < 10")
     assert only_y.column("p").to_pylist() == ["y"]
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_a_process_that_leaves_a_text_scan_unfinished_exits_cleanly(tmp_path, fmt):
+    """A scan left unfinished (its batches still referenced) at exit: the gate is opened and
+    Arrow's reader thread takes its end of file before the interpreter finalizes (a thread of
+    Arrow's calling into a finalizing interpreter aborts the process: exit 134)."""
+    import subprocess
+    import sys
+
+    n = 300_000
+    path = tmp_path / f"t.{fmt}"
+    if fmt == "csv":
+        path.write_text("k,v\n" + "".join(f"{i % 97},{i}.5\n" for i in range(n)))
+    else:
+        path.write_text("".join(f'{{"k": {i % 97}, "v": {i}.5}}\n' for i in range(n)))
+    script = (
+        "import time\n"
+        "from extagg.io.inputs import open_input\n"
+        f"scan = open_input({str(path)!r}, ['k', 'v'])\n"
+        "scan.block_bytes = 64 << 10\n"
+        "KEPT = scan.batches()\n"
+        "next(KEPT)\n"
+        "time.sleep(0.3)\n"
+        "print('left open')\n"
+    )
+    for _ in range(3):
+        proc = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.strip() == "left open"
