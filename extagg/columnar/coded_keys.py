@@ -123,8 +123,9 @@ def _base(arr: pa.DictionaryArray) -> int:
 
 #: dictionary sets a :class:`CodedLookup` keeps at once: a CSV parser builds each block's
 #: dictionaries in the order the values first appear there, so the blocks of a file cycle
-#: through a few orders of the same values (TPC-H's two flags: 4 of 2 698 blocks with the
-#: last order kept; one in five with several)
+#: through a few orders of the same values (TPC-H Q1 on SF1 CSV at 26 MiB, 555 KiB blocks:
+#: 1 110 of 1 350 blocks came with another order than the last one's, 9 with one not among
+#: the last 16)
 KEPT_DICTIONARY_SETS = 16
 
 

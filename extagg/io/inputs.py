@@ -1,4 +1,7 @@
-"""Input files as a stream of record batches, through ``pyarrow.dataset``.
+"""Input files as a stream of record batches: Parquet through Parquet's own reader (a batch
+of rows at a time), CSV/TSV/JSON Lines through Arrow's streaming readers held a few blocks
+ahead (:class:`_GatedStream`), hive-partitioned Parquet and Arrow IPC through
+``pyarrow.dataset``.
 
 :func:`open_input` resolves paths, globs and directories (hive-partitioned folders become
 columns), picks the format from the extension (``.parquet``, ``.csv``/``.tsv``, ``.jsonl``,

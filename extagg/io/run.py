@@ -409,7 +409,7 @@ def plan_query(
             budget = check_engine_budget(parse_size(memory, name="memory"))
         except (TypeError, ValueError) as exc:
             raise QueryError(str(exc)) from None
-        # CSV type inference parses this much, holding ~3 times it (two blocks and the parse)
+        # CSV type inference parses this much, holding ~5 times it (two blocks and the parse)
         sample = max(1 << 20, min(sample, budget // 16))
     if threads is not None:
         from extagg._config import resolve_threads
