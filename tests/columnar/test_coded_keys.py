@@ -135,12 +135,10 @@ def test_coded_keys_with_spills_equal_the_per_row_path(rows, batch_rows, shuffle
     assert _run(coded, aggs, force_spill_rows=every, fan_in=2) == want
 
 
-def test_the_codes_path_hashes_the_combinations_not_the_rows():
-    """The keys encoded (hashed, placed in the table) are the few combinations present, not
-    one per row: the path is taken, and gives the answer."""
-    rows = [("A" if i % 3 else "R", "F" if i % 2 else None, i) for i in range(50_000)]
-    batches = _batches(rows, 20_000, 7, 0)
-    agg = HashAggregator(["flag", "status"], AGGS, memory="64m")
+def _fold_counting_encodes(agg: HashAggregator, batches) -> tuple[dict, list[int]]:
+    """Fold ``batches`` with ``agg`` and give its result and the number of keys each call of
+    its key encoding took, from the second batch on (the first learns the types on the
+    per-row path)."""
     encoded: list[int] = []
     real = agg._encode
 
@@ -150,11 +148,20 @@ def test_the_codes_path_hashes_the_combinations_not_the_rows():
         return out
 
     with agg:
-        agg.update(batches[0])  # the first batch learns the types: the per-row path
+        agg.update(batches[0])
         agg._encode = spy  # type: ignore[method-assign]
         for b in batches[1:]:
             agg.update(b)
-        got = _result(agg)
+        return _result(agg), encoded
+
+
+def test_the_codes_path_hashes_the_combinations_not_the_rows():
+    """The keys encoded (hashed, placed in the table) are the few combinations present, not
+    one per row: the path is taken, and gives the answer."""
+    rows = [("A" if i % 3 else "R", "F" if i % 2 else None, i) for i in range(50_000)]
+    batches = _batches(rows, 20_000, 7, 0)
+    agg = HashAggregator(["flag", "status"], AGGS, memory="64m")
+    got, encoded = _fold_counting_encodes(agg, batches)
     assert got == {
         key: (n, s, lo, hi, c, pytest.approx(s / c))
         for key, (n, s, lo, hi, c) in _pyarrow_reference(rows).items()
@@ -355,20 +362,7 @@ def test_lookups_of_several_dictionary_orders_are_kept():
             pa.record_batch([flag, st, v, v.cast(pa.string())], names=["flag", "status", "v", "v2"])
         )
     agg = HashAggregator(["flag", "status"], AGGS, memory="64m")
-    encoded: list[int] = []
-    real = agg._encode
-
-    def spy(cols, n=None):
-        out = real(cols, n)
-        encoded.append(len(out.hashes))
-        return out
-
-    with agg:
-        agg.update(batches[0])  # the first batch learns the types: the per-row path
-        agg._encode = spy  # type: ignore[method-assign]
-        for b in batches[1:]:
-            agg.update(b)
-        got = _result(agg)
+    got, encoded = _fold_counting_encodes(agg, batches)
     assert len(encoded) == 3, encoded  # orders 2, 3 and 1 (the first batch's went per row)
     rows = [
         (b.column(0)[j].as_py(), b.column(1)[j].as_py(), b.column(2)[j].as_py())

@@ -459,6 +459,15 @@ def test_where_filter_is_the_same_whichever_thread_applies_it(tmp_path, monkeypa
         assert dict(zip(out["k"].to_pylist(), out["s"].to_pylist())) == expected
 
 
+def _numbers_text(path: Path, n: int) -> Path:
+    """``n`` rows of (k, v) as CSV or JSON Lines (by ``path``'s extension), written fast."""
+    if path.suffix == ".csv":
+        path.write_text("k,v\n" + "".join(f"{i % 97},{i}.5\n" for i in range(n)))
+    else:
+        path.write_text("".join(f'{{"k": {i % 97}, "v": {i}.5}}\n' for i in range(n)))
+    return path
+
+
 @pytest.mark.parametrize("fmt", ["csv", "jsonl"])
 def test_a_text_scan_reads_a_few_blocks_ahead_not_arrows_32(tmp_path, monkeypatch, fmt):
     """Arrow's streaming CSV/JSON readers read 32 blocks ahead of the batch asked for, into
@@ -473,11 +482,7 @@ def test_a_text_scan_reads_a_few_blocks_ahead_not_arrows_32(tmp_path, monkeypatc
     from extagg.io import inputs
 
     n = 600_000
-    path = tmp_path / f"t.{fmt}"
-    if fmt == "csv":
-        path.write_text("k,v\n" + "".join(f"{i % 97},{i}.5\n" for i in range(n)))
-    else:
-        path.write_text("".join(f'{{"k": {i % 97}, "v": {i}.5}}\n' for i in range(n)))
+    path = _numbers_text(tmp_path / f"t.{fmt}", n)
     block = 128 << 10
     assert path.stat().st_size > 40 * block
     gates: list[inputs._GatedStream] = []
@@ -584,12 +589,7 @@ def test_a_process_that_leaves_a_text_scan_unfinished_exits_cleanly(tmp_path, fm
     import subprocess
     import sys
 
-    n = 300_000
-    path = tmp_path / f"t.{fmt}"
-    if fmt == "csv":
-        path.write_text("k,v\n" + "".join(f"{i % 97},{i}.5\n" for i in range(n)))
-    else:
-        path.write_text("".join(f'{{"k": {i % 97}, "v": {i}.5}}\n' for i in range(n)))
+    path = _numbers_text(tmp_path / f"t.{fmt}", 300_000)
     script = (
         "import time\n"
         "from extagg.io.inputs import open_input\n"
