@@ -1,8 +1,9 @@
 """``count_distinct`` in bounded memory: an external two-level group-by beside the plain one.
 
 ``count_distinct(c)`` per group of keys ``K`` is computed without a set per group: a first
-:class:`~extagg.columnar.HashAggregator` groups the input by ``K + [c]`` (each distinct value
-once per group, spilled and merged like any aggregation), and a second one groups that output by
+:class:`~extagg.columnar.HashAggregator` groups the input by ``K + [c]`` with no aggregate
+(each distinct value once per group, spilled and merged like any aggregation: a state column
+would only add to what it spills), and a second one groups that output by
 ``K`` and counts the non-null ``c`` (SQL's ``COUNT(DISTINCT c)`` ignores nulls). The other
 aggregates of the query run in a third aggregator over the input. All share one task memory
 manager, so one spills when another needs memory.
@@ -30,7 +31,6 @@ from extagg.metrics import SpillMetrics
 
 __all__ = ["DistinctAggregator", "JoinBuffers", "has_distinct"]
 
-_ROWS = "__extagg_rows"
 _EMPTY_HASHES = np.zeros(0, dtype=np.uint64)
 
 
@@ -91,9 +91,7 @@ class DistinctAggregator:
                 continue
             assert r.column is not None  # parse_aggs allows '*' for count only
             first_keys = self.keys if r.column in self.keys else [*self.keys, r.column]
-            first = HashAggregator(
-                first_keys, {_ROWS: ("*", "count")}, name=f"{base}/{r.output}.1", **shared
-            )
+            first = HashAggregator(first_keys, {}, name=f"{base}/{r.output}.1", **shared)
             second = HashAggregator(
                 self.keys, {r.output: (r.column, "count")}, name=f"{base}/{r.output}.2", **shared
             )

@@ -124,10 +124,12 @@ class AggregateSpec:
     output_type: pa.DataType
 
 
-def parse_aggs(aggs: Mapping[str, Any], distinct: bool = False) -> list[AggregateRequest]:
+def parse_aggs(
+    aggs: Mapping[str, Any], distinct: bool = False, allow_empty: bool = False
+) -> list[AggregateRequest]:
     """Check ``{output: (column, function)}`` and canonicalise the function names
-    (``distinct``: accept :data:`DISTINCT_FUNCTIONS` too)."""
-    if not isinstance(aggs, Mapping) or not aggs:
+    (``distinct``: accept :data:`DISTINCT_FUNCTIONS` too; ``allow_empty``: accept ``{}``)."""
+    if not isinstance(aggs, Mapping) or (not aggs and not allow_empty):
         raise TypeError(
             'aggs must be a non-empty dict like {"total": ("amount", "sum"), "n": ("*", "count")}'
         )

@@ -129,7 +129,8 @@ class HashAggregator(Spillable[ColumnBlock]):
         Grouping column name or names.
     aggs
         Output name → ``(column, function)``; ``("*", "count")`` counts rows. Functions are
-        :data:`extagg.columnar.FUNCTIONS` and their :data:`extagg.columnar.ALIASES`.
+        :data:`extagg.columnar.FUNCTIONS` and their :data:`extagg.columnar.ALIASES`. With
+        ``keys``, ``{}`` gives each distinct key once (``SELECT DISTINCT``).
     memory
         A private budget: bytes or a size string like ``"256m"``.
     memory_manager
@@ -211,7 +212,7 @@ class HashAggregator(Spillable[ColumnBlock]):
             raise TypeError(f"keys must be column names (strings), got {keys!r}")
         if len(set(self.keys)) != len(self.keys):
             raise ValueError(f"key columns must be distinct, got {self.keys}")
-        self._requests = F.parse_aggs(aggs)
+        self._requests = F.parse_aggs(aggs, allow_empty=bool(self.keys))
         self._aggs = dict(aggs)
         #: whether input rows may be set aside and aggregated later (first/last need row order)
         self._order_free = not any(r.func.startswith(("first", "last")) for r in self._requests)

@@ -192,3 +192,57 @@ def test_output_is_in_hash_order_whether_or_not_it_spilled(tmp_path) -> None:
     keys = plain["k"].to_pylist()
     assert [stable_hash(k) for k in keys] == sorted(stable_hash(k) for k in keys)
     assert_identical(plain, spilled)
+
+
+def _distinct_keys(table: pa.Table, keys: list[str], spill_dir, batch: int, **options):
+    with HashAggregator(keys, {}, spill_dirs=[str(spill_dir)], **options) as agg:
+        for piece in table.to_batches(max_chunksize=batch):
+            agg.update(piece)
+        out = list(agg.results())
+        metrics = agg.metrics
+        assert agg.schema is None or agg.schema.names == keys  # no aggregate column
+    rows = [tuple(r[k] for k in keys) for b in out for r in b.to_pylist()]
+    return rows, metrics
+
+
+@given(data=st.data())
+def test_no_aggregates_gives_each_distinct_key_once(data, tmp_path) -> None:
+    """``aggs={}`` (``SELECT DISTINCT``, the first level of ``count_distinct``): every key
+    once, in the same order in memory, spilled with multi-pass merges, and in threads."""
+    n = data.draw(st.integers(0, 300), label="rows")
+    a = data.draw(st.lists(st.one_of(st.none(), st.integers(0, 5)), min_size=n, max_size=n))
+    b = data.draw(
+        st.lists(st.one_of(st.none(), st.sampled_from(["x", "y", "é", ""])), min_size=n,
+                 max_size=n)
+    )  # fmt: skip
+    coded = data.draw(st.booleans(), label="b dictionary-coded")
+    strings = pa.array(b, pa.string())
+    table = pa.table({"a": pa.array(a, pa.int32()), "b": strings.dictionary_encode() if coded
+                      else strings})  # fmt: skip
+    want = sorted(set(zip(a, b)), key=repr)
+    orders = []
+    for options in (
+        {"memory": "64m"},
+        {"memory": "64m", "force_spill_rows": 7, "batch_size": 3, "fan_in": 2, "threads": 1},
+        {"memory": "256m", "force_spill_rows": 11, "threads": 2},
+    ):
+        rows, metrics = _distinct_keys(table, ["a", "b"], tmp_path, 41, **options)
+        assert sorted(rows, key=repr) == want
+        if "force_spill_rows" in options and n >= 11:
+            assert metrics.spill_count >= 1
+        orders.append(rows)
+    assert orders[0] == orders[1] == orders[2]  # the same order whatever was spilled
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_no_aggregates_when_the_input_is_partitioned(tmp_path, caplog) -> None:
+    rng = np.random.default_rng(5)
+    keys = rng.integers(0, 60_000, 300_000)  # 5 rows per key: a small table reduces little
+    table = pa.table({"k": keys, "u": keys % 7})
+    with caplog.at_level("INFO", logger="extagg.columnar"):
+        rows, _metrics = _distinct_keys(table, ["k", "u"], tmp_path, 20_000, memory="2m")
+    assert "hash partitions" in caplog.text
+    assert sorted(rows) == sorted({(int(k), int(k % 7)) for k in np.unique(keys)})
+    in_memory, _ = _distinct_keys(table, ["k", "u"], tmp_path, 20_000, memory="256m")
+    assert rows == in_memory
+    assert list(tmp_path.iterdir()) == []
