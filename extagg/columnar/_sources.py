@@ -18,15 +18,25 @@ __all__ = ["TableSource"]
 log = logging.getLogger(__name__)
 
 
+#: the hashes of groups read in table order (nobody orders or merges them)
+_NO_HASHES = np.zeros(1, dtype=np.uint64)
+
+
 class TableSource(BlockSource[ColumnBlock]):
     """The aggregator's final table, sorted by hash, handed out a batch at a time.
 
     Holds the table's memory (counted in ``st.source_bytes``) until every group has been read
     or until :meth:`spill_rest` writes the unread groups to a run (when another consumer needs
     memory), then gives it back.
+
+    ``ordered=False``: the groups in the order the table made them, unsorted, their hashes
+    zero - for a reader that needs no order (the first level of ``count_distinct`` folded
+    into the second): no sort, and the table's arrays read front to back, not scattered
+    (TPC-H's 6 M (part, supplier, order) groups: ~0.13 s of sort and ~0.15 s of scattered
+    reads saved). Its unread groups are still spilled sorted, as a run.
     """
 
-    def __init__(self, st: TableState, table: TypedHashTable) -> None:
+    def __init__(self, st: TableState, table: TypedHashTable, ordered: bool = True) -> None:
         self.st = st
         self.table: TypedHashTable | None = table
         #: the table's string states: taken over from ``st`` with the table
@@ -34,9 +44,11 @@ class TableSource(BlockSource[ColumnBlock]):
         st.var_arena = None
         self.nbytes = table.nbytes + (0 if self.arena is None else self.arena.nbytes)
         st.source_bytes += self.nbytes
-        hashes, gids = table.sort_by_hash()
-        self.hashes: np.ndarray | None = hashes
-        self.gids: np.ndarray | None = gids
+        self.groups = table.num_groups
+        self.hashes: np.ndarray | None = None
+        self.gids: np.ndarray | None = None
+        if ordered:
+            self.hashes, self.gids = table.sort_by_hash()
         self.pos = 0
         self.run: RunSource[ColumnBlock] | None = None
 
@@ -44,10 +56,10 @@ class TableSource(BlockSource[ColumnBlock]):
         with self.st.lock:
             if self.run is not None:
                 return self.run.next_min_hash()
-            if self.hashes is None or self.pos >= len(self.hashes):
+            if self.table is None or self.pos >= self.groups:
                 self._release()
                 return None
-            return int(self.hashes[self.pos])
+            return 0 if self.hashes is None else int(self.hashes[self.pos])
 
     def read_next(self) -> ColumnBlock:
         st = self.st
@@ -55,7 +67,19 @@ class TableSource(BlockSource[ColumnBlock]):
             if self.run is not None:
                 block: ColumnBlock = self.run.read_next()
                 return block
-            assert self.table is not None and self.hashes is not None and self.gids is not None
+            assert self.table is not None
+            if self.hashes is None:  # in table order: the next groups' ids, 1-based
+                stop = min(self.groups, self.pos + st.run_rows)
+                gids = np.arange(self.pos + 1, stop + 1, dtype=np.uint64)
+                hashes = np.broadcast_to(_NO_HASHES, gids.shape)
+                step, block = next(
+                    st.layout.iter_sorted(
+                        self.table, hashes, gids, 0, st.run_rows, st.batch_var_bytes, self.arena
+                    )
+                )
+                self.pos += step
+                return block
+            assert self.gids is not None
             stop, block = next(
                 st.layout.iter_sorted(
                     self.table,
@@ -76,10 +100,9 @@ class TableSource(BlockSource[ColumnBlock]):
             return self._spill_rest()
 
     def _spill_rest(self) -> bool:
-        if self.run is not None or self.table is None or self.hashes is None:
+        if self.run is not None or self.table is None:
             return False
-        assert self.gids is not None
-        if self.pos >= len(self.hashes):
+        if self.pos >= self.groups:
             self._release()
             return False
         st = self.st
@@ -87,10 +110,14 @@ class TableSource(BlockSource[ColumnBlock]):
         log.info(
             "%s force spilling the unread %d groups of its in-memory table to disk",
             st.name,
-            len(self.hashes) - self.pos,
+            self.groups - self.pos,
         )
         started = time.perf_counter()
         try:
+            if self.hashes is None:  # read in table order: the unread ones, sorted
+                self.hashes, self.gids = _sorted_unread(self.table, self.pos)
+                self.pos = 0
+            assert self.gids is not None
             path = write_table_run(st, self.table, self.hashes, self.gids, self.pos, self.arena)
         finally:
             st.metrics.spill_time_s += time.perf_counter() - started
@@ -116,3 +143,19 @@ class TableSource(BlockSource[ColumnBlock]):
             self._release()
             if self.run is not None:
                 self.run.close()
+
+
+def _sorted_unread(table: TypedHashTable, read: int) -> tuple[np.ndarray, np.ndarray]:
+    """The hashes and 1-based ids, sorted by hash, of the groups of ``table`` after its
+    first ``read`` (in table order), moved to the front of the sorted slots in place, a
+    piece at a time (small temporaries)."""
+    hashes, gids = table.sort_by_hash()
+    kept = 0
+    step = 1 << 16
+    for lo in range(0, len(gids), step):
+        unread = gids[lo : lo + step] > read
+        count = int(np.count_nonzero(unread))
+        hashes[kept : kept + count] = hashes[lo : lo + step][unread]
+        gids[kept : kept + count] = gids[lo : lo + step][unread]
+        kept += count
+    return hashes[:kept], gids[:kept]

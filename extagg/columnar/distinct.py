@@ -174,7 +174,7 @@ class DistinctAggregator:
         self._groups = 0
         try:
             for _output, _column, first, second in self._levels:
-                for batch in first.results():  # level two folds level one as it streams
+                for batch in first.results(ordered=False):  # level two folds level one
                     second.update(batch)
                 first.close()
             streams = [a.hashed_results() for a in [self._plain] if a is not None]

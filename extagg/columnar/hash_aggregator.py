@@ -1144,9 +1144,15 @@ class HashAggregator(Spillable[ColumnBlock]):
             self._partitions = None
 
     # ------------------------------------------------------------------ results
-    def results(self) -> Iterator[pa.RecordBatch]:
-        """Every group once, as Arrow record batches in hash order. Destructive; call once."""
-        return (batch for _hashes, batch in self.hashed_results())
+    def results(self, *, ordered: bool = True) -> Iterator[pa.RecordBatch]:
+        """Every group once, as Arrow record batches in hash order. Destructive; call once.
+
+        ``ordered=False``: in no particular order - when nothing was spilled, partitioned or
+        split among threads, the table's groups as it made them (no sort, a sequential read:
+        for a reader that folds them again, as ``count_distinct``'s second level does)."""
+        with self.lock:
+            self.begin_reading(f"{self.name}: results() can be called only once, before close()")
+        return (batch for _hashes, batch in self._results(ordered))
 
     def hashed_results(self) -> Iterator[tuple[np.ndarray, pa.RecordBatch]]:
         """:meth:`results` with each batch's key hashes (``uint64``, ascending): two
@@ -1155,7 +1161,7 @@ class HashAggregator(Spillable[ColumnBlock]):
             self.begin_reading(f"{self.name}: results() can be called only once, before close()")
         return self._results()
 
-    def _results(self) -> Iterator[tuple[np.ndarray, pa.RecordBatch]]:
+    def _results(self, ordered: bool = True) -> Iterator[tuple[np.ndarray, pa.RecordBatch]]:
         try:
             layout = self.table_state.layout_or_none
             if layout is None:
@@ -1163,7 +1169,7 @@ class HashAggregator(Spillable[ColumnBlock]):
                     yield GLOBAL_HASHES, global_row_untyped(self._requests)
                 return
             groups_before = self.metrics.groups
-            for block in self._blocks():
+            for block in self._blocks(ordered):
                 for start in range(0, len(block), self.batch_size):
                     part = (
                         block.slice(start, start + self.batch_size)
@@ -1179,9 +1185,9 @@ class HashAggregator(Spillable[ColumnBlock]):
         finally:
             self.close()
 
-    def _blocks(self) -> Iterator[ColumnBlock]:
+    def _blocks(self, ordered: bool = True) -> Iterator[ColumnBlock]:
         """Every group once, as combined blocks in hash order: the in-memory table, the runs
-        and the partitions merged."""
+        and the partitions merged (``ordered=False``: the table alone is read unsorted)."""
         st = self.table_state
         if self._threaded is not None:
             with self.lock:
@@ -1195,7 +1201,8 @@ class HashAggregator(Spillable[ColumnBlock]):
                 self._spill_split_table()
             if st.table is not None:
                 self.metrics.peak_memory_bytes = max(self.metrics.peak_memory_bytes, st.in_use())
-                self._source = TableSource(st, st.table)
+                alone = not st.runs and self._partitions is None
+                self._source = TableSource(st, st.table, ordered=ordered or not alone)
                 st.table = None
             partitions = None
             state_runs: list[str] = []

@@ -138,6 +138,56 @@ def test_spill_requested_while_results_are_read(spill_dir) -> None:
     assert files_under(spill_dir) == []
 
 
+def test_unordered_results_read_the_table_as_it_was_made() -> None:
+    data = {"k": np.array([50, 7, 50, 3, 9, 7, 1000, 3]), "v": np.arange(8.0)}
+    with HashAggregator("k", AGGS, memory="16m", threads=1) as agg:
+        agg.update(data)
+        rows = pa.Table.from_batches(list(agg.results(ordered=False))).to_pylist()
+    assert [r["k"] for r in rows] == [50, 7, 3, 9, 1000]  # first seen first, no sort
+    assert _collect([pa.Table.from_pylist(rows).to_batches()[0]]) == _expected(data)
+    with HashAggregator("k", AGGS, memory="16m", threads=1) as agg:
+        agg.update(data)
+        ordered = [r["k"] for b in agg.results() for r in b.to_pylist()]
+    assert ordered != [50, 7, 3, 9, 1000] and sorted(ordered) == [3, 7, 9, 50, 1000]
+
+
+def test_unordered_results_after_spills_are_merged_in_hash_order(spill_dir) -> None:
+    data = _data(30_000, 8_000, seed=4)
+    kwargs = {"memory": "16m", "spill_dirs": [str(spill_dir)], "threads": 1}
+    with HashAggregator("k", AGGS, force_spill_rows=10_000, **kwargs) as agg:
+        agg.update(data)
+        unordered = list(agg.results(ordered=False))
+        assert agg.metrics.spill_count >= 2
+    with HashAggregator("k", AGGS, **kwargs) as agg:
+        agg.update(data)
+        ordered = list(agg.results())
+    assert pa.Table.from_batches(unordered).equals(pa.Table.from_batches(ordered))
+    assert files_under(spill_dir) == []
+
+
+def test_spill_requested_while_unordered_results_are_read(spill_dir) -> None:
+    """The unread groups of a table read in its own order are spilled sorted, then read from
+    the run: every group once."""
+    mm = UnifiedMemoryManager("32m")
+    data = _data(60_000, 30_000, seed=11)
+    with HashAggregator("k", AGGS, memory_manager=mm, spill_dirs=[str(spill_dir)],
+                        batch_size=1000, threads=1) as agg:  # fmt: skip
+        agg.update(data)
+        assert agg.metrics.spill_count == 0
+        it = agg.results(ordered=False)
+        first = [next(it), next(it)]
+        held = agg.used
+        hog = Hog(task_memory_manager(mm))
+        hog.acquire_memory(mm.max_memory - agg.used + 1024 * 1024)
+        assert agg.used < held and agg.metrics.spill_count == 1
+        rest = list(it)
+        hog.close_memory()
+    got = pa.Table.from_batches(first + rest)
+    assert got.num_rows == len(np.unique(data["k"]))  # no group twice, none lost
+    _assert_close(_collect(first + rest), _expected(data))
+    assert files_under(spill_dir) == []
+
+
 def test_failed_spill_keeps_the_aggregator_usable(spill_dir) -> None:
     data = _data(10_000, 3_000, seed=2)
     with HashAggregator("k", AGGS, memory="16m", spill_dirs=[str(spill_dir)],
