@@ -188,6 +188,44 @@ def test_spill_requested_while_unordered_results_are_read(spill_dir) -> None:
     assert files_under(spill_dir) == []
 
 
+def test_unordered_results_with_string_keys_and_states(spill_dir) -> None:
+    """Keys and states in arenas: the unordered read, with and without a spill of its unread
+    groups, gives the ordered read's groups."""
+    rng = np.random.default_rng(8)
+    n = 50_000
+    table = pa.table({
+        "k": [f"user-{i}" for i in rng.integers(0, 20_000, n)],
+        "s": [f"v{i}" * (1 + i % 5) for i in rng.integers(0, 1000, n)],
+        "x": rng.random(n),
+    })  # fmt: skip
+    aggs = {"lo": ("s", "min"), "hi": ("s", "max"), "f": ("x", "first"), "n": ("*", "count")}
+
+    def run(ordered: bool, hog: bool = False) -> list[dict]:
+        mm = UnifiedMemoryManager("32m")
+        with HashAggregator("k", aggs, memory_manager=mm, spill_dirs=[str(spill_dir)],
+                            threads=1, batch_size=500) as agg:  # fmt: skip
+            for piece in table.to_batches(max_chunksize=7000):
+                agg.update(piece)
+            it = agg.results(ordered=ordered)
+            out = [next(it)]
+            if hog:
+                other = Hog(task_memory_manager(mm))
+                other.acquire_memory(mm.max_memory - agg.used + (1 << 20))
+                assert agg.metrics.spill_count == 1
+            out += list(it)
+            if hog:
+                other.close_memory()
+        return pa.Table.from_batches(out).to_pylist()
+
+    ordered = run(True)
+    unordered = run(False)
+    assert [r["k"] for r in unordered] != [r["k"] for r in ordered]  # not sorted by hash
+    by_key = sorted(ordered, key=lambda r: r["k"])
+    assert sorted(unordered, key=lambda r: r["k"]) == by_key
+    assert sorted(run(False, hog=True), key=lambda r: r["k"]) == by_key
+    assert files_under(spill_dir) == []
+
+
 def test_failed_spill_keeps_the_aggregator_usable(spill_dir) -> None:
     data = _data(10_000, 3_000, seed=2)
     with HashAggregator("k", AGGS, memory="16m", spill_dirs=[str(spill_dir)],
