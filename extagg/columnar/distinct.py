@@ -91,7 +91,9 @@ class DistinctAggregator:
                 continue
             assert r.column is not None  # parse_aggs allows '*' for count only
             first_keys = self.keys if r.column in self.keys else [*self.keys, r.column]
-            first = HashAggregator(first_keys, {}, name=f"{base}/{r.output}.1", **shared)
+            first = HashAggregator(
+                first_keys, F.NO_AGGREGATES, name=f"{base}/{r.output}.1", **shared
+            )
             second = HashAggregator(
                 self.keys, {r.output: (r.column, "count")}, name=f"{base}/{r.output}.2", **shared
             )

@@ -43,6 +43,7 @@ __all__ = [
     "VAR_FUNCTIONS",
     "is_var_spec",
     "merge_var",
+    "NO_AGGREGATES",
     "parse_aggs",
     "resolve",
     "update",
@@ -124,12 +125,26 @@ class AggregateSpec:
     output_type: pa.DataType
 
 
-def parse_aggs(
-    aggs: Mapping[str, Any], distinct: bool = False, allow_empty: bool = False
-) -> list[AggregateRequest]:
+class _NoAggregates(dict[str, Any]):
+    """An empty ``aggs`` that asks for no aggregate on purpose (see :data:`NO_AGGREGATES`)."""
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        raise TypeError("NO_AGGREGATES stays empty")
+
+
+#: ``aggs`` of an aggregator by keys with no aggregate at all (``SELECT DISTINCT``: each key
+#: once): the first level of ``count_distinct``, which has no state to fold, sort or spill.
+#: An empty dict is refused as a mistake.
+NO_AGGREGATES: Mapping[str, Any] = _NoAggregates()
+
+
+def parse_aggs(aggs: Mapping[str, Any], distinct: bool = False) -> list[AggregateRequest]:
     """Check ``{output: (column, function)}`` and canonicalise the function names
-    (``distinct``: accept :data:`DISTINCT_FUNCTIONS` too; ``allow_empty``: accept ``{}``)."""
-    if not isinstance(aggs, Mapping) or (not aggs and not allow_empty):
+    (``distinct``: accept :data:`DISTINCT_FUNCTIONS` too); :data:`NO_AGGREGATES` is the one
+    empty ``aggs`` accepted."""
+    if aggs is NO_AGGREGATES:
+        return []
+    if not isinstance(aggs, Mapping) or not aggs:
         raise TypeError(
             'aggs must be a non-empty dict like {"total": ("amount", "sum"), "n": ("*", "count")}'
         )

@@ -129,8 +129,7 @@ class HashAggregator(Spillable[ColumnBlock]):
         Grouping column name or names.
     aggs
         Output name → ``(column, function)``; ``("*", "count")`` counts rows. Functions are
-        :data:`extagg.columnar.FUNCTIONS` and their :data:`extagg.columnar.ALIASES`. With
-        ``keys``, ``{}`` gives each distinct key once (``SELECT DISTINCT``).
+        :data:`extagg.columnar.FUNCTIONS` and their :data:`extagg.columnar.ALIASES`.
     memory
         A private budget: bytes or a size string like ``"256m"``.
     memory_manager
@@ -212,8 +211,10 @@ class HashAggregator(Spillable[ColumnBlock]):
             raise TypeError(f"keys must be column names (strings), got {keys!r}")
         if len(set(self.keys)) != len(self.keys):
             raise ValueError(f"key columns must be distinct, got {self.keys}")
-        self._requests = F.parse_aggs(aggs, allow_empty=bool(self.keys))
-        self._aggs = dict(aggs)
+        if aggs is F.NO_AGGREGATES and not self.keys:
+            raise TypeError("an aggregator with no aggregate needs keys")
+        self._requests = F.parse_aggs(aggs)
+        self._aggs = aggs if aggs is F.NO_AGGREGATES else dict(aggs)  # the children's
         #: whether input rows may be set aside and aggregated later (first/last need row order)
         self._order_free = not any(r.func.startswith(("first", "last")) for r in self._requests)
         clash = {r.output for r in self._requests} & set(self.keys)

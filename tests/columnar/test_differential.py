@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from extagg.columnar import FUNCTIONS, HashAggregator, aggregate
+from extagg.columnar.functions import NO_AGGREGATES
 from tests.columnar.reference import (
     assert_same_groups,
     reference_groupby,
@@ -195,7 +196,7 @@ def test_output_is_in_hash_order_whether_or_not_it_spilled(tmp_path) -> None:
 
 
 def _distinct_keys(table: pa.Table, keys: list[str], spill_dir, batch: int, **options):
-    with HashAggregator(keys, {}, spill_dirs=[str(spill_dir)], **options) as agg:
+    with HashAggregator(keys, NO_AGGREGATES, spill_dirs=[str(spill_dir)], **options) as agg:
         for piece in table.to_batches(max_chunksize=batch):
             agg.update(piece)
         out = list(agg.results())
@@ -207,8 +208,9 @@ def _distinct_keys(table: pa.Table, keys: list[str], spill_dir, batch: int, **op
 
 @given(data=st.data())
 def test_no_aggregates_gives_each_distinct_key_once(data, tmp_path) -> None:
-    """``aggs={}`` (``SELECT DISTINCT``, the first level of ``count_distinct``): every key
-    once, in the same order in memory, spilled with multi-pass merges, and in threads."""
+    """``NO_AGGREGATES`` (``SELECT DISTINCT``, the first level of ``count_distinct``): every
+    key once, in the same order in memory, spilled with multi-pass merges, and in threads; an
+    empty dict is still refused."""
     n = data.draw(st.integers(0, 300), label="rows")
     a = data.draw(st.lists(st.one_of(st.none(), st.integers(0, 5)), min_size=n, max_size=n))
     b = data.draw(
@@ -220,6 +222,8 @@ def test_no_aggregates_gives_each_distinct_key_once(data, tmp_path) -> None:
     table = pa.table({"a": pa.array(a, pa.int32()), "b": strings.dictionary_encode() if coded
                       else strings})  # fmt: skip
     want = sorted(set(zip(a, b)), key=repr)
+    with pytest.raises(TypeError, match="non-empty dict"):
+        HashAggregator(["a", "b"], {})
     orders = []
     for options in (
         {"memory": "64m"},
