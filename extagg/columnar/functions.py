@@ -21,7 +21,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from types import ModuleType
+from types import MappingProxyType, ModuleType
 from typing import Any
 
 import numpy as np
@@ -125,17 +125,10 @@ class AggregateSpec:
     output_type: pa.DataType
 
 
-class _NoAggregates(dict[str, Any]):
-    """An empty ``aggs`` that asks for no aggregate on purpose (see :data:`NO_AGGREGATES`)."""
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        raise TypeError("NO_AGGREGATES stays empty")
-
-
 #: ``aggs`` of an aggregator by keys with no aggregate at all (``SELECT DISTINCT``: each key
 #: once): the first level of ``count_distinct``, which has no state to fold, sort or spill.
-#: An empty dict is refused as a mistake.
-NO_AGGREGATES: Mapping[str, Any] = _NoAggregates()
+#: An empty dict is refused as a mistake; this read-only one is the request.
+NO_AGGREGATES: Mapping[str, Any] = MappingProxyType({})
 
 
 def parse_aggs(aggs: Mapping[str, Any], distinct: bool = False) -> list[AggregateRequest]:
