@@ -45,7 +45,8 @@ def add_aggregate_command(sub: Any) -> None:
         action="append",
         default=[],
         metavar="NAME=FUNC(COL)",
-        help="an aggregate, e.g. 'n=count(*)', 'total=sum(amount)' (repeatable)",
+        help="an aggregate, e.g. 'n=count(*)', 'total=sum(amount)' (repeatable); none: the "
+        "distinct values of --by (SELECT DISTINCT)",
     )
     p.add_argument("--where", help="filter on input columns, e.g. \"d <= date '1998-09-02'\"")
     p.add_argument("--having", help="filter on result columns, e.g. 'n > 10'")
@@ -161,9 +162,11 @@ def run_aggregate(args: argparse.Namespace) -> int:
     query = None
     try:
         by = [k.strip() for group in args.by for k in group.split(",") if k.strip()]
-        if not args.agg:
-            raise QueryError("give at least one --agg, e.g. --agg 'n=count(*)'")
-        aggs = parse_agg_specs(args.agg)
+        if not args.agg and not by:
+            raise QueryError(
+                "give --by (its distinct values) or at least one --agg, e.g. --agg 'n=count(*)'"
+            )
+        aggs = parse_agg_specs(args.agg) if args.agg else None  # None: the distinct keys
         from extagg.io.run import plan_query
 
         output = args.output

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
@@ -218,6 +219,44 @@ def test_count_distinct_under_a_tiny_budget(tmp_path, capsys):
     assert json.loads(summary.read_text())["spill_count"] > 0
 
 
+def test_by_without_agg_gives_the_distinct_keys(tmp_path, capsys):
+    # SELECT DISTINCT g, k: every pair once, under a budget that forces spills, sorted or not
+    t = table(150_000, keys=30_000, seed=11)
+    src = tmp_path / "d.csv"
+    pacsv.write_csv(t, src)
+    want = set(zip(t.column("g").to_pylist(), t.column("k").to_pylist()))
+    for extra in ([], ["--sort"]):
+        out = tmp_path / f"distinct{len(extra)}.parquet"
+        summary = tmp_path / "s.json"
+        rc = main([
+            "aggregate", str(src), "--by", "g,k", "--memory", "2m", "-o", str(out),
+            "--json-summary", str(summary), "--spill-dir", str(tmp_path / "spill"), "-q", *extra,
+        ])  # fmt: skip
+        assert rc == 0, capsys.readouterr().err
+        result = pq.read_table(out)
+        assert result.column_names == ["g", "k"]
+        pairs = list(zip(result.column("g").to_pylist(), result.column("k").to_pylist()))
+        assert len(pairs) == len(want) and set(pairs) == want
+        if extra:
+            assert pairs == sorted(pairs)
+        assert json.loads(summary.read_text())["spill_count"] > 0
+        assert not [p for p in (tmp_path / "spill").rglob("*") if p.is_file()]
+
+
+def test_aggregate_files_without_aggs_is_select_distinct(tmp_path):
+    import extagg
+
+    t = table(40_000, keys=3_000, seed=12)
+    src = tmp_path / "d.parquet"
+    pq.write_table(t, src, row_group_size=5_000)
+    reader = extagg.aggregate_files(src, by="k", where="u < 10", having="k >= 100", threads=2)
+    got_keys = reader.read_all().column("k").to_pylist()
+    kept = t.filter(pc.less(t.column("u"), 10)).column("k").to_pylist()
+    assert sorted(got_keys) == sorted({k for k in kept if k >= 100})
+    with pytest.raises(ValueError, match="no keys and no aggregates"):
+        extagg.aggregate_files(src)
+
+
 def test_same_answers_as_duckdb(tmp_path, data, capsys):
     duckdb = pytest.importorskip("duckdb")
     src, _ = data
@@ -255,7 +294,7 @@ def test_same_answers_as_duckdb(tmp_path, data, capsys):
         (["--by", "k", "--agg", "n=count(*)", "--having", "nn > 1"], 2,
          ["unknown result column 'nn'", "did you mean 'n'"]),
         (["--by", "k", "--agg", "n=count(*)", "-o", "x.xlsx"], 2, ["--output-format"]),
-        (["--by", "k"], 2, ["--agg"]),
+        ([], 2, ["give --by (its distinct values) or at least one --agg"]),
     ],
 )  # fmt: skip
 def test_usage_errors_exit_2(data, argv, code, words, capsys):

@@ -51,7 +51,7 @@ class FileQuery:
         self,
         scan: InputScan,
         by: list[str],
-        aggs: dict[str, tuple[str, str]],
+        aggs: Mapping[str, tuple[str, str]],
         having: ParsedExpression | None,
         memory: int | str | None,
         memory_manager: Any,
@@ -377,7 +377,7 @@ def plan_query(
     paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     *,
     by: str | Sequence[str] = (),
-    aggs: Mapping[str, tuple[str, str]],
+    aggs: Mapping[str, tuple[str, str]] | None = None,
     where: str | None = None,
     having: str | None = None,
     memory: int | str | None = None,
@@ -394,9 +394,13 @@ def plan_query(
 ) -> FileQuery:
     """Check a query and plan its scan (see :func:`aggregate_files`); reads no data rows."""
     from extagg._config import parse_size
-    from extagg.columnar.functions import parse_aggs
+    from extagg.columnar.functions import NO_AGGREGATES, parse_aggs
 
     keys = [by] if isinstance(by, str) else list(by)
+    if aggs is None or aggs is NO_AGGREGATES:  # SELECT DISTINCT by
+        if not keys:
+            raise QueryError("no keys and no aggregates: give by= (its distinct values) or aggs=")
+        aggs = NO_AGGREGATES
     try:
         requests = parse_aggs(aggs, distinct=True)
     except (TypeError, ValueError) as exc:
@@ -443,8 +447,9 @@ def plan_query(
         for name in having_expr.columns:
             if name not in out_cols:
                 raise unknown_column(name, out_cols, "result column")
+    kept_aggs = aggs if aggs is NO_AGGREGATES else dict(aggs)  # NO_AGGREGATES by identity
     return FileQuery(
-        scan, keys, dict(aggs), having_expr, memory, memory_manager, spill_dirs, sort, threads
+        scan, keys, kept_aggs, having_expr, memory, memory_manager, spill_dirs, sort, threads
     )
 
 
@@ -452,7 +457,7 @@ def aggregate_files(
     paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     *,
     by: str | Sequence[str] = (),
-    aggs: Mapping[str, tuple[str, str]],
+    aggs: Mapping[str, tuple[str, str]] | None = None,
     where: str | None = None,
     having: str | None = None,
     memory: int | str | None = None,
@@ -474,7 +479,8 @@ def aggregate_files(
         The key column(s); empty for one global result row.
     aggs
         ``{"name": ("column", "function")}`` as :func:`extagg.aggregate` takes
-        (``("*", "count")`` counts rows).
+        (``("*", "count")`` counts rows). Omitted (``None``): no aggregate, one row per
+        distinct value of ``by`` (``SELECT DISTINCT``).
     where
         Filter on input rows (pushed into the scan), in the grammar of ``--where``.
     having
