@@ -17,11 +17,19 @@ a packed record row, which need not be aligned), and :func:`copy_bytes` and
 :func:`same_bytes` built on them.
 
 numba fills global registries (boxing, lowering) the first time it is imported and the first
-time its CPU target is used; Ctrl-C in the middle leaves them half-filled, and every later
+time its CPU target compiles; Ctrl-C in the middle leaves them half-filled, and every later
 compile in the process fails (``KeyError: duplicate registration for UnicodeType``). So this
-module imports numba and initialises its CPU target once, with Ctrl-C held back until done
-(:class:`extagg._interrupts.deferred_interrupts`): an interrupt then arrives after the load,
-and the next call simply works.
+module imports numba, and fills the CPU target's registries (:func:`ensure_target`), with
+Ctrl-C held back until done (:class:`extagg._interrupts.deferred_interrupts`): an interrupt
+then arrives after the load, and the next call simply works.
+
+*Loading a cached kernel does not fill them.* numba's cache fills every lowering and typing
+registry of its CPU target before it loads a kernel (``target_context.refresh()``: ~0.14 s and
+~43 MiB on this project's machine, a fifth of a small query's whole run), though a cached
+kernel is machine code linked into the JIT, and nothing of those registries is used to load
+or call it. Each kernel's cache is therefore a :class:`_KernelCache`, which loads without
+them and fills them (:func:`ensure_target`) only when a kernel is not in the cache and is
+about to be compiled — the compiler would fill them itself, but not with Ctrl-C held back.
 """
 
 from __future__ import annotations
@@ -33,16 +41,16 @@ from extagg._interrupts import deferred_interrupts
 
 with deferred_interrupts():
     import numba
+    from numba.core.caching import FunctionCache
     from numba.core.registry import cpu_target
-
-    cpu_target.target_context.refresh()  # numba's lowering registries, loaded exactly once
+    from numba.core.runtime import rtsys
 
 from llvmlite import ir  # type: ignore[import-untyped]
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 __all__ = [
-    "CACHE", "FASTMATH", "NOGIL", "jit", "prefetch",
+    "CACHE", "FASTMATH", "NOGIL", "ensure_target", "jit", "prefetch",
     "load_f64", "store_f64", "load_i64", "store_i64", "load_u64", "store_u64",
     "copy_bytes", "same_bytes",
 ]  # fmt: skip
@@ -54,16 +62,62 @@ FASTMATH = False
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+_target_ready: list[bool] = []
+_runtime_ready: list[bool] = []
+
+
+def _ensure_runtime(target_context: Any) -> None:
+    """numba's runtime (NRT: the kernels allocate arrays with it), initialised once, Ctrl-C
+    held back; filling the registries would initialise it too."""
+    if _runtime_ready:
+        return
+    with deferred_interrupts():
+        rtsys.initialize(target_context)
+        _runtime_ready.append(True)
+
+
+def ensure_target() -> None:
+    """Fill numba's CPU target registries (lowering, typing) once, Ctrl-C held back: before
+    anything is compiled (see the module docstring)."""
+    if _target_ready:
+        return
+    with deferred_interrupts():
+        cpu_target.target_context.refresh()
+        _target_ready.append(True)
+
+
+class _KernelCache(FunctionCache):
+    """numba's on-disk cache of one kernel, loading without the CPU target's registries
+    (``FunctionCache.load_overload`` fills them first); on a miss it fills them, since the
+    caller compiles next."""
+
+    def load_overload(self, sig: Any, target_context: Any) -> Any:
+        _ensure_runtime(target_context)
+        cres = None
+        with self._guard_against_spurious_io_errors():
+            cres = self._load_overload(sig, target_context)
+        if cres is None:
+            ensure_target()
+        return cres
+
+
 def jit(**overrides: Any) -> Callable[[F], F]:
     """``numba.njit`` with the project's settings (``overrides``, e.g. ``inline="always"``,
     are added; they may not change the settings above)."""
     clash = {"cache", "nogil", "fastmath"} & overrides.keys()
     if clash:
         raise TypeError(f"jit() settings are fixed in extagg._numba: {sorted(clash)}")
-    decorator: Callable[[F], F] = numba.njit(
-        cache=CACHE, nogil=NOGIL, fastmath=FASTMATH, **overrides
-    )
-    return decorator
+    njit = numba.njit(cache=CACHE, nogil=NOGIL, fastmath=FASTMATH, **overrides)
+
+    def decorate(func: F) -> F:
+        kernel = njit(func)
+        if isinstance(getattr(kernel, "_cache", None), FunctionCache):
+            kernel._cache = _KernelCache(kernel.py_func)
+        else:  # not cached on disk (numba found no cache folder): every call compiles
+            ensure_target()
+        return kernel
+
+    return decorate
 
 
 def _prefetch(typingctx: Any, array: Any, index: Any) -> Any:

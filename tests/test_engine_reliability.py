@@ -406,9 +406,9 @@ def test_interrupt_during_the_destructive_sort_leaves_a_usable_map(spill_dir, mo
 
 
 def test_interrupt_while_numba_loads_the_first_time_does_not_break_later_calls():
-    """In a fresh process, Ctrl-C arrives while numba registers its ``str`` support (the first
-    load of the kernels): the next call works (before: it and every later one raised
-    ``KeyError: duplicate registration for UnicodeType``)."""
+    """In a fresh process, Ctrl-C arrives while numba registers its ``str`` support (filling
+    its CPU target's registries, which a first compile does): the next call works (before: it
+    and every later one raised ``KeyError: duplicate registration for UnicodeType``)."""
     script = textwrap.dedent(
         """
         import _thread
@@ -430,6 +430,8 @@ def test_interrupt_while_numba_loads_the_first_time_does_not_break_later_calls()
         interrupts = 0
         for attempt in range(3):
             try:
+                from extagg._numba import ensure_target
+                ensure_target()  # what loading a kernel that is not in the cache does first
                 from extagg.collection import AppendOnlyMap
                 m = AppendOnlyMap()
                 m.fold(["a", 1, "b"], [1, 2, 3], lambda v: v, lambda c, v: c + v)

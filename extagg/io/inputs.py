@@ -703,7 +703,10 @@ class _GatedStream:
         try:
             if not self._admit():
                 self._ended = True
-                return pa.py_buffer(b"")
+                # Arrow's memory, not a Python object: the reader's thread may drop it after
+                # the interpreter began to finalize (a Python-backed buffer would take the GIL
+                # there and abort the process)
+                return pa.allocate_buffer(0)
             buffer = self._stream.read_buffer(nbytes)
             if not buffer.size:  # the end of the file: no more reads
                 self._ended = True
