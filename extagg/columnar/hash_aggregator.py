@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -906,6 +907,13 @@ class HashAggregator(Spillable[ColumnBlock]):
     def blocks(self) -> Iterator[ColumnBlock]:
         """Every group once, combined, in hash order (hashed as the parent sees them)."""
         return self._blocks()
+
+    def read_with(self, submit: Callable[..., Future[Any]], lanes: int) -> None:
+        """Gather the in-memory table's result batches ``lanes`` at a time, the others than
+        the reader's on ``submit`` (a thread partition's aggregator: see ``TableSource``)."""
+        with self.lock:
+            self.table_state.read_pool = submit
+            self.table_state.read_lanes = lanes
 
     @property
     def takes_groups(self) -> bool:

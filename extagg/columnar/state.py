@@ -10,7 +10,10 @@ the buffer sizes — never on the aggregator, so none of them imports the class 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 from extagg.collection.typed_table import TypedHashTable
 from extagg.columnar.layout import BlockLayout
@@ -63,6 +66,11 @@ class TableState:
     io_bytes: int = 0
     aside_bytes: int = 0
     source_bytes: int = 0
+    #: threads that may gather the sorted table's next result batches beside the reader (a
+    #: thread partition's aggregator, once its workers are done folding): ``submit`` of an
+    #: executor, and how many batches are gathered at once (the reader's one included)
+    read_pool: Callable[..., Future[Any]] | None = None
+    read_lanes: int = 1
 
     @property
     def layout(self) -> BlockLayout:

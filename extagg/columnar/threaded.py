@@ -57,7 +57,7 @@ import threading
 from collections.abc import Callable, Hashable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from functools import partial
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -134,6 +134,9 @@ class ThreadChild(Protocol):
 
     def blocks(self) -> Iterator[ColumnBlock]:
         """Every group once, hashed as the parent sees them, in hash order."""
+
+    def read_with(self, submit: Callable[..., Future[Any]], lanes: int) -> None:
+        """Gather its sorted table's result batches ``lanes`` at a time, on ``submit``."""
 
     def close(self) -> None: ...
 
@@ -409,11 +412,14 @@ class ThreadedFold:
         metrics once its last block is out, then the child closed."""
         try:
             streams = self._open_results()
-            self.shutdown()
             release_free_memory()  # the chunks' temporaries, freed in the workers' arenas
             if not self.locals:
+                if self._pool is not None:  # the workers gather the reader's next batches
+                    for child in self.children:
+                        child.read_with(self._pool.submit, self.threads)
                 yield from self._partition_blocks(streams, absorb)
                 return
+            self.shutdown()
             assert self._merge is not None
             sources: list[BlockSource[ColumnBlock]] = [
                 _Stream(self._partition_blocks(streams, absorb))

@@ -639,3 +639,92 @@ def test_dictionary_coded_keys_fold_by_their_codes_in_one_thread() -> None:
             got = pa.Table.from_batches(list(agg.results()))
         got_sums = {k: v["s"] for k, v in result_dict(got, ["k"]).items()}
         assert got_sums == pytest.approx({k: v["s"] for k, v in result_dict(want, ["k"]).items()})
+
+
+# ------------------------------------------------------- results gathered on the workers
+
+
+def _many_groups(n: int = 30_000, distinct: int = 20_000, seed: int = 21) -> pa.Table:
+    """More groups than half the rows: thread partitions, not thread-local tables."""
+    rng = np.random.default_rng(seed)
+    return pa.table(
+        {
+            "k": rng.integers(-(2**62), 2**62, distinct)[rng.integers(0, distinct, n)],
+            "s": pa.array([f"u{x}" for x in rng.integers(0, distinct, n)]),
+            "v": rng.random(n),
+        }
+    )
+
+
+def _gathering_threads(monkeypatch: pytest.MonkeyPatch) -> set[str]:
+    """The names of the threads that gather result batches from now on."""
+    from extagg.columnar.layout import BlockLayout
+
+    names: set[str] = set()
+    real = BlockLayout.gather
+
+    def gather(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        names.add(threading.current_thread().name)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(BlockLayout, "gather", gather)
+    return names
+
+
+@pytest.mark.parametrize("threads", [2, 4])
+def test_result_batches_are_gathered_ahead_on_the_workers(
+    monkeypatch: pytest.MonkeyPatch, threads: int
+) -> None:
+    """A thread partition's sorted table is read ``threads`` batches at a time, the reader's
+    and the rest on the pool: the same rows in the same order as one thread."""
+    table = _many_groups()
+    aggs = {"t": ("v", "sum"), "n": ("*", "count"), "hi": ("v", "max")}
+    want = aggregate(table, ["k"], aggs, threads=1, batch_size=100)
+    names = _gathering_threads(monkeypatch)
+    got = aggregate(table, ["k"], aggs, threads=threads, batch_size=100, name="ahead")
+    assert got.equals(want)
+    assert "MainThread" in names and any(n.startswith("ahead") for n in names), names
+    # string keys: a batch's rows depend on its bytes, read one batch at a time
+    names.clear()
+    strings = aggregate(table, ["s"], aggs, threads=threads, batch_size=100, name="strings")
+    assert strings.equals(aggregate(table, ["s"], aggs, threads=1, batch_size=100))
+    assert names == {"MainThread"}
+
+
+def test_spill_requested_while_batches_are_gathered_ahead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another consumer of a worker's task asks for its memory while the results are read,
+    batches gathered ahead: the unread groups go to a run and nothing is lost or repeated."""
+    from extagg.memory import MemoryConsumer, task_memory_manager
+
+    table = _many_groups(60_000, 40_000, seed=22)
+    aggs = {"t": ("v", "sum"), "n": ("*", "count")}
+    want = aggregate(table, ["k"], aggs, threads=1, batch_size=500)
+    mm = UnifiedMemoryManager("32m")
+    names = _gathering_threads(monkeypatch)
+    with HashAggregator(
+        ["k"],
+        aggs,
+        memory_manager=mm,
+        threads=2,
+        batch_size=500,
+        spill_dirs=[str(tmp_path)],
+        name="hogged",
+    ) as agg:
+        agg.update(table)
+        assert agg.metrics.spill_count == 0
+        batches = agg.results()
+        first = [next(batches) for _ in range(3)]  # partition 0 is being read, 1 waits
+        for worker in (0, 1):  # the one being read (a batch gathered ahead), the other
+            task = ("extagg-thread", agg.task_memory_manager.task_id, worker)
+            hog = MemoryConsumer(task_memory_manager(mm, task))
+            hog.acquire_memory(mm.max_memory - 2 * 1024 * 1024)
+            hog.free_memory(hog.used)
+        rest = list(batches)
+        spilled = agg.metrics.spill_count
+    got = pa.Table.from_batches(first + rest)
+    assert spilled >= 2 and any(n.startswith("hogged") for n in names), names
+    assert got.column("k").equals(want.column("k")) and got.column("n").equals(want.column("n"))
+    np.testing.assert_allclose(got.column("t").to_numpy(), want.column("t").to_numpy())
+    assert _files(tmp_path) == []
