@@ -46,6 +46,7 @@ from extagg._interrupts import deferred_interrupts
 from extagg.collection import _typed_kernels as TK
 from extagg.collection.typed_table import MIN_ARENA, MIN_CAPACITY, TypedHashTable
 from extagg.columnar import functions as F
+from extagg.columnar import threaded as thread_fold
 from extagg.columnar._sources import TableSource
 from extagg.columnar.buffers import (
     BATCH_VAR_BYTES,
@@ -678,7 +679,8 @@ class HashAggregator(Spillable[ColumnBlock]):
         rows = max(1 << 10, min(THREAD_CHUNK_ROWS, max_memory // (16 * per_row)))
         rows = 1 << (rows.bit_length() - 1)
         scratch = rows * per_row
-        if self._threads_auto and rows < AUTO_THREAD_MIN_CHUNK_ROWS:
+        least_rows = AUTO_THREAD_MIN_CHUNK_ROWS if self._threads_auto else thread_fold.INLINE_ROWS
+        if rows < least_rows:  # asked for or not: chunks this small are folded inline anyway
             log.info(
                 "%s: a budget of %s gives chunks of %d rows with threads: 1 thread (each "
                 "partition's share of a chunk would cost more to hand over than to fold)",
