@@ -96,6 +96,8 @@ PEAK_RSS_SCRIPT = textwrap.dedent(
     warm = ExternalAppendOnlyMap(agg, memory="8m", force_spill_every=10)
     warm.insert_all((i, 1) for i in range(100))
     list(warm.iterator())
+    from extagg._numba import ensure_target
+    ensure_target()  # numba's registries, filled by a kernel compiled mid-run (cold cache)
     base = current_rss()
     mm = UnifiedMemoryManager(max_memory=budget)
     out = {}

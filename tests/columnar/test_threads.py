@@ -553,6 +553,8 @@ _RSS_SCRIPT = textwrap.dedent(
         warm.update(table.slice(0, 300_000))
         for _ in warm.results():
             pass
+    from extagg._numba import ensure_target
+    ensure_target()  # numba's registries, filled by a kernel compiled mid-run (cold cache)
     open("/proc/self/clear_refs", "w").write("5")
     base = rss()
     with HashAggregator("k", {"s": ("v", "sum")}, memory=limit, threads=2) as agg:
