@@ -74,6 +74,13 @@ def gather_hashes(hashes, rows, bits, out):
         out[i] = ((h << bits) | (h >> (64 - bits))) & (2**64 - 1) if bits else h
 
 
+def scatter_partitions(values, order, bounds, fill, out):
+    """Reference of :func:`extagg.columnar._radix_kernels.scatter_partitions`."""
+    for p in range(len(bounds) - 1):
+        for j, i in enumerate(range(int(bounds[p]), int(bounds[p + 1]))):
+            out[p, int(fill[p]) + j] = values[int(order[i])]
+
+
 def gather_words(words, rows, out):
     """Reference of :func:`extagg.columnar._radix_kernels.gather_words`."""
     for i, r in enumerate(rows.tolist()):

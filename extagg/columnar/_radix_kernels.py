@@ -5,8 +5,9 @@
 their input order (``first``/``last`` rely on it). It releases the GIL (``extagg._numba``), so
 the slices of a chunk are sorted side by side. :func:`gather_hashes` and :func:`gather_words`
 copy one partition's keys out of a slice in one pass each (the hashes rotated as the
-partition's aggregator sees them). Plain-Python reference:
-:func:`extagg.columnar._key_reference.radix_partition`.
+partition's aggregator sees them). :func:`scatter_partitions` appends a chunk's rows, so
+grouped, to one buffer per partition (a column at a time: the rows a hash-partitioning
+aggregator sets aside). Plain-Python references: :mod:`extagg.columnar._key_reference`.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ import numpy as np
 
 from extagg._numba import jit
 
-__all__ = ["gather_hashes", "gather_words", "radix_partition"]
+__all__ = ["gather_hashes", "gather_words", "radix_partition", "scatter_partitions"]
 
 _jit = jit()
 
 
 @_jit
-def radix_partition(hashes, bits, order, bounds):
+def radix_partition(hashes: np.ndarray, bits: int, order: np.ndarray, bounds: np.ndarray) -> None:
     """Rows of ``hashes`` grouped by their top ``bits`` (1..16), stably.
 
     Fills ``order`` (int64, one per row: the row numbers of partition 0, then 1, ...) and
@@ -60,3 +61,18 @@ def gather_words(words, rows, out):
         r = rows[i]
         for j in range(width):
             out[i, j] = words[r, j]
+
+
+@_jit
+def scatter_partitions(
+    values: np.ndarray, order: np.ndarray, bounds: np.ndarray, fill: np.ndarray, out: np.ndarray
+) -> None:
+    """Append each partition's rows to its buffer: ``out[p, fill[p] + j] = values[order[i]]``
+    for the ``j``-th row ``i`` of ``bounds[p]..bounds[p + 1]`` (what :func:`radix_partition`
+    made). ``values`` is 1-D (``out``: partitions x capacity) or 2-D (a row's several words;
+    ``out``: partitions x capacity x words); the rows must fit (``fill`` is not changed)."""
+    for p in range(bounds.shape[0] - 1):
+        at = fill[p]
+        for i in range(bounds[p], bounds[p + 1]):
+            out[p, at] = values[order[i]]
+            at += 1

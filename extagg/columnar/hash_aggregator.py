@@ -56,7 +56,7 @@ from extagg.columnar.buffers import (
     plan_buffers,
 )
 from extagg.columnar.coded_keys import CODED_ROW_BYTES, CodedKeys, CodedLookup, coded_keys
-from extagg.columnar.columns import Column, iter_record_batches, to_columns
+from extagg.columnar.columns import Column, ReusedArrays, iter_record_batches, to_columns
 from extagg.columnar.growth import (
     enlarge_empty,
     grow_arena_or_spill,
@@ -258,6 +258,7 @@ class HashAggregator(Spillable[ColumnBlock]):
         #: the thread partitions and their pool (``threads`` > 1, from the first batch with
         #: rows on, unless its keys come dictionary-coded: see :meth:`_choose_threads`)
         self._threaded: ThreadedFold | None = None
+        self._chunk_arrays = ReusedArrays()  # a chunk's temporaries, within its buffers
         self._threads_pending = False
         #: bytes of a thread partition's spill batch (the merge of thread-local tables reads them)
         self._thread_io_batch = 0
@@ -559,7 +560,12 @@ class HashAggregator(Spillable[ColumnBlock]):
             cols, enc, n = self._route(cols, enc, n)
             if n == 0:
                 return
-        gids = np.empty(n, dtype=np.int64)
+        # the group ids of a chunk's rows: filled again at every chunk (see ReusedArrays)
+        gids = (
+            self._chunk_arrays.get("gids", n, np.int64)
+            if n <= st.chunk_rows
+            else np.empty(n, dtype=np.int64)
+        )
         seq0 = self.metrics.records_read
         pos = 0
         hashes = enc.hashes
@@ -716,7 +722,7 @@ class HashAggregator(Spillable[ColumnBlock]):
             memory_manager=self.task_memory_manager.memory_manager,
             owner_task=self.task_memory_manager.task_id,
             make_child=self._thread_child,
-            encode=lambda part, n: self._encode([part[k] for k in self.keys], n),
+            encode=lambda part, n, reuse: self._encode([part[k] for k in self.keys], n, reuse),
             on_peak=self._note_peak,
             make_local=self._thread_local_child if self._order_free else None,
             merge=self._merge_thread_streams,
@@ -1136,6 +1142,7 @@ class HashAggregator(Spillable[ColumnBlock]):
                 f"requested by {getattr(trigger, 'name', trigger)}",
                 release_all=True,
             )
+            self._chunk_arrays.clear()  # all memory given back: the chunk's too
         else:
             return 0
         return max(0, before - self.used)
@@ -1144,6 +1151,7 @@ class HashAggregator(Spillable[ColumnBlock]):
         """Drop the hash table and its arena; close the source read and abort open partitions."""
         self.table_state.table = None
         self.table_state.var_arena = None
+        self._chunk_arrays.clear()
         if self._threaded is not None:
             threaded, self._threaded = self._threaded, None
             threaded.close()
@@ -1260,11 +1268,14 @@ class HashAggregator(Spillable[ColumnBlock]):
             apart=apart,
         )  # fmt: skip
 
-    def _encode(self, key_cols: list[Column], n: int | None = None) -> EncodedKeys:
+    def _encode(
+        self, key_cols: list[Column], n: int | None = None, reuse: ReusedArrays | None = None
+    ) -> EncodedKeys:
         """Hash and canonicalise keys (``n`` rows: needed without key columns); a partition's
-        aggregator rotates the hashes (see :func:`~extagg.columnar.partition_files.rotate_left`)."""
+        aggregator rotates the hashes (see :func:`~extagg.columnar.partition_files.rotate_left`).
+        ``reuse``: see :meth:`~extagg.columnar.keys.KeyLayout.encode`."""
         rotation = self.table_state.rotation
-        enc = self.table_state.layout.keys.encode(key_cols, n)
+        enc = self.table_state.layout.keys.encode(key_cols, n, reuse)
         if rotation:
             enc.hashes = rotate_left(enc.hashes, rotation)
         return enc

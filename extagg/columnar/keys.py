@@ -18,7 +18,7 @@ from extagg.collection._typed_kernels import gather_var
 from extagg.collection.typed_table import null_mask_dtype
 from extagg.columnar import _key_kernels as KK
 from extagg.columnar import _radix_kernels as RK
-from extagg.columnar.columns import Column, concat_var, decimal_array, is_decimal64
+from extagg.columnar.columns import Column, ReusedArrays, concat_var, decimal_array, is_decimal64
 
 __all__ = ["KeyLayout", "EncodedKeys", "WORD_PREFIX", "NULLS_COLUMN", "VAR_COLUMN"]
 
@@ -59,16 +59,28 @@ class EncodedKeys:
         return EncodedKeys.take_many([(self, rows)], rotate)
 
     @staticmethod
-    def take_many(parts: Sequence[tuple[EncodedKeys, np.ndarray]], rotate: int = 0) -> EncodedKeys:
+    def take_many(
+        parts: Sequence[tuple[EncodedKeys, np.ndarray]],
+        rotate: int = 0,
+        reuse: ReusedArrays | None = None,
+    ) -> EncodedKeys:
         """The keys of rows ``rows`` of each ``(keys, rows)`` part (encoded by one layout), one
         part after the other, gathered into one set of arrays (the fixed-width ones without an
-        intermediate copy), hashes rotated left by ``rotate`` bits."""
+        intermediate copy), hashes rotated left by ``rotate`` bits. ``reuse``: gathered into
+        its arrays (valid until the next call with the same ``reuse``)."""
         first = parts[0][0]
         total = sum(len(rows) for _, rows in parts)
-        hashes = np.empty(total, dtype=np.uint64)
-        words = np.empty((total, first.words.shape[1]), dtype=np.uint64)
         has_nulls = any(len(enc.nulls) for enc, _ in parts)
-        nulls = np.zeros(total if has_nulls else 0, dtype=first.nulls.dtype)
+        num_words = first.words.shape[1]
+        if reuse is None:
+            hashes = np.empty(total, dtype=np.uint64)
+            words = np.empty((total, num_words), dtype=np.uint64)
+            nulls = np.zeros(total if has_nulls else 0, dtype=first.nulls.dtype)
+        else:
+            hashes = reuse.get("key:hashes", total, np.uint64)
+            words = reuse.get("key:words", total, np.uint64, num_words)
+            nulls = reuse.get("key:nulls", total if has_nulls else 0, first.nulls.dtype)
+            nulls.fill(0)
         var = []
         at = 0
         for enc, rows in parts:
@@ -125,23 +137,29 @@ class KeyLayout:
             per_row += 16 + 4 * len(self.var)
         return rows * per_row + (var_bytes if self.has_var else 0)
 
-    def encode(self, cols: Sequence[Column], n: int | None = None) -> EncodedKeys:
+    def encode(
+        self, cols: Sequence[Column], n: int | None = None, reuse: ReusedArrays | None = None
+    ) -> EncodedKeys:
         """Hashes, words, null bits and packed bytes of the key columns ``cols``.
 
         ``n`` is the number of rows, needed when there are no key columns (a global aggregate:
-        every row has the key ``()``, hashed as ``stable_hash(())``).
+        every row has the key ``()``, hashed as ``stable_hash(())``). ``reuse``: one key
+        column's hashes computed into its array (valid until the next call with it).
         """
         if cols:
             n = len(cols[0])
         elif n is None:
             raise ValueError("encode() needs the row count when there are no key columns")
         return EncodedKeys(
-            self._hashes(cols, n), self._words(cols, n), self._nulls(cols, n), *self._var(cols, n)
+            self._hashes(cols, n, reuse),
+            self._words(cols, n),
+            self._nulls(cols, n),
+            *self._var(cols, n),
         )
 
-    def _hashes(self, cols: Sequence[Column], n: int) -> np.ndarray:
+    def _hashes(self, cols: Sequence[Column], n: int, reuse: ReusedArrays | None) -> np.ndarray:
         if len(cols) == 1:
-            out = np.empty(n, dtype=np.uint64)
+            out = np.empty(n, np.uint64) if reuse is None else reuse.get("hashes", n, np.uint64)
             _hash_column(cols[0], out)
             return out
         acc = H.tuple_hash_start(len(cols), n)

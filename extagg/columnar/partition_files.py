@@ -39,7 +39,8 @@ import numpy as np
 import pyarrow as pa
 
 from extagg.collection import _typed_kernels as TK
-from extagg.columnar.columns import Column
+from extagg.columnar import _radix_kernels as RK
+from extagg.columnar.columns import Column, ReusedArrays
 from extagg.errors import CorruptFileError
 from extagg.merge.heap import BlockSource
 from extagg.spill.blocks import ColumnBlock
@@ -196,9 +197,11 @@ MIN_BUFFER_BYTES = 4 << 10
 
 
 def held_bytes(limit: int, io_copies: int) -> int:
-    """Memory a :class:`PartitionWriter` with buffers of ``limit`` bytes holds at most: a full
-    buffer per partition plus the copies that encoding and compressing one of them makes."""
-    return (NUM_PARTITIONS + io_copies) * limit
+    """Memory a :class:`PartitionWriter` with buffers of ``limit`` bytes holds at most: twice
+    that per partition (a partition's rows are written once they reach ``limit``, and a
+    chunk's piece may come on top) plus the copies that encoding and compressing one batch
+    makes."""
+    return (2 * NUM_PARTITIONS + io_copies) * limit
 
 
 class PartitionWriter:
@@ -206,6 +209,10 @@ class PartitionWriter:
 
     Rows are buffered per partition and written in batches of about ``limit`` bytes (small
     batches would cost more per row to write and to read back than the rows themselves).
+    Fixed-width columns go straight into one buffer per partition (each chunk's rows grouped
+    by partition with a counting sort, then copied into place: a batch is written from the
+    buffer as it is); a chunk with variable-length columns (strings) is cut into a block per
+    partition, and a partition's blocks are joined when its batch is written.
     """
 
     def __init__(self, runs: RunSet[ColumnBlock], limit: int) -> None:
@@ -215,12 +222,51 @@ class PartitionWriter:
         self._writers: list[RunWriter | None] = [None] * NUM_PARTITIONS
         self._pending: list[list[ColumnBlock]] = [[] for _ in range(NUM_PARTITIONS)]
         self._pending_bytes = [0] * NUM_PARTITIONS
+        self._buffers: _RowBuffers | None = None
+        self._order = ReusedArrays()  # a chunk's rows by partition, refilled at every chunk
+        self._encoded = bytearray()  # a batch's payload, refilled at every batch
 
     def write(
         self, cols: dict[str, Column], hashes: np.ndarray, rows: np.ndarray | None = None
     ) -> None:
         """Append every row of ``cols`` (keys hashed to ``hashes``), or rows ``rows`` (int64
         row numbers, ascending), to its partition."""
+        if any(col.is_var for col in cols.values()):
+            self._write_blocks(cols, hashes, rows)
+            return
+        if self._buffers is None:
+            self._buffers = _RowBuffers(cols, self.limit)
+        buffers = self._buffers
+        buffers.add_masks(cols)
+        n = len(hashes) if rows is None else len(rows)
+        step = buffers.capacity  # a piece of the chunk fits beside what a buffer holds
+        if n <= step:
+            self._scatter(cols, hashes, rows)
+            return
+        every = np.arange(n, dtype=np.int64) if rows is None else rows
+        for start in range(0, n, step):
+            self._scatter(cols, hashes, every[start : start + step])
+
+    def _scatter(
+        self, cols: dict[str, Column], hashes: np.ndarray, rows: np.ndarray | None
+    ) -> None:
+        """Rows (at most a buffer's :attr:`~_RowBuffers.capacity`) into their partitions'
+        buffers; the buffers that reach it written."""
+        buffers = self._buffers
+        assert buffers is not None
+        chosen = hashes if rows is None else hashes[rows]
+        order = self._order.get("order", len(chosen), np.int64)
+        bounds = self._order.get("bounds", NUM_PARTITIONS + 1, np.int64)
+        RK.radix_partition(chosen, PARTITION_BITS, order, bounds)
+        if rows is not None:
+            order = rows[order]
+        buffers.scatter(cols, hashes, order, bounds)
+        for p in np.flatnonzero(buffers.fill >= buffers.capacity).tolist():
+            self._flush(p)
+
+    def _write_blocks(
+        self, cols: dict[str, Column], hashes: np.ndarray, rows: np.ndarray | None
+    ) -> None:
         parts = partition_of(hashes if rows is None else hashes[rows])
         order = np.argsort(parts, kind="stable")
         bounds = np.searchsorted(parts[order], np.arange(NUM_PARTITIONS + 1), side="left")
@@ -237,6 +283,10 @@ class PartitionWriter:
                     self._flush(p)
 
     def _flush(self, p: int) -> None:
+        if self._buffers is not None and self._buffers.fill[p]:
+            # written (encoded into one bytes object) before the buffer is filled again
+            self._writer(p).write_block(self._buffers.block(p), self._encoded)
+            self._buffers.fill[p] = 0
         blocks, self._pending[p], self._pending_bytes[p] = self._pending[p], [], 0
         if blocks:
             self._writer(p).write_block(ColumnBlock.concat(_same_columns(blocks)))
@@ -254,6 +304,9 @@ class PartitionWriter:
         metrics = self.runs.metrics
         for p in range(NUM_PARTITIONS):
             self._flush(p)
+        self._buffers = None
+        self._order.clear()
+        self._encoded = bytearray()
         for p, writer in enumerate(self._writers):
             if writer is None:
                 continue
@@ -267,6 +320,9 @@ class PartitionWriter:
     def abort(self) -> None:
         """Delete every partition file (after a failure or on close)."""
         self._pending = [[] for _ in range(NUM_PARTITIONS)]
+        self._buffers = None
+        self._order.clear()
+        self._encoded = bytearray()
         for p, writer in enumerate(self._writers):
             if writer is not None:
                 writer.abort()
@@ -274,6 +330,65 @@ class PartitionWriter:
         for path in self.paths:
             if path is not None:
                 self.runs.remove(path)
+
+
+class _RowBuffers:
+    """One buffer of rows per partition for fixed-width columns: the rows' hashes, each
+    column's values and (once a chunk had nulls in it) validity; ``fill[p]`` rows of
+    partition ``p`` are in. A partition's rows are written once they reach :attr:`capacity`
+    (``limit`` bytes of rows), so a buffer holds up to twice that: the rows before and a
+    piece of a chunk of at most :attr:`capacity` rows. Pages are touched only as rows
+    arrive: partitions that stay in memory cost nothing."""
+
+    def __init__(self, cols: dict[str, Column], limit: int) -> None:
+        row = 8 + sum(_row_bytes(col) for col in cols.values())
+        self.capacity = max(1, limit // row)
+        shape = (NUM_PARTITIONS, 2 * self.capacity)
+        self.fill = np.zeros(NUM_PARTITIONS, dtype=np.int64)
+        self.hashes = np.empty(shape, dtype=np.uint64)
+        self.values: dict[str, np.ndarray] = {}
+        for name, col in cols.items():
+            assert col.values is not None
+            self.values[name] = np.empty((*shape, *col.values.shape[1:]), col.values.dtype)
+        self.masks: dict[str, np.ndarray] = {}
+
+    def add_masks(self, cols: dict[str, Column]) -> None:
+        """Start a validity buffer for each column with nulls for the first time (the rows
+        already in are valid)."""
+        for name, col in cols.items():
+            if col.valid is not None and name not in self.masks:
+                mask = np.empty(self.hashes.shape, dtype=np.bool_)
+                for p in range(NUM_PARTITIONS):
+                    mask[p, : self.fill[p]] = True
+                self.masks[name] = mask
+
+    def scatter(
+        self, cols: dict[str, Column], hashes: np.ndarray, order: np.ndarray, bounds: np.ndarray
+    ) -> None:
+        """Append a chunk's rows, ``order`` grouped by partition (``bounds``), each to its
+        partition's buffer (every partition's rows fit): one kernel call per column."""
+        RK.scatter_partitions(hashes, order, bounds, self.fill, self.hashes)
+        for name, col in cols.items():
+            assert col.values is not None  # fixed-width: the writer's other path takes strings
+            RK.scatter_partitions(col.values, order, bounds, self.fill, self.values[name])
+            mask = self.masks.get(name)
+            if mask is not None:
+                valid = col.valid if col.valid is not None else np.ones(len(hashes), np.bool_)
+                RK.scatter_partitions(valid, order, bounds, self.fill, mask)
+        self.fill += np.diff(bounds)
+
+    def block(self, p: int) -> ColumnBlock:
+        """Partition ``p``'s buffered rows as a block of views (valid until it is refilled)."""
+        n = int(self.fill[p])
+        columns = {_VALUES + name: values[p, :n] for name, values in self.values.items()}
+        for name, mask in self.masks.items():
+            columns[_VALID + name] = mask[p, :n]
+        return ColumnBlock(self.hashes[p, :n], columns, {})
+
+
+def _row_bytes(col: Column) -> int:
+    assert col.values is not None
+    return int(col.values.itemsize * int(np.prod(col.values.shape[1:], dtype=np.int64)))
 
 
 def _copy(block: ColumnBlock) -> ColumnBlock:

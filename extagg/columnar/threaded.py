@@ -63,7 +63,7 @@ import numpy as np
 
 from extagg._malloc import release_free_memory
 from extagg.columnar import _radix_kernels as RK
-from extagg.columnar.columns import Column
+from extagg.columnar.columns import Column, ReusedArrays
 from extagg.columnar.keys import EncodedKeys
 from extagg.columnar.merging import ReserveMerge
 from extagg.errors import MemoryLimitError
@@ -176,7 +176,8 @@ class ThreadedFold:
     make_child
         ``make_child(partition, task manager, rotation bits)``: a started-empty child.
     encode
-        Hashes and encodes the key columns of a slice of rows.
+        ``encode(columns, rows, reuse)``: hashes and encodes the key columns of a slice of
+        rows (its hashes into ``reuse``'s arrays).
     on_peak
         Receives the bytes all workers' tasks hold together after each grant.
     make_local
@@ -198,7 +199,7 @@ class ThreadedFold:
         memory_manager: UnifiedMemoryManager,
         owner_task: Hashable,
         make_child: Callable[[int, TaskMemoryManager, int], ThreadChild],
-        encode: Callable[[dict[str, Column], int], EncodedKeys],
+        encode: Callable[[dict[str, Column], int, ReusedArrays | None], EncodedKeys],
         on_peak: Callable[[int], None],
         make_local: Callable[[int, TaskMemoryManager], ThreadChild] | None = None,
         merge: Callable[
@@ -230,6 +231,12 @@ class ThreadedFold:
         self.mode = "first" if self._make_local is not None and self.threads > 1 else "partition"
         self._pool: ThreadPoolExecutor | None = None
         self._stop = threading.Event()
+        #: a chunk's temporaries, filled again at every chunk (see ReusedArrays): those of
+        #: each slice (hashes, rows by partition: read by every worker until the chunk is
+        #: folded) and those of each worker (its partitions' gathered rows, one at a time);
+        #: within the chunk buffers the caller holds
+        self._slice_arrays = [ReusedArrays() for _ in range(self.threads)]
+        self._worker_arrays = [ReusedArrays() for _ in range(self.threads)]
 
     # ------------------------------------------------------------------ set-up
     def start(self) -> None:
@@ -278,11 +285,13 @@ class ThreadedFold:
                            for w, (lo, hi) in enumerate(ranges)])  # fmt: skip
             self._check_locals()
         elif inline:
-            slices = [self._slice(cols, lo, hi, n) for lo, hi in ranges]
+            slices = [self._slice(cols, lo, hi, n, s) for s, (lo, hi) in enumerate(ranges)]
             for w in range(self.threads):
                 self._fold_worker(w, slices)
         else:
-            slices = self._run([partial(self._slice, cols, lo, hi, n) for lo, hi in ranges])
+            slices = self._run(
+                [partial(self._slice, cols, lo, hi, n, s) for s, (lo, hi) in enumerate(ranges)]
+            )
             self._run([partial(self._fold_worker, w, slices) for w in range(self.threads)])
             del slices
             if self.mode == "first":
@@ -321,7 +330,8 @@ class ThreadedFold:
     def _fold_local(self, w: int, cols: dict[str, Column], lo: int, hi: int, n: int) -> None:
         """Worker ``w``: rows ``lo..hi`` of the chunk into its own table, unpartitioned."""
         part = cols if (lo == 0 and hi == n) else {k: c.slice(lo, hi) for k, c in cols.items()}
-        self.locals[w].fold_encoded(part, self._encode(part, hi - lo), hi - lo)
+        enc = self._encode(part, hi - lo, self._worker_arrays[w])
+        self.locals[w].fold_encoded(part, enc, hi - lo)
 
     def _check_locals(self) -> None:
         """A local table that grew large or spilled: partition the chunks from now on."""
@@ -350,11 +360,13 @@ class ThreadedFold:
             self.locals.pop(0)
             local.close()
 
-    def _slice(self, cols: dict[str, Column], lo: int, hi: int, n: int) -> _Slice:
+    def _slice(self, cols: dict[str, Column], lo: int, hi: int, n: int, s: int) -> _Slice:
+        """Slice ``s`` (rows ``lo..hi``) of the chunk: keys encoded, rows grouped by partition."""
         part = cols if (lo == 0 and hi == n) else {k: c.slice(lo, hi) for k, c in cols.items()}
-        enc = self._encode(part, hi - lo)
-        order = np.empty(hi - lo, dtype=np.int64)
-        bounds = np.empty(self.parts + 1, dtype=np.int64)
+        reuse = self._slice_arrays[s]
+        enc = self._encode(part, hi - lo, reuse)
+        order = reuse.get("order", hi - lo, np.int64)
+        bounds = reuse.get("bounds", self.parts + 1, np.int64)
         RK.radix_partition(enc.hashes, self.bits, order, bounds)
         return _Slice(part, enc, order, bounds)
 
@@ -371,9 +383,10 @@ class ThreadedFold:
             ]
             if not parts:
                 continue
-            enc = EncodedKeys.take_many([(s.enc, rows) for s, rows in parts], self.bits)
+            reuse = self._worker_arrays[w]  # the partition before is folded: refilled
+            enc = EncodedKeys.take_many([(s.enc, rows) for s, rows in parts], self.bits, reuse)
             sub = {
-                name: Column.take_many([(s.cols[name], rows) for s, rows in parts])
+                name: Column.take_many([(s.cols[name], rows) for s, rows in parts], reuse)
                 for name in parts[0][0].cols
             }
             self.children[p].fold_encoded(sub, enc, len(enc.hashes))
@@ -411,6 +424,8 @@ class ThreadedFold:
         the thread-local tables' blocks, if any); ``absorb`` is called with each child's
         metrics once its last block is out, then the child closed."""
         try:
+            for arrays in (*self._slice_arrays, *self._worker_arrays):
+                arrays.clear()
             streams = self._open_results()
             release_free_memory()  # the chunks' temporaries, freed in the workers' arenas
             if not self.locals:
@@ -485,6 +500,8 @@ class ThreadedFold:
         """Stop the pool, close every child (their files deleted, their memory released)."""
         self._stop.set()
         self.shutdown()
+        for arrays in (*self._slice_arrays, *self._worker_arrays):
+            arrays.clear()
         errors: list[BaseException] = []
         for child in [*self.children, *self.locals]:
             try:

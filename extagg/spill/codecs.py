@@ -7,6 +7,7 @@ so the hashes are never pickled.
 
 from __future__ import annotations
 
+import functools
 import pickle
 import struct
 from abc import ABC, abstractmethod
@@ -43,6 +44,14 @@ class BatchCodec(ABC):
     @abstractmethod
     def decode(self, payload: memoryview | bytes) -> Any:
         """The block a payload holds (``ValueError`` if it is malformed)."""
+
+    def encode_into(self, block: Any, buffer: bytearray) -> memoryview:
+        """:meth:`encode` into ``buffer`` (resized to the payload, reused from batch to batch:
+        a fresh multi-MiB ``bytes`` per batch costs page faults); a view of the payload, valid
+        until ``buffer`` is used again."""
+        data = self.encode(block)
+        buffer[:] = data
+        return memoryview(buffer)
 
 
 #: how a batch of int keys written from arrays starts (PROTO 5, EMPTY_LIST, MARK, LONG1):
@@ -116,6 +125,35 @@ def _unpicklable_row(block: ObjectBlock, exc: Exception) -> SpillError:
     return SpillError(f"cannot serialise a batch of {len(block)} rows while spilling: {exc}")
 
 
+def _little_endian(arr: np.ndarray) -> np.ndarray:
+    arr = np.ascontiguousarray(arr)
+    if arr.dtype.byteorder == ">":
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    return arr
+
+
+@functools.lru_cache(maxsize=4096)
+def _column_prefix(name: str, width: int, dtype: str) -> bytes:
+    """What precedes a column's array length: kind, name, (width,) and dtype. ``width``: a
+    wide fixed column's words a row, -1 a fixed column, -2 a variable one (its offsets)."""
+    raw = name.encode("utf-8")
+    kind = b"W" if width >= 0 else (b"F" if width == -1 else b"V")
+    head = kind + _U32.pack(len(raw)) + raw
+    if width >= 0:
+        head += _U32.pack(width)
+    code = dtype.encode("ascii")
+    return head + _U32.pack(len(code)) + code
+
+
+#: what precedes a variable column's bytes array (its dtype: ``|u1``)
+_DATA_PREFIX = _U32.pack(3) + b"|u1"
+
+
+def _bytes_view(arr: np.ndarray) -> memoryview:
+    """A C-contiguous array's bytes, without a copy (``b"".join`` takes buffers)."""
+    return arr.reshape(-1).view(np.uint8).data
+
+
 class ColumnCodec(BatchCodec):
     """``u32 n | n × u64 hashes | u32 ncols | per column: kind, name, dtype, arrays``.
 
@@ -130,33 +168,47 @@ class ColumnCodec(BatchCodec):
     name = "column"
 
     def encode(self, block: ColumnBlock) -> bytes:
-        parts = [_U32.pack(len(block.hashes)), np.ascontiguousarray(block.hashes, "<u8").tobytes()]
-        parts.append(_U32.pack(len(block.columns) + len(block.var_columns)))
+        # arrays joined through their buffers: one copy of the rows (the join), not two
+        return b"".join(self._parts(block))
+
+    def encode_into(self, block: ColumnBlock, buffer: bytearray) -> memoryview:
+        parts = [memoryview(part).cast("B") for part in self._parts(block)]
+        size = sum(len(part) for part in parts)
+        if len(buffer) != size:
+            buffer[size:] = b""  # shrinks in place
+            buffer.extend(bytes(size - len(buffer)) if size > len(buffer) else b"")
+        view = memoryview(buffer)
+        at = 0
+        for part in parts:
+            view[at : at + len(part)] = part
+            at += len(part)
+        return view
+
+    def _parts(self, block: ColumnBlock) -> list[bytes | memoryview]:
+        """The payload's pieces in order: fixed bytes (a column's kind, name and dtype come
+        from a cache: small batches pay per column, not per byte) and the arrays' buffers."""
+        hashes = np.ascontiguousarray(block.hashes, "<u8")
+        parts: list[bytes | memoryview] = [
+            _U32.pack(len(hashes)),
+            _bytes_view(hashes),
+            _U32.pack(len(block.columns) + len(block.var_columns)),
+        ]
         for name, col in block.columns.items():
-            if col.ndim == 2:
-                parts.extend(self._header(b"W", name))
-                parts.append(_U32.pack(col.shape[1]))
-            else:
-                parts.extend(self._header(b"F", name))
-            parts.extend(self._array(col))
+            arr = _little_endian(col)
+            width = arr.shape[1] if arr.ndim == 2 else -1
+            parts.append(_column_prefix(name, width, arr.dtype.str))
+            parts.append(_U64.pack(arr.nbytes))
+            parts.append(_bytes_view(arr))
         for name, (offsets, data) in block.var_columns.items():
-            parts.extend(self._header(b"V", name))
-            parts.extend(self._array(np.asarray(offsets, dtype=np.int64)))
-            parts.extend(self._array(np.asarray(data, dtype=np.uint8)))
-        return b"".join(parts)
-
-    @staticmethod
-    def _header(kind: bytes, name: str) -> list[bytes]:
-        raw = name.encode("utf-8")
-        return [kind, _U32.pack(len(raw)), raw]
-
-    @staticmethod
-    def _array(arr: np.ndarray) -> list[bytes]:
-        arr = np.ascontiguousarray(arr)
-        if arr.dtype.byteorder == ">":
-            arr = arr.astype(arr.dtype.newbyteorder("<"))
-        dtype = arr.dtype.str.encode("ascii")
-        return [_U32.pack(len(dtype)), dtype, _U64.pack(arr.nbytes), arr.tobytes()]
+            parts.append(_column_prefix(name, -2, "<i8"))
+            offsets = _little_endian(np.asarray(offsets, dtype=np.int64))
+            parts.append(_U64.pack(offsets.nbytes))
+            parts.append(_bytes_view(offsets))
+            data = np.ascontiguousarray(data, dtype=np.uint8)
+            parts.append(_DATA_PREFIX)
+            parts.append(_U64.pack(data.nbytes))
+            parts.append(_bytes_view(data))
+        return parts
 
     def decode(self, payload: memoryview | bytes) -> ColumnBlock:
         view = memoryview(payload)

@@ -90,6 +90,12 @@ class RunFile:
     run_id: bytes = b""
 
 
+#: batches smaller than this are encoded into a new ``bytes`` even when the caller has a
+#: buffer to reuse: joining a few parts costs less than filling a buffer part by part, and
+#: small allocations come from malloc's free lists (no page faults)
+SCRATCH_MIN_BYTES = 256 << 10
+
+
 class RunWriter:
     """Writes one run file. Blocks must arrive sorted by hash, non-decreasing across calls,
     unless ``ordered`` is false (then the file is flagged unordered).
@@ -148,7 +154,7 @@ class RunWriter:
         note_run_id(self.path, self.run_id)
         self._write(header)
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes | memoryview) -> None:
         if self._spill_dirs is not None:
             try:
                 self._spill_dirs.charge(self.path, len(data))
@@ -182,8 +188,10 @@ class RunWriter:
             errno=exc.errno,
         ) from exc
 
-    def write_block(self, block: Any) -> int:
-        """Append ``block`` as one batch; returns the bytes written."""
+    def write_block(self, block: Any, scratch: bytearray | None = None) -> int:
+        """Append ``block`` as one batch; returns the bytes written. ``scratch``: a buffer
+        the batch is encoded into, reused by the caller from batch to batch (see
+        :meth:`~extagg.spill.codecs.BatchCodec.encode_into`)."""
         n = len(block)
         if n == 0:
             return 0
@@ -199,18 +207,25 @@ class RunWriter:
                 f"({lo} after {self._last_hash})"
             )
         try:
-            raw = self.codec.encode(block)
+            if scratch is None or block.nbytes() < SCRATCH_MIN_BYTES:
+                raw: bytes | memoryview = self.codec.encode(block)
+            else:
+                raw = self.codec.encode_into(block, scratch)
         except SpillError:
             self.abort()
             raise
-        stored = lz4.block.compress(raw, store_size=False) if self.compression == "lz4" else raw
-        entry = BatchInfo(self._offset, len(stored), len(raw), n, lo, hi, zlib.crc32(stored))
-        self._write(stored)
+        try:
+            stored = lz4.block.compress(raw, store_size=False) if self.compression == "lz4" else raw
+            entry = BatchInfo(self._offset, len(stored), len(raw), n, lo, hi, zlib.crc32(stored))
+            self._write(stored)
+        finally:
+            if isinstance(raw, memoryview):
+                raw.release()  # the caller may resize its scratch again
         self._entries.append(entry)
         self._records += n
-        self._raw_bytes += len(raw)
+        self._raw_bytes += entry.raw_length
         self._last_hash = hi
-        return len(stored)
+        return entry.length
 
     def write_sorted(self, block: Any, batch_size: int) -> None:
         """Write a sorted block as batches of at most ``batch_size`` rows."""

@@ -76,6 +76,44 @@ def test_column_block_round_trip_with_strings(tmp_path):
     assert [bytes(raw[offs[i] : offs[i + 1]]).decode() for i in range(n)] == words
 
 
+@pytest.mark.parametrize("compression", ["lz4", "none"])
+def test_batches_encoded_into_a_reused_buffer_write_the_same_file(tmp_path, compression):
+    """A caller's scratch buffer (reused from batch to batch, shrinking and growing) gives
+    byte-identical files; small batches take the plain path, large ones the buffer."""
+    import extagg.spill.runfile as runfile
+
+    rng = np.random.default_rng(7)
+    blocks = []
+    for n in (5, 40_000, 3, 70_000, 0, 20_000):  # 40 000 rows: over SCRATCH_MIN_BYTES
+        words = rng.integers(0, 2**63, (n, 2)).astype(np.int64)
+        offsets = np.arange(n + 1, dtype=np.int64)
+        blocks.append(
+            ColumnBlock(
+                np.sort(rng.integers(0, 2**63, n).astype(np.uint64)),
+                {"v": rng.normal(size=n).astype(">f8"), "w": words, "m": rng.random(n) < 0.5},
+                {"s": (offsets, rng.integers(0, 255, n).astype(np.uint8))},
+            )
+        )
+    assert blocks[1].nbytes() >= runfile.SCRATCH_MIN_BYTES > blocks[0].nbytes()
+    run_id = b"r" * 16
+    plain = RunWriter(str(tmp_path / "a.run"), COLUMN_CODEC, compression=compression,
+                      ordered=False, run_id=run_id)  # fmt: skip
+    reused = RunWriter(str(tmp_path / "b.run"), COLUMN_CODEC, compression=compression,
+                       ordered=False, run_id=run_id)  # fmt: skip
+    scratch = bytearray()
+    for block in blocks:
+        assert plain.write_block(block) == reused.write_block(block, scratch)
+    plain.finish()
+    reused.finish()
+    assert (tmp_path / "a.run").read_bytes() == (tmp_path / "b.run").read_bytes()
+    assert len(scratch) > 0  # the large batches went through it
+    for i, got in enumerate(read_all(tmp_path / "b.run")):
+        want = [b for b in blocks if len(b)][i]
+        assert np.array_equal(got.columns["v"], want.columns["v"])
+        assert np.array_equal(got.columns["w"], want.columns["w"])
+        assert np.array_equal(got.var_columns["s"][1], want.var_columns["s"][1])
+
+
 def test_unordered_blocks_are_refused(tmp_path):
     writer = RunWriter(str(tmp_path / "x.run"), OBJECT_CODEC)
     writer.write_block(ObjectBlock(np.array([5], dtype=np.uint64), [1], [1]))
