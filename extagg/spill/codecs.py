@@ -45,10 +45,14 @@ class BatchCodec(ABC):
     def decode(self, payload: memoryview | bytes) -> Any:
         """The block a payload holds (``ValueError`` if it is malformed)."""
 
+    #: whether :meth:`encode_into` writes the payload straight into the buffer (else it is
+    #: :meth:`encode` and a copy: writers then do not use it)
+    encodes_into = False
+
     def encode_into(self, block: Any, buffer: bytearray) -> memoryview:
-        """:meth:`encode` into ``buffer`` (resized to the payload, reused from batch to batch:
-        a fresh multi-MiB ``bytes`` per batch costs page faults); a view of the payload, valid
-        until ``buffer`` is used again."""
+        """:meth:`encode` into ``buffer`` (grown to the payload if smaller, reused from batch
+        to batch: a fresh multi-MiB ``bytes`` per batch costs page faults); a view of the
+        payload, valid until ``buffer`` is used again (release it before then)."""
         data = self.encode(block)
         buffer[:] = data
         return memoryview(buffer)
@@ -166,6 +170,7 @@ class ColumnCodec(BatchCodec):
 
     codec_id = 2
     name = "column"
+    encodes_into = True
 
     def encode(self, block: ColumnBlock) -> bytes:
         # arrays joined through their buffers: one copy of the rows (the join), not two
@@ -174,10 +179,9 @@ class ColumnCodec(BatchCodec):
     def encode_into(self, block: ColumnBlock, buffer: bytearray) -> memoryview:
         parts = [memoryview(part).cast("B") for part in self._parts(block)]
         size = sum(len(part) for part in parts)
-        if len(buffer) != size:
-            buffer[size:] = b""  # shrinks in place
-            buffer.extend(bytes(size - len(buffer)) if size > len(buffer) else b"")
-        view = memoryview(buffer)
+        if len(buffer) < size:  # grown, never shrunk: its pages stay mapped from batch to batch
+            buffer.extend(bytes(size - len(buffer)))
+        view = memoryview(buffer)[:size]
         at = 0
         for part in parts:
             view[at : at + len(part)] = part

@@ -132,6 +132,7 @@ class RunWriter:
         self._last_hash = -1
         self._file: Any = None
         self._offset = 0
+        self._scratch = bytearray()  # large batches are encoded into it (see write_block)
         #: random identity of this run, written in the header and checked by readers
         self.run_id = secrets.token_bytes(RUN_ID_BYTES) if run_id is None else run_id
         if len(self.run_id) != RUN_ID_BYTES:
@@ -189,9 +190,10 @@ class RunWriter:
         ) from exc
 
     def write_block(self, block: Any, scratch: bytearray | None = None) -> int:
-        """Append ``block`` as one batch; returns the bytes written. ``scratch``: a buffer
-        the batch is encoded into, reused by the caller from batch to batch (see
-        :meth:`~extagg.spill.codecs.BatchCodec.encode_into`)."""
+        """Append ``block`` as one batch; returns the bytes written. A large batch is encoded
+        into a buffer reused from batch to batch (see
+        :meth:`~extagg.spill.codecs.BatchCodec.encode_into`): ``scratch``, one the caller
+        shares among its writers, or else this writer's own (dropped when it finishes)."""
         n = len(block)
         if n == 0:
             return 0
@@ -207,10 +209,10 @@ class RunWriter:
                 f"({lo} after {self._last_hash})"
             )
         try:
-            if scratch is None or block.nbytes() < SCRATCH_MIN_BYTES:
+            if not self.codec.encodes_into or block.nbytes() < SCRATCH_MIN_BYTES:
                 raw: bytes | memoryview = self.codec.encode(block)
             else:
-                raw = self.codec.encode_into(block, scratch)
+                raw = self.codec.encode_into(block, self._scratch if scratch is None else scratch)
         except SpillError:
             self.abort()
             raise
@@ -242,6 +244,7 @@ class RunWriter:
             self._offset, len(self._entries), self._records, zlib.crc32(footer), END_MAGIC
         )
         self._write(footer + trailer)
+        self._scratch = bytearray()
         try:
             self._file.close()
         except OSError as exc:
@@ -259,6 +262,7 @@ class RunWriter:
 
     def abort(self) -> None:
         """Close and delete the partial file (safe to call more than once)."""
+        self._scratch = bytearray()
         if self._file is not None:
             try:
                 self._file.close()

@@ -77,9 +77,12 @@ def test_column_block_round_trip_with_strings(tmp_path):
 
 
 @pytest.mark.parametrize("compression", ["lz4", "none"])
-def test_batches_encoded_into_a_reused_buffer_write_the_same_file(tmp_path, compression):
-    """A caller's scratch buffer (reused from batch to batch, shrinking and growing) gives
-    byte-identical files; small batches take the plain path, large ones the buffer."""
+def test_batches_encoded_into_a_reused_buffer_write_the_same_file(
+    tmp_path, monkeypatch, compression
+):
+    """Large batches are encoded into a buffer reused from batch to batch (the writer's own,
+    or one the caller shares among writers), which grows and is never shrunk: the files are
+    byte-identical to those of batches joined into new ``bytes``."""
     import extagg.spill.runfile as runfile
 
     rng = np.random.default_rng(7)
@@ -96,18 +99,23 @@ def test_batches_encoded_into_a_reused_buffer_write_the_same_file(tmp_path, comp
         )
     assert blocks[1].nbytes() >= runfile.SCRATCH_MIN_BYTES > blocks[0].nbytes()
     run_id = b"r" * 16
-    plain = RunWriter(str(tmp_path / "a.run"), COLUMN_CODEC, compression=compression,
-                      ordered=False, run_id=run_id)  # fmt: skip
-    reused = RunWriter(str(tmp_path / "b.run"), COLUMN_CODEC, compression=compression,
-                       ordered=False, run_id=run_id)  # fmt: skip
-    scratch = bytearray()
-    for block in blocks:
-        assert plain.write_block(block) == reused.write_block(block, scratch)
-    plain.finish()
-    reused.finish()
-    assert (tmp_path / "a.run").read_bytes() == (tmp_path / "b.run").read_bytes()
-    assert len(scratch) > 0  # the large batches went through it
-    for i, got in enumerate(read_all(tmp_path / "b.run")):
+
+    def write(name: str, scratch: bytearray | None) -> bytes:
+        writer = RunWriter(str(tmp_path / name), COLUMN_CODEC, compression=compression,
+                           ordered=False, run_id=run_id)  # fmt: skip
+        for block in blocks:
+            writer.write_block(block, scratch)
+        writer.finish()
+        return (tmp_path / name).read_bytes()
+
+    shared = bytearray()
+    own = write("own.run", None)
+    with_shared = write("shared.run", shared)
+    assert len(shared) >= blocks[3].nbytes()  # grown to the largest batch, kept
+    monkeypatch.setattr(runfile, "SCRATCH_MIN_BYTES", 1 << 40)  # every batch joined anew
+    joined = write("joined.run", None)
+    assert own == with_shared == joined
+    for i, got in enumerate(read_all(tmp_path / "own.run")):
         want = [b for b in blocks if len(b)][i]
         assert np.array_equal(got.columns["v"], want.columns["v"])
         assert np.array_equal(got.columns["w"], want.columns["w"])
