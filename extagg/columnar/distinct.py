@@ -15,7 +15,9 @@ are matched by key). The result is the same, in the same order, as one aggregato
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -23,13 +25,31 @@ import numpy as np
 import pyarrow as pa
 
 from extagg._config import format_size
+from extagg._interrupts import deferred_interrupts
 from extagg.columnar import functions as F
+from extagg.columnar.buffers import IO_COPIES
+from extagg.columnar.columns import Column, iter_record_batches, to_columns
 from extagg.columnar.hash_aggregator import HashAggregator
+from extagg.columnar.keys import KeyLayout
+from extagg.columnar.partition_files import (
+    MIN_BUFFER_BYTES,
+    PARTITION_BITS,
+    PartitionWriter,
+    block_to_columns,
+    buffer_bytes,
+    held_bytes,
+    rotate_left,
+)
 from extagg.errors import ExtaggError, MemoryLimitError, UsageError
 from extagg.memory import MemoryConsumer, resolve_task_memory_manager
 from extagg.metrics import SpillMetrics
+from extagg.spill.blocks import ColumnBlock
+from extagg.spill.runfile import RunReader
+from extagg.spillable import RunSet
 
-__all__ = ["DistinctAggregator", "JoinBuffers", "has_distinct"]
+__all__ = ["DistinctAggregator", "DistinctLevel", "HeldBuffers", "JoinBuffers", "has_distinct"]
+
+log = logging.getLogger(__name__)
 
 _EMPTY_HASHES = np.zeros(0, dtype=np.uint64)
 
@@ -85,20 +105,13 @@ class DistinctAggregator:
         plain = {o: spec for o, spec in aggs.items() if not _is_distinct(spec)}
         self._plain = HashAggregator(self.keys, plain, name=base, **shared) if plain else None
         #: per distinct aggregate: (output, column, first level, second level)
-        self._levels: list[tuple[str, str, HashAggregator, HashAggregator]] = []
+        self._levels: list[DistinctLevel] = []
         for r in requests:
             if r.func not in F.DISTINCT_FUNCTIONS:
                 continue
             assert r.column is not None  # parse_aggs allows '*' for count only
-            first_keys = self.keys if r.column in self.keys else [*self.keys, r.column]
-            first = HashAggregator(
-                first_keys, F.NO_AGGREGATES, name=f"{base}/{r.output}.1", **shared
-            )
-            second = HashAggregator(
-                self.keys, {r.output: (r.column, "count")}, name=f"{base}/{r.output}.2", **shared
-            )
-            self._levels.append((r.output, r.column, first, second))
-        self._parts = [a for a in [self._plain, *(lv[2] for lv in self._levels)] if a is not None]
+            level = DistinctLevel(self.keys, r.output, r.column, shared, f"{base}/{r.output}")
+            self._levels.append(level)
         self._state = "open"
         self._groups = 0
 
@@ -108,24 +121,21 @@ class DistinctAggregator:
     def input_columns(self) -> list[str]:
         """The input columns the query reads."""
         names: dict[str, None] = {}
-        for agg in self._parts:
-            names.update(dict.fromkeys(agg.input_columns))
+        if self._plain is not None:
+            names.update(dict.fromkeys(self._plain.input_columns))
+        for level in self._levels:
+            names.update(dict.fromkeys(level.columns))
         return list(names)
 
     @property
     def schema(self) -> pa.Schema | None:
         """The output schema (known after the first ``update``)."""
         fields: dict[str, pa.Field] = {}
-        for agg in [self._plain, *(lv[3] for lv in self._levels)]:
-            if agg is None:
-                continue
-            schema = agg.schema
+        schemas = [self._plain.schema] if self._plain is not None else []
+        schemas += [level.schema for level in self._levels]
+        for schema in schemas:
             if schema is None:
-                if not self._levels or agg is self._plain:
-                    return None
-                schema = self._second_schema(agg)
-                if schema is None:
-                    return None
+                return None
             for f in schema:
                 fields.setdefault(f.name, f)
         return pa.schema([fields[n] for n in [*self.keys, *self._outputs]])
@@ -133,33 +143,21 @@ class DistinctAggregator:
     @property
     def metrics(self) -> SpillMetrics:
         """The counters of all its aggregators added up (peaks: the largest)."""
-        total = SpillMetrics()
-        aggs = [*self._parts, *(lv[3] for lv in self._levels)]
-        for agg in aggs:
-            m = agg.metrics
-            for field in vars(total):
-                if field.startswith("peak"):
-                    setattr(total, field, max(getattr(total, field), getattr(m, field)))
-                elif field not in ("records_read", "groups"):
-                    setattr(total, field, getattr(total, field) + getattr(m, field))
-        total.records_read = self._parts[0].metrics.records_read
+        parts = [self._plain.metrics] if self._plain is not None else []
+        parts += [level.metrics for level in self._levels]
+        total = _sum_metrics(parts)
+        total.records_read = parts[0].records_read
         total.groups = self._groups
         return total
 
-    def _second_schema(self, second: HashAggregator) -> pa.Schema | None:
-        """A second level's schema before it has seen input: keys from its first level."""
-        for output, _column, first, other in self._levels:
-            if other is second and first.schema is not None:
-                keys = [first.schema.field(k) for k in self.keys]
-                return pa.schema([*keys, pa.field(output, pa.int64())])
-        return None
-
     def update(self, batch: Any) -> None:
-        """Fold one batch into every level-one aggregator."""
+        """Fold one batch into the plain aggregator and every distinct aggregate's level."""
         if self._state != "open":
             raise UsageError("update() after results() or close()")
-        for agg in self._parts:
-            agg.update(batch)
+        if self._plain is not None:
+            self._plain.update(batch)
+        for level in self._levels:
+            level.update(batch)
 
     def results(self) -> Iterator[pa.RecordBatch]:
         """Every group once, in hash order of the keys. Destructive; call once."""
@@ -175,12 +173,10 @@ class DistinctAggregator:
     def _results(self) -> Iterator[tuple[np.ndarray, pa.RecordBatch]]:
         self._groups = 0
         try:
-            for _output, _column, first, second in self._levels:
-                for batch in first.results(ordered=False):  # level two folds level one
-                    second.update(batch)
-                first.close()
+            for level in self._levels:  # level two folds level one before anything is read
+                level.finish_input()
             streams = [a.hashed_results() for a in [self._plain] if a is not None]
-            streams += [lv[3].hashed_results() for lv in self._levels]
+            streams += [level.hashed_results() for level in self._levels]
             buffers = JoinBuffers(self._tmm, f"{self._name}/join")
             for hashes, batch in join_hashed(streams, self.keys, self._outputs, buffers):
                 self._groups += batch.num_rows
@@ -191,8 +187,10 @@ class DistinctAggregator:
     def close(self) -> None:
         """Close every aggregator (memory released, files deleted). Idempotent."""
         self._state = "closed"
-        for agg in [*self._parts, *(lv[3] for lv in self._levels)]:
-            agg.close()
+        if self._plain is not None:
+            self._plain.close()
+        for level in self._levels:
+            level.close()
 
     def __enter__(self) -> DistinctAggregator:
         return self
@@ -214,10 +212,24 @@ def _canon(value: Any) -> Any:
     return ("<nan>",) if isinstance(value, float) and math.isnan(value) else value
 
 
-class JoinBuffers(MemoryConsumer):
-    """The join's buffered rows (each stream's unjoined rows, the batch being built),
-    accounted to the task's memory manager beside the aggregators; not spillable: a grant
-    refused even after the aggregators spilled raises :class:`~extagg.MemoryLimitError`."""
+class HeldBuffers(MemoryConsumer):
+    """Buffers accounted to the task's memory manager beside the aggregators; not spillable:
+    a grant refused even after the aggregators spilled raises
+    :class:`~extagg.MemoryLimitError` naming ``what`` they are for."""
+
+    what = "buffers"
+
+    def try_hold(self, nbytes: int) -> bool:
+        """Hold exactly ``nbytes`` if granted (else hold what was held before)."""
+        if nbytes <= self.used:
+            self.hold(nbytes)
+            return True
+        need = nbytes - self.used
+        granted = self.acquire_memory(need)
+        if granted < need:
+            self.free_memory(granted)
+            return False
+        return True
 
     def hold(self, nbytes: int) -> None:
         """Hold exactly ``nbytes`` (acquire the growth, free the rest)."""
@@ -226,13 +238,18 @@ class JoinBuffers(MemoryConsumer):
             granted = self.acquire_memory(need)
             if granted < need:
                 raise MemoryLimitError(
-                    f"{self.name}: the join of count_distinct results needs "
-                    f"{format_size(nbytes)} of buffers but the memory manager granted "
-                    f"{format_size(self.used)} (max_memory "
+                    f"{self.name}: {self.what} needs {format_size(nbytes)} of buffers but the "
+                    f"memory manager granted {format_size(self.used)} (max_memory "
                     f"{format_size(self.task_memory_manager.memory_manager.max_memory)})"
                 )
         elif nbytes < self.used:
             self.free_memory(self.used - nbytes)
+
+
+class JoinBuffers(HeldBuffers):
+    """The join's buffered rows (each stream's unjoined rows, the batch being built)."""
+
+    what = "the join of count_distinct results"
 
 
 class _Stream:
@@ -374,3 +391,322 @@ def _match_collisions(
             start = stop
         out.append(table.take(pa.array(perm)))
     return out
+
+
+#: a distinct aggregate's rows are set aside by key hash at most this many levels deep
+MAX_GRACE_DEPTH = 3
+#: rows of a batch hashed and set aside at a time (their temporaries held for them)
+GRACE_CHUNK_ROWS = 1 << 16
+
+
+def _sum_metrics(parts: Sequence[SpillMetrics]) -> SpillMetrics:
+    """Counters added up, peaks the largest (records and groups left at 0)."""
+    total = SpillMetrics()
+    for m in parts:
+        for field in vars(total):
+            if field.startswith("peak"):
+                setattr(total, field, max(getattr(total, field), getattr(m, field)))
+            elif field not in ("records_read", "groups"):
+                setattr(total, field, getattr(total, field) + getattr(m, field))
+    return total
+
+
+class DistinctLevel:
+    """One ``count_distinct(column)`` by ``keys``: its two levels, set apart by key hash
+    once its first level spills.
+
+    At first the first level groups ``keys + [column]`` and, at the end, the second counts its
+    groups by ``keys``. The pairs of a first level that spills rarely come back together (6 M
+    TPC-H (part, supplier, order) triples at 1/8 of their table spilled seven sorted runs, all
+    merged back before the second level could count them). So at its first spill the level
+    sets its rows aside instead, in :data:`~extagg.columnar.partition_files.NUM_PARTITIONS`
+    files by the top bits of the hash of ``keys`` (the pairs its first level holds, then the
+    input as it comes), and at the end aggregates each partition with both levels of a child
+    level: a sixteenth of the groups, usually in memory (a child that spills partitions again,
+    by the next bits). The children's outputs, one partition after the other, are in hash
+    order of ``keys``, as the second level's would be. ``depth``: the partitioning level of a
+    child (its key hashes share their top ``4 * depth`` bits).
+    """
+
+    def __init__(
+        self,
+        keys: Sequence[str],
+        output: str,
+        column: str,
+        options: dict[str, Any],
+        name: str,
+        depth: int = 0,
+    ) -> None:
+        self.keys = list(keys)
+        self.output = output
+        self.column = column
+        #: the input columns it reads
+        self.columns = self.keys if column in self.keys else [*self.keys, column]
+        self.name = name
+        self.depth = depth
+        self._options = options
+        self.first = HashAggregator(self.columns, F.NO_AGGREGATES, name=f"{name}.1", **options)
+        counts = {output: (column, "count")}
+        self.second = HashAggregator(self.keys, counts, name=f"{name}.2", **options)
+        if depth:
+            self.second.nest(depth)
+        #: a global count_distinct has one group: nothing to partition by
+        self._may_partition = (
+            bool(self.keys) and depth < MAX_GRACE_DEPTH and self.first.force_spill_rows is None
+        )
+        self._aside: _RowsAside | None = None
+        self._first_schema: pa.Schema | None = None
+        self._children = SpillMetrics()  # the partitions' levels', added as each is done
+
+    def share_spill_dirs(self, runs: RunSet[Any]) -> None:
+        """Write every file into the spill dirs of ``runs`` (a parent's, which cleans up)."""
+        self.first.share_spill_dirs(runs)
+        self.second.share_spill_dirs(runs)
+
+    @property
+    def partitioned(self) -> bool:
+        """Whether its rows are being set aside by key hash."""
+        return self._aside is not None
+
+    @property
+    def schema(self) -> pa.Schema | None:
+        """Keys then the count (known once a first batch came)."""
+        if self.second.schema is not None:
+            return self.second.schema
+        first = self._first_schema or self.first.schema
+        if first is None:
+            return None
+        keys = [first.field(k) for k in self.keys]
+        return pa.schema([*keys, pa.field(self.output, pa.int64())])
+
+    @property
+    def metrics(self) -> SpillMetrics:
+        """Both levels' counters, its partitions' and their levels'."""
+        aside = self._aside.metrics if self._aside is not None else SpillMetrics()
+        metrics = [self.first.metrics, self.second.metrics, aside, self._children]
+        total = _sum_metrics(metrics)
+        total.records_read = self.first.metrics.records_read + aside.records_read
+        return total
+
+    def update(self, batch: Any) -> None:
+        """Fold one batch (any form :meth:`HashAggregator.update` takes)."""
+        if self._aside is not None:
+            self._aside.write_batch(batch)
+            return
+        self.first.update(batch)
+        self._maybe_partition()
+
+    def update_columns(self, cols: dict[str, Column], n: int) -> None:
+        """Fold ``n`` rows of input columns (a partition's, read back)."""
+        if self._aside is not None:
+            self._aside.write(cols, n)
+            return
+        self.first.update_columns(cols, n)
+        self._maybe_partition()
+
+    def _maybe_partition(self) -> None:
+        """After the first level's first spill, set the rows aside by key hash from now on
+        (unless the buffers for that are refused: the level then goes on spilling)."""
+        if not self._may_partition or self.first.metrics.spill_count == 0:
+            return
+        self._may_partition = False
+        first = self.first
+        limit = max(MIN_BUFFER_BYTES, buffer_bytes(first.budget.max_memory) // 2)
+        aside = _RowsAside(
+            first.task_memory_manager,
+            f"{self.name}/aside",
+            self,
+            self.second.runs,
+            limit,
+            first.budget.max_memory,
+        )
+        try:
+            aside.hold(aside.base_bytes)
+        except MemoryLimitError:
+            aside.close()
+            log.info("%s: no memory to set rows aside by key hash; spilling on", self.name)
+            return
+        log.info(
+            "%s: its first level spilled; setting its rows aside by the hash of %s from now "
+            "on (partitioning depth %d)", self.name, self.keys, self.depth,
+        )  # fmt: skip
+        self._first_schema = first.schema
+        self._aside = aside
+        aside.metrics.spill_count += 1
+        aside.metrics.records_read = -first.metrics.records_read  # counted by the first level
+        try:
+            for batch in first.results(ordered=False):  # its pairs so far, each once
+                aside.write_batch(batch)
+        finally:
+            first.close()
+        aside.metrics.records_read = 0
+
+    def finish_input(self) -> None:
+        """No more input: the first level's groups folded into the second, or the rows set
+        aside closed in their files."""
+        if self._aside is not None:
+            self._aside.finish()
+            return
+        for batch in self.first.results(ordered=False):  # level two folds level one
+            self.second.update(batch)
+        self.first.close()
+
+    def hashed_results(self) -> Iterator[tuple[np.ndarray, pa.RecordBatch]]:
+        """Keys and counts in hash order of the keys, with the hashes (after
+        :meth:`finish_input`)."""
+        if self._aside is None:
+            return self.second.hashed_results()
+        return self._partition_results(self._aside)
+
+    def _partition_results(self, aside: _RowsAside) -> Iterator[tuple[np.ndarray, pa.RecordBatch]]:
+        try:
+            for part, path in enumerate(aside.paths):
+                if path is None:
+                    continue
+                child = DistinctLevel(
+                    self.keys, self.output, self.column, self._options,
+                    f"{self.name}/p{self.depth + 1}.{part}", self.depth + 1,
+                )  # fmt: skip
+                child.share_spill_dirs(self.second.runs)
+                # its pairs are at most its rows: a table that size is not grown step by step
+                child.first.expect_groups(aside.rows_in(path))
+                try:
+                    for cols, n in aside.read(path):
+                        child.update_columns(cols, n)
+                    child.finish_input()
+                    yield from child.hashed_results()
+                finally:
+                    child.close()
+                    done = child.metrics
+                    self._children.absorb(done)
+                    self._children.peak_memory_bytes = max(
+                        self._children.peak_memory_bytes, done.peak_memory_bytes
+                    )
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Release all memory, delete every file. Idempotent."""
+        if self._aside is not None:
+            self._aside.close()
+        self.first.close()
+        self.second.close()
+
+
+class _RowsAside(HeldBuffers):
+    """A :class:`DistinctLevel`'s rows set aside in partition files by the hash of its keys,
+    and the buffers that takes (accounted, not spillable)."""
+
+    what = "setting count_distinct rows aside by key hash"
+
+    def __init__(
+        self,
+        tmm: Any,
+        name: str,
+        level: DistinctLevel,
+        spill_runs: RunSet[Any],
+        limit: int,
+        max_memory: int,
+    ) -> None:
+        super().__init__(tmm, name)
+        self.keys = level.keys
+        self.columns = level.columns
+        self.rotation = PARTITION_BITS * level.depth
+        self.metrics = SpillMetrics()
+        self.runs: RunSet[ColumnBlock] = RunSet(
+            spill_runs.spill_dirs, spill_runs.compression, self.metrics
+        )
+        self.writer: PartitionWriter | None = PartitionWriter(self.runs, limit)
+        #: what writing holds besides a chunk's temporaries
+        self.base_bytes = held_bytes(limit, IO_COPIES)
+        self.chunk_bytes = max_memory // 8
+        self.paths: list[str | None] = []
+        self._layout: KeyLayout | None = None
+        self._schema: dict[str, tuple[str, pa.DataType]] = {}
+
+    def write_batch(self, batch: Any) -> None:
+        """Set aside every row of a batch (any form ``HashAggregator.update`` takes)."""
+        known = {name: arrow_type for name, (_kind, arrow_type) in self._schema.items()}
+        for rb in iter_record_batches(batch, GRACE_CHUNK_ROWS):
+            self.write(to_columns(rb, self.columns, known), rb.num_rows)
+
+    def write(self, cols: dict[str, Column], n: int) -> None:
+        """Set aside ``n`` rows of input columns, a chunk at a time."""
+        writer = self.writer
+        if writer is None:
+            raise UsageError(f"{self.name}: rows set aside after the input ended")
+        cols = {name: cols[name] for name in self.columns}
+        if self._layout is None:
+            key_cols = [cols[k] for k in self.keys]
+            kinds = [c.kind for c in key_cols]
+            self._layout = KeyLayout(self.keys, kinds, [c.arrow_type for c in key_cols])
+            self._schema = {name: (c.kind, c.arrow_type) for name, c in cols.items()}
+        for name, col in cols.items():
+            kind, arrow_type = self._schema[name]
+            if col.kind != kind or not (col.is_var or col.arrow_type == arrow_type):
+                raise TypeError(
+                    f"column {name!r} changed type between update() calls: it was "
+                    f"{arrow_type}, this batch has {col.arrow_type}"
+                )
+        # a chunk's temporaries: the keys' words and hashes, the rows' order, a copy of the
+        # rows at most; chunks of at most an eighth of the budget
+        row_bytes = 2 * sum(c.nbytes() for c in cols.values()) // max(1, n) + 40
+        step = max(256, min(GRACE_CHUNK_ROWS, self.chunk_bytes // row_bytes))
+        while step > 256 and not self.try_hold(self.base_bytes + row_bytes * min(n, step)):
+            step //= 2  # what others hold cannot be spilled (a merge, the join): less at once
+        for start in range(0, n, step):
+            stop = min(n, start + step)
+            part = cols if stop - start == n else {k: c.slice(start, stop) for k, c in cols.items()}
+            self.hold(self.base_bytes + row_bytes * (stop - start))
+            hashes = self._layout.encode([part[k] for k in self.keys]).hashes
+            if self.rotation:
+                hashes = rotate_left(hashes, self.rotation)
+            with deferred_interrupts():
+                writer.write(part, hashes)
+            self.metrics.records_read += stop - start
+
+    def finish(self) -> None:
+        """Close the partition files (their paths in :attr:`paths`); the buffers released."""
+        writer, self.writer = self.writer, None
+        if writer is None:
+            return
+        try:
+            self.paths = writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
+        self.hold(0)
+
+    def rows_in(self, path: str) -> int:
+        """The rows of one partition file (its footer's count)."""
+        with RunReader(path) as reader:
+            return sum(int(b.count) for b in reader.batches)
+
+    def read(self, path: str) -> Iterator[tuple[dict[str, Column], int]]:
+        """The rows of one partition file as input columns, a batch at a time (its largest
+        batch's copies held meanwhile); the file deleted once read."""
+        started = time.perf_counter()
+        try:
+            with RunReader(path) as reader:
+                largest = max((b.raw_length for b in reader.batches), default=0)
+                self.hold(IO_COPIES * largest)
+                for i in range(len(reader.batches)):
+                    block: ColumnBlock = reader.read_block(i)
+                    yield block_to_columns(block, self._schema), len(block)
+                    del block
+        finally:
+            self.runs.remove(path)
+            self.paths = [None if p == path else p for p in self.paths]
+            self.hold(0)
+            self.metrics.merge_time_s += time.perf_counter() - started
+
+    def close(self) -> None:
+        """Delete every partition file; release the buffers. Idempotent."""
+        writer, self.writer = self.writer, None
+        if writer is not None:
+            writer.abort()
+        for path in self.paths:
+            if path is not None:
+                self.runs.remove(path)
+        self.paths = []
+        self.close_memory()

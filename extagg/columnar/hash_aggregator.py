@@ -87,7 +87,7 @@ from extagg.columnar.runs import spill_table, write_merged_run
 from extagg.columnar.state import TableState
 from extagg.columnar.threaded import ThreadedFold, partition_bits
 from extagg.columnar.var_states import MIN_VAR_ARENA, VarArena, chunk_stop
-from extagg.errors import MemoryLimitError, SpillError
+from extagg.errors import MemoryLimitError, SpillError, UsageError
 from extagg.memory import ENGINE_MIN_BUDGET, Consumer, TaskMemoryManager, UnifiedMemoryManager
 from extagg.merge.heap import BlockSource, merge_in_passes
 from extagg.spill.blocks import ColumnBlock
@@ -260,6 +260,8 @@ class HashAggregator(Spillable[ColumnBlock]):
         self._threaded: ThreadedFold | None = None
         self._chunk_arrays = ReusedArrays()  # a chunk's temporaries, within its buffers
         self._threads_pending = False
+        #: groups the first table is sized for (:meth:`expect_groups`), 0: grown as they come
+        self._expected_groups = 0
         #: bytes of a thread partition's spill batch (the merge of thread-local tables reads them)
         self._thread_io_batch = 0
         self._peak_lock = threading.Lock()
@@ -393,6 +395,9 @@ class HashAggregator(Spillable[ColumnBlock]):
             if st.layout.has_var_states and st.var_arena is None:
                 st.var_arena = VarArena()
             self.budget.trim()
+            expected, self._expected_groups = self._expected_groups, 0
+            if expected:
+                enlarge_empty(st, st.table, expected)
         return st.table
 
     # ------------------------------------------------------------------ updating
@@ -433,6 +438,41 @@ class HashAggregator(Spillable[ColumnBlock]):
                 if held:
                     st.scratch -= held
                     self.budget.trim()
+
+    def update_columns(self, cols: dict[str, Column], n: int) -> None:
+        """Fold ``n`` rows of input columns (as :func:`~extagg.columnar.columns.to_columns`
+        makes them; extra columns are ignored): :meth:`update` for a caller that holds its
+        rows as columns already, such as a partition read back from disk."""
+        with self.lock:
+            self.check_open(f"{self.name}: update() after results() or close()")
+            cols = {name: cols[name] for name in self._needed}
+            if self._schema is None:
+                self._init_schema(cols)
+            else:
+                self._check_schema(cols)
+            try:
+                self._update_columns(cols, n)
+            except SpillError as err:
+                self.fail(err)
+                raise
+
+    def expect_groups(self, groups: int) -> None:
+        """Start the table large enough for about ``groups`` groups, as far as the budget
+        grants (a caller that knows them, e.g. from the rows of a partition read back), so it
+        is not grown, rehashed, step by step up to them. Before any input."""
+        if self.table_state.table is not None:
+            raise UsageError(f"{self.name}: expect_groups() before the first update()")
+        self._expected_groups = max(0, int(groups))
+
+    def nest(self, depth: int) -> None:
+        """Aggregate the rows of one hash partition ``depth`` levels down, whose key hashes
+        share their top ``depth`` * 4 bits: the table and its own partitions use the hashes
+        rotated left by that much, and its output has them rotated back. Before any input."""
+        st = self.table_state
+        if self._schema is not None:
+            raise UsageError(f"{self.name}: nest() before the first update()")
+        st.level = depth
+        st.rotation = st.rotate_back = PARTITION_BITS * depth
 
     def _hold_coded_scratch(self, batch: Any) -> int:
         """Bytes held, beyond the chunk buffers, to fold ``batch`` by its keys' codes in one

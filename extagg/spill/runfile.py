@@ -122,7 +122,7 @@ class RunWriter:
                 f"unknown spill compression {compression!r}: choose one of {sorted(COMPRESSIONS)}"
             )
         self.path = path
-        self.codec = codec
+        self.codec = codec.for_compression(compression)
         self.compression = compression
         self.ordered = ordered
         self._spill_dirs = spill_dirs

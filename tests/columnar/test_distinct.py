@@ -71,9 +71,9 @@ def test_matches_reference_with_spills_in_both_levels(data) -> None:
                 agg.update(batch)
             out = list(agg.results())
             if options:  # every level that read 9 rows or more spilled
-                for _o, _c, first, second in agg._levels:
-                    for level in (first, second):
-                        m = level.metrics
+                for level in agg._levels:
+                    for part in (level.first, level.second):
+                        m = part.metrics
                         assert m.records_read < 9 or m.spill_count > 0
         rows = pa.Table.from_batches(out).to_pylist() if out else []
         got = {canon(r["k"]): {c: r[c] for c in AGGS} for r in rows}
@@ -95,9 +95,10 @@ def test_tiny_budget_spills_both_levels() -> None:
         for batch in table.to_batches(max_chunksize=10_000):
             agg.update(batch)
         out = pa.Table.from_batches(list(agg.results()))
-        ((_o, _c, first, second),) = agg._levels
-        assert first.metrics.spill_count > 0 and second.metrics.spill_count > 0
-        assert agg.metrics.spill_count >= first.metrics.spill_count
+        (level,) = agg._levels
+        # the first level spilled once, then the rows went aside by key hash
+        assert level.first.metrics.spill_count > 0 and level.partitioned
+        assert agg.metrics.spill_count > level.first.metrics.spill_count
     pairs = np.unique(k * 100_000 + u)
     want = np.bincount(pairs // 100_000, minlength=100_000)
     got = dict(zip(out.column("k").to_pylist(), out.column("d").to_pylist()))
@@ -185,3 +186,68 @@ def test_join_buffers_refused_raise_memory_limit() -> None:
     buffers.hold(1 << 10)
     assert buffers.used == 1 << 10
     buffers.close_memory()
+
+
+def _distinct_table(n: int, seed: int, strings: bool = False) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    part = rng.integers(0, 4_000, n)
+    supp = rng.integers(0, 4, n)
+    order = rng.integers(0, 1_000, n).astype(float)
+    order[rng.random(n) < 0.05] = np.nan  # nulls of the distinct column are not counted
+    k1 = pa.array([f"p{p}" for p in part]) if strings else pa.array(part)
+    k2 = pa.array(supp, mask=rng.random(n) < 0.02)  # null keys are a group of their own
+    return pa.table({"k1": k1, "k2": k2, "o": pa.array(order, from_pandas=True),
+                     "x": rng.integers(0, 9, n)})  # fmt: skip
+
+
+@pytest.mark.parametrize("strings", [False, True])
+def test_a_spilling_level_sets_rows_aside_by_key_hash(tmp_path, caplog, strings) -> None:
+    """At its first spill a level partitions its rows by the hash of the keys; each partition
+    then runs both levels (a child that spills partitions again, by the next bits): same rows
+    in the same order as in memory, the budget held, every file deleted."""
+    from extagg.memory import UnifiedMemoryManager, task_memory_manager
+
+    table = _distinct_table(500_000, 5, strings)
+    aggs = {"u": ("o", "count_distinct"), "s": ("x", "sum"), "n": ("*", "count")}
+    with DistinctAggregator(["k1", "k2"], aggs) as agg:
+        for batch in table.to_batches(max_chunksize=30_000):
+            agg.update(batch)
+        want = pa.Table.from_batches(list(agg.results()))
+        assert not agg._levels[0].partitioned
+    mm = UnifiedMemoryManager("2m")
+    tmm = task_memory_manager(mm)
+    peak = 0
+    caplog.set_level("INFO", logger="extagg.columnar.distinct")
+    with DistinctAggregator(
+        ["k1", "k2"], aggs, memory_manager=mm, spill_dirs=[str(tmp_path)]
+    ) as agg:
+        for batch in table.to_batches(max_chunksize=30_000):
+            agg.update(batch)
+            peak = max(peak, tmm.memory_used)
+        out = []
+        for batch in agg.results():
+            out.append(batch)
+            peak = max(peak, tmm.memory_used)
+        assert agg._levels[0].partitioned
+        assert agg.metrics.records_read == table.num_rows
+        assert agg.metrics.disk_bytes_spilled > 0
+    got = pa.Table.from_batches(out)
+    assert got.num_rows == want.num_rows > 15_000
+    assert got.equals(want)  # same groups, same counts, same (hash) order
+    assert peak <= mm.max_memory and tmm.memory_used == 0
+    assert "partitioning depth 1" in caplog.text  # a partition was split again
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+
+
+def test_partitioned_level_checks_types_and_cleans_up_on_error(tmp_path) -> None:
+    table = _distinct_table(200_000, 6)
+    with DistinctAggregator(
+        ["k1", "k2"], {"u": ("o", "count_distinct")}, memory="2m", spill_dirs=[str(tmp_path)]
+    ) as agg:
+        for batch in table.to_batches(max_chunksize=20_000):
+            agg.update(batch)
+        assert agg._levels[0].partitioned
+        bad = table.slice(0, 10).set_column(2, "o", pa.array(["a"] * 10))
+        with pytest.raises(TypeError, match="column 'o' changed type"):
+            agg.update(bad)
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
