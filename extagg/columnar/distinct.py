@@ -533,13 +533,12 @@ class DistinctLevel:
         self._first_schema = first.schema
         self._aside = aside
         aside.metrics.spill_count += 1
-        aside.metrics.records_read = -first.metrics.records_read  # counted by the first level
         try:
             for batch in first.results(ordered=False):  # its pairs so far, each once
                 aside.write_batch(batch)
         finally:
             first.close()
-        aside.metrics.records_read = 0
+        aside.metrics.records_read = 0  # the first level counted the input rows of those
 
     def finish_input(self) -> None:
         """No more input: the first level's groups folded into the second, or the rows set
