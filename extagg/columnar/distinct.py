@@ -8,6 +8,10 @@ would only add to what it spills), and a second one groups that output by
 aggregates of the query run in a third aggregator over the input. All share one task memory
 manager, so one spills when another needs memory.
 
+A first level that spills, or grows past :data:`PARTITION_FIRST_GROUPS` pairs, hands its rows
+to partition files by the hash of ``K`` instead, and both levels then run on one partition at
+a time (:class:`DistinctLevel`).
+
 Every aggregator's results come in the hash order of ``K`` and hold the same groups, so their
 outputs are joined as they stream, batch by batch, on the key hashes (rows of colliding hashes
 are matched by key). The result is the same, in the same order, as one aggregator would give.
@@ -18,7 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -395,6 +399,13 @@ def _match_collisions(
 
 #: a distinct aggregate's rows are set aside by key hash at most this many levels deep
 MAX_GRACE_DEPTH = 3
+#: a level's rows are set aside by key hash once its first level holds this many groups,
+#: even with memory to spare: one table of every pair is slow to fill once it outgrows the
+#: caches (TPC-H SF10 partsupp, 60 M pairs, no limit: 23.4 s and 4.1 GiB in one table, 18.7 s
+#: and 254 MiB set aside at 1 M; SF1, 6 M pairs: 1.88 -> 1.97 s, 525 -> 121 MiB; medians)
+PARTITION_FIRST_GROUPS = 1 << 20
+#: the largest batch a partition file is written in (larger ones gain nothing)
+MAX_ASIDE_BATCH_BYTES = 2 << 20
 #: rows of a batch hashed and set aside at a time (their temporaries held for them)
 GRACE_CHUNK_ROWS = 1 << 16
 
@@ -418,8 +429,10 @@ class DistinctLevel:
     At first the first level groups ``keys + [column]`` and, at the end, the second counts its
     groups by ``keys``. The pairs of a first level that spills rarely come back together (6 M
     TPC-H (part, supplier, order) triples at 1/8 of their table spilled seven sorted runs, all
-    merged back before the second level could count them). So at its first spill the level
-    sets its rows aside instead, in :data:`~extagg.columnar.partition_files.NUM_PARTITIONS`
+    merged back before the second level could count them), and a table of tens of millions of
+    pairs is slow to fill even in memory. So at its first spill, or once it holds
+    :data:`PARTITION_FIRST_GROUPS` pairs (the top level only), the level sets its rows aside
+    instead, in :data:`~extagg.columnar.partition_files.NUM_PARTITIONS`
     files by the top bits of the hash of ``keys`` (the pairs its first level holds, then the
     input as it comes), and at the end aggregates each partition with both levels of a child
     level: a sixteenth of the groups, usually in memory (a child that spills partitions again,
@@ -505,13 +518,20 @@ class DistinctLevel:
         self._maybe_partition()
 
     def _maybe_partition(self) -> None:
-        """After the first level's first spill, set the rows aside by key hash from now on
-        (unless the buffers for that are refused: the level then goes on spilling)."""
-        if not self._may_partition or self.first.metrics.spill_count == 0:
+        """After the first level's first spill, or once it holds more than
+        :data:`PARTITION_FIRST_GROUPS` groups, set the rows aside by key hash from now on
+        (unless the buffers for that are refused: the level then goes on as it was)."""
+        first = self.first
+        if not self._may_partition:
+            return
+        spilled = first.metrics.spill_count > 0
+        large = self.depth == 0 and first.groups_in_memory > PARTITION_FIRST_GROUPS
+        if not (spilled or large):
             return
         self._may_partition = False
-        first = self.first
-        limit = max(MIN_BUFFER_BYTES, buffer_bytes(first.budget.max_memory) // 2)
+        limit = max(
+            MIN_BUFFER_BYTES, min(MAX_ASIDE_BATCH_BYTES, buffer_bytes(first.budget.max_memory) // 2)
+        )
         aside = _RowsAside(
             first.task_memory_manager,
             f"{self.name}/aside",
@@ -527,8 +547,10 @@ class DistinctLevel:
             log.info("%s: no memory to set rows aside by key hash; spilling on", self.name)
             return
         log.info(
-            "%s: its first level spilled; setting its rows aside by the hash of %s from now "
-            "on (partitioning depth %d)", self.name, self.keys, self.depth,
+            "%s: its first level %s; setting its rows aside by the hash of %s from now on "
+            "(partitioning depth %d)", self.name,
+            "spilled" if spilled else f"holds {first.groups_in_memory} groups", self.keys,
+            self.depth,
         )  # fmt: skip
         self._first_schema = first.schema
         self._aside = aside
@@ -569,12 +591,14 @@ class DistinctLevel:
                 child.share_spill_dirs(self.second.runs)
                 # its pairs are at most its rows: a table that size is not grown step by step
                 child.first.expect_groups(aside.rows_in(path))
+                rows = aside.read(path)
                 try:
-                    for cols, n in aside.read(path):
+                    for cols, n in rows:
                         child.update_columns(cols, n)
                     child.finish_input()
                     yield from child.hashed_results()
                 finally:
+                    rows.close()  # the file closed and deleted now, even after an error
                     child.close()
                     done = child.metrics
                     self._children.absorb(done)
@@ -681,7 +705,7 @@ class _RowsAside(HeldBuffers):
         with RunReader(path) as reader:
             return sum(int(b.count) for b in reader.batches)
 
-    def read(self, path: str) -> Iterator[tuple[dict[str, Column], int]]:
+    def read(self, path: str) -> Generator[tuple[dict[str, Column], int], None, None]:
         """The rows of one partition file as input columns, a batch at a time (its largest
         batch's copies held meanwhile); the file deleted once read."""
         started = time.perf_counter()

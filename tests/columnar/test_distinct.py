@@ -285,3 +285,102 @@ def test_partitioned_level_keeps_key_types_and_hashes(key_type) -> None:
             outs.append(pa.Table.from_batches(list(agg.results())))
             assert agg._levels[0].partitioned == (memory is not None)
     assert outs[1].equals(outs[0])
+
+
+def _partitioned(agg: DistinctAggregator, table: pa.Table) -> None:
+    for batch in table.to_batches(max_chunksize=20_000):
+        agg.update(batch)
+    assert agg._levels[0].partitioned
+
+
+def test_partitioned_level_with_threads_gives_the_same_rows(tmp_path) -> None:
+    table = _distinct_table(300_000, 8)
+    aggs = {"u": ("o", "count_distinct"), "n": ("*", "count")}
+    want = aggregate(table, keys=["k1", "k2"], aggs=aggs)
+    got = aggregate(table, keys=["k1", "k2"], aggs=aggs, memory="3m", threads=2,
+                    spill_dirs=[str(tmp_path)])  # fmt: skip
+    assert got.equals(want)
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+
+
+def test_corrupt_partition_file_is_named_and_everything_removed(tmp_path) -> None:
+    from extagg.errors import CorruptFileError
+
+    table = _distinct_table(200_000, 9)
+    with DistinctAggregator(["k1", "k2"], {"u": ("o", "count_distinct")}, memory="2m",
+                            spill_dirs=[str(tmp_path)]) as agg:  # fmt: skip
+        _partitioned(agg, table)
+        results = agg.results()
+        level = agg._levels[0]
+        level.finish_input()  # idempotent: the results() below find the files closed
+        path = next(p for p in level._aside.paths if p is not None)
+        with open(path, "r+b") as f:
+            f.seek(200)
+            byte = f.read(1)
+            f.seek(200)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        with pytest.raises(CorruptFileError, match=path.rsplit("/", 1)[-1]):
+            list(results)
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+
+
+def test_interrupt_while_partitions_are_aggregated_leaves_nothing(tmp_path, monkeypatch) -> None:
+    from extagg.columnar.distinct import DistinctLevel
+    from extagg.memory import UnifiedMemoryManager, task_memory_manager
+
+    table = _distinct_table(200_000, 10)
+    mm = UnifiedMemoryManager("2m")
+    tmm = task_memory_manager(mm)
+    calls = []
+    real = DistinctLevel.update_columns
+
+    def interrupted(self, cols, n):
+        calls.append(n)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        real(self, cols, n)
+
+    with DistinctAggregator(["k1", "k2"], {"u": ("o", "count_distinct"), "s": ("x", "sum")},
+                            memory_manager=mm, spill_dirs=[str(tmp_path)]) as agg:  # fmt: skip
+        _partitioned(agg, table)
+        monkeypatch.setattr(DistinctLevel, "update_columns", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            list(agg.results())
+    assert len(calls) == 3 and tmm.memory_used == 0
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+
+
+def test_spill_cap_reached_while_setting_rows_aside(tmp_path) -> None:
+    """A full disk (here: the spill cap) while rows are set aside raises SpillError naming
+    it; nothing stays behind."""
+    from extagg.errors import SpillError
+
+    table = _distinct_table(300_000, 11)
+    aggs = {"u": ("o", "count_distinct")}
+    agg = DistinctAggregator(["k1", "k2"], aggs, memory="2m", spill_dirs=[str(tmp_path)],
+                             max_spill_bytes="1500k")  # fmt: skip
+    with agg, pytest.raises(SpillError, match="max_spill_bytes") as raised:
+        for batch in table.to_batches(max_chunksize=20_000):
+            agg.update(batch)
+        list(agg.results())
+    assert agg._levels[0].partitioned
+    assert any(str(e.path).endswith("partition_files.py") for e in raised.traceback)
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+
+
+def test_a_large_first_level_partitions_without_memory_pressure(monkeypatch, caplog) -> None:
+    """Past ``PARTITION_FIRST_GROUPS`` pairs the top level partitions with memory to spare
+    (its children only when they spill): same rows, same order."""
+    import extagg.columnar.distinct as D
+
+    table = _distinct_table(200_000, 12)
+    aggs = {"u": ("o", "count_distinct"), "s": ("x", "sum")}
+    want = aggregate(table, keys=["k1", "k2"], aggs=aggs)
+    monkeypatch.setattr(D, "PARTITION_FIRST_GROUPS", 20_000)
+    caplog.set_level("INFO", logger="extagg.columnar.distinct")
+    with DistinctAggregator(["k1", "k2"], aggs) as agg:
+        _partitioned(agg, table)
+        got = pa.Table.from_batches(list(agg.results()))
+        assert agg.metrics.spill_count == 1  # the switch; nothing spilled
+    assert got.equals(want)
+    assert "groups; setting its rows aside" in caplog.text and "depth 1" not in caplog.text
