@@ -584,8 +584,11 @@ class DistinctLevel:
             for part, path in enumerate(aside.paths):
                 if path is None:
                     continue
+                # one thread: a partition's hashes are rotated (HashAggregator.nest), which
+                # the thread partitions' own rotation does not compose with (as for the
+                # partitions of a HashAggregator)
                 child = DistinctLevel(
-                    self.keys, self.output, self.column, self._options,
+                    self.keys, self.output, self.column, dict(self._options, threads=1),
                     f"{self.name}/p{self.depth + 1}.{part}", self.depth + 1,
                 )  # fmt: skip
                 child.share_spill_dirs(self.second.runs)

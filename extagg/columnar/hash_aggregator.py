@@ -471,6 +471,8 @@ class HashAggregator(Spillable[ColumnBlock]):
         st = self.table_state
         if self._schema is not None:
             raise UsageError(f"{self.name}: nest() before the first update()")
+        if self.threads > 1:  # the thread partitions rotate the hashes their own way
+            raise UsageError(f"{self.name}: nest() needs threads=1, not {self.threads}")
         st.level = depth
         st.rotation = st.rotate_back = PARTITION_BITS * depth
 
@@ -870,7 +872,10 @@ class HashAggregator(Spillable[ColumnBlock]):
 
     @property
     def groups_in_memory(self) -> int:
-        """Groups in the in-memory table now."""
+        """Groups in the in-memory table now (with threads: in all the threads' tables)."""
+        threaded = self._threaded
+        if threaded is not None:
+            return threaded.groups_held()
         table = self.table_state.table
         return 0 if table is None else table.num_groups
 

@@ -258,6 +258,10 @@ class ThreadedFold:
         """The partitions' aggregators' metrics (live: they spill while the workers fold)."""
         return [*(child.metrics for child in [*self.children, *self.locals]), *self._drained]
 
+    def groups_held(self) -> int:
+        """Groups in the partitions' and the thread-local tables now."""
+        return sum(child.groups_in_memory for child in [*self.children, *self.locals])
+
     def held(self) -> int:
         """Bytes the workers' tasks hold together."""
         return sum(t.memory_used for t in self.tasks)

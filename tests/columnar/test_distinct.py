@@ -368,7 +368,10 @@ def test_spill_cap_reached_while_setting_rows_aside(tmp_path) -> None:
     assert not [p for p in tmp_path.rglob("*") if p.is_file()]
 
 
-def test_a_large_first_level_partitions_without_memory_pressure(monkeypatch, caplog) -> None:
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_large_first_level_partitions_without_memory_pressure(
+    monkeypatch, caplog, threads
+) -> None:
     """Past ``PARTITION_FIRST_GROUPS`` pairs the top level partitions with memory to spare
     (its children only when they spill): same rows, same order."""
     import extagg.columnar.distinct as D
@@ -378,7 +381,7 @@ def test_a_large_first_level_partitions_without_memory_pressure(monkeypatch, cap
     want = aggregate(table, keys=["k1", "k2"], aggs=aggs)
     monkeypatch.setattr(D, "PARTITION_FIRST_GROUPS", 20_000)
     caplog.set_level("INFO", logger="extagg.columnar.distinct")
-    with DistinctAggregator(["k1", "k2"], aggs) as agg:
+    with DistinctAggregator(["k1", "k2"], aggs, threads=threads) as agg:
         _partitioned(agg, table)
         got = pa.Table.from_batches(list(agg.results()))
         assert agg.metrics.spill_count == 1  # the switch; nothing spilled
