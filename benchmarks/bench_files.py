@@ -248,6 +248,11 @@ def main() -> None:
     parser.add_argument("--engines", nargs="+", default=["extagg", "duckdb", "polars"])
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument(
+        "--memory", nargs="*", default=[], metavar="SIZE",
+        help="more limits to run every query at besides none and 1/8 (e.g. 85m: a fixed "
+        "budget, comparable across versions whose no-limit run holds different amounts)",
+    )  # fmt: skip
+    parser.add_argument(
         "--sequential", action="store_true",
         help="run each engine's runs one after the other (checkpointed: --resume works); "
         "by default the engines' runs are interleaved",
@@ -274,12 +279,16 @@ def main() -> None:
                 base_case = {"query": query, "format": fmt, "path": str(path), "sf": sf,
                              "threads": args.threads}  # fmt: skip
                 per_limit: dict[str, dict[str, Any]] = {}
-                for label, _ in [("none", None), ("1/8", None)]:
+                for label in ["none", "1/8", *args.memory]:
                     if label == "1/8":
                         granted = per_limit.get("none", {}).get("extagg", {}).get("peak_granted")
                         if not granted:
                             continue
                         limits.append(("1/8", max(8 * MIB, int(granted[0]) // 8)))
+                    elif label != "none":
+                        from extagg._config import parse_size
+
+                        limits.append((label, parse_size(label, name="--memory")))
                     memory = dict(limits)[label]
                     # polars: no memory limit to give it
                     engines = [e for e in args.engines if e != "polars" or label == "none"]

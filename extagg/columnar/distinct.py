@@ -701,6 +701,7 @@ class _RowsAside(HeldBuffers):
         except BaseException:
             writer.abort()
             raise
+        self.metrics.memory_bytes_spilled += self.metrics.raw_bytes_spilled  # rows as held
         self.hold(0)
 
     def rows_in(self, path: str) -> int:
