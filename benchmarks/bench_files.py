@@ -145,10 +145,15 @@ def child(case: dict[str, Any]) -> dict[str, Any]:
     path, fmt, engine, memory = case["path"], case["format"], case["engine"], case["memory"]
     if engine == "extagg":  # the process as `extagg aggregate` sets it up (Arrow's pool, no pandas)
         from extagg._malloc import keep_freed_heap_for_reuse
-        from extagg.cli_aggregate import import_arrow_without_pandas, use_returning_memory_pool
+        from extagg.cli_aggregate import (
+            import_arrow_without_pandas,
+            return_freed_pages_sooner,
+            use_returning_memory_pool,
+        )
 
         use_returning_memory_pool()
         import_arrow_without_pandas()
+        return_freed_pages_sooner()
         keep_freed_heap_for_reuse()
     _threads(case["threads"])
     if engine == "extagg":

@@ -426,3 +426,46 @@ def test_disk_full_while_spilling(tmp_path, tiny_fs, capsys):
     assert str(tiny_fs) in err and "bytes" in err and "Traceback" not in err
     assert not out.exists()
     assert not [p for p in tiny_fs.rglob("*") if p.is_file()]
+
+
+def test_jemalloc_returns_freed_pages_sooner_unless_the_user_set_it(monkeypatch):
+    """The command shortens jemalloc's decay (the scan's freed pages otherwise stay resident
+    for a second beside the merge's); a user's ``JE_ARROW_MALLOC_CONF`` and other pools are
+    left alone."""
+    from extagg import cli_aggregate as C
+
+    calls: list[int] = []
+
+    class Pool:
+        backend_name = "jemalloc"
+
+    monkeypatch.setattr(pa, "jemalloc_set_decay_ms", calls.append)
+    monkeypatch.setattr(pa, "default_memory_pool", lambda: Pool())
+    monkeypatch.delenv("JE_ARROW_MALLOC_CONF", raising=False)
+    C.return_freed_pages_sooner()
+    assert calls == [C.JEMALLOC_DECAY_MS] and C.JEMALLOC_DECAY_MS < 1000
+    monkeypatch.setenv("JE_ARROW_MALLOC_CONF", "dirty_decay_ms:5000")
+    C.return_freed_pages_sooner()
+    monkeypatch.delenv("JE_ARROW_MALLOC_CONF")
+    Pool.backend_name = "system"
+    C.return_freed_pages_sooner()
+    assert calls == [C.JEMALLOC_DECAY_MS]
+
+
+def test_the_command_sets_up_its_process_before_the_query(tmp_path, monkeypatch, capsys):
+    from extagg import cli_aggregate as C
+
+    order: list[str] = []
+    monkeypatch.setattr(C, "return_freed_pages_sooner", lambda: order.append("decay"))
+    real_plan = __import__("extagg.io.run", fromlist=["plan_query"]).plan_query
+
+    def plan(*args, **kwargs):
+        order.append("plan")
+        return real_plan(*args, **kwargs)
+
+    monkeypatch.setattr("extagg.io.run.plan_query", plan)
+    src = tmp_path / "t.parquet"
+    pq.write_table(table(1_000), src)
+    assert main(["aggregate", str(src), "--by", "k", "--agg", "n=count(*)", "-q",
+                 "-o", str(tmp_path / "o.parquet")]) == 0, capsys.readouterr().err  # fmt: skip
+    assert order == ["decay", "plan"]
