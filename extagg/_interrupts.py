@@ -11,6 +11,15 @@ sort); a Ctrl-C during one waits for it to end.
 
 Only the main thread receives signals, and only it may install handlers: in other threads the
 block runs unprotected (no interrupt can arrive there). Nested blocks defer to the outermost.
+
+Python drops a ``KeyboardInterrupt`` raised where no caller can see it: in a ``__del__``, a
+weakref callback, a garbage-collector pass ("Exception ignored in ..."). numba compiling a
+kernel on a cold cache runs many ``__del__`` in LLVM's bindings, so a Ctrl-C then was lost and
+the command ran to the end and exited 0. :class:`latched_interrupts` (the command line's whole
+run) installs a handler that also *remembers* the signal, and the engines' batch loops call
+:func:`raise_if_interrupted`, so a lost interrupt still stops the run at the next batch; the
+"Exception ignored" traceback Python would print for it is left out (the run reports the
+interrupt itself).
 """
 
 from __future__ import annotations
@@ -18,14 +27,77 @@ from __future__ import annotations
 # the C functions under ``signal``: ``signal.signal``/``getsignal`` wrap every handler in an
 # enum conversion that costs ~20x the call itself, and a block is entered per chunk of records
 import _signal  # type: ignore[import-not-found,unused-ignore]
+import sys
 import threading
 from types import FrameType, TracebackType
 from typing import Any
 
-__all__ = ["deferred_interrupts"]
+__all__ = ["deferred_interrupts", "latched_interrupts", "raise_if_interrupted"]
 
 _main_thread = threading.main_thread()
 _SIGINT = _signal.SIGINT
+#: set by :class:`latched_interrupts`' handler; cleared when the latch is left
+_interrupted = False
+
+
+def raise_if_interrupted() -> None:
+    """Raise ``KeyboardInterrupt`` if a latched Ctrl-C was noted (and perhaps lost on its way:
+    see the module's docstring). Cheap: one global read; called once per batch."""
+    if _interrupted:
+        raise KeyboardInterrupt
+
+
+class latched_interrupts:
+    """Context manager for a whole run in the main thread: SIGINT raises ``KeyboardInterrupt``
+    as usual and is also remembered until the block ends, so that :func:`raise_if_interrupted`
+    raises it again if the first one was swallowed. Elsewhere than the main thread, or where
+    SIGINT is ignored or handled by the application, it does nothing."""
+
+    __slots__ = ("_previous", "_previous_hook")
+
+    def __init__(self) -> None:
+        self._previous: Any = None
+        self._previous_hook: Any = None
+
+    def _unraisable(self, unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt) and _interrupted:
+            return  # raised again at the next batch: no "Exception ignored" traceback
+        self._previous_hook(unraisable)
+
+    @staticmethod
+    def _latch(signum: int, frame: FrameType | None) -> None:
+        global _interrupted
+        _interrupted = True
+        raise KeyboardInterrupt
+
+    def __enter__(self) -> latched_interrupts:
+        global _interrupted
+        if threading.current_thread() is not _main_thread:
+            return self
+        previous = _signal.getsignal(_SIGINT)
+        if previous is not _signal.default_int_handler:
+            return self
+        _interrupted = False
+        _signal.signal(_SIGINT, latched_interrupts._latch)
+        self._previous = previous
+        self._previous_hook = sys.unraisablehook
+        sys.unraisablehook = self._unraisable
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        global _interrupted
+        previous = self._previous
+        if previous is None:
+            return
+        self._previous = None
+        _signal.signal(_SIGINT, previous)
+        _interrupted = False
+        sys.unraisablehook, self._previous_hook = self._previous_hook, None
 
 
 class deferred_interrupts:

@@ -183,11 +183,17 @@ def return_freed_pages_sooner() -> None:
 
 def run_aggregate(args: argparse.Namespace) -> int:
     """Run ``extagg aggregate``; returns the exit status."""
-    from extagg.errors import QueryError
+    from extagg._interrupts import latched_interrupts
 
     use_returning_memory_pool()
     import_arrow_without_pandas()
     return_freed_pages_sooner()
+    with latched_interrupts():  # a Ctrl-C lost in a __del__ still stops the run
+        return _run_aggregate(args)
+
+
+def _run_aggregate(args: argparse.Namespace) -> int:
+    from extagg.errors import QueryError
 
     query = None
     try:
@@ -248,6 +254,7 @@ def _close(query: Any) -> None:
 
 
 def _execute(query: Any, args: argparse.Namespace, output: str | None, fmt: str | None) -> None:
+    from extagg._interrupts import raise_if_interrupted
     from extagg._progress import progress_bar, progress_enabled
     from extagg.io.run import bar_options, make_bar_callback
 
@@ -262,6 +269,7 @@ def _execute(query: Any, args: argparse.Namespace, output: str | None, fmt: str 
             with ResultWriter(output, fmt, reader.schema, overwrite=args.overwrite) as writer:
                 for batch in reader:
                     writer.write(batch)
+                raise_if_interrupted()  # before the output appears under its name
             if output == "-":
                 sys.stdout.flush()
         else:

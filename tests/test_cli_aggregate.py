@@ -372,6 +372,40 @@ def test_sigint_stops_and_leaves_no_files(tmp_path, fmt):
     print(f"stopped {stopped:.2f} s after SIGINT")
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_ctrl_c_lost_while_kernels_compile_still_stops_the_run(tmp_path, monkeypatch, capsys):
+    """CI once sent SIGINT while numba compiled on a cold cache: the ``KeyboardInterrupt`` was
+    raised in llvmlite's ``ObjectRef.__del__``, printed and dropped, and the command ran to the
+    end, exit 0. Here the interrupt is lost the same way (in a ``__del__``) as the kernels load."""
+    import extagg.io.run as run_module
+
+    class SignalsInDel:
+        def __del__(self):
+            signal.raise_signal(signal.SIGINT)
+
+    load = run_module._load_kernels
+
+    def load_and_lose_an_interrupt(*args):
+        load(*args)
+        SignalsInDel()
+
+    monkeypatch.setattr(run_module, "_load_kernels", load_and_lose_an_interrupt)
+    t = table(50_000, keys=20_000, seed=5)
+    src = tmp_path / "t.parquet"
+    pq.write_table(t, src, row_group_size=5_000)
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    out = tmp_path / "out.parquet"
+    argv = [
+        "aggregate", str(src), "--by", "k", "--agg", "n=count(*)", "--memory", "1m",
+        "--spill-dir", str(spill), "-o", str(out), "--quiet",
+    ]  # fmt: skip
+    assert main(argv) == 130
+    assert "interrupted" in capsys.readouterr().err
+    assert not out.exists() and not [p for p in spill.rglob("*") if p.is_file()]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 @pytest.fixture
 def tiny_fs(tmp_path):
     """A 1 MiB tmpfs (needs root); skipped where it cannot be mounted."""

@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from extagg._config import resolve_file_threads
+from extagg._interrupts import latched_interrupts, raise_if_interrupted
 from extagg._sysinfo import current_rss, peak_rss
 from extagg.errors import QueryError
 from extagg.io.inputs import TEXT_BLOCKS_HELD, InputScan, open_input, row_bytes, unknown_column
@@ -139,6 +140,7 @@ class FileQuery:
                 self._sync(agg, started)
                 if progress is not None:
                     progress(m)
+                raise_if_interrupted()
             if first:
                 m.rss_fixed_bytes = current_rss()
             schema = agg.schema
@@ -195,6 +197,7 @@ class FileQuery:
                 self._sync(agg, started)
                 if progress is not None:
                     progress(m)
+                raise_if_interrupted()
                 if batch.num_rows:
                     yield batch
             self._sync(agg, started, final=True)
@@ -526,10 +529,12 @@ def aggregate_files(
     if out != "-" and os.path.exists(out) and not overwrite:
         raise QueryError(f"output {out} exists; pass overwrite=True (--overwrite) to replace it")
     try:
-        reader = query.run(callback)
-        with ResultWriter(out, fmt, reader.schema, overwrite=overwrite) as writer:
-            for batch in reader:
-                writer.write(batch)
+        with latched_interrupts():  # the whole run is here: a Ctrl-C lost in a __del__ counts
+            reader = query.run(callback)
+            with ResultWriter(out, fmt, reader.schema, overwrite=overwrite) as writer:
+                for batch in reader:
+                    writer.write(batch)
+                raise_if_interrupted()  # before the output appears under its name
     finally:
         if bar is not None:
             bar.close()

@@ -1,0 +1,70 @@
+"""Ctrl-C is neither lost nor delivered mid-structure (``extagg._interrupts``)."""
+
+from __future__ import annotations
+
+import gc
+import signal
+import sys
+
+import pytest
+
+from extagg._interrupts import deferred_interrupts, latched_interrupts, raise_if_interrupted
+
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+
+class _SignalsInDel:
+    """Sends SIGINT from ``__del__``, where Python prints the ``KeyboardInterrupt`` and drops
+    it — as in llvmlite's ``ObjectRef.__del__`` while numba compiles on a cold cache."""
+
+    def __del__(self) -> None:
+        signal.raise_signal(signal.SIGINT)
+
+
+def _lose_an_interrupt() -> None:
+    _SignalsInDel()
+    gc.collect()
+
+
+def test_an_interrupt_lost_in_del_is_raised_at_the_next_check(capfd):
+    hook = sys.unraisablehook
+    with latched_interrupts():
+        _lose_an_interrupt()  # nothing raised here: Python swallowed it
+        assert "Exception ignored" not in capfd.readouterr().err
+        with pytest.raises(KeyboardInterrupt):
+            raise_if_interrupted()
+        with pytest.raises(KeyboardInterrupt):  # and again until the run ends
+            raise_if_interrupted()
+    raise_if_interrupted()  # the latch is gone with its block
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert sys.unraisablehook is hook
+
+
+def test_without_the_latch_a_lost_interrupt_stays_lost():
+    """What the latch is for (and that the checks cost nothing outside it)."""
+    _lose_an_interrupt()
+    raise_if_interrupted()
+
+
+def test_the_latch_raises_at_once_and_a_deferred_block_delivers_through_it():
+    with latched_interrupts(), pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGINT)
+    with latched_interrupts():
+        with pytest.raises(KeyboardInterrupt), deferred_interrupts():
+            signal.raise_signal(signal.SIGINT)
+            done = True  # the block ends before the interrupt is raised
+        assert done
+        with pytest.raises(KeyboardInterrupt):
+            raise_if_interrupted()
+
+
+def test_the_latch_leaves_an_application_handler_alone():
+    seen = []
+    previous = signal.signal(signal.SIGINT, lambda s, f: seen.append(s))
+    try:
+        with latched_interrupts():
+            signal.raise_signal(signal.SIGINT)
+            raise_if_interrupted()
+        assert seen == [signal.SIGINT]
+    finally:
+        signal.signal(signal.SIGINT, previous)
