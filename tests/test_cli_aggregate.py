@@ -74,6 +74,41 @@ def read_any(path: Path) -> pa.Table:
 ARGS = ["--by", "k", "--agg", "n=count(*)", "--agg", "s=sum(v)"]
 
 
+@pytest.mark.parametrize("by", ["g", "g,k"])
+def test_string_key_with_string_min_max_first_last(tmp_path, by, capsys):
+    """A string key is read dictionary-coded; its string min/max/first/last states used to
+    crash the command on its first batch (the warm-up's spill released their arena)."""
+    rng = np.random.default_rng(8)
+    n = 60_000
+    t = pa.table(
+        {
+            "g": pa.array(rng.choice(["a", "b", "c", "dé", None], n)),
+            "s": pa.array([f"w{x}" for x in rng.integers(0, 5_000, n)]),
+            "k": rng.integers(0, 20_000, n),
+        }
+    )
+    src = tmp_path / "s.parquet"
+    pq.write_table(t, src, row_group_size=7_000)
+    out = tmp_path / "o.parquet"
+    argv = [
+        "aggregate", str(src), "--by", by, "--agg", "lo=min(s)", "--agg", "hi=max(s)",
+        "--agg", "f=first(s)", "--agg", "l=last(s)", "--agg", "n=count(*)",
+        "--memory", "1m", "-o", str(out), "--quiet",
+    ]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    keys = by.split(",")
+    want: dict = {}
+    for row in t.to_pylist():
+        key, s = tuple(row[k] for k in keys), row["s"]
+        lo, hi, f, _, c = want.get(key, (s, s, s, s, 0))
+        want[key] = (min(lo, s), max(hi, s), f, s, c + 1)
+    have = {
+        tuple(r[k] for k in keys): (r["lo"], r["hi"], r["f"], r["l"], r["n"])
+        for r in pq.read_table(out).to_pylist()
+    }
+    assert have == want
+
+
 @pytest.mark.parametrize("ext", ["parquet", "csv", "jsonl", "arrow"])
 def test_every_output_format(tmp_path, data, ext, capsys):
     src, t = data
@@ -295,6 +330,8 @@ def test_same_answers_as_duckdb(tmp_path, data, capsys):
          ["unknown result column 'nn'", "did you mean 'n'"]),
         (["--by", "k", "--agg", "n=count(*)", "-o", "x.xlsx"], 2, ["--output-format"]),
         ([], 2, ["give --by (its distinct values) or at least one --agg"]),
+        (["--by", "k,g,k", "--agg", "n=count(*)"], 2, ["['k'] given twice"]),
+        (["--by", "k", "--agg", "k=count(*)"], 2, ["['k'] have the names of key columns"]),
     ],
 )  # fmt: skip
 def test_usage_errors_exit_2(data, argv, code, words, capsys):

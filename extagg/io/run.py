@@ -408,6 +408,15 @@ def plan_query(
         requests = parse_aggs(aggs, distinct=True)
     except (TypeError, ValueError) as exc:
         raise QueryError(str(exc)) from None
+    repeated = sorted({k for k in keys if keys.count(k) > 1})
+    if repeated:
+        raise QueryError(f"key column(s) {repeated} given twice in by")
+    clash = sorted(set(keys) & set(aggs))
+    if clash:
+        raise QueryError(
+            f"aggregate output(s) {clash} have the names of key columns: rename them "
+            f"(--agg 'other_name=func(col)')"
+        )
     sample = 1 << 22
     if memory is not None:
         from extagg.memory import check_engine_budget

@@ -135,6 +135,25 @@ def test_coded_keys_with_spills_equal_the_per_row_path(rows, batch_rows, shuffle
     assert _run(coded, aggs, force_spill_rows=every, fan_in=2) == want
 
 
+@settings(max_examples=30, deadline=None)
+@given(ROWS, st.integers(1, 70), st.integers(0, 1000), st.integers(1, 4))
+def test_coded_keys_after_a_spill_asked_by_another_consumer(rows, batch_rows, shuffle, every):
+    """A spill the memory manager asks for (another consumer needs the memory) releases the
+    table and its string-state arena; the next coded chunk must make them again (it asserted
+    on the missing arena: ``extagg aggregate`` crashed on any string key with a string
+    min/max/first/last once the scan's memory made the aggregator spill)."""
+    aggs = {**ORDER_AGGS, "smin": ("v2", "min"), "smax": ("v2", "max"), "n": ("*", "count")}
+    coded = _batches(rows, batch_rows, shuffle, 0)
+    want = _run(coded, aggs)
+    with HashAggregator(["flag", "status"], aggs) as agg:
+        for i, b in enumerate(coded):
+            agg.update(b)
+            if i % every == 0:
+                agg.spill(1 << 40, None)
+        assert _result(agg) == want
+        assert agg.metrics.spill_count >= 1
+
+
 def _fold_counting_encodes(agg: HashAggregator, batches) -> tuple[dict, list[int]]:
     """Fold ``batches`` with ``agg`` and give its result and the number of keys each call of
     its key encoding took, from the second batch on (the first learns the types on the
