@@ -48,10 +48,12 @@ def raise_if_interrupted() -> None:
 
 
 class latched_interrupts:
-    """Context manager for a whole run in the main thread: SIGINT raises ``KeyboardInterrupt``
-    as usual and is also remembered until the block ends, so that :func:`raise_if_interrupted`
-    raises it again if the first one was swallowed. Elsewhere than the main thread, or where
-    SIGINT is ignored or handled by the application, it does nothing."""
+    """Context manager for a whole run in the main thread: SIGINT goes to the handler that
+    was there (Python's raises ``KeyboardInterrupt``; PySpark's driver cancels its jobs and
+    raises it), and if that raised ``KeyboardInterrupt`` the interrupt is also remembered
+    until the block ends, so that :func:`raise_if_interrupted` raises it again if the first
+    one was swallowed. A handler that does not raise is left to decide; where SIGINT is
+    ignored, or outside the main thread, the block changes nothing."""
 
     __slots__ = ("_previous", "_previous_hook")
 
@@ -59,27 +61,31 @@ class latched_interrupts:
         self._previous: Any = None
         self._previous_hook: Any = None
 
+    def _latch(self, signum: int, frame: FrameType | None) -> None:
+        global _interrupted
+        try:
+            self._previous(signum, frame)
+        except KeyboardInterrupt:
+            _interrupted = True
+            raise
+
     def _unraisable(self, unraisable: Any) -> None:
         if isinstance(unraisable.exc_value, KeyboardInterrupt) and _interrupted:
             return  # raised again at the next batch: no "Exception ignored" traceback
         self._previous_hook(unraisable)
-
-    @staticmethod
-    def _latch(signum: int, frame: FrameType | None) -> None:
-        global _interrupted
-        _interrupted = True
-        raise KeyboardInterrupt
 
     def __enter__(self) -> latched_interrupts:
         global _interrupted
         if threading.current_thread() is not _main_thread:
             return self
         previous = _signal.getsignal(_SIGINT)
-        if previous is not _signal.default_int_handler:
-            return self
+        if not callable(previous) or isinstance(
+            getattr(previous, "__self__", None), (latched_interrupts, deferred_interrupts)
+        ):
+            return self  # ignored / default action / latched or deferred by an outer block
         _interrupted = False
-        _signal.signal(_SIGINT, latched_interrupts._latch)
         self._previous = previous
+        _signal.signal(_SIGINT, self._latch)
         self._previous_hook = sys.unraisablehook
         sys.unraisablehook = self._unraisable
         return self

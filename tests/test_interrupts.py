@@ -28,6 +28,7 @@ def _lose_an_interrupt() -> None:
 
 def test_an_interrupt_lost_in_del_is_raised_at_the_next_check(capfd):
     hook = sys.unraisablehook
+    handler = signal.getsignal(signal.SIGINT)
     with latched_interrupts():
         _lose_an_interrupt()  # nothing raised here: Python swallowed it
         assert "Exception ignored" not in capfd.readouterr().err
@@ -36,7 +37,7 @@ def test_an_interrupt_lost_in_del_is_raised_at_the_next_check(capfd):
         with pytest.raises(KeyboardInterrupt):  # and again until the run ends
             raise_if_interrupted()
     raise_if_interrupted()  # the latch is gone with its block
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is handler
     assert sys.unraisablehook is hook
 
 
@@ -58,7 +59,11 @@ def test_the_latch_raises_at_once_and_a_deferred_block_delivers_through_it():
             raise_if_interrupted()
 
 
-def test_the_latch_leaves_an_application_handler_alone():
+def test_the_latch_leaves_an_application_handler_to_decide():
+    """A handler that does not raise (the application's own choice) is called and nothing is
+    latched; one that raises ``KeyboardInterrupt`` after its own work (PySpark's driver
+    cancels its jobs first) is latched like Python's: CI's whole test run had PySpark's
+    handler installed, and a latch that stood aside for it lost the interrupt again."""
     seen = []
     previous = signal.signal(signal.SIGINT, lambda s, f: seen.append(s))
     try:
@@ -66,5 +71,17 @@ def test_the_latch_leaves_an_application_handler_alone():
             signal.raise_signal(signal.SIGINT)
             raise_if_interrupted()
         assert seen == [signal.SIGINT]
+
+        def cancel_jobs_then_raise(signum, frame):
+            seen.append("cancelled")
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGINT, cancel_jobs_then_raise)
+        with latched_interrupts():
+            _lose_an_interrupt()
+            assert seen[-1] == "cancelled"
+            with pytest.raises(KeyboardInterrupt):
+                raise_if_interrupted()
+        assert signal.getsignal(signal.SIGINT) is cancel_jobs_then_raise
     finally:
         signal.signal(signal.SIGINT, previous)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any
@@ -116,6 +117,13 @@ class DistinctAggregator:
             assert r.column is not None  # parse_aggs allows '*' for count only
             level = DistinctLevel(self.keys, r.output, r.column, shared, f"{base}/{r.output}")
             self._levels.append(level)
+        streams = len(self._levels) + (self._plain is not None)
+        if streams > 1:  # merged side by side by the join: a share each, and one for the join
+            share = tmm.memory_manager.max_memory // (streams + 1)
+            if self._plain is not None:
+                self._plain.limit_merge_memory(share)
+            for level in self._levels:
+                level.limit_merge_memory(share)
         self._state = "open"
         self._groups = 0
 
@@ -177,7 +185,9 @@ class DistinctAggregator:
     def _results(self) -> Iterator[tuple[np.ndarray, pa.RecordBatch]]:
         self._groups = 0
         try:
-            for level in self._levels:  # level two folds level one before anything is read
+            # level two folds level one before anything is read; the levels that set rows
+            # aside first: closing their files releases their write buffers for the others
+            for level in sorted(self._levels, key=lambda level: not level.partitioned):
                 level.finish_input()
             streams = [a.hashed_results() for a in [self._plain] if a is not None]
             streams += [level.hashed_results() for level in self._levels]
@@ -470,6 +480,13 @@ class DistinctLevel:
         self._aside: _RowsAside | None = None
         self._first_schema: pa.Schema | None = None
         self._children = SpillMetrics()  # the partitions' levels', added as each is done
+        self._merge_limit: int | None = None
+
+    def limit_merge_memory(self, nbytes: int) -> None:
+        """Its results' merge (the second level's, or each partition's) holds at most
+        ``nbytes`` of read buffers (see :meth:`HashAggregator.limit_merge_memory`)."""
+        self._merge_limit = nbytes
+        self.second.limit_merge_memory(nbytes)
 
     def share_spill_dirs(self, runs: RunSet[Any]) -> None:
         """Write every file into the spill dirs of ``runs`` (a parent's, which cleans up)."""
@@ -540,12 +557,11 @@ class DistinctLevel:
             limit,
             first.budget.max_memory,
         )
-        try:
-            aside.hold(aside.base_bytes)
-        except MemoryLimitError:
-            aside.close()
-            log.info("%s: no memory to set rows aside by key hash; spilling on", self.name)
-            return
+        while not aside.try_hold(aside.base_bytes):
+            if not aside.shrink_buffers():
+                aside.close()
+                log.info("%s: no memory to set rows aside by key hash; spilling on", self.name)
+                return
         log.info(
             "%s: its first level %s; setting its rows aside by the hash of %s from now on "
             "(partitioning depth %d)", self.name,
@@ -592,6 +608,8 @@ class DistinctLevel:
                     f"{self.name}/p{self.depth + 1}.{part}", self.depth + 1,
                 )  # fmt: skip
                 child.share_spill_dirs(self.second.runs)
+                if self._merge_limit is not None:
+                    child.limit_merge_memory(self._merge_limit)
                 # its pairs are at most its rows: a table that size is not grown step by step
                 child.first.expect_groups(aside.rows_in(path))
                 rows = aside.read(path)
@@ -621,7 +639,11 @@ class DistinctLevel:
 
 class _RowsAside(HeldBuffers):
     """A :class:`DistinctLevel`'s rows set aside in partition files by the hash of its keys,
-    and the buffers that takes (accounted, not spillable)."""
+    and the buffers that takes: accounted, and spillable between writes (the buffered rows
+    written out, the buffers dropped), because they are large (up to half of a small budget)
+    and another level, or another ``count_distinct``, may need the memory while no rows come
+    here: with two ``count_distinct`` of a string key at 8 MiB, one level's buffers held
+    4 MiB while the other's merge could not start."""
 
     what = "setting count_distinct rows aside by key hash"
 
@@ -649,6 +671,25 @@ class _RowsAside(HeldBuffers):
         self.paths: list[str | None] = []
         self._layout: KeyLayout | None = None
         self._schema: dict[str, tuple[str, pa.DataType]] = {}
+        #: held while rows go into the writer's buffers: a spill then frees nothing
+        self._writing = threading.Lock()
+
+    def spill(self, size: int, trigger: Any) -> int:
+        """Write the buffered rows out and release the buffers (none while a chunk is being
+        written, or after the input ended)."""
+        writer = self.writer
+        if writer is None or not self.used or not self._writing.acquire(blocking=False):
+            return 0
+        try:
+            with deferred_interrupts():
+                writer.release_buffers()
+        finally:
+            self._writing.release()
+        freed = self.used
+        log.debug("%s: buffered rows written, %s of buffers released", self.name,
+                  format_size(freed))  # fmt: skip
+        self.free_memory(freed)
+        return freed
 
     def write_batch(self, batch: Any) -> None:
         """Set aside every row of a batch (any form ``HashAggregator.update`` takes)."""
@@ -678,8 +719,11 @@ class _RowsAside(HeldBuffers):
         # rows at most; chunks of at most an eighth of the budget
         row_bytes = 2 * sum(c.nbytes() for c in cols.values()) // max(1, n) + 40
         step = max(256, min(GRACE_CHUNK_ROWS, self.chunk_bytes // row_bytes))
-        while step > 256 and not self.try_hold(self.base_bytes + row_bytes * min(n, step)):
-            step //= 2  # what others hold cannot be spilled (a merge, the join): less at once
+        while not self.try_hold(self.base_bytes + row_bytes * min(n, step)):
+            if step > 256:  # what others hold cannot be spilled (a merge, the join): less at once
+                step //= 2
+            elif not self.shrink_buffers():
+                break  # the hold below raises MemoryLimitError, naming what it needed
         for start in range(0, n, step):
             stop = min(n, start + step)
             part = cols if stop - start == n else {k: c.slice(start, stop) for k, c in cols.items()}
@@ -687,9 +731,23 @@ class _RowsAside(HeldBuffers):
             hashes = self._layout.encode([part[k] for k in self.keys]).hashes
             if self.rotation:
                 hashes = rotate_left(hashes, self.rotation)
-            with deferred_interrupts():
+            with self._writing, deferred_interrupts():
                 writer.write(part, hashes)
             self.metrics.records_read += stop - start
+
+    def shrink_buffers(self) -> bool:
+        """Halve the rows buffered per partition (those buffered now written first), down to
+        :data:`MIN_BUFFER_BYTES`; False when they are that small already. Under a tiny budget
+        whose rest others hold unspillable (a merge, the join), smaller batches beat a
+        ``MemoryLimitError``: at 2 MiB a nested level's buffers wanted 896 KiB."""
+        writer = self.writer
+        if writer is None or writer.limit <= MIN_BUFFER_BYTES:
+            return False
+        with self._writing, deferred_interrupts():
+            writer.release_buffers()
+        writer.limit = max(MIN_BUFFER_BYTES, writer.limit // 2)
+        self.base_bytes = held_bytes(writer.limit, IO_COPIES)
+        return True
 
     def finish(self) -> None:
         """Close the partition files (their paths in :attr:`paths`); the buffers released."""

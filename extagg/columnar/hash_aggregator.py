@@ -464,6 +464,13 @@ class HashAggregator(Spillable[ColumnBlock]):
             raise UsageError(f"{self.name}: expect_groups() before the first update()")
         self._expected_groups = max(0, int(groups))
 
+    def limit_merge_memory(self, nbytes: int) -> None:
+        """Let the final merge of its runs hold at most ``nbytes`` of read buffers (two at
+        least: more passes over the runs instead), for an aggregator whose results are read
+        beside others' (``count_distinct``'s levels and the other aggregates are joined as
+        they are merged: the first merge took all of a small budget)."""
+        self.table_state.merge_limit = max(0, int(nbytes))
+
     def nest(self, depth: int) -> None:
         """Aggregate the rows of one hash partition ``depth`` levels down, whose key hashes
         share their top ``depth`` * 4 bits: the table and its own partitions use the hashes

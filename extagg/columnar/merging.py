@@ -52,7 +52,10 @@ def merge_blocks(
         runs.append(partitions)
     sources.extend(runs)
     # the partitions' aggregators need memory while the merge runs: leave them three quarters
-    limit = st.budget.max_memory // 4 if partitions is not None else None
+    limit = st.merge_limit
+    if partitions is not None:
+        quarter = st.budget.max_memory // 4
+        limit = quarter if limit is None else min(limit, quarter)
     per_source = max(st.runs.max_batch_bytes, io_batch_bytes, 1) * MERGE_COPIES
     spill_rest = None if table_source is None else table_source.spill_rest
     fan_in, _ = reserve(per_source, len(runs) + 1, spill_rest, limit)

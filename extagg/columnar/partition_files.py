@@ -299,14 +299,20 @@ class PartitionWriter:
             self.paths[p] = writer.path
         return writer
 
-    def finish(self) -> list[str | None]:
-        """Close every file; returns the path of each partition (``None``: no rows)."""
-        metrics = self.runs.metrics
+    def release_buffers(self) -> None:
+        """Write every partition's buffered rows and drop the buffers (the files stay open for
+        more): what a spill the memory manager asks for frees; the next write makes them
+        again."""
         for p in range(NUM_PARTITIONS):
             self._flush(p)
         self._buffers = None
         self._order.clear()
         self._encoded = bytearray()
+
+    def finish(self) -> list[str | None]:
+        """Close every file; returns the path of each partition (``None``: no rows)."""
+        metrics = self.runs.metrics
+        self.release_buffers()
         for p, writer in enumerate(self._writers):
             if writer is None:
                 continue

@@ -49,6 +49,9 @@ class TableState:
     rotation: int = 0
     #: bits of that rotation its output undoes (its parent's hashes are rotated by the rest)
     rotate_back: int = 0
+    #: the most bytes of read buffers its final merge may hold (None: as many as it can use);
+    #: set when its results are read beside other aggregators' (``limit_merge_memory``)
+    merge_limit: int | None = None
     #: partitions (by the top 4 bits of the hash) whose rows go to the table: 16 (all) until
     #: the table is split (:func:`~extagg.columnar.partitioning.split_table`), 0 once every
     #: row is set aside; the rows of the others are set aside in partition files

@@ -72,6 +72,23 @@ class ScanProgress:
     row_groups_read: int = 0
 
 
+#: CSV/JSON blocks a text scan reads ahead of the parsed batches taken from Arrow's reader.
+#: The reader needs the block after the one it parses (to finish that one's last row), so
+#: two ahead left the parse and the fold taking turns (TPC-H Q1 on SF1 CSV, one thread:
+#: 1.9 s against 1.6 s for four or more, or for Arrow's own 32)
+TEXT_BLOCKS_AHEAD = 4
+#: blocks' worth of memory a text scan holds at most, raw or parsed: those read ahead, the
+#: parser's copies of those it parses, their columns, the batches queued and folded
+#: (measured in Arrow's pool on TPC-H lineitem CSV, four ahead: 6 blocks with one parsing
+#: thread, 11 with two; see ``_ScanMemory`` in :mod:`extagg.io.run`)
+TEXT_BLOCKS_HELD = 3 * TEXT_BLOCKS_AHEAD
+
+
+def text_blocks_held(ahead: int) -> int:
+    """Blocks' worth of memory a text scan holds with ``ahead`` blocks read ahead."""
+    return 3 * ahead
+
+
 @dataclass
 class InputScan:
     """The resolved input: files, format, unified schema, and the scan to run."""
@@ -91,6 +108,9 @@ class InputScan:
     readahead: int = 1
     #: bytes of CSV/JSON text parsed at once (one block becomes one batch)
     block_bytes: int = 1 << 22
+    #: CSV/JSON blocks read ahead of the parsed batches taken (fewer under a tiny budget);
+    #: the scan then holds up to :func:`text_blocks_held` blocks
+    text_blocks_ahead: int = TEXT_BLOCKS_AHEAD
     #: string columns read as dictionary arrays, the query's keys, grouped by their codes:
     #: from Parquet as the file's dictionary pages hold them (codes and the values once);
     #: from CSV/TSV parsed so (see :meth:`few_distinct`)
@@ -201,7 +221,7 @@ class InputScan:
         )
         parsed = pa.schema([f for f in schema if f.name not in text.folder_values])
         folder = _FolderColumns(text.folder_values, schema)
-        gate = _GatedStream(_text_stream(path))
+        gate = _GatedStream(_text_stream(path), ahead=self.text_blocks_ahead)
         try:
             source = pa.PythonFile(gate, mode="r")
             reader = gate.call(lambda: _open_text(source, text, parsed, self.block_bytes))
@@ -633,16 +653,6 @@ class _FolderColumns:
         return pa.RecordBatch.from_arrays(arrays, names=[*block.schema.names, *self.names])
 
 
-#: CSV/JSON blocks a text scan reads ahead of the parsed batches taken from Arrow's reader.
-#: The reader needs the block after the one it parses (to finish that one's last row), so
-#: two ahead left the parse and the fold taking turns (TPC-H Q1 on SF1 CSV, one thread:
-#: 1.9 s against 1.6 s for four or more, or for Arrow's own 32)
-TEXT_BLOCKS_AHEAD = 4
-#: blocks' worth of memory a text scan holds at most, raw or parsed: those read ahead, the
-#: parser's copies of those it parses, their columns, the batches queued and folded
-#: (measured in Arrow's pool on TPC-H lineitem CSV, four ahead: 6 blocks with one parsing
-#: thread, 11 with two; see ``_ScanMemory`` in :mod:`extagg.io.run`)
-TEXT_BLOCKS_HELD = 3 * TEXT_BLOCKS_AHEAD
 #: seconds a read waits past the limit while the reader's caller waits for a batch (a
 #: safety net: see :class:`_GatedStream`)
 GATE_ESCAPE_S = 0.2

@@ -21,7 +21,15 @@ from extagg._config import resolve_file_threads
 from extagg._interrupts import latched_interrupts, raise_if_interrupted
 from extagg._sysinfo import current_rss, peak_rss
 from extagg.errors import QueryError
-from extagg.io.inputs import TEXT_BLOCKS_HELD, InputScan, open_input, row_bytes, unknown_column
+from extagg.io.inputs import (
+    TEXT_BLOCKS_AHEAD,
+    TEXT_BLOCKS_HELD,
+    InputScan,
+    open_input,
+    row_bytes,
+    text_blocks_held,
+    unknown_column,
+)
 from extagg.io.output import ResultWriter
 from extagg.io.output import output_format as pick_output_format
 from extagg.io.where import ParsedExpression, parse_expression
@@ -272,7 +280,14 @@ class _ScanMemory(MemoryConsumer):
         block = budget // 4 // TEXT_BLOCKS_HELD  # the batches included (a block's rows or fewer)
         if block < GOOD_TEXT_BLOCK_BYTES:  # up to a third of a small budget for text
             block = max(block, min(GOOD_TEXT_BLOCK_BYTES, budget // 3 // TEXT_BLOCKS_HELD))
-        scan.block_bytes = int(max(MIN_TEXT_BLOCK_BYTES, min(scan.block_bytes, block)))
+        block = min(scan.block_bytes, block)
+        if block < MIN_TEXT_BLOCK_BYTES:
+            # blocks no smaller than the minimum: under a tiny budget (below ~2.2 MiB) fewer
+            # of them read ahead, so that the text stays within a third (12 blocks of 64 KiB
+            # took 3/4 of 1 MiB, and the aggregator, left 256 KiB, could not merge two runs)
+            fits = budget // 3 // (MIN_TEXT_BLOCK_BYTES * text_blocks_held(1))
+            scan.text_blocks_ahead = int(max(1, min(TEXT_BLOCKS_AHEAD, fits)))
+        scan.block_bytes = int(max(MIN_TEXT_BLOCK_BYTES, block))
         self._size(scan, row_bytes(scan.schema), budget)
 
     def resize(self, scan: InputScan, batch: pa.RecordBatch, budget: int) -> None:
@@ -327,7 +342,11 @@ class _ScanMemory(MemoryConsumer):
         share = budget // self._div
         rows = share // (width * batches)
         scan.batch_rows = int(max(MIN_BATCH_ROWS, min(self._batch_rows, rows)))
-        text = scan.block_bytes * TEXT_BLOCKS_HELD if scan.format in ("csv", "tsv", "json") else 0
+        text = (
+            scan.block_bytes * text_blocks_held(scan.text_blocks_ahead)
+            if scan.format in ("csv", "tsv", "json")
+            else 0
+        )
         # room for one batch more: the consumer may filter a batch beside the reader
         scan.filter_on_consumer = scan.batch_rows * width * (batches + 1) <= max(share, text)
         batches += scan.filter_on_consumer

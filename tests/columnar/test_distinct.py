@@ -387,3 +387,58 @@ def test_a_large_first_level_partitions_without_memory_pressure(
         assert agg.metrics.spill_count == 1  # the switch; nothing spilled
     assert got.equals(want)
     assert "groups; setting its rows aside" in caplog.text and "depth 1" not in caplog.text
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("memory", ["1m", "2m", "8m"])
+def test_several_count_distinct_and_a_string_state_share_a_tiny_budget(
+    tmp_path, memory, threads
+) -> None:
+    """Two ``count_distinct`` (an int and a string column) beside a string ``max``, by a string
+    key. Each level's rows-aside buffers took up to half of the budget, unspillable, and the
+    first merge of the join took the rest: ``MemoryLimitError`` at 1, 2 and even 8 MiB. Now
+    the buffers are written out when others need the memory, shrink when refused, and each
+    of the join's merges has a share."""
+    import pyarrow.parquet as pq
+
+    from extagg import aggregate_files
+
+    table = _distinct_table(120_000, 12, strings=True)
+    table = table.append_column("s", pa.array([f"s{x % 300}" for x in range(table.num_rows)]))
+    aggs = {
+        "n": ("*", "count"), "u": ("o", "count_distinct"), "v": ("s", "count_distinct"),
+        "hi": ("s", "max"),
+    }  # fmt: skip
+    src = tmp_path / "t.parquet"
+    pq.write_table(table, src, row_group_size=20_000)
+    spill = tmp_path / "spill"
+    want = aggregate(table, keys=["k1"], aggs=aggs)
+    got = aggregate_files(src, by=["k1"], aggs=aggs, memory=memory, threads=threads,
+                          spill_dirs=[str(spill)]).read_all()  # fmt: skip
+    key = [("k1", "ascending")]
+    assert got.sort_by(key).equals(want.sort_by(key))
+    assert not [p for p in spill.rglob("*") if p.is_file()]
+
+
+def test_rows_aside_buffers_are_written_out_when_others_need_the_memory(tmp_path) -> None:
+    """The level's partition buffers are a spillable consumer: asked to spill (between
+    writes) it writes what it buffered and holds nothing; later rows and the result are as
+    without the spill."""
+    table = _distinct_table(300_000, 13)
+    aggs = {"u": ("o", "count_distinct")}
+    want = aggregate(table, keys=["k1", "k2"], aggs=aggs)
+    with DistinctAggregator(["k1", "k2"], aggs, memory="3m", spill_dirs=[str(tmp_path)]) as agg:
+        batches = table.to_batches(max_chunksize=20_000)
+        for batch in batches[:6]:
+            agg.update(batch)
+        aside = agg._levels[0]._aside
+        assert aside is not None and aside.used > 0
+        assert aside.spill(1 << 30, None) > 0 and aside.used == 0
+        assert aside.spill(1 << 30, None) == 0  # nothing more to give
+        for batch in batches[6:]:
+            agg.update(batch)
+        got = pa.Table.from_batches(list(agg.results()))
+    assert got.sort_by([("k1", "ascending"), ("k2", "ascending")]).equals(
+        want.sort_by([("k1", "ascending"), ("k2", "ascending")])
+    )
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]

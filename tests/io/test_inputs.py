@@ -497,6 +497,8 @@ def test_a_text_scan_reads_a_few_blocks_ahead_not_arrows_32(tmp_path, monkeypatc
     def scan_with_a_slow_caller(wait_for_lead: int) -> tuple[int, int, int, int]:
         scan = inputs.open_input(str(path), ["k", "v"])
         scan.block_bytes = block
+        if wait_for_lead:  # the limit lifted
+            scan.text_blocks_ahead = 1 << 20
         gc.collect()
         before = pa.total_allocated_bytes()
         batches = scan.batches()
@@ -516,7 +518,6 @@ def test_a_text_scan_reads_a_few_blocks_ahead_not_arrows_32(tmp_path, monkeypatc
     assert rows == n
     assert lead <= inputs.TEXT_BLOCKS_AHEAD + 1, lead
     assert held <= inputs.TEXT_BLOCKS_HELD * block + 2 * batch_bytes, (held, batch_bytes)
-    monkeypatch.setattr(inputs, "TEXT_BLOCKS_AHEAD", 1 << 20)
     lead, _, _, rows = scan_with_a_slow_caller(20)
     assert rows == n
     assert lead >= 20, lead
