@@ -1,15 +1,16 @@
 """Input files as a stream of record batches: Parquet through Parquet's own reader (a batch
 of rows at a time), CSV/TSV/JSON Lines through Arrow's streaming readers held a few blocks
-ahead (:class:`_GatedStream`), hive-partitioned Parquet and Arrow IPC through
-``pyarrow.dataset``.
+ahead (:class:`_GatedStream`), Arrow IPC streams a record batch at a time, hive-partitioned
+Parquet and Arrow IPC files through ``pyarrow.dataset``.
 
 :func:`open_input` resolves paths, globs and directories (hive-partitioned folders become
 columns), picks the format from the extension (``.parquet``, ``.csv``/``.tsv``, ``.jsonl``,
-``.arrow``/``.feather``; ``.gz``/``.zst``/``.bz2`` text is decompressed while read) or from
-``format``, unifies the schemas of the files over the columns the query needs (missing columns
-read as nulls, numbers widened) and returns an :class:`InputScan`. Its :meth:`InputScan.batches`
-reads only the needed columns, pushes the filter into the scan (Parquet row groups whose
-statistics exclude it are never read) and never holds more than a few batches.
+``.arrow``/``.feather``, ``.arrows``; ``.gz``/``.zst``/``.bz2`` text is decompressed while
+read) or from ``format``, unifies the schemas of the files over the columns the query needs
+(missing columns read as nulls, numbers widened) and returns an :class:`InputScan`. Its
+:meth:`InputScan.batches` reads only the needed columns, pushes the filter into the scan
+(Parquet row groups whose statistics exclude it are never read) and never holds more than a
+few batches.
 """
 
 from __future__ import annotations
@@ -147,6 +148,12 @@ class InputScan:
                     it = _prefetched(
                         decoded, self.readahead, finish, lambda: self.filter_on_consumer
                     )
+                elif "stream" in opts:
+                    it = _prefetched(
+                        self._stream_batches(path, opts["stream"]), self.readahead,
+                        _FilterStep(self.columns, self.filter, self.filter_mask),
+                        lambda: self.filter_on_consumer,
+                    )  # fmt: skip
                 else:
                     it = _prefetched(self._fragment_batches(dataset), self.readahead)
                 for batch in it:
@@ -205,6 +212,36 @@ class InputScan:
                 batch_size=self.batch_rows, batch_readahead=0, fragment_readahead=0,
                 use_threads=True,
             )  # fmt: skip
+
+    def _stream_batches(
+        self, path: str, stream: _IpcStream
+    ) -> Iterator[tuple[pa.RecordBatch, pa.Array | None]]:
+        """An Arrow IPC *stream* file (``.arrows``; ``pyarrow.dataset`` reads only the IPC
+        file format), a record batch at a time as written: the needed columns, with the
+        folder names' columns and the scan's types, cut into batches of at most
+        ``batch_rows`` rows for a :class:`_FilterStep`."""
+        schema = stream.schema
+        folder = _FolderColumns(stream.folder_values, schema)
+        with pa.OSFile(path, "rb") as source, pa.ipc.open_stream(source) as reader:
+            have = set(reader.schema.names)
+            while True:
+                try:
+                    batch = reader.read_next_batch()
+                except StopIteration:
+                    return
+                if folder.names:
+                    batch = folder.add(batch)
+                n = batch.num_rows
+                cols = [
+                    _as_type(batch.column(f.name), f.type)
+                    if f.name in have or f.name in folder.names
+                    else pa.nulls(n, f.type)
+                    for f in schema
+                ]
+                batch = pa.RecordBatch.from_arrays(cols, schema=schema)
+                step = max(1, self.batch_rows)
+                for start in range(0, n, step):
+                    yield batch.slice(start, step), None
 
     def _text_batches(
         self, path: str, text: _TextFile
@@ -979,11 +1016,13 @@ def open_input(
     per_file: list[tuple[str, pa.Schema]] = []
     for path, _base in files:
         try:
-            per_file.append(
-                (path, _text_schema(path, fmt, file_format))
-                if fmt in ("csv", "tsv", "json")
-                else (path, file_format.inspect(path, _LOCAL))
-            )
+            if fmt in ("csv", "tsv", "json"):
+                per_file.append((path, _text_schema(path, fmt, file_format)))
+            elif fmt == "ipc" and is_ipc_stream(path):
+                with pa.OSFile(path, "rb") as source, pa.ipc.open_stream(source) as reader:
+                    per_file.append((path, reader.schema))
+            else:
+                per_file.append((path, file_format.inspect(path, _LOCAL)))
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
             hint = _mixed_json_hint(reason)
@@ -1016,10 +1055,11 @@ def open_input(
         if base is None:
             continue
         factory = ds.HivePartitioning.discover(infer_dictionary=False)
-        probe = ds.dataset(
-            group, format=file_format, partitioning=factory, partition_base_dir=base,
-        )  # fmt: skip
-        for f in probe.schema:
+        options = ds.FileSystemFactoryOptions(partition_base_dir=base)
+        options.partitioning_factory = factory
+        probe = ds.FileSystemDatasetFactory(_LOCAL, group, file_format, options)
+        # the folder names' types only: no file is opened (an IPC stream could not be)
+        for f in probe.inspect(fragments=0):
             if f.name in hive:
                 hive[f.name] = f.type
         partitionings[base] = factory
@@ -1046,6 +1086,10 @@ def open_input(
                 text = _TextFile(fmt, file_format, part_schema, values)
                 parts.append((path, None, fmt, {"text": text}))
                 continue
+            if fmt == "ipc" and is_ipc_stream(path):
+                values = _folder_values(path, kwargs, list(hive)) if base is not None else {}
+                parts.append((path, None, fmt, {"stream": _IpcStream(part_schema, values)}))
+                continue
             dataset = ds.dataset([path], **kwargs)
             opts: dict[str, Any] = {}
             if fmt == "parquet":
@@ -1071,6 +1115,26 @@ def open_input(
         len(files), fmt, scan.total_bytes, needed, rg_selected, rg_total,
     )  # fmt: skip
     return scan
+
+
+#: the first bytes of an Arrow IPC *file* (Feather v2); a stream starts with a message
+IPC_FILE_MAGIC = b"ARROW1"
+
+
+def is_ipc_stream(path: str) -> bool:
+    """Whether ``path`` holds the Arrow IPC stream format rather than the file format."""
+    with open(path, "rb") as f:
+        head = f.read(len(IPC_FILE_MAGIC))
+    return head != IPC_FILE_MAGIC
+
+
+@dataclass
+class _IpcStream:
+    """How to read one Arrow IPC stream: the scan's schema for it (the folder columns'
+    included) and its folder columns' values."""
+
+    schema: pa.Schema
+    folder_values: dict[str, Any]
 
 
 def _folder_values(path: str, kwargs: dict[str, Any], names: list[str]) -> dict[str, Any]:
