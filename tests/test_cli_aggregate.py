@@ -209,6 +209,22 @@ def test_atomic_output_removes_its_temp_file_on_error(tmp_path):
     assert target.read_text() == "old" and os.listdir(tmp_path) == ["s.json"]
 
 
+def test_outputs_get_the_umask_permissions_or_those_they_replace(tmp_path, data, capsys):
+    """The temp file an output is written through (``mkstemp``: 0600) had its mode kept by
+    the rename: outputs only their writer could read."""
+    src, _ = data
+    out = tmp_path / "o.csv"
+    old = os.umask(0o027)
+    try:
+        assert main(["aggregate", str(src), *ARGS, "-o", str(out), "--quiet"]) == 0
+        assert (out.stat().st_mode & 0o777) == 0o640
+        out.chmod(0o604)
+        assert main(["aggregate", str(src), *ARGS, "-o", str(out), "--overwrite", "-q"]) == 0
+        assert (out.stat().st_mode & 0o777) == 0o604
+    finally:
+        os.umask(old)
+
+
 def test_disk_full_writing_the_json_summary(tmp_path, data, tiny_fs, capsys):
     src, _ = data
     fd = os.open(tiny_fs / "filler", os.O_WRONLY | os.O_CREAT)

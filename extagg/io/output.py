@@ -14,6 +14,7 @@ import decimal
 import errno as errno_mod
 import json
 import os
+import stat
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -60,12 +61,29 @@ def output_format(path: str, explicit: str | None = None) -> str:
 
 
 def _temp_beside(path: str) -> tuple[str, IO[bytes]]:
-    """A new temporary file in ``path``'s directory (same filesystem: the rename is atomic)."""
+    """A new temporary file in ``path``'s directory (same filesystem: the rename is atomic),
+    with the permissions the file will have: those of the file it replaces, else what
+    ``open()`` would give under the umask (``mkstemp`` makes it 0600, which the rename kept:
+    outputs only their writer could read)."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(
         prefix=f".{os.path.basename(path)}.", suffix=".extagg-tmp", dir=directory
     )
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        mode = 0o666 & ~_umask()
+    try:
+        os.fchmod(fd, mode)
+    except OSError:  # pragma: no cover - filesystems without modes
+        pass
     return tmp, os.fdopen(fd, "wb")
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # the only way to read it is to set it
+    os.umask(mask)
+    return mask
 
 
 def _publish(handle: IO[bytes], tmp: str, path: str) -> None:
