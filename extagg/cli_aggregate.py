@@ -26,8 +26,11 @@ __all__ = [
 ]
 
 SHOW_ROWS = 20
+#: ``[NAME=]FUNC(COLUMN)``; a column whose name has parentheses or quotes is written quoted,
+#: ``sum("Price (EUR)")`` (a ``"`` inside doubled, as in SQL) or ``sum(`Price (EUR)`)``
 _AGG = re.compile(
-    r"^\s*(?:(?P<name>[^=]+?)\s*=\s*)?(?P<func>[A-Za-z_]\w*)\s*\((?P<col>[^)]*)\)\s*$"
+    r"^\s*(?:(?P<name>[^=]+?)\s*=\s*)?(?P<func>[A-Za-z_]\w*)\s*"
+    r"\(\s*(?P<col>\"(?:[^\"]|\"\")*\"|`[^`]*`|[^)]*)\s*\)\s*$"
 )
 
 
@@ -82,9 +85,10 @@ def parse_agg_specs(specs: Sequence[str]) -> dict[str, tuple[str, str]]:
         if m is None:
             raise QueryError(
                 f"cannot read --agg {spec!r}; write NAME=FUNC(COLUMN), e.g. 'n=count(*)' or "
-                "'total=sum(amount)'"
+                "'total=sum(amount)' (a column name with parentheses quoted: "
+                "'p=sum(\"Price (EUR)\")')"
             )
-        func, col = m.group("func"), m.group("col").strip().strip('"`')
+        func, col = m.group("func"), _unquote(m.group("col").strip())
         name = m.group("name") or (f"{func}" if col == "*" else f"{func}_{col}")
         if not col:
             raise QueryError(f"--agg {spec!r} names no column (use count(*) to count rows)")
@@ -92,6 +96,14 @@ def parse_agg_specs(specs: Sequence[str]) -> dict[str, tuple[str, str]]:
             raise QueryError(f"--agg names {name!r} twice")
         out[name.strip()] = (col, func)
     return out
+
+
+def _unquote(col: str) -> str:
+    if len(col) >= 2 and col[0] == col[-1] == '"':
+        return col[1:-1].replace('""', '"')
+    if len(col) >= 2 and col[0] == col[-1] == "`":
+        return col[1:-1]
+    return col
 
 
 def _schema(text: str | None) -> Any:

@@ -209,6 +209,23 @@ def test_atomic_output_removes_its_temp_file_on_error(tmp_path):
     assert target.read_text() == "old" and os.listdir(tmp_path) == ["s.json"]
 
 
+def test_agg_columns_may_be_quoted(tmp_path, capsys):
+    from extagg.cli_aggregate import parse_agg_specs
+
+    assert parse_agg_specs(['s=sum("a ""b"" (c)")', "t = max( `q)` )", "count( * )"]) == {
+        "s": ('a "b" (c)', "sum"), "t": ("q)", "max"), "count": ("*", "count"),
+    }  # fmt: skip
+    src = tmp_path / "w.parquet"
+    pq.write_table(pa.table({"my col": ["a", "b", "a"], "Prix (€)": [1.0, 2.0, 3.5]}), src)
+    out = tmp_path / "o.parquet"
+    argv = ["aggregate", str(src), "--by", "my col", "--agg", 's=sum("Prix (€)")', "-o",
+            str(out), "-q"]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    assert {r["my col"]: r["s"] for r in pq.read_table(out).to_pylist()} == {"a": 4.5, "b": 2.0}
+    assert main([*argv[:5], "s=sum(Prix (€))", *argv[6:]]) == 2
+    assert "quoted: 'p=sum(\"Price (EUR)\")'" in capsys.readouterr().err
+
+
 def test_outputs_get_the_umask_permissions_or_those_they_replace(tmp_path, data, capsys):
     """The temp file an output is written through (``mkstemp``: 0600) had its mode kept by
     the rename: outputs only their writer could read."""
