@@ -129,43 +129,56 @@ class InputScan:
     _parts: list[tuple[str, Any, ds.FileFormat, dict[str, Any]]] = field(default_factory=list)
 
     def batches(self) -> Iterator[pa.RecordBatch]:
-        """The needed columns of every row the filter keeps, a batch at a time."""
-        for path, dataset, fmt, opts in self._parts:
-            size = _size(path)
-            try:
-                if "text" in opts:
-                    it = _prefetched(
-                        self._text_batches(path, opts["text"]), self.readahead,
-                        _FilterStep(self.columns, self.filter, self.filter_mask),
-                        lambda: self.filter_on_consumer,
-                    )  # fmt: skip
-                elif "row_group_ids" in opts:
-                    decoded = _parquet_batches(
-                        path, opts["row_group_ids"], dataset.schema, self.filter,
-                        lambda: self.batch_rows, self.dictionary_columns, self.filter_mask,
-                    )  # fmt: skip
-                    finish = _FilterStep(self.columns, self.filter)
-                    it = _prefetched(
-                        decoded, self.readahead, finish, lambda: self.filter_on_consumer
-                    )
-                elif "stream" in opts:
-                    it = _prefetched(
-                        self._stream_batches(path, opts["stream"]), self.readahead,
-                        _FilterStep(self.columns, self.filter, self.filter_mask),
-                        lambda: self.filter_on_consumer,
-                    )  # fmt: skip
-                else:
-                    it = _prefetched(self._fragment_batches(dataset), self.readahead)
-                for batch in it:
-                    if batch.num_rows:
-                        self.progress.rows += batch.num_rows
-                        yield batch
-            except (pa.ArrowInvalid, pa.ArrowIOError, pa.ArrowNotImplementedError, OSError) as exc:
-                raise self._read_error(path, dataset, fmt, exc) from exc
-            self.progress.files_done += 1
-            self.progress.bytes += size
-            if fmt == "parquet":
-                self.progress.row_groups_read += opts.get("row_groups", 0)
+        """The needed columns of every row the filter keeps, a batch at a time.
+
+        One reader thread for all the files, one after the other (a thread per file cost
+        ~3 ms a file, 0.9 of 1.0 s on 300 small Parquet files): it goes on to the next file
+        while the last batches of one are folded. A file's end comes through the queue as a
+        marker, so the progress and an error's file are those of the batches taken."""
+        parts = self._parts
+        current = 0
+        pieces = _prefetched(
+            self._pieces(), self.readahead, _finish_piece, lambda: self.filter_on_consumer
+        )
+        try:
+            for out in pieces:
+                if isinstance(out, _FileEnd):
+                    path, _dataset, fmt, opts = parts[out.index]
+                    self.progress.files_done += 1
+                    self.progress.bytes += _size(path)
+                    if fmt == "parquet":
+                        self.progress.row_groups_read += opts.get("row_groups", 0)
+                    current = out.index + 1
+                elif out.num_rows:
+                    self.progress.rows += out.num_rows
+                    yield out
+        except (pa.ArrowInvalid, pa.ArrowIOError, pa.ArrowNotImplementedError, OSError) as exc:
+            path, dataset, fmt, _opts = parts[current]
+            raise self._read_error(path, dataset, fmt, exc) from exc
+
+    def _pieces(self) -> Iterator[_Piece | _FileEnd]:
+        """Every file's decoded batches, each with the step left to finish it (the filter,
+        the columns), then the file's end."""
+        for index, (path, dataset, _fmt, opts) in enumerate(self._parts):
+            finish: Callable[[Any], pa.RecordBatch] | None
+            if "text" in opts:
+                items: Iterator[Any] = self._text_batches(path, opts["text"])
+                finish = _FilterStep(self.columns, self.filter, self.filter_mask)
+            elif "row_group_ids" in opts:
+                items = _parquet_batches(
+                    path, opts["row_group_ids"], dataset.schema, self.filter,
+                    lambda: self.batch_rows, self.dictionary_columns, self.filter_mask,
+                )  # fmt: skip
+                finish = _FilterStep(self.columns, self.filter)
+            elif "stream" in opts:
+                items = self._stream_batches(path, opts["stream"])
+                finish = _FilterStep(self.columns, self.filter, self.filter_mask)
+            else:
+                items = self._fragment_batches(dataset)
+                finish = None
+            for item in items:
+                yield _Piece(item, finish)
+            yield _FileEnd(index)
 
     def few_distinct(self, columns: Sequence[str]) -> bool:
         """Whether ``columns`` take few distinct values in the first block of the first text
@@ -479,6 +492,27 @@ class _WaitBalance:
 
     def consumer_starved(self) -> bool:
         return self.consumer_wait > self.reader_wait
+
+
+@dataclass
+class _Piece:
+    """A decoded item of a file and the step that makes it a batch (None: it is one)."""
+
+    item: Any
+    finish: Callable[[Any], pa.RecordBatch] | None
+
+
+@dataclass
+class _FileEnd:
+    """The end of the scan's ``index``-th file, in the stream of its batches."""
+
+    index: int
+
+
+def _finish_piece(piece: _Piece | _FileEnd) -> pa.RecordBatch | _FileEnd:
+    if isinstance(piece, _FileEnd):
+        return piece
+    return piece.item if piece.finish is None else piece.finish(piece.item)
 
 
 def _prefetched(
@@ -1055,9 +1089,9 @@ def open_input(
         if base is None:
             continue
         factory = ds.HivePartitioning.discover(infer_dictionary=False)
-        options = ds.FileSystemFactoryOptions(partition_base_dir=base)
-        options.partitioning_factory = factory
-        probe = ds.FileSystemDatasetFactory(_LOCAL, group, file_format, options)
+        discovery = ds.FileSystemFactoryOptions(partition_base_dir=base)
+        discovery.partitioning_factory = factory
+        probe = ds.FileSystemDatasetFactory(_LOCAL, group, file_format, discovery)
         # the folder names' types only: no file is opened (an IPC stream could not be)
         for f in probe.inspect(fragments=0):
             if f.name in hive:

@@ -228,6 +228,25 @@ def test_corrupt_parquet_names_file_and_row_group(tmp_path, table):
         extagg.aggregate_files(str(path), by="k", aggs={"n": ("*", "count")}).read_all()
     assert "bad.parquet" in str(info.value)
     assert info.value.row_group == 2 and "row group 2" in str(info.value)
+    # among good files (one reader thread reads them all, ahead of the batches taken): the
+    # error names the bad one
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for i in range(4):
+        pq.write_table(table, folder / f"a{i}.parquet", row_group_size=1_000)
+    path.rename(folder / "a2b.parquet")
+    with pytest.raises(InputError) as info:
+        extagg.aggregate_files(str(folder), by="k", aggs={"n": ("*", "count")}).read_all()
+    assert "a2b.parquet" in str(info.value) and info.value.row_group == 2
+
+
+def test_text_errors_name_the_file_among_many(tmp_path):
+    for i in range(3):
+        (tmp_path / f"f{i}.csv").write_text("k,v\n" + "".join(f"{j},{j}\n" for j in range(50)))
+    (tmp_path / "f1b.csv").write_text("k,v\n1,2\n3,4,5\n")
+    with pytest.raises(InputError) as info:
+        extagg.aggregate_files(str(tmp_path), by="k", aggs={"n": ("*", "count")}).read_all()
+    assert "f1b.csv" in str(info.value) and "Expected 2 columns" in str(info.value)
 
 
 @pytest.mark.parametrize(
