@@ -964,6 +964,7 @@ def _file_format(fmt: str, options: dict[str, Any], column_names: list[str] | No
             block_size=options.get("block_size", 1 << 22),
             column_names=column_names,
             autogenerate_column_names=False,
+            skip_rows=options.get("skip_rows", 0),
         )
         convert = pacsv.ConvertOptions(column_types=types, strings_can_be_null=True)
         parse = pacsv.ParseOptions(delimiter=delimiter)
@@ -1038,8 +1039,11 @@ def open_input(
     names = None
     if schema is not None:
         options["column_types"] = {**{f.name: f.type for f in schema}, **options["column_types"]}
-        if not header:
+        if fmt in ("csv", "tsv"):
+            # every column in order: the schema names them, as DuckDB's ``columns`` and
+            # Polars' ``schema`` do; a header line is skipped, not read as names
             names = schema.names
+            options["skip_rows"] = 1 if header else 0
     elif not header:
         raise QueryError("files without a header need --schema to name their columns")
     if fmt not in ("csv", "tsv") and (delimiter or column_types or not header):

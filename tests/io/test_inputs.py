@@ -200,6 +200,12 @@ def test_csv_types_delimiter_and_header_options(tmp_path):
         str(tmp_path / "b.csv"), by="id", aggs={"s": ("x", "sum")}, schema=schema, header=False
     )
     assert {r["id"]: r["s"] for r in reader.read_all().to_pylist()} == {1: 11, 3: 7}
+    # with a header: the schema names every column in order, the header line is skipped
+    (tmp_path / "c.csv").write_text("ID,Amount\n1,5\n1,6\n3,7\n")
+    reader = extagg.aggregate_files(
+        str(tmp_path / "c.csv"), by="id", aggs={"s": ("x", "sum")}, schema=schema
+    )
+    assert {r["id"]: r["s"] for r in reader.read_all().to_pylist()} == {1: 11, 3: 7}
 
 
 def test_csv_value_that_breaks_inference_names_the_file(tmp_path):
