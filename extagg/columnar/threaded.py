@@ -67,7 +67,12 @@ from extagg.columnar.columns import Column, ReusedArrays
 from extagg.columnar.keys import EncodedKeys
 from extagg.columnar.merging import ReserveMerge
 from extagg.errors import MemoryLimitError
-from extagg.memory import TaskMemoryManager, UnifiedMemoryManager, task_memory_manager
+from extagg.memory import (
+    HelperTaskId,
+    TaskMemoryManager,
+    UnifiedMemoryManager,
+    task_memory_manager,
+)
 from extagg.merge.heap import BlockSource
 from extagg.metrics import SpillMetrics
 from extagg.spill.blocks import ColumnBlock
@@ -212,10 +217,11 @@ class ThreadedFold:
         self.bits = bits
         self.parts = 1 << bits
         self.threads = min(threads, self.parts)
-        ids: list[Hashable] = [("extagg-thread", owner_task, w) for w in range(self.threads)]
+        ids: list[Hashable] = [HelperTaskId(owner_task, w) for w in range(self.threads)]
         #: one task per worker (explicit ids: any thread may act for it), the same for every
-        #: threaded aggregator of the caller's task (they fold one after the other): the fair
-        #: share is split among the caller and its N workers, not among N per aggregator
+        #: threaded aggregator of the caller's task (they fold one after the other), helpers
+        #: of the caller's: together they have the caller's fair share, the workers an equal
+        #: part each of what the caller holds not
         self.tasks = [task_memory_manager(memory_manager, i) for i in ids]
         self._make_child = make_child
         self._encode = encode

@@ -13,7 +13,7 @@ This layer knows nothing of maps or files.
 """
 
 from extagg.memory.consumer import MemoryConsumer
-from extagg.memory.pools import ExecutionMemoryPool, MemoryPool, StorageMemoryPool
+from extagg.memory.pools import ExecutionMemoryPool, HelperTaskId, MemoryPool, StorageMemoryPool
 from extagg.memory.report import format_report, report
 from extagg.memory.resolve import (
     ENGINE_MIN_BUDGET,
@@ -50,6 +50,7 @@ __all__ = [
     "WAIT_TIMEOUT_ENV",
     "Consumer",
     "ExecutionMemoryPool",
+    "HelperTaskId",
     "MemoryConsumer",
     "MemoryPool",
     "MemoryStore",

@@ -300,7 +300,7 @@ def test_freed_heap_memory_given_back_after_spills_and_partitions(
     cannot see)."""
     calls: list[str] = []
     monkeypatch.setattr(T, "release_free_memory", lambda: calls.append("trim") or True)
-    table = _spill_input(150_000, 100_000)
+    table = _spill_input(300_000, 250_000)
     with HashAggregator("k", {"s": ("v", "sum")}, memory="8m", threads=2, chunk_rows=2048) as agg:
         for b in _batches(table, 7000):
             agg.update(b)
@@ -719,7 +719,7 @@ def test_spill_requested_while_batches_are_gathered_ahead(
 ) -> None:
     """Another consumer of a worker's task asks for its memory while the results are read,
     batches gathered ahead: the unread groups go to a run and nothing is lost or repeated."""
-    from extagg.memory import MemoryConsumer, task_memory_manager
+    from extagg.memory import HelperTaskId, MemoryConsumer, task_memory_manager
 
     table = _many_groups(60_000, 40_000, seed=22)
     aggs = {"t": ("v", "sum"), "n": ("*", "count")}
@@ -740,7 +740,7 @@ def test_spill_requested_while_batches_are_gathered_ahead(
         batches = agg.results()
         first = [next(batches) for _ in range(3)]  # partition 0 is being read, 1 waits
         for worker in (0, 1):  # the one being read (a batch gathered ahead), the other
-            task = ("extagg-thread", agg.task_memory_manager.task_id, worker)
+            task = HelperTaskId(agg.task_memory_manager.task_id, worker)
             hog = MemoryConsumer(task_memory_manager(mm, task))
             hog.acquire_memory(mm.max_memory - 2 * 1024 * 1024)
             hog.free_memory(hog.used)

@@ -35,6 +35,41 @@ def test_three_tasks_cap_at_one_third(mm: UnifiedMemoryManager) -> None:
     assert mm.execution_memory_used == 999
 
 
+def test_helpers_share_their_owners_fair_share(mm: UnifiedMemoryManager) -> None:
+    """A threaded aggregator's workers are helpers of the caller's task: with the caller they
+    count as one task, and split what the caller leaves of its share (as tasks of their own
+    each had 1/3 of the pool, the caller's third mostly unused)."""
+    from extagg.memory import HelperTaskId
+
+    h0, h1 = HelperTaskId("t1", 0), HelperTaskId("t1", 1)
+    assert mm.acquire_execution_memory(100, "t1") == 100
+    assert mm.acquire_execution_memory(10, h0) == 10  # every worker starts before any folds
+    assert mm.acquire_execution_memory(10, h1) == 10
+    assert mm.acquire_execution_memory(1000, h0) == 440  # (1000 - 100) // 2 - 10
+    assert mm.acquire_execution_memory(1000, h1) == 440
+    assert mm.acquire_execution_memory(10, "t1") == 0  # the group is at its cap: t1 spills
+    mm.release_execution_memory(450, h0)
+    assert mm.acquire_execution_memory(50, "t1") == 50  # the owner takes what is left...
+    assert mm.acquire_execution_memory(1000, h0) == 400  # ...and a helper the rest
+    assert mm.tasks() == {"t1": 150, h0: 400, h1: 450}
+    mm.check_invariants()
+
+
+def test_a_helper_group_counts_once_beside_other_tasks(mm: UnifiedMemoryManager) -> None:
+    from extagg.memory import HelperTaskId
+
+    assert mm.acquire_execution_memory(100, "t2") == 100
+    h0, h1 = HelperTaskId("t1", 0), HelperTaskId("t1", 1)
+    assert mm.acquire_execution_memory(10, h0) == 10
+    assert mm.acquire_execution_memory(10, h1) == 10
+    # N = 2 (t2, and t1's helpers): the group's cap is 500, each helper's 250
+    assert mm.acquire_execution_memory(1000, h0) == 240
+    assert mm.acquire_execution_memory(1000, h1) == 240
+    assert mm.acquire_execution_memory(1000, "t2") == 400  # t2 up to its own 500
+    assert mm.execution_memory_used == 1000
+    mm.check_invariants()
+
+
 def test_partial_grant_when_at_least_half_share(mm: UnifiedMemoryManager) -> None:
     assert mm.acquire_execution_memory(700, "t1") == 700
     # N = 2, t2 needs 400 but only 300 are free: 300 >= 1/(2N) = 250, so granted without waiting
