@@ -24,7 +24,15 @@ class HelperTaskId:
     helpers split what the owner leaves of it. As tasks of their own they each took 1/(N+1)
     of the pool beside their owner's (which holds little: the chunk being split, the scan's
     batches): two threads at 64 MiB used 22 of 30 MiB of execution memory and spilled twice
-    as much as one thread."""
+    as much as one thread.
+
+    Parameters
+    ----------
+    owner
+        The id of the task it works for.
+    index
+        Which of the owner's helpers it is (a worker thread's number).
+    """
 
     owner: Hashable
     index: int
