@@ -164,12 +164,17 @@ class ExecutionMemoryPool(MemoryPool):
         max_per_task = compute_max_pool_size() // num_tasks
         min_per_task = self._pool_size // (2 * num_tasks)
         room = max_per_task - group_used
+        at_part = False
         if isinstance(task_id, HelperTaskId):  # an equal part of what the owner leaves
             owner_used = self._memory_for_task.get(task_id.owner, 0)
-            room = min(room, (max_per_task - owner_used) // helpers - current)
+            part_room = (max_per_task - owner_used) // helpers - current
+            at_part = part_room < min(num_bytes, room)
+            room = min(room, part_room)
         max_to_grant = min(num_bytes, max(0, room))
         to_grant = max(0, min(max_to_grant, self.memory_free))
-        if to_grant < num_bytes and group_used + to_grant < min_per_task:
+        # under 1/(2N): wait for other tasks to release, unless what stops a helper is its
+        # own part (its siblings need not release anything: it must spill instead)
+        if to_grant < num_bytes and not at_part and group_used + to_grant < min_per_task:
             return None
         if current + to_grant == 0:
             self.forget_idle_task(task_id)  # a task holding nothing does not count in N

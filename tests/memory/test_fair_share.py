@@ -70,6 +70,27 @@ def test_a_helper_group_counts_once_beside_other_tasks(mm: UnifiedMemoryManager)
     mm.check_invariants()
 
 
+def test_a_helper_at_its_part_is_refused_at_once_not_made_to_wait() -> None:
+    """Four helpers: each may hold a quarter of what the owner leaves, so the group can be
+    under half the pool while one helper is at its part. Waiting for the group's 1/(2N)
+    would wait on its own siblings, which need not release anything: it gets what its part
+    allows at once, and spills."""
+    import time
+
+    from extagg.memory import HelperTaskId
+
+    mm = UnifiedMemoryManager(1000, storage_fraction=0.5, wait_timeout=30)
+    helpers = [HelperTaskId("t1", w) for w in range(4)]
+    assert mm.acquire_execution_memory(100, "t1") == 100
+    for h in helpers:
+        assert mm.acquire_execution_memory(5, h) == 5
+    started = time.monotonic()
+    assert mm.acquire_execution_memory(1000, helpers[0]) == 220  # (1000 - 100) // 4 - 5
+    assert mm.acquire_execution_memory(10, helpers[0]) == 0
+    assert time.monotonic() - started < 5  # not the 30 s wait
+    mm.check_invariants()
+
+
 def test_partial_grant_when_at_least_half_share(mm: UnifiedMemoryManager) -> None:
     assert mm.acquire_execution_memory(700, "t1") == 700
     # N = 2, t2 needs 400 but only 300 are free: 300 >= 1/(2N) = 250, so granted without waiting
