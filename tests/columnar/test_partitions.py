@@ -378,6 +378,8 @@ def test_a_split_table_folds_and_feeds_its_partitions_in_large_pieces(
         got = pa.Table.from_batches(list(agg.results()), schema=agg.schema)
         assert 0 < agg.metrics.peak_granted_bytes <= 6 << 20
     assert reads and sum(feeds) == sum(reads)
-    assert len(feeds) * 4 <= len(reads), (len(feeds), len(reads))
+    # fed together: thousands of rows a call (the split's buffers write ~2 K-row batches)
+    assert len(feeds) * 2 <= len(reads) + 16, (len(feeds), len(reads))
+    assert sorted(feeds)[len(feeds) // 2] >= 4096, feeds
     _check(table, ["k"], AGGS, got)
     assert files_under(spill_dir) == []
