@@ -657,7 +657,7 @@ class HashAggregator(Spillable[ColumnBlock]):
         if found is None:
             return False
         combo, total = found
-        table = self._ensure_table()  # after a spill: a new table and its string-state arena
+        self._ensure_table()  # after a spill: a new table and its string-state arena
         if st.layout.has_var_states:  # first: growing the arena trims what is held to its use
             state_cols = self._var_state_columns(cols)
             state_bytes = sum(c.data.nbytes for c in state_cols if c.data is not None)

@@ -220,8 +220,8 @@ class ThreadedFold:
         ids: list[Hashable] = [HelperTaskId(owner_task, w) for w in range(self.threads)]
         #: one task per worker (explicit ids: any thread may act for it), the same for every
         #: threaded aggregator of the caller's task (they fold one after the other), helpers
-        #: of the caller's: together they have the caller's fair share, the workers an equal
-        #: part each of what the caller holds not
+        #: of the caller's task: with it they have one fair share, of which each worker may
+        #: hold an equal part of what the caller does not
         self.tasks = [task_memory_manager(memory_manager, i) for i in ids]
         self._make_child = make_child
         self._encode = encode
