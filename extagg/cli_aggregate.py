@@ -12,9 +12,7 @@ import argparse
 import importlib.abc
 import json
 import os
-import re
 import sys
-from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
@@ -26,12 +24,6 @@ __all__ = [
 ]
 
 SHOW_ROWS = 20
-#: ``[NAME=]FUNC(COLUMN)``; a column whose name has parentheses or quotes is written quoted,
-#: ``sum("Price (EUR)")`` (a ``"`` inside doubled, as in SQL) or ``sum(`Price (EUR)`)``
-_AGG = re.compile(
-    r"^\s*(?:(?P<name>[^=]+?)\s*=\s*)?(?P<func>[A-Za-z_]\w*)\s*"
-    r"\(\s*(?P<col>\"(?:[^\"]|\"\")*\"|`[^`]*`|[^)]*)\s*\)\s*$"
-)
 
 
 def add_aggregate_command(sub: Any) -> None:
@@ -73,37 +65,6 @@ def add_aggregate_command(sub: Any) -> None:
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar, no summary")
     p.add_argument("--json-summary", metavar="FILE", help="write the run's metrics as JSON")
     p.add_argument("--show", type=int, default=SHOW_ROWS, help="rows shown without -o")
-
-
-def parse_agg_specs(specs: Sequence[str]) -> dict[str, tuple[str, str]]:
-    """``['n=count(*)', 'sum(x)']`` → ``{"n": ("*", "count"), "sum_x": ("x", "sum")}``."""
-    from extagg.errors import QueryError
-
-    out: dict[str, tuple[str, str]] = {}
-    for spec in specs:
-        m = _AGG.match(spec)
-        if m is None:
-            raise QueryError(
-                f"cannot read --agg {spec!r}; write NAME=FUNC(COLUMN), e.g. 'n=count(*)' or "
-                "'total=sum(amount)' (a column name with parentheses quoted: "
-                "'p=sum(\"Price (EUR)\")')"
-            )
-        func, col = m.group("func"), _unquote(m.group("col").strip())
-        name = m.group("name") or (f"{func}" if col == "*" else f"{func}_{col}")
-        if not col:
-            raise QueryError(f"--agg {spec!r} names no column (use count(*) to count rows)")
-        if name in out:
-            raise QueryError(f"--agg names {name!r} twice")
-        out[name.strip()] = (col, func)
-    return out
-
-
-def _unquote(col: str) -> str:
-    if len(col) >= 2 and col[0] == col[-1] == '"':
-        return col[1:-1].replace('""', '"')
-    if len(col) >= 2 and col[0] == col[-1] == "`":
-        return col[1:-1]
-    return col
 
 
 def _schema(text: str | None) -> Any:
@@ -214,8 +175,10 @@ def _run_aggregate(args: argparse.Namespace) -> int:
             raise QueryError(
                 "give --by (its distinct values) or at least one --agg, e.g. --agg 'n=count(*)'"
             )
-        aggs = parse_agg_specs(args.agg) if args.agg else None  # None: the distinct keys
+        from extagg.columnar.functions import parse_agg_texts
         from extagg.io.run import plan_query
+
+        aggs = parse_agg_texts(args.agg) if args.agg else None  # None: the distinct keys
 
         output = args.output
         fmt = None

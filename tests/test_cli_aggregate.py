@@ -18,6 +18,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
+import extagg
 from extagg.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -210,7 +211,7 @@ def test_atomic_output_removes_its_temp_file_on_error(tmp_path):
 
 
 def test_agg_columns_may_be_quoted(tmp_path, capsys):
-    from extagg.cli_aggregate import parse_agg_specs
+    from extagg.columnar.functions import parse_agg_texts as parse_agg_specs
 
     assert parse_agg_specs(['s=sum("a ""b"" (c)")', "t = max( `q)` )", "count( * )"]) == {
         "s": ('a "b" (c)', "sum"), "t": ("q)", "max"), "count": ("*", "count"),
@@ -380,6 +381,10 @@ def test_same_answers_as_duckdb(tmp_path, data, capsys):
         ([], 2, ["give --by (its distinct values) or at least one --agg"]),
         (["--by", "k,g,k", "--agg", "n=count(*)"], 2, ["['k'] given twice"]),
         (["--by", "k", "--agg", "k=count(*)"], 2, ["['k'] have the names of key columns"]),
+        (["--by", "k", "--agg", "n=count(*)", "--where", "g > 1"], 2,
+         ["'>' does not apply to string and int", "position 2"]),
+        (["--by", "k", "--agg", "n=count(*)", "--where", "u in ('x')"], 2,
+         ["values of 'in' cannot be read as int64"]),
     ],
 )  # fmt: skip
 def test_usage_errors_exit_2(data, argv, code, words, capsys):
@@ -389,6 +394,22 @@ def test_usage_errors_exit_2(data, argv, code, words, capsys):
     for w in words:
         assert w in err, err
     assert "Traceback" not in err
+
+
+def test_quoted_values_take_the_column_type_and_aggs_may_be_texts(data):
+    """``u >= '25'`` reads the text as ``u``'s type, in the row-group pruning too (Arrow's
+    pruning failed on ``u in ('1')``); ``aggs`` may be the ``--agg`` texts."""
+    src, t = data
+    got = extagg.aggregate_files(
+        src, by="g", aggs=["n=count(*)", "sum(v)"], where="u >= '25' and u not in ('30')"
+    ).read_all()
+    df = t.to_pandas()
+    df = df[(df.u >= 25) & (df.u != 30)]
+    want = df.groupby("g").agg(n=("v", "size"), s=("v", "sum"))
+    mine = {r["g"]: (r["n"], r["sum_v"]) for r in got.to_pylist()}
+    assert mine.keys() == set(want.index)
+    for g, row in want.iterrows():
+        assert mine[g][0] == row.n and mine[g][1] == pytest.approx(row.s, rel=1e-9)
 
 
 def test_runtime_errors_exit_1(tmp_path, capsys):

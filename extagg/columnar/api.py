@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from extagg.columnar.columns import dataset_batches, is_batch, is_dataset
 from extagg.columnar.distinct import DistinctAggregator, has_distinct
-from extagg.columnar.functions import parse_aggs
+from extagg.columnar.functions import agg_mapping, parse_aggs
 from extagg.columnar.hash_aggregator import HashAggregator
 from extagg.columnar.objects import ObjectAggregator, untyped_columns
 from extagg.metrics import SpillMetrics, metrics_metadata
@@ -54,7 +54,7 @@ def _columns(keys: str | Sequence[str], aggs: Mapping[str, tuple[str, str]]) -> 
 def aggregate(
     source: Any,
     keys: str | Sequence[str],
-    aggs: Mapping[str, tuple[str, str]],
+    aggs: Mapping[str, tuple[str, str]] | Sequence[str] | str,
     *,
     progress: bool | Callable[[SpillMetrics], None] = False,
     **options: Any,
@@ -70,7 +70,8 @@ def aggregate(
     keys
         Grouping column name or names.
     aggs
-        Output name → ``(column, function)``; ``("*", "count")`` counts rows.
+        Output name → ``(column, function)``; ``("*", "count")`` counts rows. Or the
+        ``extagg aggregate --agg`` texts: ``["n=count(*)", "total=sum(amount)"]``.
     **options
         Passed to :class:`~extagg.HashAggregator` (``memory``, ``memory_manager``,
         ``spill_dirs``, ...); ``count_distinct`` aggregates run a two-level group-by beside it.
@@ -110,6 +111,7 @@ def aggregate(
     >>> sorted(t.to_pylist(), key=lambda r: r["k"])
     [{'k': 'a', 's': 4}, {'k': 'b', 's': 2}]
     """
+    asked: Mapping[str, tuple[str, str]] = agg_mapping(aggs)
     bar = None
     if progress is True:
         from extagg._progress import progress_bar, progress_enabled
@@ -122,9 +124,9 @@ def aggregate(
         probe = next(it, None)
         batches = [] if probe is None else itertools.chain([probe], it)
     factory: Callable[..., Any] = make_aggregator
-    if probe is not None and untyped_columns(probe, _columns(keys, aggs)):
+    if probe is not None and untyped_columns(probe, _columns(keys, asked)):
         factory = ObjectAggregator  # Python objects: the generic engine
-    with factory(keys, aggs, **options) as agg:
+    with factory(keys, asked, **options) as agg:
         if is_dataset(source):
             batches = dataset_batches(source, agg.input_columns)
         for batch in batches:

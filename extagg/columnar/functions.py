@@ -18,6 +18,7 @@ A group with no non-null input gets a null (``var``/``std`` need two values,
 
 from __future__ import annotations
 
+import re
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ import pyarrow as pa
 from extagg.columnar import _kernels
 from extagg.columnar.columns import Column, decimal_array, is_decimal64
 from extagg.columnar.var_states import VarArena
-from extagg.errors import SumOverflowError
+from extagg.errors import QueryError, SumOverflowError
 
 __all__ = [
     "FUNCTIONS",
@@ -44,6 +45,8 @@ __all__ = [
     "is_var_spec",
     "merge_var",
     "NO_AGGREGATES",
+    "agg_mapping",
+    "parse_agg_texts",
     "parse_aggs",
     "resolve",
     "update",
@@ -131,6 +134,54 @@ class AggregateSpec:
 NO_AGGREGATES: Mapping[str, Any] = MappingProxyType({})
 
 
+#: ``[NAME=]FUNC(COLUMN)``; a column whose name has parentheses or quotes is written quoted,
+#: ``sum("Price (EUR)")`` (a ``"`` inside doubled, as in SQL) or ``sum(`Price (EUR)`)``
+_AGG_TEXT = re.compile(
+    r"^\s*(?:(?P<name>[^=]+?)\s*=\s*)?(?P<func>[A-Za-z_]\w*)\s*"
+    r"\(\s*(?P<col>\"(?:[^\"]|\"\")*\"|`[^`]*`|[^)]*)\s*\)\s*$"
+)
+
+
+def parse_agg_texts(texts: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """``['n=count(*)', 'sum(x)']`` → ``{"n": ("*", "count"), "sum_x": ("x", "sum")}`` (the
+    ``--agg`` form; an unnamed aggregate is called ``func_column``)."""
+    out: dict[str, tuple[str, str]] = {}
+    for text in texts:
+        m = _AGG_TEXT.match(text) if isinstance(text, str) else None
+        if m is None:
+            raise QueryError(
+                f"cannot read aggregate {text!r}; write NAME=FUNC(COLUMN), e.g. 'n=count(*)' or "
+                "'total=sum(amount)' (a column name with parentheses quoted: "
+                "'p=sum(\"Price (EUR)\")')"
+            )
+        func, col = m.group("func"), _unquote(m.group("col").strip())
+        name = (m.group("name") or (f"{func}" if col == "*" else f"{func}_{col}")).strip()
+        if not col:
+            raise QueryError(f"aggregate {text!r} names no column (use count(*) to count rows)")
+        if name in out:
+            raise QueryError(f"two aggregates are named {name!r}")
+        out[name] = (col, func)
+    return out
+
+
+def _unquote(col: str) -> str:
+    if len(col) >= 2 and col[0] == col[-1] == '"':
+        return col[1:-1].replace('""', '"')
+    if len(col) >= 2 and col[0] == col[-1] == "`":
+        return col[1:-1]
+    return col
+
+
+def agg_mapping(aggs: Any) -> Any:
+    """``aggs`` as ``{output: (column, function)}``: a mapping is returned as it is, a text
+    ``'n=count(*)'`` or a list of them is parsed (:func:`parse_agg_texts`)."""
+    if isinstance(aggs, str):
+        return parse_agg_texts([aggs])
+    if isinstance(aggs, Sequence) and aggs and all(isinstance(a, str) for a in aggs):
+        return parse_agg_texts(aggs)
+    return aggs
+
+
 def parse_aggs(aggs: Mapping[str, Any], distinct: bool = False) -> list[AggregateRequest]:
     """Check ``{output: (column, function)}`` and canonicalise the function names
     (``distinct``: accept :data:`DISTINCT_FUNCTIONS` too); :data:`NO_AGGREGATES` is the one
@@ -140,6 +191,7 @@ def parse_aggs(aggs: Mapping[str, Any], distinct: bool = False) -> list[Aggregat
     if not isinstance(aggs, Mapping) or not aggs:
         raise TypeError(
             'aggs must be a non-empty dict like {"total": ("amount", "sum"), "n": ("*", "count")}'
+            ' or a list like ["total=sum(amount)", "n=count(*)"]'
         )
     out = []
     for output, spec in aggs.items():

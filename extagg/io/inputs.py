@@ -1000,10 +1000,13 @@ def open_input(
     schema: pa.Schema | None = None,
     header: bool = True,
     sample_bytes: int = 1 << 22,
+    bind_filter: Callable[[pa.Schema], Any] | None = None,
 ) -> InputScan:
     """Resolve ``paths`` and plan a scan of the ``needed`` columns (see the module docstring).
 
     CSV column types are inferred from the first ``sample_bytes`` of each file.
+    ``bind_filter(schema)``, given the types of the columns read (the filter's among them)
+    before any row group is pruned, returns ``filter`` fitted to them, or raises.
 
     Raises :class:`~extagg.errors.InputError` (missing files, schemas that cannot be unified,
     naming both files and the column) and :class:`~extagg.errors.QueryError` (a needed column
@@ -1103,6 +1106,8 @@ def open_input(
         partitionings[base] = factory
     fields += [pa.field(n, hive[n]) for n in read_cols if n in hive]
     unified = pa.schema(fields)
+    if filter is not None and bind_filter is not None:
+        filter = bind_filter(unified)
 
     parts: list[tuple[str, Any, Any, dict[str, Any]]] = []
     total_rows: int | None = 0 if fmt == "parquet" else None

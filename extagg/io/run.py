@@ -399,7 +399,7 @@ def plan_query(
     paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     *,
     by: str | Sequence[str] = (),
-    aggs: Mapping[str, tuple[str, str]] | None = None,
+    aggs: Mapping[str, tuple[str, str]] | Sequence[str] | str | None = None,
     where: str | None = None,
     having: str | None = None,
     memory: int | str | None = None,
@@ -416,21 +416,22 @@ def plan_query(
 ) -> FileQuery:
     """Check a query and plan its scan (see :func:`aggregate_files`); reads no data rows."""
     from extagg._config import parse_size
-    from extagg.columnar.functions import NO_AGGREGATES, parse_aggs
+    from extagg.columnar.functions import NO_AGGREGATES, agg_mapping, parse_aggs
 
     keys = [by] if isinstance(by, str) else list(by)
-    if aggs is None or aggs is NO_AGGREGATES:  # SELECT DISTINCT by
+    asked: Mapping[str, Any] | None = agg_mapping(aggs)
+    if asked is None or asked is NO_AGGREGATES:  # SELECT DISTINCT by
         if not keys:
             raise QueryError("no keys and no aggregates: give by= (its distinct values) or aggs=")
-        aggs = NO_AGGREGATES
+        asked = NO_AGGREGATES
     try:
-        requests = parse_aggs(aggs, distinct=True)
+        requests = parse_aggs(asked, distinct=True)
     except (TypeError, ValueError) as exc:
         raise QueryError(str(exc)) from None
     repeated = sorted({k for k in keys if keys.count(k) > 1})
     if repeated:
         raise QueryError(f"key column(s) {repeated} given twice in by")
-    clash = sorted(set(keys) & set(aggs))
+    clash = sorted(set(keys) & set(asked))
     if clash:
         raise QueryError(
             f"aggregate output(s) {clash} have the names of key columns: rename them "
@@ -468,17 +469,17 @@ def plan_query(
         paths, needed, filter=None if where_expr is None else where_expr.expression,
         filter_columns=[] if where_expr is None else where_expr.columns, format=format,
         delimiter=delimiter, column_types=types, schema=schema, header=header,
-        sample_bytes=sample,
+        sample_bytes=sample, bind_filter=None if where_expr is None else where_expr.bind,
     )  # fmt: skip
     scan.batch_rows = batch_rows
     if where_expr is not None:
         scan.filter_mask = where_expr.mask
     if having_expr is not None:
-        out_cols = [*keys, *aggs]
+        out_cols = [*keys, *asked]
         for name in having_expr.columns:
             if name not in out_cols:
                 raise unknown_column(name, out_cols, "result column")
-    kept_aggs = aggs if aggs is NO_AGGREGATES else dict(aggs)  # NO_AGGREGATES by identity
+    kept_aggs = asked if asked is NO_AGGREGATES else dict(asked)  # NO_AGGREGATES by identity
     return FileQuery(
         scan, keys, kept_aggs, having_expr, memory, memory_manager, spill_dirs, sort, threads
     )
@@ -488,7 +489,7 @@ def aggregate_files(
     paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     *,
     by: str | Sequence[str] = (),
-    aggs: Mapping[str, tuple[str, str]] | None = None,
+    aggs: Mapping[str, tuple[str, str]] | Sequence[str] | str | None = None,
     where: str | None = None,
     having: str | None = None,
     memory: int | str | None = None,
@@ -510,8 +511,9 @@ def aggregate_files(
         The key column(s); empty for one global result row.
     aggs
         ``{"name": ("column", "function")}`` as :func:`extagg.aggregate` takes
-        (``("*", "count")`` counts rows). Omitted (``None``): no aggregate, one row per
-        distinct value of ``by`` (``SELECT DISTINCT``).
+        (``("*", "count")`` counts rows), or ``--agg`` texts: ``["n=count(*)",
+        "total=sum(amount)"]``. Omitted (``None``): no aggregate, one row per distinct value
+        of ``by`` (``SELECT DISTINCT``).
     where
         Filter on input rows (pushed into the scan), in the grammar of ``--where``.
     having

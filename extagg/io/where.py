@@ -17,6 +17,9 @@ Grammar (keywords are case-insensitive)::
 
 ``cmp`` is one of ``= == != <> < <= > >=``. A syntax error raises
 :class:`~extagg.errors.ExpressionError`, whose message shows the expression with a caret.
+Once the input's column types are known, :meth:`ParsedExpression.bind` parses it again
+against them: an operator whose operands do not fit (``int_col = 'x'``) is an
+:class:`~extagg.errors.ExpressionError` at that operator, before any row is read.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 
 from extagg.errors import ExpressionError
 
@@ -81,6 +85,21 @@ class ParsedExpression:
     #: the same expression as eager ``pyarrow.compute`` calls on a batch's columns
     evaluate: Callable[[pa.RecordBatch], Any] | None = None
 
+    def bind(self, schema: pa.Schema) -> pc.Expression:
+        """Fit the expression to the input's column types (``schema``: at least the columns it
+        reads) and return it.
+
+        Every operation is checked against its operands' types, so a mismatch is a usage error
+        at its operator (``int_col = 'x'``: "'=' does not apply to int64 and string") rather
+        than Arrow's error from deep in the scan. A column whose type is ``null`` (all nulls:
+        a JSON field never set, a Parquet column of nulls) takes the type of the values it is
+        tested ``in``: ``null in (...)`` is null, so the row is dropped, as in SQL."""
+        parser = _Parser(self.text, schema)
+        expr = parser.parse()
+        self.expression = expr
+        self.evaluate = parser.fn(expr)
+        return expr
+
     def mask(self, batch: pa.RecordBatch) -> pa.Array | None:
         """The rows of ``batch`` the expression keeps, as a boolean array (null: dropped), or
         ``None`` when it cannot be evaluated eagerly (then filter with :attr:`expression`).
@@ -127,7 +146,7 @@ def _tokenize(text: str) -> list[_Tok]:
 
 
 class _Parser:
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, schema: pa.Schema | None = None) -> None:
         self.text = text
         self.toks = _tokenize(text)
         self.i = 0
@@ -135,6 +154,21 @@ class _Parser:
         #: each expression built (by ``id``; held in ``_made``) → its eager evaluation
         self._fns: dict[int, Callable[[pa.RecordBatch], Any]] = {}
         self._made: list[pc.Expression] = []
+        #: the quoted-string literals built (by ``id``) → their text and token
+        self._quoted: dict[int, tuple[str, _Tok]] = {}
+        #: with the input's types: one row of nulls of them, to type (and run: some kernels
+        #: check their options only then) every expression as it is built
+        self._empty = (
+            None
+            if schema is None
+            else pa.table([pa.nulls(1, f.type) for f in schema], schema=schema)
+        )
+
+    def type_of(self, expr: pc.Expression) -> pa.DataType:
+        """The type of ``expr`` on the input's columns (raises Arrow's error if it has none)."""
+        assert self._empty is not None
+        projected = ds.dataset(self._empty).to_table(columns={"value": expr})
+        return projected.schema.field(0).type
 
     def made(self, expr: pc.Expression, fn: Callable[[pa.RecordBatch], Any]) -> pc.Expression:
         """Remember ``fn`` as the eager form of ``expr``."""
@@ -146,10 +180,77 @@ class _Parser:
         """The eager form of an expression this parser built."""
         return self._fns[id(expr)]
 
-    def call(self, func: Callable[..., Any], *args: pc.Expression, **kw: Any) -> pc.Expression:
-        """``func(*args)`` as an expression, with its eager form."""
+    def fit_quoted(
+        self, left: pc.Expression, right: pc.Expression
+    ) -> tuple[pc.Expression, pc.Expression]:
+        """A quoted string compared with a typed non-string operand read as that type, as
+        SQL engines do (``day >= '2024-01-31'``, ``id = '7'``); a text that does not read so
+        is an error at the string."""
+        if self._empty is None:
+            return left, right
+        for mine, other in ((left, right), (right, left)):
+            if id(mine) not in self._quoted or id(other) in self._quoted:
+                continue
+            other_type = self.type_of(other)
+            if pa.types.is_string(other_type) or pa.types.is_large_string(other_type):
+                continue
+            if pa.types.is_null(other_type):
+                continue
+            text, tok = self._quoted[id(mine)]
+            try:
+                literal = pa.scalar(text).cast(other_type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                raise ExpressionError(
+                    f"{tok.text} cannot be read as {other_type}, the type it is compared with",
+                    self.text, tok.pos,
+                ) from None  # fmt: skip
+            typed = self.made(pc.scalar(literal), _constant(literal))
+            return (typed, right) if mine is left else (left, typed)
+        return left, right
+
+    def fit_in(
+        self, left: pc.Expression, value_set: pa.Array, at: _Tok
+    ) -> tuple[pc.Expression, pa.Array]:
+        """``left in (values)`` with the input's types: quoted values read as ``left``'s type
+        (``id in ('7', '9')``, ``day in ('2024-01-31')``: Arrow would cast them per row, but
+        its row-group pruning cannot), an all-null column typed as the values (the test is
+        null: the row is dropped)."""
+        left_type = self.type_of(left)
+        if pa.types.is_null(left_type):
+            cast = value_set.type
+            fn = self.fn(left)
+            return self.made(left.cast(cast), lambda b: pc.cast(fn(b), cast)), value_set
+        if pa.types.is_string(value_set.type) and not (
+            pa.types.is_string(left_type) or pa.types.is_large_string(left_type)
+        ):
+            try:
+                return left, value_set.cast(left_type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                raise ExpressionError(
+                    f"the values of 'in' cannot be read as {left_type}, the type of what they "
+                    "are tested against",
+                    self.text, at.pos,
+                ) from None  # fmt: skip
+        return left, value_set
+
+    def call(
+        self, func: Callable[..., Any], *args: pc.Expression, at: _Tok | None = None, **kw: Any
+    ) -> pc.Expression:
+        """``func(*args)`` as an expression, with its eager form; with the input's types, an
+        error at the operator token ``at`` if its operands' types do not fit."""
         fns = [self.fn(a) for a in args]
-        return self.made(func(*args, **kw), lambda b: func(*(f(b) for f in fns), **kw))
+        expr = func(*args, **kw)
+        if self._empty is not None and at is not None:
+            try:
+                self.type_of(expr)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                types = [str(self.type_of(a)) for a in args]
+                if "value_set" in kw:
+                    types.append(f"values of type {kw['value_set'].type}")
+                raise ExpressionError(
+                    f"{at.text!r} does not apply to {' and '.join(types)}", self.text, at.pos
+                ) from None
+        return self.made(expr, lambda b: func(*(f(b) for f in fns), **kw))
 
     # -------------------------------------------------------------- helpers
     @property
@@ -188,26 +289,29 @@ class _Parser:
 
     def or_(self) -> pc.Expression:
         left = self.and_()
-        while self.take_word("or"):
-            left = self.call(pc.or_kleene, left, self.and_())
+        while (at := self.tok) and self.take_word("or"):
+            left = self.call(pc.or_kleene, left, self.and_(), at=at)
         return left
 
     def and_(self) -> pc.Expression:
         left = self.not_()
-        while self.take_word("and"):
-            left = self.call(pc.and_kleene, left, self.not_())
+        while (at := self.tok) and self.take_word("and"):
+            left = self.call(pc.and_kleene, left, self.not_(), at=at)
         return left
 
     def not_(self) -> pc.Expression:
+        at = self.tok
         if self.take_word("not"):
-            return self.call(pc.invert, self.not_())
+            return self.call(pc.invert, self.not_(), at=at)
         return self.predicate()
 
     def predicate(self) -> pc.Expression:
         left = self.sum_()
+        at = self.tok
         op = self.take_op(*_CMP)
         if op is not None:
-            return self.call(_CMP[op], left, self.sum_())
+            left, right = self.fit_quoted(left, self.sum_())
+            return self.call(_CMP[op], left, right, at=at)
         if self.take_word("is"):
             negate = self.take_word("not")
             if not self.take_word("null"):
@@ -216,13 +320,17 @@ class _Parser:
             return self.call(pc.invert, test) if negate else test
         start = self.i
         negate = self.take_word("not")
+        at = self.tok
         if self.take_word("in"):
             self.expect_op("(")
             values = [self.literal_value()]
             while self.take_op(","):
                 values.append(self.literal_value())
             self.expect_op(")")
-            test = self.call(pc.is_in, left, value_set=_value_set(values))
+            value_set = _value_set(values)
+            if self._empty is not None:
+                left, value_set = self.fit_in(left, value_set, at)
+            test = self.call(pc.is_in, left, value_set=value_set, at=at)
             # SQL: null [not] in (...) is null, so the row is dropped either way
             if negate:
                 return self.call(pc.and_kleene, self.call(pc.invert, test),
@@ -233,10 +341,13 @@ class _Parser:
             if not self.take_word("and"):
                 raise self.error("expected 'and' in 'between ... and ...'")
             high = self.sum_()
+            left, low = self.fit_quoted(left, low)
+            left, high = self.fit_quoted(left, high)
             test = self.call(
                 pc.and_kleene,
-                self.call(pc.greater_equal, left, low), self.call(pc.less_equal, left, high),
-            )  # fmt: skip
+                self.call(pc.greater_equal, left, low, at=at),
+                self.call(pc.less_equal, left, high, at=at),
+            )
             return self.call(pc.invert, test) if negate else test
         if negate:
             self.i = start
@@ -245,22 +356,24 @@ class _Parser:
 
     def sum_(self) -> pc.Expression:
         left = self.product()
-        while (op := self.take_op("+", "-")) is not None:
+        while (at := self.tok) and (op := self.take_op("+", "-")) is not None:
             right = self.product()
             func = pc.add_checked if op == "+" else pc.subtract_checked
-            left = self.call(func, left, right)
+            left = self.call(func, left, right, at=at)
         return left
 
     def product(self) -> pc.Expression:
         left = self.unary()
-        while (op := self.take_op("*", "/")) is not None:
+        while (at := self.tok) and (op := self.take_op("*", "/")) is not None:
             right = self.unary()
-            left = self.call(pc.multiply_checked if op == "*" else pc.divide, left, right)
+            func = pc.multiply_checked if op == "*" else pc.divide
+            left = self.call(func, left, right, at=at)
         return left
 
     def unary(self) -> pc.Expression:
+        at = self.tok
         if self.take_op("-"):
-            return self.call(pc.negate_checked, self.unary())
+            return self.call(pc.negate_checked, self.unary(), at=at)
         return self.atom()
 
     def atom(self) -> pc.Expression:
@@ -278,7 +391,10 @@ class _Parser:
             return self.column(tok.text, tok.pos)
         value = self.literal_value()
         literal = value if isinstance(value, pa.Scalar) else pa.scalar(value)
-        return self.made(pc.scalar(value), lambda b: literal)
+        expr = self.made(pc.scalar(value), lambda b: literal)
+        if isinstance(value, str):
+            self._quoted[id(expr)] = (value, tok)
+        return expr
 
     def column(self, name: str, pos: int) -> pc.Expression:
         self.columns.setdefault(name, pos)
@@ -322,6 +438,11 @@ class _Parser:
                     f"invalid {word} literal {lit.text}", self.text, lit.pos
                 ) from None
         raise self.error("expected a value (number, 'string', date '...', column)")
+
+
+def _constant(value: pa.Scalar) -> Callable[[pa.RecordBatch], pa.Scalar]:
+    """The eager form of a literal: ``value`` whatever the batch."""
+    return lambda batch: value
 
 
 def _number(text: str) -> object:

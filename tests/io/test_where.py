@@ -176,3 +176,68 @@ def test_eager_masks_match_the_expressions(values, strings, low, op, join):
     batch = table.combine_chunks().to_batches()[0]
     want = ds.dataset(table).to_table(filter=parsed.expression).to_pylist()
     assert batch.filter(parsed.mask(batch)).to_pylist() == want
+
+
+def bound_kept(text: str, table: pa.Table = TABLE) -> list[int | None]:
+    """The ``i`` of the rows kept once the expression is bound to ``table``'s types, by the
+    expression and by the eager mask (they must agree)."""
+    parsed = parse_expression(text)
+    expr = parsed.bind(table.schema)
+    by_expr = ds.dataset(table).to_table(filter=expr).column("i").to_pylist()
+    batch = table.combine_chunks().to_batches()[0]
+    mask = parsed.mask(batch)
+    if mask is not None:
+        assert batch.filter(mask).column("i").to_pylist() == by_expr
+    return by_expr
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("i = '2'", [2]),
+        ("'2' <= i", [2, 3]),
+        ("i in ('1', '3')", [1, 3]),
+        ("d >= '1998-09-02'", [2, 3]),
+        ("d between '1998-01-01' and '1998-09-02'", [1, 2]),
+        ("d in ('1998-09-03')", [3]),
+        ("f > '1'", [2, None]),
+        ("m >= '0.07'", [3, None]),
+        ("s = 'a'", [1]),
+        ("i + 1 > '3'", [3]),
+    ],
+)  # fmt: skip
+def test_quoted_values_read_as_the_type_they_are_compared_with(text, expected):
+    """``day >= '2024-01-31'``, ``id = '7'``: the quoted text is read as the other side's type
+    (as SQL engines do) once the input's types are known."""
+    assert bound_kept(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "position", "words"),
+    [
+        ("i = 'x'", 4, "'x' cannot be read as int64"),
+        ("d < 'soon'", 4, "cannot be read as date32"),
+        ("s = 1", 2, "'=' does not apply to string and int"),
+        ("s > 1 and i = 1", 2, "'>' does not apply to string and int"),
+        ("i in ('one')", 2, "cannot be read as int64"),
+        ("s in (1, 2)", 2, "'in' does not apply to string and values of type int64"),
+        ("i = 1 and s + 1 > 0", 12, "'+' does not apply to string and int"),
+        ("b and s", 2, "'and' does not apply to bool and string"),
+    ],
+)  # fmt: skip
+def test_type_mismatches_are_errors_at_their_operator(text, position, words):
+    """Bound to the input's types, an operator whose operands do not fit is a usage error
+    with a caret at it, not Arrow's error from inside the scan."""
+    with pytest.raises(ExpressionError) as err:
+        parse_expression(text).bind(TABLE.schema)
+    assert err.value.position == position
+    assert words in str(err.value)
+
+
+def test_an_all_null_column_tests_like_sql_null():
+    """A column typed ``null`` (a JSON field never set, a Parquet column of nulls): ``in``
+    and ``not in`` are null, so every row is dropped (Arrow refused ``is_in`` on it)."""
+    table = TABLE.append_column("n", pa.nulls(TABLE.num_rows))
+    for text in ("n in ('x', 'y')", "n not in ('x')", "n = 'x'", "n in (1)"):
+        assert bound_kept(text, table) == [], text
+    assert bound_kept("n is null and i < 3", table) == [1, 2]
