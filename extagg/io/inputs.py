@@ -18,7 +18,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import difflib
-import glob
 import logging
 import os
 import re
@@ -32,6 +31,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
+from extagg._input_paths import expand_input_paths
 from extagg.errors import InputError, QueryError
 
 __all__ = ["InputScan", "ScanProgress", "open_input", "parse_type", "row_bytes", "FORMATS"]
@@ -880,36 +880,6 @@ def detect_format(path: str) -> str | None:
     return _EXT.get(os.path.splitext(name)[1])
 
 
-def _expand(paths: Sequence[str]) -> list[tuple[str, str | None]]:
-    """(file, hive base directory or None) for every path, glob and directory given."""
-    out: list[tuple[str, str | None]] = []
-    for raw in paths:
-        path = os.fspath(raw)
-        if any(ch in path for ch in "*?["):
-            matches = sorted(glob.glob(path, recursive=True))
-            if not matches:
-                raise InputError(f"no file matches {path!r}", path=path)
-            for m in matches:
-                out.extend(_expand([m]) if os.path.isdir(m) else [(m, None)])
-        elif os.path.isdir(path):
-            found = []
-            for root, dirs, files in os.walk(path):
-                dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
-                found += [
-                    os.path.join(root, f)
-                    for f in sorted(files)
-                    if not f.startswith((".", "_")) and not f.endswith(".crc")
-                ]
-            if not found:
-                raise InputError(f"directory {path} holds no data files", path=path)
-            out.extend((f, path) for f in found)
-        elif os.path.exists(path):
-            out.append((path, None))
-        else:
-            raise InputError(f"no such file: {path}", path=path)
-    return out
-
-
 _TYPES = {
     "int8": pa.int8(), "int16": pa.int16(), "int32": pa.int32(), "int64": pa.int64(),
     "int": pa.int64(), "bigint": pa.int64(), "uint8": pa.uint8(), "uint16": pa.uint16(),
@@ -1014,7 +984,7 @@ def open_input(
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [os.fspath(paths)]
-    files = _expand([os.fspath(p) for p in paths])
+    files = expand_input_paths([os.fspath(p) for p in paths])
     if format is not None:
         fmt = format.lower()
         if fmt in ("arrow", "feather"):
