@@ -154,8 +154,8 @@ class _Parser:
         #: each expression built (by ``id``; held in ``_made``) → its eager evaluation
         self._fns: dict[int, Callable[[pa.RecordBatch], Any]] = {}
         self._made: list[pc.Expression] = []
-        #: the quoted-string literals built (by ``id``) → their text and token
-        self._quoted: dict[int, tuple[str, _Tok]] = {}
+        #: the quoted-string and date/timestamp literals built (by ``id``) → value and token
+        self._quoted: dict[int, tuple[str | pa.Scalar, _Tok]] = {}
         #: with the input's types: one row of nulls of them, to type (and run: some kernels
         #: check their options only then) every expression as it is built
         self._empty = (
@@ -183,9 +183,10 @@ class _Parser:
     def fit_quoted(
         self, left: pc.Expression, right: pc.Expression
     ) -> tuple[pc.Expression, pc.Expression]:
-        """A quoted string compared with a typed non-string operand read as that type, as
-        SQL engines do (``day >= '2024-01-31'``, ``id = '7'``); a text that does not read so
-        is an error at the string."""
+        """A literal compared with a typed operand read as that type, as SQL engines do: a
+        quoted string with a non-string operand (``day >= '2024-01-31'``, ``id = '7'``), a
+        date or timestamp with a time-zone-aware timestamp column (the literal's wall time in
+        that zone); a text that does not read so is an error at the literal."""
         if self._empty is None:
             return left, right
         for mine, other in ((left, right), (right, left)):
@@ -196,14 +197,18 @@ class _Parser:
                 continue
             if pa.types.is_null(other_type):
                 continue
-            text, tok = self._quoted[id(mine)]
+            value, tok = self._quoted[id(mine)]
             try:
-                literal = pa.scalar(text).cast(other_type)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                literal = _read_as(value, other_type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, ValueError):
+                if not isinstance(value, str):
+                    continue  # a typed literal: the operator's own check says what is wrong
                 raise ExpressionError(
                     f"{tok.text} cannot be read as {other_type}, the type it is compared with",
                     self.text, tok.pos,
                 ) from None  # fmt: skip
+            if literal is None:
+                continue
             typed = self.made(pc.scalar(literal), _constant(literal))
             return (typed, right) if mine is left else (left, typed)
         return left, right
@@ -224,8 +229,10 @@ class _Parser:
             pa.types.is_string(left_type) or pa.types.is_large_string(left_type)
         ):
             try:
-                return left, value_set.cast(left_type)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                texts = value_set.to_pylist()
+                read = [None if v is None else _read_as(v, left_type) for v in texts]
+                return left, pa.array(read, left_type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, ValueError):
                 raise ExpressionError(
                     f"the values of 'in' cannot be read as {left_type}, the type of what they "
                     "are tested against",
@@ -330,11 +337,15 @@ class _Parser:
             value_set = _value_set(values)
             if self._empty is not None:
                 left, value_set = self.fit_in(left, value_set, at)
-            test = self.call(pc.is_in, left, value_set=value_set, at=at)
-            # SQL: null [not] in (...) is null, so the row is dropped either way
+            # SQL: null [not] in (...) is null, so the row is dropped either way (a null in
+            # the list matches nothing); x not in (..., null) is never true
+            test = self.call(pc.is_in, left, value_set=value_set, skip_nulls=True, at=at)
             if negate:
-                return self.call(pc.and_kleene, self.call(pc.invert, test),
-                                 self.call(pc.is_valid, left))  # fmt: skip
+                keep = self.call(pc.is_valid, left)
+                if value_set.null_count:
+                    never = pa.scalar(False)
+                    keep = self.made(pc.scalar(never), _constant(never))
+                return self.call(pc.and_kleene, self.call(pc.invert, test), keep)
             return test
         if self.take_word("between"):
             low = self.sum_()
@@ -392,7 +403,9 @@ class _Parser:
         value = self.literal_value()
         literal = value if isinstance(value, pa.Scalar) else pa.scalar(value)
         expr = self.made(pc.scalar(value), lambda b: literal)
-        if isinstance(value, str):
+        if isinstance(value, str) or (
+            isinstance(value, pa.Scalar) and pa.types.is_temporal(value.type)
+        ):
             self._quoted[id(expr)] = (value, tok)
         return expr
 
@@ -438,6 +451,35 @@ class _Parser:
                     f"invalid {word} literal {lit.text}", self.text, lit.pos
                 ) from None
         raise self.error("expected a value (number, 'string', date '...', column)")
+
+
+def _read_as(value: str | pa.Scalar, typ: pa.DataType) -> pa.Scalar | None:
+    """``value`` (a quoted text, or a date/timestamp literal) as a scalar of ``typ``; ``None``
+    for a typed literal that needs no change. Raises Arrow's error or ``ValueError`` when the
+    text does not read as ``typ``."""
+    if isinstance(value, pa.Scalar):  # date '...' / timestamp '...'
+        if not (pa.types.is_timestamp(typ) and typ.tz is not None):
+            return None
+        when = value.as_py()
+        if when is None:
+            return None
+        if not isinstance(when, dt.datetime):
+            when = dt.datetime.combine(when, dt.time())
+        return _timestamp(when, typ)
+    try:
+        return pa.scalar(value).cast(typ)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        if not pa.types.is_timestamp(typ):
+            raise
+    return _timestamp(dt.datetime.fromisoformat(value), typ)
+
+
+def _timestamp(when: dt.datetime, typ: pa.TimestampType) -> pa.Scalar:
+    """``when`` as a scalar of the timestamp type ``typ``: a naive time in ``typ``'s zone."""
+    if when.tzinfo is not None or typ.tz is None:
+        return pa.scalar(when, pa.timestamp(typ.unit, "UTC" if when.tzinfo else None)).cast(typ)
+    naive = pa.array([when], pa.timestamp(typ.unit))
+    return pc.assume_timezone(naive, timezone=typ.tz)[0]
 
 
 def _constant(value: pa.Scalar) -> Callable[[pa.RecordBatch], pa.Scalar]:

@@ -241,3 +241,36 @@ def test_an_all_null_column_tests_like_sql_null():
     for text in ("n in ('x', 'y')", "n not in ('x')", "n = 'x'", "n in (1)"):
         assert bound_kept(text, table) == [], text
     assert bound_kept("n is null and i < 3", table) == [1, 2]
+
+
+def test_timestamps_with_a_time_zone_read_literals_as_wall_time_there():
+    """A tz-aware column compared with a quoted text or a ``timestamp``/``date`` literal
+    with no zone: the literal is a wall time in the column's zone (Arrow refused both)."""
+    paris = pa.array(
+        [dt.datetime(2020, 1, 1, 5), dt.datetime(2020, 1, 2), None], pa.timestamp("us")
+    ).cast(pa.timestamp("us", tz="Europe/Paris"))  # 06:00 and 01:00 in Paris
+    table = pa.table({"i": [1, 2, 3], "ts": paris})
+    assert bound_kept("ts > '2020-01-01'", table) == [1, 2]
+    assert bound_kept("ts > '2020-01-01 07:00:00'", table) == [2]
+    assert bound_kept("ts >= timestamp '2020-01-01 06:00:00'", table) == [1, 2]
+    assert bound_kept("ts < date '2020-01-02'", table) == [1]
+    assert bound_kept("ts = '2020-01-02T00:00:00+00:00'", table) == [2]
+    assert bound_kept("ts in ('2020-01-01 06:00:00')", table) == [1]
+    with pytest.raises(ExpressionError, match="'soon' cannot be read as timestamp"):
+        parse_expression("ts > 'soon'").bind(table.schema)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("s in ('a', null)", [1]),
+        ("s not in ('a')", [2, None]),
+        ("s not in ('a', null)", []),
+        ("i not in (1, 2)", [3]),
+    ],
+)  # fmt: skip
+def test_in_lists_with_nulls_follow_sql(text, expected):
+    """``null in (...)`` is null and a null in the list matches nothing; ``x not in (...,
+    null)`` is never true: the rows are dropped."""
+    assert kept(text) == expected
+    assert bound_kept(text) == expected
