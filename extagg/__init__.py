@@ -120,4 +120,9 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    """The public names (and the submodules imported so far), not the helpers of this file
+    (``importlib``, ``Any``, ...), so that completion offers what the API is."""
+    import types
+
+    modules = {n for n, v in globals().items() if isinstance(v, types.ModuleType)} - {"importlib"}
+    return sorted({*__all__, *modules, "__version__"})

@@ -101,6 +101,20 @@ class _KernelCache(FunctionCache):
         return cres
 
 
+def _interrupts_held(compile_kernel: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A kernel's ``compile`` (what its first call with new types runs: load from the disk
+    cache, or compile) with Ctrl-C held back to its end. llvmlite frees an LLVM object, then
+    marks it freed: a ``KeyboardInterrupt`` between the two left it to be freed again when
+    collected, and the process aborted ("Fatal Python error: Aborted", a double free) instead
+    of stopping cleanly; seen with a Ctrl-C while a cached kernel loaded."""
+
+    def compile_held(sig: Any) -> Any:
+        with deferred_interrupts():
+            return compile_kernel(sig)
+
+    return compile_held
+
+
 def jit(**overrides: Any) -> Callable[[F], F]:
     """``numba.njit`` with the project's settings (``overrides``, e.g. ``inline="always"``,
     are added; they may not change the settings above)."""
@@ -115,6 +129,7 @@ def jit(**overrides: Any) -> Callable[[F], F]:
             kernel._cache = _KernelCache(kernel.py_func)
         else:  # not cached on disk (numba found no cache folder): every call compiles
             ensure_target()
+        kernel.compile = _interrupts_held(kernel.compile)
         return kernel
 
     return decorate
