@@ -412,6 +412,44 @@ def test_quoted_values_take_the_column_type_and_aggs_may_be_texts(data):
         assert mine[g][0] == row.n and mine[g][1] == pytest.approx(row.s, rel=1e-9)
 
 
+def test_text_outputs_take_binary_values_and_non_finite_floats(tmp_path, capsys):
+    """CSV failed on a binary value that is not UTF-8 ("Invalid UTF8 payload"); JSON Lines
+    wrote bare NaN/Infinity, which JSON readers reject. Both are read back by pyarrow."""
+    import base64
+    import json
+
+    import pyarrow.csv as pacsv
+
+    src = tmp_path / "b.parquet"
+    pq.write_table(
+        pa.table({
+            "k": ["a", "b", "a", "c"],
+            "blob": pa.array([b"\x00\xff", b"x", b"\x01", None], pa.binary()),
+            "f": [1.5, float("nan"), float("inf"), -float("inf")],
+        }),
+        src,
+    )  # fmt: skip
+    aggs = ["--agg", "mx=max(blob)", "--agg", "s=sum(f)", "--sort", "-q"]
+    for ext in ("csv", "jsonl"):
+        out = tmp_path / f"o.{ext}"
+        assert main(["aggregate", str(src), "--by", "k", *aggs, "-o", str(out)]) == 0, (
+            capsys.readouterr().err
+        )
+        if ext == "csv":
+            read = pacsv.ConvertOptions(strings_can_be_null=True)
+            rows = pacsv.read_csv(out, convert_options=read).to_pylist()
+        else:
+            rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+        got = {r["k"]: (r["mx"], r["s"]) for r in rows}
+        assert base64.b64decode(got["a"][0]) == b"\x01" and got["c"][0] is None
+        assert base64.b64decode(got["b"][0]) == b"x"
+        if ext == "csv":
+            assert got["a"][1] == float("inf")  # nan: pyarrow reads it as null, so by text
+            assert out.read_text(encoding="utf-8").splitlines()[2] == '"b","eA==",nan'
+        else:
+            assert (got["a"][1], got["b"][1], got["c"][1]) == ("Infinity", "NaN", "-Infinity")
+
+
 def test_runtime_errors_exit_1(tmp_path, capsys):
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"PAR1 this is not parquet at all PAR1")

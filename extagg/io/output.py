@@ -2,7 +2,8 @@
 
 An output file appears only complete: batches go to a temporary file in the output's own
 directory, which is fsynced and renamed over the final name when the last batch is written
-(and removed on any error or interrupt). ``-`` writes CSV to stdout.
+(and removed on any error or interrupt). ``-`` writes CSV to stdout. CSV and JSON Lines are
+text: binary values go into them as base64, and JSON Lines writes non-finite floats as strings.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import datetime as dt
 import decimal
 import errno as errno_mod
 import json
+import math
 import os
 import stat
 import sys
@@ -21,6 +23,7 @@ from collections.abc import Iterator
 from typing import IO, Any, Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from extagg.errors import OutputError, QueryError
 
@@ -142,6 +145,52 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"cannot write {type(value).__name__} as JSON")
 
 
+def _json_rows(batch: pa.RecordBatch) -> list[dict[str, Any]]:
+    """The rows of ``batch`` as JSON writes them: a NaN or infinite float as the string
+    ``"NaN"``, ``"Infinity"`` or ``"-Infinity"`` (JSON has no such numbers: ``json.dumps``
+    wrote bare ``NaN``, which JSON readers reject), as Spark's JSON writer does."""
+    rows = batch.to_pylist()
+    for name, col in zip(batch.schema.names, batch.columns):
+        if not pa.types.is_floating(col.type) or col.null_count == len(col):
+            continue
+        if pc.all(pc.is_finite(col)).as_py() is not False:
+            continue
+        for row in rows:
+            value = row[name]
+            if value is not None and not math.isfinite(value):
+                row[name] = "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+    return rows
+
+
+def _is_binary(typ: pa.DataType) -> bool:
+    return bool(
+        pa.types.is_binary(typ)
+        or pa.types.is_large_binary(typ)
+        or pa.types.is_fixed_size_binary(typ)
+    )
+
+
+def _text_schema(schema: pa.Schema) -> pa.Schema:
+    """``schema`` as CSV writes it: binary columns as their base64 text (as JSON Lines
+    writes them; their bytes need not be UTF-8, which CSV text must be)."""
+    return pa.schema([f.with_type(pa.string()) if _is_binary(f.type) else f for f in schema])
+
+
+def _binary_as_base64(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` with its binary columns as base64 text (see :func:`_text_schema`)."""
+    if not any(_is_binary(f.type) for f in batch.schema):
+        return batch
+    columns = []
+    for col, f in zip(batch.columns, batch.schema):
+        if _is_binary(f.type):
+            texts = [
+                None if v is None else base64.b64encode(v).decode("ascii") for v in col.to_pylist()
+            ]
+            col = pa.array(texts, pa.string())
+        columns.append(col)
+    return pa.RecordBatch.from_arrays(columns, schema=_text_schema(batch.schema))
+
+
 class ResultWriter:
     """Write a stream of result batches to ``path`` in ``fmt`` (see the module docstring).
 
@@ -184,7 +233,7 @@ class ResultWriter:
             elif self.fmt == "csv":
                 import pyarrow.csv as pacsv
 
-                self._writer = pacsv.CSVWriter(sink, self.schema)
+                self._writer = pacsv.CSVWriter(sink, _text_schema(self.schema))
             elif self.fmt == "ipc":
                 self._writer = pa.ipc.new_file(sink, self.schema)
 
@@ -227,10 +276,12 @@ class ResultWriter:
                 assert self._file is not None
                 lines = "".join(
                     json.dumps(row, default=_json_default, ensure_ascii=False) + "\n"
-                    for row in batch.to_pylist()
+                    for row in _json_rows(batch)
                 ).encode("utf-8")
                 self._file.write(lines)
                 nbytes = len(lines)
+            elif self.fmt == "csv":
+                self._writer.write_batch(_binary_as_base64(batch))
             else:
                 self._writer.write_batch(batch)
         self.rows += batch.num_rows
