@@ -34,9 +34,9 @@ import pyarrow.compute as pc
 
 from extagg._config import parse_size
 from extagg.columnar import HashAggregator
-from extagg.columnar.functions import parse_aggs
+from extagg.columnar.functions import agg_mapping, parse_aggs
 from extagg.spark.merger import report_spill
-from extagg.spark.settings import worker_budget
+from extagg.spark.settings import local_workers_run_this_python, worker_budget
 
 __all__ = [
     "AggregationPlan",
@@ -99,7 +99,8 @@ class AggregationPlan:
     by
         The key column(s).
     aggs
-        Output name -> ``(column, function)``; ``("*", "count")`` counts rows.
+        Output name -> ``(column, function)``; ``("*", "count")`` counts rows. Or the
+        ``extagg aggregate --agg`` texts: ``["n=count(*)", "revenue=sum(amount)"]``.
     memory
         Each task's budget in bytes.
     force_spill_rows
@@ -115,7 +116,7 @@ class AggregationPlan:
         self,
         schema: Any,
         by: Sequence[str],
-        aggs: Mapping[str, tuple[str, str]],
+        aggs: Mapping[str, tuple[str, str]] | Sequence[str] | str,
         memory: int,
         force_spill_rows: int | None = None,
     ) -> None:
@@ -127,7 +128,7 @@ class AggregationPlan:
         self.force_spill_rows = force_spill_rows
         fields = {f.name: f for f in schema.fields}
         missing = [c for c in self.by if c not in fields]
-        requests = parse_aggs(aggs)
+        requests = parse_aggs(agg_mapping(aggs))
         missing += [r.column for r in requests if r.column is not None and r.column not in fields]
         if missing:
             raise ValueError(
@@ -298,6 +299,11 @@ def _require_dataframe(df: Any, function: str) -> None:
             else ""
         )
         raise TypeError(f"{function} takes a PySpark DataFrame, got {type(df).__name__}{hint}")
+    try:
+        sc = df.sparkSession.sparkContext
+    except Exception:  # Spark Connect: no context on this side
+        return
+    local_workers_run_this_python(sc)
 
 
 def _budget(df: Any, memory: int | str | None) -> int:
@@ -320,7 +326,7 @@ def _prepare(df: Any, plan: AggregationPlan) -> Any:
 def partial_aggregate(
     df: Any,
     by: Sequence[str] | str,
-    aggs: Mapping[str, tuple[str, str]],
+    aggs: Mapping[str, tuple[str, str]] | Sequence[str] | str,
     *,
     memory: int | str | None = None,
     engine: str = "arrow",
@@ -339,7 +345,8 @@ def partial_aggregate(
     by
         The key column(s).
     aggs
-        Output name -> ``(column, function)``; ``("*", "count")`` counts rows.
+        Output name -> ``(column, function)``; ``("*", "count")`` counts rows. Or the
+        ``extagg aggregate --agg`` texts: ``["n=count(*)", "revenue=sum(amount)"]``.
     memory
         Each task's budget (``"256m"`` or bytes); default :func:`extagg.spark.worker_budget`.
     engine
@@ -406,7 +413,7 @@ def final_aggregate(
 def aggregate(
     df: Any,
     by: Sequence[str] | str,
-    aggs: Mapping[str, tuple[str, str]],
+    aggs: Mapping[str, tuple[str, str]] | Sequence[str] | str,
     *,
     memory: int | str | None = None,
     num_partitions: int | None = None,
@@ -422,7 +429,8 @@ def aggregate(
     by
         The key column(s).
     aggs
-        Output name -> ``(column, function)``; ``("*", "count")`` counts rows.
+        Output name -> ``(column, function)``; ``("*", "count")`` counts rows. Or the
+        ``extagg aggregate --agg`` texts: ``["n=count(*)", "revenue=sum(amount)"]``.
     memory
         Each task's budget (``"256m"`` or bytes); default :func:`extagg.spark.worker_budget`.
     num_partitions

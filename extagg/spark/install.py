@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from extagg.spark import shim
-from extagg.spark.settings import worker_budget
+from extagg.spark.settings import local_workers_run_this_python, worker_budget
 
 __all__ = ["install", "installed", "is_installed", "uninstall"]
 
@@ -62,8 +62,10 @@ def _cloudpickle() -> Any:
 
 
 def _memory_limit(self: Any) -> int:
-    """``RDD._memory_limit`` while installed: the worker budget in MiB."""
+    """``RDD._memory_limit`` while installed: the worker budget in MiB (asked on the driver
+    by every shuffle: where a context made after :func:`install` is seen first)."""
     ctx = self.ctx
+    local_workers_run_this_python(ctx)
     return max(1, worker_budget(ctx._conf, ctx.master) >> 20)
 
 
@@ -103,6 +105,15 @@ def _partition_by(self: Any, numPartitions: int | None, partitionFunc: Any = Non
     return rdd
 
 
+def _active_context() -> Any:
+    """The driver's running ``SparkContext``, or ``None``."""
+    try:
+        from pyspark import SparkContext
+    except ImportError:
+        return None
+    return SparkContext._active_spark_context
+
+
 def is_installed() -> bool:
     """Whether :func:`install` is in effect."""
     return bool(_saved)
@@ -134,6 +145,7 @@ def install() -> None:
         rdd._memory_limit = _memory_limit
         rdd.countByValue = _count_by_value
         rdd.partitionBy = _partition_by
+        local_workers_run_this_python(_active_context())
     log.info("extagg.spark installed: RDD shuffles aggregate with extagg")
 
 

@@ -8,13 +8,24 @@ executor cores / ``spark.task.cpus``), so a worker's budget is the smaller of th
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import shutil
+import sys
 from typing import Any
 
 from extagg._config import MiB, parse_size
 
-__all__ = ["DEFAULT_WORKER_MEMORY", "executor_slots", "worker_budget", "worker_memory"]
+__all__ = [
+    "DEFAULT_WORKER_MEMORY",
+    "executor_slots",
+    "local_workers_run_this_python",
+    "worker_budget",
+    "worker_memory",
+]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_WORKER_MEMORY = "512m"
 
@@ -106,3 +117,39 @@ def worker_budget(conf: Any, master: str | None = None) -> int:
         )
         budget = min(budget, total // executor_slots(conf, master))
     return max(budget, MiB)
+
+
+def local_workers_run_this_python(sc: Any) -> bool:
+    """In local mode, start the Python workers with this interpreter unless the user chose one.
+
+    Without ``PYSPARK_PYTHON`` (or ``spark.pyspark.python``) PySpark starts its workers with
+    ``python3`` from the ``PATH``, which is often not the interpreter extagg is installed in
+    (a virtualenv's): every task then fails with ``ModuleNotFoundError: No module named
+    'extagg'``. In local mode the workers run on this machine, so this interpreter is the one
+    they need. Returns whether the setting was changed (``sc.pythonExec``).
+
+    Parameters
+    ----------
+    sc
+        The ``SparkContext`` (``None``, or a Spark Connect session's absent one: nothing done).
+    """
+    master = str(getattr(sc, "master", "") or "")
+    if sc is None or not _LOCAL.match(master):
+        return False
+    if os.environ.get("PYSPARK_PYTHON"):
+        return False
+    try:
+        if _get(sc.getConf(), "spark.pyspark.python"):
+            return False
+    except Exception:  # a context being stopped
+        return False
+    current = str(getattr(sc, "pythonExec", "") or "")
+    found = shutil.which(current) if current else None
+    if found and os.path.abspath(found) == os.path.abspath(sys.executable):
+        return False
+    sc.pythonExec = sys.executable
+    log.info(
+        "local Spark: Python workers run %s (this interpreter) instead of %r; set "
+        "PYSPARK_PYTHON to choose another", sys.executable, current,
+    )  # fmt: skip
+    return True

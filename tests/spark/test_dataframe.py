@@ -202,3 +202,26 @@ def test_random_rows_same_as_group_by_agg(spark, data):
             aggs[f"{fn}_{col}"] = (col, fn)
     ours = es.aggregate(df, ["k"], aggs, memory="4m", force_spill_rows=40)
     assert_same(as_dict(ours, ["k"]), as_dict(spark_agg(df, ["k"], aggs), ["k"]))
+
+
+def test_local_workers_run_the_drivers_python_unless_told(spark, spark_context, monkeypatch):
+    """Without PYSPARK_PYTHON, PySpark starts local workers with ``python3`` from the PATH —
+    not this virtualenv's interpreter, so every task failed with ``No module named
+    'extagg'``. ``aggregate`` points local workers at this interpreter; a choice the user
+    made is kept."""
+    import shutil
+    import sys
+
+    from extagg.spark.settings import local_workers_run_this_python
+
+    df = spark.createDataFrame([("a", 1.0), ("b", 2.0), ("a", 3.0)], "k string, v double")
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    monkeypatch.setattr(spark_context, "pythonExec", "python3")
+    if shutil.which("python3") != sys.executable:
+        out = es.aggregate(df, by="k", aggs=["n=count(*)", "s=sum(v)"], memory="32m")
+        assert sorted(map(tuple, out.collect())) == [("a", 2, 4.0), ("b", 1, 2.0)]
+        assert spark_context.pythonExec == sys.executable
+    monkeypatch.setattr(spark_context, "pythonExec", "python3")
+    monkeypatch.setenv("PYSPARK_PYTHON", "python3")
+    assert not local_workers_run_this_python(spark_context)
+    assert spark_context.pythonExec == "python3"
