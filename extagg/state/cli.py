@@ -264,6 +264,11 @@ def run_state_command(
     if fmt == "table":
         fmt = "text"
     try:
+        if os.path.exists(args.checkpoint) and not os.path.isdir(args.checkpoint):
+            raise ValueError(
+                f"{args.checkpoint} is a file; give the checkpoint directory (it holds state/ "
+                "and commits/)"
+            )
         if args.state_command == "export" and not args.output:
             raise ValueError("state export needs --output FILE")
         if args.limit is not None and args.limit < 0:

@@ -99,6 +99,9 @@ def test_errors_name_the_option_and_exit_1(path, tmp_path):
     assert status == 1 and "cannot be smaller than 'start_batch_id'" in err
     status, _, err = run(["state", "show", str(tmp_path / "missing")])
     assert status == 1 and "does not exist" in err
+    (tmp_path / "a-file").write_text("x")  # was "[Errno 20] Not a directory: .../commits"
+    status, _, err = run(["state", "show", str(tmp_path / "a-file")])
+    assert status == 1 and "a-file is a file; give the checkpoint directory" in err
     status, _, err = run(["state", "show", path, "--format", "parquet"])
     assert status == 1 and "needs --output" in err
     os.unlink(os.path.join(path, "state", "0", "0", "2.delta"))
