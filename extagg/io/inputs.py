@@ -1052,6 +1052,15 @@ def open_input(
         if name not in available:
             raise unknown_column(name, available)
     read_cols = list(dict.fromkeys([*needed, *filter_columns]))
+    for path, schema in per_file:
+        twice = [n for n in read_cols if schema.get_all_field_indices(n)[1:]]
+        if twice:
+            raise InputError(
+                f"{path} has {len(schema.get_all_field_indices(twice[0]))} columns named "
+                f"{twice[0]!r}; the query cannot tell them apart (rename them in the file, or "
+                "for CSV name every column with --schema and skip the header)",
+                path=path,
+            )
     fields: list[pa.Field] = []
     for name in read_cols:
         if name in hive:

@@ -131,7 +131,14 @@ class FileQuery:
             try:  # resolves every aggregate against its column's type: the result schema
                 agg.update(self.scan.schema.empty_table())
             except TypeError as exc:
-                raise QueryError(f"{exc} (in {_files_named(self.scan.files)})") from None
+                hint = ""
+                if self.scan.format in ("csv", "tsv", "json") and "of type string" in str(exc):
+                    hint = (
+                        "; a text file's column is read as strings when a value in the sample "
+                        "its types are inferred from is not a number: --column-types "
+                        "COLUMN:float64 reads it as numbers (and names the first value that is not)"
+                    )
+                raise QueryError(f"{exc} (in {_files_named(self.scan.files)}){hint}") from None
             first = True
             for batch in self.scan.batches():
                 if first:

@@ -665,3 +665,25 @@ def test_a_process_that_leaves_a_text_scan_unfinished_exits_cleanly(tmp_path, fm
         )
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert proc.stdout.strip() == "left open"
+
+
+def test_a_file_with_two_columns_of_one_name_is_refused_naming_both(tmp_path):
+    """A CSV header (or a Parquet schema) naming a column twice crashed with a ``KeyError``
+    traceback when the query read that name; other columns of the file still read."""
+    src = tmp_path / "dup.csv"
+    src.write_text("k,k,v\na,b,1\nc,d,2\n", encoding="utf-8")
+    with pytest.raises(InputError, match=r"dup\.csv has 2 columns named 'k'"):
+        extagg.aggregate_files(str(src), by="k", aggs={"s": ("v", "sum")})
+    got = extagg.aggregate_files(str(src), by="v", aggs={"n": ("*", "count")}, sort=True)
+    assert got.read_all().to_pylist() == [{"v": 1, "n": 1}, {"v": 2, "n": 1}]
+    table = pa.Table.from_arrays([pa.array([1, 2]), pa.array([3, 4])], names=["x", "x"])
+    pq.write_table(table, tmp_path / "dup.parquet")
+    with pytest.raises(InputError, match=r"dup\.parquet has 2 columns named 'x'"):
+        extagg.aggregate_files(str(tmp_path / "dup.parquet"), by="x")
+
+
+def test_summing_a_csv_column_read_as_text_says_how_to_read_numbers(tmp_path):
+    src = tmp_path / "t.csv"
+    src.write_text("k,v\na,1\nb,2\nc,n/a\n", encoding="utf-8")
+    with pytest.raises(QueryError, match=r"sum\('v'\).*--column-types COLUMN:float64"):
+        extagg.aggregate_files(str(src), by="k", aggs={"s": ("v", "sum")})
