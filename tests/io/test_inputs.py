@@ -684,6 +684,6 @@ def test_a_file_with_two_columns_of_one_name_is_refused_naming_both(tmp_path):
 
 def test_summing_a_csv_column_read_as_text_says_how_to_read_numbers(tmp_path):
     src = tmp_path / "t.csv"
-    src.write_text("k,v\na,1\nb,2\nc,n/a\n", encoding="utf-8")
+    src.write_text("k,v\na,1\nb,2\nc,one\n", encoding="utf-8")
     with pytest.raises(QueryError, match=r"sum\('v'\).*--column-types COLUMN:float64"):
         extagg.aggregate_files(str(src), by="k", aggs={"s": ("v", "sum")})
