@@ -309,7 +309,7 @@ class InputScan:
         return InputError(f"cannot read {path}: {reason}{hint}", path=path)
 
 
-_JSON_MIXED = re.compile(r"Column\(/([^)]*)\) changed from (\w+) to (\w+)")
+_JSON_MIXED = re.compile(r"Column\(/?([^)]*)\) changed from (\w+) to (\w+)")
 
 
 def _mixed_json_hint(reason: str) -> str:
@@ -318,6 +318,11 @@ def _mixed_json_hint(reason: str) -> str:
     if m is None:
         return ""
     name, was, now = m.groups()
+    if not name and was == "object" and now == "array":
+        return (
+            " (the file holds a JSON array, not JSON Lines: write one object per line, e.g. "
+            "jq -c '.[]' FILE > FILE.jsonl)"
+        )
     return (
         f" (field {name.replace('/', '.')!r} holds both {was} and {now} values; a column has "
         "one type: make the field one type in every line, e.g. quote the numbers)"

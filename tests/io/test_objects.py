@@ -146,3 +146,7 @@ def test_what_cannot_be_aggregated_names_column_type_and_file(jsonl, tmp_path, c
     mixed.write_text('{"k": 1, "v": 1}\n{"k": 2, "v": "one"}\n')
     with pytest.raises(InputError, match=r"mixed.jsonl.*field 'v' holds both number and string"):
         extagg.aggregate_files(str(mixed), by="k", aggs={"n": ("v", "count")}).read_all()
+    array = tmp_path / "array.json"  # a JSON document, not JSON Lines
+    array.write_text('[{"k": 1}, {"k": 2}]\n')
+    with pytest.raises(InputError, match=r"array.json.*holds a JSON array, not JSON Lines"):
+        extagg.aggregate_files(str(array), aggs={"n": ("*", "count")}).read_all()
