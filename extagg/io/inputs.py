@@ -734,8 +734,10 @@ class _FolderColumns:
 GATE_ESCAPE_S = 0.2
 
 
-#: seconds :func:`_close_open_gates` waits at exit for a reader to take its end of file
-GATE_EXIT_WAIT_S = 0.5
+#: seconds :func:`_close_open_gates` waits at most at exit for a reader to take its end of
+#: file (it returns as soon as the reader has: this bounds a starved machine's case only;
+#: 0.5 s was too short once on a loaded CI machine, and the process aborted)
+GATE_EXIT_WAIT_S = 5.0
 
 
 def _close_open_gates() -> None:
