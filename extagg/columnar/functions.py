@@ -230,6 +230,15 @@ def resolve(request: AggregateRequest, column: Column | None) -> AggregateSpec:
             request.output, func, request.column, f"{func}_var", arrow_type,
             _var_states(func), arrow_type,
         )  # fmt: skip
+    if func in ("sum", "mean") and pa.types.is_duration(arrow_type):
+        # a duration adds up as its count of the unit, exactly (128-bit sums): the sum and the
+        # mean are durations of the same unit, as Spark's day-time intervals, DuckDB's
+        # intervals and Polars' durations are
+        family, states, _ = _layout(func, "int", arrow_type, column.values.dtype)
+        family = "sum_int" if func == "sum" else "mean_duration"
+        return AggregateSpec(
+            request.output, func, request.column, family, arrow_type, states, arrow_type
+        )
     accepted = _ACCEPTS.get(func, _ORDERED)
     if kind not in accepted:
         need = {
@@ -372,7 +381,7 @@ def update(
             kernels.seq_dec128(gids, values, valid, seq_base, skip, base.startswith("last"),
                                *states)  # fmt: skip
         return
-    if family in ("sum_int", "mean_int", "sum_dec", "mean_dec"):
+    if family in ("sum_int", "mean_int", "mean_duration", "sum_dec", "mean_dec"):
         kernels.sum_int(gids, values, valid, states[0], states[1], states[2])
     elif family in ("sum_dec128", "mean_dec128"):
         kernels.sum_dec128(gids, values, valid, states[0], states[1], states[2], states[3])
@@ -561,7 +570,9 @@ def _fused_plan(
                 ops.append((K.FUSED_SUM_FLOAT, j, at(st[0]), at(st[1]), at(st[2])))
                 if family == "mean_float":
                     ops.append((K.FUSED_COUNT, 0, at(st[3]), 0, -1))
-            elif family in ("sum_int", "mean_int", "sum_dec", "mean_dec") and is_int:
+            elif (
+                family in ("sum_int", "mean_int", "mean_duration", "sum_dec", "mean_dec") and is_int
+            ):
                 j = index(i_src, k)
                 ops.append((K.FUSED_SUM_INT, j, at(st[0]), at(st[1]), at(st[2])))
                 if family.startswith("mean"):
@@ -724,6 +735,32 @@ def merge(
         kernels.merge_var(out_gid, *src, *dst)
     else:  # pragma: no cover
         raise AssertionError(family)
+
+
+def mean_half_up(lo: np.ndarray, hi: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """``sum / n`` of exact 128-bit sums (``lo``, ``hi`` words) of int64 values, rounded half
+    away from zero (Spark divides a day-time interval by ``HALF_UP``); 0 where ``n`` is 0.
+
+    The mean of int64 values fits int64 whatever their sum: sums that fit int64 (nearly
+    all) are divided in NumPy, the others one by one with Python's integers."""
+    out = np.zeros(len(lo), dtype=np.int64)
+    total = lo.view(np.int64)
+    small = (hi == (total >> np.int64(63))) & (n > 0)
+    if small.any():
+        t, d = total[small], n[small]
+        magnitude = np.abs(t.astype(np.float64)) >= 2.0**62  # |t| may not negate in int64
+        if magnitude.any():
+            small[np.flatnonzero(small)[magnitude]] = False
+            t, d = t[~magnitude], d[~magnitude]
+        q, r = np.divmod(np.abs(t), d)
+        q += 2 * r >= d
+        out[small] = np.where(t < 0, -q, q)
+    for row in np.flatnonzero(~small & (n > 0)).tolist():
+        exact, count = (int(hi[row]) << 64) + int(lo[row]), int(n[row])
+        q, r = divmod(abs(exact), count)
+        q += 2 * r >= count
+        out[row] = -q if exact < 0 else q
+    return out
 
 
 def _sum128_fits(lo: np.ndarray, hi: np.ndarray, unsigned: bool) -> np.ndarray:
@@ -893,6 +930,9 @@ def finalize(spec: AggregateSpec, states: Sequence[Any]) -> pa.Array:
         return _typed(lo.view(np.int64), spec.output_type, ~has)
     if family == "sum_float":
         return _typed(_fsum(states[0], states[1]), pa.float64(), ~states[2])
+    if family == "mean_duration":
+        lo, hi, _has, n = states
+        return _typed(mean_half_up(lo, hi, n), spec.output_type, n == 0)
     if family in ("mean_int", "mean_uint"):
         lo, hi, _has, n = states
         total = _sum128_float(lo, hi, family == "mean_uint")

@@ -29,12 +29,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from extagg._config import parse_size
 from extagg.columnar import HashAggregator
-from extagg.columnar.functions import agg_mapping, parse_aggs
+from extagg.columnar.functions import agg_mapping, mean_half_up, parse_aggs
 from extagg.spark.merger import report_spill
 from extagg.spark.settings import local_workers_run_this_python, worker_budget
 
@@ -74,6 +75,8 @@ def _result_type(func: str, input_type: Any) -> Any:
     T = _spark_types()
     if func == "count":
         return T.LongType()
+    if isinstance(input_type, T.DayTimeIntervalType) and func in ("sum", "mean"):
+        return input_type if func == "sum" else T.DayTimeIntervalType()  # as Spark's own
     if func == "sum":
         if isinstance(input_type, (T.ByteType, T.ShortType, T.IntegerType, T.LongType)):
             return T.LongType()
@@ -254,6 +257,8 @@ class AggregationPlan:
                 columns[o.output] = pc.fill_null(batch.column(f"{p}_n"), 0)
             elif o.func == "sum":
                 columns[o.output] = batch.column(f"{p}_s")
+            elif o.func == "mean" and pa.types.is_duration(batch.schema.field(f"{p}_s").type):
+                columns[o.output] = _duration_mean(batch.column(f"{p}_s"), batch.column(f"{p}_n"))
             elif o.func == "mean" or o.func in _VAR_FUNCS:
                 n = pc.cast(pc.fill_null(batch.column(f"{p}_n"), 0), pa.float64())
                 s = pc.cast(batch.column(f"{p}_s"), pa.float64())
@@ -276,6 +281,15 @@ class AggregationPlan:
             else:
                 columns[o.output] = batch.column(f"{p}_v")
         return columns
+
+
+def _duration_mean(total: pa.Array, count: pa.Array) -> pa.Array:
+    """The mean of a day-time interval from its summed partials, exact and rounded half up
+    (Spark's ``avg`` of an interval); null where no value was counted."""
+    sums = pc.fill_null(total.cast(pa.int64()), 0).to_numpy(zero_copy_only=False)
+    n = pc.fill_null(count, 0).to_numpy(zero_copy_only=False)
+    means = mean_half_up(sums.view(np.uint64), sums >> np.int64(63), n)
+    return pa.array(means, type=pa.int64(), mask=n == 0).cast(total.type)
 
 
 def _input_type(data_type: Any) -> Any:

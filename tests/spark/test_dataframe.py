@@ -204,6 +204,28 @@ def test_random_rows_same_as_group_by_agg(spark, data):
     assert_same(as_dict(ours, ["k"]), as_dict(spark_agg(df, ["k"], aggs), ["k"]))
 
 
+def test_sum_and_mean_of_a_day_time_interval_as_spark(spark):
+    """A day-time interval sums and averages to an interval (Spark's own types and values:
+    the mean exact, rounded half away from zero), with spills forced in both phases."""
+    rng = random.Random(3)
+    data = [
+        (rng.randrange(8), None if i % 9 == 0 else dt.timedelta(microseconds=rng.randrange(-5, 9)))
+        for i in range(400)
+    ]
+    data += [(20, dt.timedelta(microseconds=1)), (20, dt.timedelta(microseconds=2))]  # 1.5 us
+    data += [(21, dt.timedelta(microseconds=-1)), (21, dt.timedelta(microseconds=-2))]
+    data += [(22, None), (23, dt.timedelta(days=3, hours=1))]
+    df = spark.createDataFrame(data, "k int, span interval day to second").repartition(2)
+    aggs = {"s": ("span", "sum"), "m": ("span", "mean")}
+    ours = es.aggregate(df, ["k"], aggs, memory="4m", force_spill_rows=40)
+    theirs = spark_agg(df, ["k"], aggs)
+    assert [f.dataType for f in ours.schema.fields] == [f.dataType for f in theirs.schema.fields]
+    expected = as_dict(theirs, ["k"])
+    assert as_dict(ours, ["k"]) == expected
+    assert expected[(20,)]["m"] == dt.timedelta(microseconds=2)
+    assert expected[(21,)]["m"] == dt.timedelta(microseconds=-2)
+
+
 def test_local_workers_run_the_drivers_python_unless_told(spark, spark_context, monkeypatch):
     """Without PYSPARK_PYTHON, PySpark starts local workers with ``python3`` from the PATH —
     not this virtualenv's interpreter, so every task failed with ``No module named
