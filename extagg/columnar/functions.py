@@ -234,7 +234,7 @@ def resolve(request: AggregateRequest, column: Column | None) -> AggregateSpec:
         # a duration adds up as its count of the unit, exactly (128-bit sums): the sum and the
         # mean are durations of the same unit, as Spark's day-time intervals, DuckDB's
         # intervals and Polars' durations are
-        family, states, _ = _layout(func, "int", arrow_type, column.values.dtype)
+        family, states, _ = _layout(func, "int", arrow_type, _I64)
         family = "sum_int" if func == "sum" else "mean_duration"
         return AggregateSpec(
             request.output, func, request.column, family, arrow_type, states, arrow_type
