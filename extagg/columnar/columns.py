@@ -257,11 +257,14 @@ def dataset_batches(dataset: Any, columns: Sequence[str]) -> Iterator[pa.RecordB
     return iter(dataset.to_batches(columns=list(columns)))
 
 
-def iter_record_batches(batch: Any, max_rows: int | None = None) -> Iterator[pa.RecordBatch]:
+def iter_record_batches(
+    batch: Any, max_rows: int | None = None, columns: Sequence[str] | None = None
+) -> Iterator[pa.RecordBatch]:
     """The record batches of one input batch, each at most ``max_rows`` rows (zero-copy slices).
 
     Accepts a ``pyarrow.RecordBatch`` or ``Table``, a pandas ``DataFrame`` or a mapping of column
-    name to NumPy array (or sequence).
+    name to NumPy array (or sequence). ``columns``: the only columns of a ``DataFrame`` or a
+    mapping converted (the query's; others may hold what Arrow cannot, mixed Python objects).
     """
     if isinstance(batch, pa.RecordBatch):
         yield from _sliced(batch, max_rows)
@@ -272,14 +275,24 @@ def iter_record_batches(batch: Any, max_rows: int | None = None) -> Iterator[pa.
         for rb in batches:
             yield from _sliced(rb, max_rows)
     elif _is_dataframe(batch):  # whole frame at once: column types inferred from every row
-        yield from _sliced(_record_batch_from_pandas(batch), max_rows)
+        _check_has_columns([str(name) for name in batch.columns], columns)
+        yield from _sliced(_record_batch_from_pandas(batch, columns), max_rows)
     elif isinstance(batch, Mapping):
-        yield from _sliced(_record_batch_from_mapping(batch), max_rows)
+        _check_has_columns([str(name) for name in batch], columns)
+        yield from _sliced(_record_batch_from_mapping(batch, columns), max_rows)
     else:
         raise TypeError(
             "a batch must be a pyarrow RecordBatch or Table, a pandas DataFrame, or a dict of "
             f"NumPy arrays, not {type(batch).__module__}.{type(batch).__qualname__}"
         )
+
+
+def _check_has_columns(names: list[str], columns: Sequence[str] | None) -> None:
+    """The error :func:`to_columns` gives for a column the batch lacks, before only the query's
+    columns are converted (so that it lists all the batch has)."""
+    missing = [] if columns is None else [c for c in columns if c not in names]
+    if missing:
+        raise ValueError(f"column {missing[0]!r} is not in the batch; it has columns {names}")
 
 
 def _sliced(rb: pa.RecordBatch, max_rows: int | None) -> Iterator[pa.RecordBatch]:
@@ -296,11 +309,18 @@ def _is_dataframe(obj: Any) -> bool:
     return module.startswith("pandas") and type(obj).__name__ == "DataFrame"
 
 
-def _record_batch_from_pandas(frame: Any) -> pa.RecordBatch:
-    """A DataFrame's columns as Arrow arrays: NaN in NumPy float columns stays a value, pandas'
-    missing markers (``pd.NA``, ``None``, ``NaT``, NaN in object/string columns) are nulls."""
+def _record_batch_from_pandas(frame: Any, columns: Sequence[str] | None = None) -> pa.RecordBatch:
+    """A DataFrame's columns (those named in ``columns``, if given) as Arrow arrays: NaN in NumPy
+    float columns stays a value, pandas' missing markers (``pd.NA``, ``None``, ``NaT``, NaN in
+    object/string columns) are nulls."""
     arrays = []
+    names = []
+    wanted = None if columns is None else set(columns)
     for i in range(frame.shape[1]):
+        name = str(frame.columns[i])
+        if wanted is not None and name not in wanted:
+            continue
+        names.append(name)
         series = frame.iloc[:, i]
         dtype = series.dtype
         try:
@@ -315,24 +335,34 @@ def _record_batch_from_pandas(frame: Any) -> pa.RecordBatch:
             raise TypeError(
                 f"column {frame.columns[i]!r} of pandas dtype {dtype} cannot be converted: {exc}"
             ) from exc
-    names = [str(name) for name in frame.columns]
+    if not arrays:  # no column the query reads: its rows still count
+        return pa.RecordBatch.from_arrays([pa.nulls(len(frame))], names=["__rows"]).select([])
     return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
-def _record_batch_from_mapping(batch: Mapping[str, Any]) -> pa.RecordBatch:
+def _record_batch_from_mapping(
+    batch: Mapping[str, Any], columns: Sequence[str] | None = None
+) -> pa.RecordBatch:
     arrays = []
     names = []
     length = None
+    wanted = None if columns is None else set(columns)
     for name, values in batch.items():
-        arr = _arrow_from_numpy(str(name), values)
+        if wanted is not None and str(name) not in wanted:
+            rows = len(values) if hasattr(values, "__len__") else None  # not converted
+        else:
+            arr = _arrow_from_numpy(str(name), values)
+            names.append(str(name))
+            arrays.append(arr)
+            rows = len(arr)
         if length is None:
-            length = len(arr)
-        elif len(arr) != length:
+            length = rows
+        elif rows is not None and rows != length:
             raise ValueError(
-                f"column {name!r} has {len(arr)} rows but the batch's first column has {length}"
+                f"column {name!r} has {rows} rows but the batch's first column has {length}"
             )
-        names.append(str(name))
-        arrays.append(arr)
+    if not arrays and length:  # no column the query reads: its rows still count
+        return pa.RecordBatch.from_arrays([pa.nulls(length)], names=["__rows"]).select([])
     return pa.RecordBatch.from_arrays(arrays, names=names)
 
 

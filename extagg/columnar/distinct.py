@@ -694,7 +694,7 @@ class _RowsAside(HeldBuffers):
     def write_batch(self, batch: Any) -> None:
         """Set aside every row of a batch (any form ``HashAggregator.update`` takes)."""
         known = {name: arrow_type for name, (_kind, arrow_type) in self._schema.items()}
-        for rb in iter_record_batches(batch, GRACE_CHUNK_ROWS):
+        for rb in iter_record_batches(batch, GRACE_CHUNK_ROWS, self.columns):
             self.write(to_columns(rb, self.columns, known), rb.num_rows)
 
     def write(self, cols: dict[str, Column], n: int) -> None:

@@ -414,7 +414,7 @@ class HashAggregator(Spillable[ColumnBlock]):
             if held:
                 chunk = None  # the batch is folded by its keys' codes, whole
             try:
-                for rb in iter_record_batches(batch, chunk):
+                for rb in iter_record_batches(batch, chunk, self._needed):
                     if self._schema is None:
                         if rb.num_rows == 0 and _has_null_typed(rb, self._needed):
                             continue  # nothing to learn the types from, nothing to aggregate

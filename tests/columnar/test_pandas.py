@@ -135,3 +135,36 @@ def test_nan_rule_is_the_same_for_every_container() -> None:
     obj = pd.DataFrame({"k": [1, 1], "v": pd.Series([None, "x"], dtype=object)})
     out = aggregate(obj, keys=["k"], aggs={"c": ("v", "count")}).to_pylist()
     assert out == [{"k": 1, "c": 1}]
+
+
+def test_only_the_query_columns_of_a_frame_or_dict_are_converted() -> None:
+    """A DataFrame (or a dict of columns) is converted column by column, and only the columns
+    the query reads: one that Arrow cannot hold (mixed Python objects) did fail every query."""
+    frame = pd.DataFrame(
+        {
+            "k": ["a", "b", "a", None],
+            "v": pd.array([1, None, 3, 4], dtype="Int64"),
+            "span": pd.to_timedelta([1, 2, 3, 4], unit="s"),
+            "junk": [1, "x", 2.5, None],  # no one Arrow type holds these
+        }
+    )
+    got = aggregate(
+        frame, "k", {"s": ("v", "sum"), "t": ("span", "sum"), "n": ("*", "count")}, memory="8m"
+    )
+    assert sorted(zip(*got.to_pydict().values()), key=repr) == sorted(
+        [("a", 4, pd.Timedelta(seconds=4), 2), ("b", None, pd.Timedelta(seconds=2), 1),
+         (None, 4, pd.Timedelta(seconds=4), 1)], key=repr,
+    )  # fmt: skip
+    # no column read at all: the rows still count
+    assert aggregate(frame, [], {"n": ("*", "count")}, memory="8m").to_pydict() == {"n": [4]}
+    rows = {"k": [1, 1, 2], "junk": [object(), 1, "x"]}
+    assert aggregate(rows, [], {"n": ("*", "count")}, memory="8m").to_pydict() == {"n": [3]}
+    assert sorted(aggregate(rows, "k", {"n": ("*", "count")}, memory="8m").to_pylist(),
+                  key=repr) == [{"k": 1, "n": 2}, {"k": 2, "n": 1}]  # fmt: skip
+    # a column the batch lacks is named with every column it has, converted or not
+    with pytest.raises(
+        ValueError, match=r"'nope' is not in the batch.*\['k', 'v', 'span', 'junk'\]"
+    ):
+        aggregate(frame, "k", {"s": ("nope", "sum")}, memory="8m")
+    with pytest.raises(ValueError, match=r"'junk' has 2 rows but the batch's first column has 3"):
+        aggregate({"k": [1, 1, 2], "junk": [1, "x"]}, "k", {"n": ("*", "count")}, memory="8m")
