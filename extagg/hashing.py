@@ -22,6 +22,7 @@ Everything else raises ``TypeError`` naming the type.
 
 from __future__ import annotations
 
+import enum
 import struct
 from collections.abc import Hashable, Sequence
 from numbers import Number
@@ -48,6 +49,7 @@ FLOAT_TAG = 0x0F10A7F10A7F10A7
 TUPLE_TAG = 0x7E7E7E7E7E7E7E7E
 BIGINT_TAG = 0x00B16B16
 OBJECT_TAG = 0x0B1EC7000B1EC700
+ENUM_TAG = 0x0E0E0E0E0E0E0E0E
 
 _C1 = 0xFF51AFD7ED558CCD
 _C2 = 0xC4CEB9FE1A85EC53
@@ -236,7 +238,8 @@ def order_hash(key: Hashable) -> int:
     float, tuples fold their elements' order hashes, subclasses of the built-in types that
     define their own ``__eq__`` or ``__hash__`` (a case-insensitive ``str``) and anything else
     (user classes) use their own ``__hash__`` mixed to 64 bits — consistent within a process,
-    which is all a spill needs, and deterministic whenever that ``__hash__`` is.
+    which is all a spill needs, and deterministic whenever that ``__hash__`` is; an ``Enum``
+    member hashes its class's and its own name (``Enum.__hash__`` is its name's ``hash()``).
     """
     kind = type(key)
     if kind is tuple:
@@ -287,6 +290,11 @@ def _fallback_hash(key: Any) -> int:
                 return _hash_float(as_float)
         except (TypeError, ValueError, OverflowError):
             pass
+    if isinstance(key, enum.Enum) and type(key).__hash__ is enum.Enum.__hash__:
+        # a member is equal only to itself; Enum's own hash is its name's, which changes with
+        # PYTHONHASHSEED: the name and the class's name make the order the same in every run
+        kind = type(key)
+        return stable_hash((kind.__module__, kind.__qualname__, key.name)) ^ ENUM_TAG
     return fmix64((hash(key) & M64) ^ OBJECT_TAG)
 
 

@@ -5,10 +5,12 @@ dropped engines)."""
 from __future__ import annotations
 
 import _thread
+import enum
 import errno
 import gc
 import logging
 import math
+import os
 import random
 import signal
 import subprocess
@@ -228,6 +230,48 @@ def test_keys_compared_by_identity_are_rejected_at_insert(spill_dir):
     with pytest.raises(BadKeyError, match="record 0:"):
         emap.insert_all([((1, ByIdentity()), 1)])
     assert dict(emap.iterator()) == {1: 1, 2: 1, 3: 1}
+
+
+class Suit(enum.Enum):
+    HEARTS = "h"
+    SPADES = "s"
+
+
+ENUM_KEYS = """
+import enum, hashlib, operator
+from extagg import Aggregator, ExternalAppendOnlyMap
+
+class Suit(enum.Enum):
+    HEARTS = "h"
+    SPADES = "s"
+
+with ExternalAppendOnlyMap(Aggregator.reducing(operator.add), memory="16m",
+                           force_spill_every=500, typed_path=False) as emap:
+    emap.insert_all(((Suit("hs"[i % 2]), i % 300), 1) for i in range(6000))
+    out = list(emap.iterator())
+    assert emap.metrics.spill_count > 5 and len(out) == 300
+print(hashlib.sha256(repr(out).encode()).hexdigest())
+"""
+
+
+def test_enum_keys_compare_by_identity_and_stay_one_key_in_a_stable_order(spill_dir):
+    """An Enum member has no ``__eq__`` but unpickles as itself: one key across spills, and
+    in the same order whatever ``PYTHONHASHSEED`` (``Enum.__hash__`` is its name's hash)."""
+    emap = ExternalAppendOnlyMap(
+        SUM, typed_path=False, memory="16m", spill_dirs=[spill_dir], force_spill_every=3
+    )
+    emap.insert_all([(Suit.HEARTS, 1), (Suit.SPADES, 1), ((Suit.HEARTS, 2), 1)] * 5)
+    assert dict(emap.iterator()) == {Suit.HEARTS: 5, Suit.SPADES: 5, (Suit.HEARTS, 2): 5}
+    assert emap.metrics.spill_count >= 4
+    digests = {
+        subprocess.run(
+            [sys.executable, "-c", ENUM_KEYS],
+            env={**os.environ, "PYTHONHASHSEED": seed, "EXTAGG_SPILL_DIR": str(spill_dir)},
+            capture_output=True, text=True, check=True,
+        ).stdout
+        for seed in ("1", "2")
+    }  # fmt: skip
+    assert len(digests) == 1
 
 
 # -- 3. Ctrl-C at any point ----------------------------------------------------------------------

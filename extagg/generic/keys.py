@@ -64,7 +64,7 @@ def _check_type(key: Any) -> str | None:
         hash(key)
     except Exception:
         return None  # the fold reports it, naming the record and the cause
-    if kind.__eq__ is _OBJECT_EQ:
+    if kind.__eq__ is _OBJECT_EQ and not _comes_back_itself(key):
         return (
             f"keys of type {kind.__qualname__} compare by identity (no __eq__), so a copy "
             "spilled to disk would be a different key: give the class __eq__ and __hash__"
@@ -82,6 +82,15 @@ def _check_type(key: Any) -> str | None:
             "differently), so the key would split into several groups once spilled"
         )
     return None
+
+
+def _comes_back_itself(key: Any) -> bool:
+    """Whether unpickling ``key`` gives ``key`` itself: members of an ``Enum`` and other
+    singletons pickled by name compare by identity and still stay one key once spilled."""
+    try:
+        return pickle.loads(pickle.dumps(key, pickle.HIGHEST_PROTOCOL)) is key
+    except Exception:
+        return False
 
 
 def _canonical(key: Any, index: int) -> Any:
