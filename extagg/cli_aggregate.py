@@ -52,7 +52,11 @@ def add_aggregate_command(sub: Any) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
     p.add_argument("--sort", action="store_true", help="sort results by the keys")
     p.add_argument("--format", help="input format: parquet, csv, tsv, json, ipc")
-    p.add_argument("--delimiter", help="CSV field delimiter (default , or tab for .tsv)")
+    p.add_argument(
+        "--delimiter",
+        help="CSV field delimiter (default: tab for .tsv; for .csv a comma, or the ;, | or tab "
+        "between the header's names if it has no comma)",
+    )
     p.add_argument("--column-types", help="CSV column types, e.g. 'id=int64,price=decimal(15,2)'")
     p.add_argument("--schema", help="all CSV columns in order, e.g. 'id:int64,name:string'")
     p.add_argument("--no-header", action="store_true", help="CSV files have no header line")
@@ -315,9 +319,16 @@ def _print_table(reader: Any, limit: int) -> None:
     out.flush()
 
 
+#: control characters shown escaped in the table (a newline in a value broke its rows)
+_ESCAPES = {
+    **{c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F]},
+    ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t",
+}  # fmt: skip
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return "null"
     if isinstance(value, float):
         return f"{value:.6g}" if abs(value) < 1e15 else f"{value:.6e}"
-    return str(value)
+    return str(value).translate(_ESCAPES)

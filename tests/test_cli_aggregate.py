@@ -162,6 +162,19 @@ def test_table_without_output_and_csv_to_stdout(data, capsys):
     assert result.column("k").to_pylist() == sorted(result.column("k").to_pylist())
 
 
+def test_table_escapes_control_characters_and_counts_csv_rows_alone(tmp_path, capsys):
+    """A value with a newline broke the table's rows (now ``\\n``); ``count(*)`` alone on a
+    CSV said 0 rows; a ``;``-separated ``.csv`` is read by its header."""
+    src = tmp_path / "notes.csv"
+    src.write_text('k;note\n"multi\nline";1\n"tab\there";2\nplain;3\n')
+    assert main(["aggregate", str(src), "--by", "k", "--agg", "n=count(*)", "--sort", "-q"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines[2:5]] == ["multi\\nline", "plain", "tab\\there"]
+    assert lines[-1] == "3 row(s)"
+    assert main(["aggregate", str(src), "--agg", "n=count(*)", "-o", "-", "-q"]) == 0
+    assert capsys.readouterr().out.split() == ['"n"', "3"]
+
+
 def test_where_having_and_json_summary(tmp_path, data, capsys):
     src, t = data
     summary = tmp_path / "summary.json"

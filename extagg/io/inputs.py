@@ -251,7 +251,10 @@ class InputScan:
                     else pa.nulls(n, f.type)
                     for f in schema
                 ]
-                batch = pa.RecordBatch.from_arrays(cols, schema=schema)
+                # no column (count(*) alone): the batch's rows, which from_arrays would lose
+                batch = (
+                    pa.RecordBatch.from_arrays(cols, schema=schema) if cols else batch.select([])
+                )
                 step = max(1, self.batch_rows)
                 for start in range(0, n, step):
                     yield batch.slice(start, step), None
@@ -281,7 +284,9 @@ class InputScan:
                     return
                 if folder.names:
                     block = folder.add(block)
-                if block.schema != schema:
+                if not len(schema):  # count(*) alone: no column, the rows (Arrow parsed all)
+                    block = block.select([])
+                elif block.schema != schema:
                     block = pa.RecordBatch.from_arrays(
                         [_as_type(block.column(f.name), f.type) for f in schema], schema=schema
                     )
@@ -625,6 +630,29 @@ class _TextFile:
     file_format: Any
     schema: pa.Schema
     folder_values: dict[str, Any]
+
+
+#: delimiters a ``.csv`` file's header may use instead of a comma
+OTHER_DELIMITERS = (";", "\t", "|")
+
+
+def sniff_delimiter(path: str) -> str:
+    """The delimiter of a ``.csv`` file given none: ``,`` unless its header line has no comma
+    and exactly one of :data:`OTHER_DELIMITERS` (``;`` in the CSVs of locales whose decimal
+    separator is a comma, as Excel writes them; ``|``; tabs). Read as DuckDB's sniffer would,
+    but from the header only: a comma anywhere in it keeps the comma."""
+    try:
+        with _text_stream(path) as stream:
+            head = stream.read(1 << 16)
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError):
+        return ","  # the reader says what is wrong with the file
+    line = head.split(b"\n", 1)[0].decode("utf-8", "replace").lstrip("\ufeff")
+    found = [d for d in OTHER_DELIMITERS if d in line]
+    if "," in line or len(found) != 1:
+        return ","
+    log.info("%s: header has %r between its names and no comma: delimiter %r", path, found[0],
+             found[0])  # fmt: skip
+    return found[0]
 
 
 def _is_zstd(path: str) -> bool:
@@ -1028,6 +1056,8 @@ def open_input(
         raise QueryError("files without a header need --schema to name their columns")
     if fmt not in ("csv", "tsv") and (delimiter or column_types or not header):
         raise QueryError("--delimiter, --column-types and --no-header apply to CSV/TSV only")
+    if fmt == "csv" and not delimiter and header and files:
+        options["delimiter"] = sniff_delimiter(files[0][0])
     file_format = _file_format(fmt, options, names)
 
     # ---------------------------------------------------------------- schemas

@@ -692,3 +692,39 @@ def test_summing_a_csv_column_read_as_text_says_how_to_read_numbers(tmp_path):
     src.write_text("k,v\na,1\nb,2\nc,one\n", encoding="utf-8")
     with pytest.raises(QueryError, match=r"sum\('v'\).*--column-types COLUMN:float64"):
         extagg.aggregate_files(str(src), by="k", aggs={"s": ("v", "sum")})
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv", "tsv", "jsonl", "arrow", "arrows"])
+def test_count_of_rows_alone_reads_no_column_and_counts_every_row(tmp_path, fmt):
+    """``count(*)`` with no key reads no column: a CSV/TSV file said 0 rows (its parsed
+    blocks were rebuilt with no column, which loses their length)."""
+    table = sample_table(2_500)
+    path = tmp_path / f"data.{fmt}"
+    write(table, path, fmt)
+    got = extagg.aggregate_files(str(path), aggs={"n": ("*", "count")}).read_all().to_pylist()
+    assert got == [{"n": 2_500}]
+    compressed = tmp_path / "data.csv.gz"
+    if fmt == "csv":
+        compressed.write_bytes(gzip.compress(path.read_bytes()))
+        got = extagg.aggregate_files(str(compressed), aggs={"n": ("*", "count")}).read_all()
+        assert got.to_pylist() == [{"n": 2_500}]
+
+
+@pytest.mark.parametrize("delimiter", [";", "|", "\t"])
+def test_csv_delimiter_read_off_a_header_without_commas(tmp_path, delimiter):
+    """A ``.csv`` whose header has no comma and one of ``;``, ``|`` or a tab between its
+    names is read with that delimiter (Excel writes ``;`` where the decimal mark is a comma);
+    a header with a comma keeps the comma, and ``delimiter`` given is obeyed."""
+    lines = ["id;note;amount", "1;a,b;5", "1;c;6", "2;d;7"]
+    path = tmp_path / "semi.csv"
+    path.write_text("\ufeff" + "\n".join(line.replace(";", delimiter) for line in lines) + "\n")
+    reader = extagg.aggregate_files(str(path), by="id", aggs={"s": ("amount", "sum")})
+    assert sorted(reader.read_all().to_pylist(), key=str) == [
+        {"id": 1, "s": 11}, {"id": 2, "s": 7}
+    ]  # fmt: skip
+    one_column = tmp_path / "one.csv"
+    one_column.write_text(f"a{delimiter}b,c\n1,2\n")  # a comma in the header: comma-separated
+    got = extagg.aggregate_files(str(one_column), by="c", aggs={"n": ("*", "count")}).read_all()
+    assert got.to_pylist() == [{"c": 2, "n": 1}]
+    with pytest.raises(InputError, match=r"semi\.csv as csv: CSV parse error: Expected 1 columns"):
+        extagg.aggregate_files(str(path), by="id", aggs={"n": ("*", "count")}, delimiter=",")
