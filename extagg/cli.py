@@ -117,26 +117,40 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run() -> None:
     """The console entry point: ``main()``, then exit with its status.
 
-    After Ctrl-C (status 130) everything the run made is already removed; the process then
-    leaves at once (``os._exit``) instead of tearing down numba, LLVM and Arrow's thread pools,
-    which takes seconds on a loaded machine: "stop" should mean stop. The process is the
-    command's own, so the C heap keeps freed memory for reuse (``keep_freed_heap_for_reuse``:
-    a library caller's process is never changed so).
+    Once ``main()`` has returned, everything the run made is removed or committed: the
+    ``atexit`` handlers run (logging, spill folders, unfinished scans' readers) and the
+    process leaves (``os._exit``) without tearing down the interpreter, numba, LLVM and
+    Arrow's thread pools. After Ctrl-C (status 130) that teardown took seconds on a loaded
+    machine ("stop" should mean stop); after a failed JSON read, one of Arrow's I/O threads
+    dropped its Python file object while the interpreter was finalizing and the process
+    aborted (``terminate called without an active exception``, 2 runs in 12). The process is
+    the command's own, so the C heap keeps freed memory for reuse
+    (``keep_freed_heap_for_reuse``: a library caller's process is never changed so).
     """
+    import atexit
+    import os
+
     from extagg._malloc import keep_freed_heap_for_reuse
 
     keep_freed_heap_for_reuse()
-    code = main()
+    try:
+        code = main()
+    except SystemExit as exc:  # argparse: --help, usage errors
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
     if code == 130:
-        import os
-
         from extagg.spill.tempdir import remove_process_dirs
 
-        sys.stdout.flush()
-        sys.stderr.flush()
         remove_process_dirs()
-        os._exit(130)
-    sys.exit(code)
+    else:
+        atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader that left; a closed stream
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover

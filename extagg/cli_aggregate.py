@@ -9,6 +9,7 @@ removing spill files and any partial output. Progress goes to stderr (on a termi
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib.abc
 import json
 import os
@@ -57,7 +58,11 @@ def add_aggregate_command(sub: Any) -> None:
         help="CSV field delimiter (default: tab for .tsv; for .csv a comma, or the ;, | or tab "
         "between the header's names if it has no comma)",
     )
-    p.add_argument("--column-types", help="CSV column types, e.g. 'id=int64,price=decimal(15,2)'")
+    p.add_argument(
+        "--column-types",
+        help="CSV and JSON Lines column types, e.g. 'id=int64,price=decimal(15,2)' (instead of "
+        "those inferred from the first block)",
+    )
     p.add_argument("--schema", help="all CSV columns in order, e.g. 'id:int64,name:string'")
     p.add_argument("--no-header", action="store_true", help="CSV files have no header line")
     p.add_argument("--spill-dir", action="append", dest="spill_dirs", help="spill directory")
@@ -215,9 +220,27 @@ def _run_aggregate(args: argparse.Namespace) -> int:
         return 130
     except (ValueError, TypeError, OSError, MemoryError) as exc:  # runtime: input, disk, budget
         _close(query)
+        if _reader_of_stdout_left(exc):
+            return 128 + 13  # as a command killed by SIGPIPE, without a word
         print(f"extagg aggregate: error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _reader_of_stdout_left(exc: BaseException) -> bool:
+    """Whether ``exc`` is a write to standard output whose reader has gone (``-o - | head``:
+    ``head`` took its lines and left). Standard output then goes to ``/dev/null``, so that
+    the interpreter's last flush does not fail again."""
+    broken = isinstance(exc, BrokenPipeError) or getattr(exc, "errno", None) == errno.EPIPE
+    if not broken and "Broken pipe" not in str(exc):
+        return False
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no file descriptor (a test's captured stdout)
+        pass
+    return True
 
 
 def _check_early(args: argparse.Namespace) -> None:

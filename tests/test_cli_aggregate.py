@@ -519,6 +519,41 @@ def test_subprocess_run_and_exit_codes(tmp_path, data):
     assert proc.returncode == 2 and "unknown column 'nope'" in proc.stderr
 
 
+def test_stdout_reader_that_leaves_stops_the_run_silently(tmp_path):
+    """``-o - | head``: once ``head`` has its lines the run stops as a command killed by
+    SIGPIPE would (141), with no error message and no spill file left behind."""
+    src = tmp_path / "many.parquet"
+    pq.write_table(table(400_000, keys=300_000, seed=5), src)
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    for extra in (["-o", "-"], ["-o", "-", "--output-format", "jsonl"], ["--show", "300000"]):
+        cmd = [sys.executable, "-m", "extagg", "aggregate", str(src), "--by", "k", "--agg",
+               "n=count(*)", "--memory", "16m", "--spill-dir", str(spill), "-q",
+               *extra]  # fmt: skip
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+        assert proc.stdout is not None and proc.stderr is not None
+        first = proc.stdout.readline()
+        proc.stdout.close()  # the reader leaves
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=300) == 141, err
+        assert first and err == ""
+        assert not [p for p in spill.rglob("*") if p.is_file()]
+
+
+def test_a_failed_json_read_exits_cleanly_every_time(tmp_path):
+    """A JSON Lines read that fails in its first block: exit 1 with the error every time (one
+    of Arrow's I/O threads dropped its Python file object while the interpreter finalized and
+    the process aborted, ``terminate called without an active exception``, 2 runs in 12)."""
+    src = tmp_path / "nested.jsonl"
+    src.write_text("".join(f'{{"u": {{"id": {i % 2}}}, "v": {i}}}\n' for i in range(50)))
+    cmd = [sys.executable, "-m", "extagg", "aggregate", str(src), "--by", "v", "--agg",
+           "n=count(*)", "--column-types", "v:string", "-q"]  # fmt: skip
+    for _ in range(6):
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_env())
+        assert proc.returncode == 1, proc.stderr
+        assert "terminate" not in proc.stderr and "changed from string to number" in proc.stderr
+
+
 @pytest.mark.parametrize("fmt", ["parquet", "csv"])
 def test_sigint_stops_and_leaves_no_files(tmp_path, fmt):
     """Ctrl-C mid-run: exit 130 within a second or so, no spill file or partial output left

@@ -328,8 +328,15 @@ def _mixed_json_hint(reason: str) -> str:
             " (the file holds a JSON array, not JSON Lines: write one object per line, e.g. "
             "jq -c '.[]' FILE > FILE.jsonl)"
         )
+    field = name.replace("/", ".")
+    typed = {"number": "int64 (or float64)", "string": "string", "boolean": "bool"}
+    if was == "null" and now in typed and "/" not in name:
+        return (
+            f" (field {field!r} is null in every line of the first block its type is inferred "
+            f"from, and then holds {now}s: give its type, --column-types {field}:{typed[now]})"
+        )
     return (
-        f" (field {name.replace('/', '.')!r} holds both {was} and {now} values; a column has "
+        f" (field {field!r} holds both {was} and {now} values; a column has "
         "one type: make the field one type in every line, e.g. quote the numbers)"
     )
 
@@ -1054,8 +1061,13 @@ def open_input(
             options["skip_rows"] = 1 if header else 0
     elif not header:
         raise QueryError("files without a header need --schema to name their columns")
-    if fmt not in ("csv", "tsv") and (delimiter or column_types or not header):
-        raise QueryError("--delimiter, --column-types and --no-header apply to CSV/TSV only")
+    if fmt not in ("csv", "tsv") and (delimiter or not header):
+        raise QueryError("--delimiter and --no-header apply to CSV/TSV only")
+    if fmt not in ("csv", "tsv", "json") and column_types:
+        raise QueryError(
+            "--column-types applies to CSV/TSV and JSON Lines only (Parquet and Arrow files "
+            "carry their types)"
+        )
     if fmt == "csv" and not delimiter and header and files:
         options["delimiter"] = sniff_delimiter(files[0][0])
     file_format = _file_format(fmt, options, names)
@@ -1099,8 +1111,14 @@ def open_input(
                 path=path,
             )
     fields: list[pa.Field] = []
+    # JSON Lines: a type given overrides the one inferred from the first block (the reader is
+    # given the schema); CSV's were given to the inference itself
+    json_types = options["column_types"] if fmt == "json" else {}
     for name in read_cols:
         if name in hive:
+            continue
+        if name in json_types:
+            fields.append(pa.field(name, json_types[name]))
             continue
         fields.append(_unify_column(name, per_file))
     # hive partition columns: let Arrow infer their types from the directory names

@@ -728,3 +728,25 @@ def test_csv_delimiter_read_off_a_header_without_commas(tmp_path, delimiter):
     assert got.to_pylist() == [{"c": 2, "n": 1}]
     with pytest.raises(InputError, match=r"semi\.csv as csv: CSV parse error: Expected 1 columns"):
         extagg.aggregate_files(str(path), by="id", aggs={"n": ("*", "count")}, delimiter=",")
+
+
+def test_json_field_null_in_the_first_block_is_typed_by_column_types(tmp_path):
+    """A JSON Lines field that is null in every line of the first block (its type inferred as
+    null) and numbers later: the error says which field and how to type it; with
+    ``column_types`` it is read as that type (types given apply to JSON Lines too)."""
+    path = tmp_path / "late.jsonl"
+    with open(path, "w") as f:
+        for i in range(60_000):
+            # ~130 bytes a line: the first 4 MiB block (types inferred from it) has no value
+            f.write(json.dumps({"k": i % 3, "v": None if i < 50_000 else i, "pad": "x" * 100}))
+            f.write("\n")
+    aggs = {"s": ("v", "sum")}
+    with pytest.raises(InputError, match=r"field 'v' is null .* --column-types v:int64"):
+        extagg.aggregate_files(str(path), by="k", aggs=aggs).read_all()
+    got = extagg.aggregate_files(str(path), by="k", aggs=aggs, column_types={"v": "int64"})
+    got = got.read_all()
+    expected = {k: sum(i for i in range(50_000, 60_000) if i % 3 == k) for k in range(3)}
+    assert {r["k"]: r["s"] for r in got.to_pylist()} == expected
+    with pytest.raises(QueryError, match="--column-types applies to CSV/TSV and JSON Lines"):
+        pq.write_table(pa.table({"v": [1]}), tmp_path / "x.parquet")
+        extagg.aggregate_files(str(tmp_path / "x.parquet"), aggs=aggs, column_types={"v": "int64"})
