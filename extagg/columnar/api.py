@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from extagg.columnar.columns import dataset_batches, is_batch, is_dataset
+from extagg.columnar.columns import arrow_stream, dataset_batches, is_batch, is_dataset
 from extagg.columnar.distinct import DistinctAggregator, has_distinct
 from extagg.columnar.functions import agg_mapping, parse_aggs
 from extagg.columnar.hash_aggregator import HashAggregator
@@ -66,7 +66,9 @@ def aggregate(
     source
         One batch (pyarrow ``RecordBatch`` or ``Table``, pandas ``DataFrame``, dict of NumPy
         arrays), a ``pyarrow.RecordBatchReader``, a ``pyarrow.dataset.Dataset`` (scanned with
-        only the columns the query reads), or an iterable of batches (read lazily).
+        only the columns the query reads), an object that exports Arrow data by its PyCapsule
+        interface (``__arrow_c_stream__``: a Polars ``DataFrame``, a DuckDB relation; read a
+        batch at a time), or an iterable of batches (read lazily).
     keys
         Grouping column name or names.
     aggs
@@ -112,6 +114,9 @@ def aggregate(
     [{'k': 'a', 's': 4}, {'k': 'b', 's': 2}]
     """
     asked: Mapping[str, tuple[str, str]] = agg_mapping(aggs)
+    stream = arrow_stream(source)  # a Polars DataFrame, a DuckDB relation: read batch by batch
+    if stream is not None:
+        source = stream
     bar = None
     if progress is True:
         from extagg._progress import progress_bar, progress_enabled

@@ -37,6 +37,7 @@ __all__ = [
     "is_decimal64",
     "is_batch",
     "is_dataset",
+    "arrow_stream",
     "dataset_batches",
     "iter_record_batches",
     "to_columns",
@@ -245,6 +246,18 @@ def is_dataset(obj: Any) -> bool:
     return isinstance(obj, ds.Dataset)
 
 
+def arrow_stream(obj: Any) -> pa.RecordBatchReader | None:
+    """A reader of the record batches of an object that exports them by Arrow's PyCapsule
+    interface (``__arrow_c_stream__``: a Polars ``DataFrame``, a DuckDB relation, ...), read
+    lazily, or ``None`` for anything else (pyarrow's own objects, pandas, dicts included)."""
+    kind = type(obj)
+    if kind.__module__.startswith(("pyarrow", "pandas")) or isinstance(obj, Mapping):
+        return None
+    if not hasattr(kind, "__arrow_c_stream__"):
+        return None
+    return pa.RecordBatchReader.from_stream(obj)
+
+
 def dataset_batches(dataset: Any, columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
     """The record batches of a ``pyarrow.dataset.Dataset``, reading only ``columns``.
 
@@ -263,8 +276,10 @@ def iter_record_batches(
     """The record batches of one input batch, each at most ``max_rows`` rows (zero-copy slices).
 
     Accepts a ``pyarrow.RecordBatch`` or ``Table``, a pandas ``DataFrame`` or a mapping of column
-    name to NumPy array (or sequence). ``columns``: the only columns of a ``DataFrame`` or a
-    mapping converted (the query's; others may hold what Arrow cannot, mixed Python objects).
+    name to NumPy array (or sequence), or an object that exports Arrow record batches by the
+    PyCapsule interface (:func:`arrow_stream`). ``columns``: the only columns of a
+    ``DataFrame`` or a mapping converted (the query's; others may hold what Arrow cannot,
+    mixed Python objects).
     """
     if isinstance(batch, pa.RecordBatch):
         yield from _sliced(batch, max_rows)
@@ -280,10 +295,14 @@ def iter_record_batches(
     elif isinstance(batch, Mapping):
         _check_has_columns([str(name) for name in batch], columns)
         yield from _sliced(_record_batch_from_mapping(batch, columns), max_rows)
+    elif (reader := arrow_stream(batch)) is not None:
+        for rb in reader:
+            yield from _sliced(rb, max_rows)
     else:
         raise TypeError(
-            "a batch must be a pyarrow RecordBatch or Table, a pandas DataFrame, or a dict of "
-            f"NumPy arrays, not {type(batch).__module__}.{type(batch).__qualname__}"
+            "a batch must be a pyarrow RecordBatch or Table, a pandas DataFrame, a dict of NumPy "
+            "arrays or an object with Arrow's __arrow_c_stream__ (a Polars DataFrame), not "
+            f"{type(batch).__module__}.{type(batch).__qualname__}"
         )
 
 

@@ -168,3 +168,46 @@ def test_only_the_query_columns_of_a_frame_or_dict_are_converted() -> None:
         aggregate(frame, "k", {"s": ("nope", "sum")}, memory="8m")
     with pytest.raises(ValueError, match=r"'junk' has 2 rows but the batch's first column has 3"):
         aggregate({"k": [1, 1, 2], "junk": [1, "x"]}, "k", {"n": ("*", "count")}, memory="8m")
+
+
+def test_polars_frames_and_other_arrow_streams_are_read_batch_by_batch() -> None:
+    """An object that exports Arrow data by the PyCapsule interface (``__arrow_c_stream__``:
+    a Polars ``DataFrame``, a DuckDB relation) is read as a stream of record batches: its
+    view types (Polars' strings are ``string_view``), nested columns through the generic
+    engine, a spilling run, ``HashAggregator.update`` too."""
+    import polars as pl
+
+    from extagg import HashAggregator, run_metrics
+
+    frame = pl.DataFrame(
+        {"k": ["a", "b", "a", None], "v": [1, 2, 3, 4], "f": [1.5, None, 2.0, 1.0],
+         "tags": [[1], [2], [1], []]}
+    )  # fmt: skip
+    got = aggregate(
+        frame, "k", {"s": ("v", "sum"), "m": ("f", "mean"), "u": ("tags", "count_distinct")},
+        memory="8m",
+    )  # fmt: skip
+    assert sorted(got.to_pylist(), key=repr) == sorted(
+        [{"k": "a", "s": 4, "m": 1.75, "u": 1}, {"k": "b", "s": 2, "m": None, "u": 1},
+         {"k": None, "s": 4, "m": 1.0, "u": 1}], key=repr,
+    )  # fmt: skip
+    nested = aggregate(frame, "tags", {"s": ("v", "sum")}, memory="8m")
+    assert sorted(nested.to_pylist(), key=repr) == sorted(
+        [{"tags": [1], "s": 4}, {"tags": [2], "s": 2}, {"tags": [], "s": 4}], key=repr
+    )
+    rows = 600_000
+    big = pl.DataFrame({"k": np.arange(rows) % 150_000, "v": np.ones(rows, dtype=np.int64)})
+    table = aggregate(big, "k", {"s": ("v", "sum")}, memory="4m")
+    assert table.num_rows == 150_000 and set(table.column("s").to_pylist()) == {4}
+    assert run_metrics(table).spill_count > 0
+    with HashAggregator("k", {"s": ("v", "sum")}, memory="8m") as agg:
+        agg.update(frame.select("k", "v"))
+        out = pa.Table.from_batches(list(agg.results()))
+    assert sorted(out.to_pylist(), key=repr) == sorted(
+        [{"k": "a", "s": 4}, {"k": "b", "s": 2}, {"k": None, "s": 4}], key=repr
+    )
+    with (
+        pytest.raises(TypeError, match="__arrow_c_stream__"),
+        HashAggregator("k", {"s": ("v", "sum")}, memory="8m") as agg,
+    ):
+        agg.update(object())
