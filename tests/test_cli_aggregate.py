@@ -175,6 +175,18 @@ def test_table_escapes_control_characters_and_counts_csv_rows_alone(tmp_path, ca
     assert capsys.readouterr().out.split() == ['"n"', "3"]
 
 
+def test_having_is_typed_by_the_results(data, capsys):
+    """``--having`` reads a quoted value as its result column's type and refuses a value that
+    is no condition (exit 2), as ``--where`` does."""
+    src, t = data
+    base = ["aggregate", str(src), "--by", "g", "--agg", "n=count(*)", "-q", "-o", "-"]
+    assert main([*base, "--having", "n >= '1' and g like 'a%'"]) == 0
+    n = pc.sum(pc.equal(t["g"], "a")).as_py()
+    assert capsys.readouterr().out.split() == ['"g","n"', f'"a",{n}']
+    assert main([*base, "--having", "n"]) == 2
+    assert "a value of type int64, not a condition" in capsys.readouterr().err
+
+
 def test_where_having_and_json_summary(tmp_path, data, capsys):
     src, t = data
     summary = tmp_path / "summary.json"

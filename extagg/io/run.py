@@ -204,6 +204,11 @@ class FileQuery:
     ) -> Iterator[pa.RecordBatch]:
         m = self.metrics
         try:
+            schema = getattr(agg, "schema", None)
+            if self.having is not None and schema is not None:
+                # typed as the results are (a quoted value read as its column's type; a test
+                # that is not one, or operands that do not fit, a usage error at its operator)
+                self.having.bind(schema)
             for batch in agg.results():
                 m.groups += batch.num_rows
                 if self.having is not None:

@@ -8,14 +8,16 @@ Grammar (keywords are case-insensitive)::
     and       := not ("and" not)*
     not       := "not" not | predicate
     predicate := sum [cmp sum | ["not"] "in" "(" literal ("," literal)* ")"
-                      | "is" ["not"] "null" | ["not"] "between" sum "and" sum]
+                      | "is" ["not"] "null" | ["not"] "between" sum "and" sum
+                      | ["not"] ("like" | "ilike") 'pattern']
     sum       := product (("+" | "-") product)*
     product   := unary (("*" | "/") unary)*
     unary     := "-" unary | atom
     atom      := number | 'string' | date 'YYYY-MM-DD' | timestamp 'YYYY-MM-DD HH:MM:SS'
                | true | false | null | column | "quoted column" | `quoted column` | "(" expr ")"
 
-``cmp`` is one of ``= == != <> < <= > >=``. A syntax error raises
+``cmp`` is one of ``= == != <> < <= > >=``; a ``like`` pattern takes SQL's ``%`` (any
+characters) and ``_`` (one character), ``ilike`` ignores case. A syntax error raises
 :class:`~extagg.errors.ExpressionError`, whose message shows the expression with a caret.
 Once the input's column types are known, :meth:`ParsedExpression.bind` parses it again
 against them: an operator whose operands do not fit (``int_col = 'x'``) is an
@@ -50,7 +52,7 @@ _TOKEN = re.compile(
     re.VERBOSE,
 )
 _KEYWORDS = {"and", "or", "not", "in", "is", "null", "between", "true", "false", "date"}
-_KEYWORDS |= {"timestamp"}
+_KEYWORDS |= {"timestamp", "like", "ilike"}
 _CMP = {
     "=": pc.equal,
     "==": pc.equal,
@@ -96,6 +98,14 @@ class ParsedExpression:
         tested ``in``: ``null in (...)`` is null, so the row is dropped, as in SQL."""
         parser = _Parser(self.text, schema)
         expr = parser.parse()
+        kind = parser.type_of(expr)
+        if not (pa.types.is_boolean(kind) or pa.types.is_null(kind)):
+            raise ExpressionError(
+                f"the expression is a value of type {kind}, not a condition (compare it: "
+                "x > 0, x is not null, ...)",
+                self.text,
+                0,
+            )
         self.expression = expr
         self.evaluate = parser.fn(expr)
         return expr
@@ -175,6 +185,10 @@ class _Parser:
         self._made.append(expr)
         self._fns[id(expr)] = fn
         return expr
+
+    def constant(self, value: pa.Scalar) -> pc.Expression:
+        """A literal value as an expression (and its eager form)."""
+        return self.made(pc.scalar(value), _constant(value))
 
     def fn(self, expr: pc.Expression) -> Callable[[pa.RecordBatch], Any]:
         """The eager form of an expression this parser built."""
@@ -337,16 +351,25 @@ class _Parser:
             value_set = _value_set(values)
             if self._empty is not None:
                 left, value_set = self.fit_in(left, value_set, at)
-            # SQL: null [not] in (...) is null, so the row is dropped either way (a null in
-            # the list matches nothing); x not in (..., null) is never true
+            # SQL's three values: null in (...) is null; x in (..., null) is true if x is in
+            # the list, else null (so x not in (..., null) is never true); a null result drops
+            # the row, under not as well
             test = self.call(pc.is_in, left, value_set=value_set, skip_nulls=True, at=at)
-            if negate:
-                keep = self.call(pc.is_valid, left)
-                if value_set.null_count:
-                    never = pa.scalar(False)
-                    keep = self.made(pc.scalar(never), _constant(never))
-                return self.call(pc.and_kleene, self.call(pc.invert, test), keep)
-            return test
+            unknown = self.constant(pa.scalar(None, pa.bool_()))
+            if value_set.null_count:
+                test = self.call(pc.if_else, test, self.constant(pa.scalar(True)), unknown)
+            test = self.call(pc.if_else, self.call(pc.is_null, left), unknown, test)
+            return self.call(pc.invert, test) if negate else test
+        if (at := self.tok) and (self.tok.word in ("like", "ilike")):
+            self.i += 1
+            pattern = self.literal_value()
+            if not isinstance(pattern, str):
+                raise self.error(
+                    f"expected a quoted pattern after {at.text!r}", self.toks[self.i - 1]
+                )
+            test = self.call(pc.match_like, left, pattern=pattern,
+                             ignore_case=at.word == "ilike", at=at)  # fmt: skip
+            return self.call(pc.invert, test) if negate else test
         if self.take_word("between"):
             low = self.sum_()
             if not self.take_word("and"):
@@ -362,7 +385,7 @@ class _Parser:
             return self.call(pc.invert, test) if negate else test
         if negate:
             self.i = start
-            raise self.error("expected 'in' or 'between' after 'not'", self.toks[start + 1])
+            raise self.error("expected 'in', 'between' or 'like' after 'not'", self.toks[start + 1])
         return left
 
     def sum_(self) -> pc.Expression:

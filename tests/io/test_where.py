@@ -267,10 +267,49 @@ def test_timestamps_with_a_time_zone_read_literals_as_wall_time_there():
         ("s not in ('a')", [2, None]),
         ("s not in ('a', null)", []),
         ("i not in (1, 2)", [3]),
+        # the same under a not: a null test stays null (was: not (null in (...)) kept the row)
+        ("not (s in ('a'))", [2, None]),
+        ("not (s in ('a', null))", []),
+        ("not (i in (1, 2))", [3]),
+        ("s in ('b', null) or i = 3", [2, 3]),
     ],
 )  # fmt: skip
 def test_in_lists_with_nulls_follow_sql(text, expected):
-    """``null in (...)`` is null and a null in the list matches nothing; ``x not in (...,
-    null)`` is never true: the rows are dropped."""
+    """``null in (...)`` is null, ``x in (..., null)`` is true or null, never false: the
+    rows are dropped, under ``not`` too (SQL's three-valued logic)."""
     assert kept(text) == expected
     assert bound_kept(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("s like 'a%'", [1]),
+        ("s like '%''s'", [None]),
+        ("s like '_'", [1, 2]),
+        ("s not like 'a%'", [2, None]),
+        ("not s like 'b'", [1, None]),
+        ("s ilike 'A'", [1]),
+        ("s ILIKE 'IT%' or i = 2", [2, None]),
+    ],
+)  # fmt: skip
+def test_like_and_ilike_patterns(text, expected):
+    """SQL's ``like`` (``%`` any characters, ``_`` one) and ``ilike`` (case ignored); a null
+    value matches nothing, ``not like`` neither."""
+    assert kept(text) == expected
+    assert bound_kept(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("i + 1", "a value of type int64, not a condition"),
+        ("s", "a value of type string, not a condition"),
+        ("i like 'a'", "'like' does not apply to int64"),
+        ("s like 1", "expected a quoted pattern after 'like'"),
+        ("s not", "expected 'in', 'between' or 'like' after 'not'"),
+    ],
+)
+def test_a_filter_that_is_no_condition_is_a_usage_error(text, message):
+    with pytest.raises(ExpressionError, match=message):
+        parse_expression(text).bind(TABLE.schema)
