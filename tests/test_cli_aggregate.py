@@ -475,6 +475,32 @@ def test_text_outputs_take_binary_values_and_non_finite_floats(tmp_path, capsys)
             assert (got["a"][1], got["b"][1], got["c"][1]) == ("Infinity", "NaN", "-Infinity")
 
 
+def test_csv_writes_lists_structs_and_maps_as_json_text(tmp_path, capsys):
+    """Arrow's CSV writer refused nested columns (``Unsupported Type:list<item: string>``,
+    exit 1 after the whole run): they are written as their JSON text, as in JSON Lines."""
+    import json
+
+    src = tmp_path / "nested.jsonl"
+    src.write_text(
+        "".join(
+            json.dumps({"tags": ["a", "b"][: i % 3], "u": {"id": i % 2, "n": "x"}, "v": i}) + "\n"
+            for i in range(9)
+        )
+    )
+    out = tmp_path / "o.csv"
+    argv = ["aggregate", str(src), "--by", "tags", "--agg", "s=sum(v)", "--agg", "f=first(u)"]
+    assert main([*argv, "-q", "-o", str(out)]) == 0, capsys.readouterr().err
+    rows = pacsv.read_csv(out).to_pylist()
+    got = sorted((json.loads(r["tags"]), r["s"], json.loads(r["f"])) for r in rows)
+    assert got == [
+        ([], 9, {"id": 0, "n": "x"}),
+        (["a"], 12, {"id": 1, "n": "x"}),
+        (["a", "b"], 15, {"id": 0, "n": "x"}),
+    ]
+    assert main([*argv, "--sort", "-q"]) == 2  # a usage error before any row is read
+    assert "--sort cannot order key 'tags' of type list<item: string>" in capsys.readouterr().err
+
+
 def test_runtime_errors_exit_1(tmp_path, capsys):
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"PAR1 this is not parquet at all PAR1")

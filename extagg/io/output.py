@@ -170,15 +170,27 @@ def _is_binary(typ: pa.DataType) -> bool:
     )
 
 
+def _is_nested(typ: pa.DataType) -> bool:
+    return bool(pa.types.is_nested(typ))
+
+
+def _as_text(typ: pa.DataType) -> bool:
+    """Whether CSV writes a column of ``typ`` as text made here (Arrow's CSV writer has none)."""
+    return _is_binary(typ) or _is_nested(typ)
+
+
 def _text_schema(schema: pa.Schema) -> pa.Schema:
     """``schema`` as CSV writes it: binary columns as their base64 text (as JSON Lines
-    writes them; their bytes need not be UTF-8, which CSV text must be)."""
-    return pa.schema([f.with_type(pa.string()) if _is_binary(f.type) else f for f in schema])
+    writes them; their bytes need not be UTF-8, which CSV text must be), lists, structs and
+    maps as their JSON text (as JSON Lines writes them; Arrow's CSV writer refused them,
+    ``Unsupported Type:list<item: string>``)."""
+    return pa.schema([f.with_type(pa.string()) if _as_text(f.type) else f for f in schema])
 
 
 def _binary_as_base64(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """``batch`` with its binary columns as base64 text (see :func:`_text_schema`)."""
-    if not any(_is_binary(f.type) for f in batch.schema):
+    """``batch`` with its binary columns as base64 text and its nested columns as JSON text
+    (see :func:`_text_schema`)."""
+    if not any(_as_text(f.type) for f in batch.schema):
         return batch
     columns = []
     for col, f in zip(batch.columns, batch.schema):
@@ -187,6 +199,17 @@ def _binary_as_base64(batch: pa.RecordBatch) -> pa.RecordBatch:
                 None if v is None else base64.b64encode(v).decode("ascii") for v in col.to_pylist()
             ]
             col = pa.array(texts, pa.string())
+        elif _is_nested(f.type):
+            rows = _json_rows(pa.RecordBatch.from_arrays([col], names=["v"]))
+            col = pa.array(
+                [
+                    None
+                    if row["v"] is None
+                    else json.dumps(row["v"], default=_json_default, ensure_ascii=False)
+                    for row in rows
+                ],
+                pa.string(),
+            )
         columns.append(col)
     return pa.RecordBatch.from_arrays(columns, schema=_text_schema(batch.schema))
 

@@ -491,6 +491,14 @@ def plan_query(
         for name in having_expr.columns:
             if name not in out_cols:
                 raise unknown_column(name, out_cols, "result column")
+    if sort:
+        for key in keys:
+            typ = scan.schema.field(key).type
+            if pa.types.is_nested(typ):
+                raise QueryError(
+                    f"--sort cannot order key {key!r} of type {typ} (lists, structs and maps "
+                    "have no order here); leave --sort out, the groups are the same"
+                )
     kept_aggs = asked if asked is NO_AGGREGATES else dict(asked)  # NO_AGGREGATES by identity
     return FileQuery(
         scan, keys, kept_aggs, having_expr, memory, memory_manager, spill_dirs, sort, threads
