@@ -54,7 +54,7 @@ from extagg.memory import (
 from extagg.merge.heap import BlockSource, HashedRows, RunSource, write_run_from
 from extagg.metrics import SpillMetrics
 from extagg.spill.codecs import BatchCodec
-from extagg.spill.runfile import RunFile, RunWriter
+from extagg.spill.runfile import COMPRESSIONS, RunFile, RunWriter
 from extagg.spill.tempdir import SpillDirs
 
 __all__ = ["MemoryBudget", "RunSet", "Spillable"]
@@ -311,6 +311,10 @@ class Spillable(MemoryConsumer, ABC, Generic[B]):
             raise ValueError(f"fan_in must be at least 2, got {fan_in}")
         if force_spill_every is not None and force_spill_every < 1:
             raise ValueError(f"force_spill_every must be positive, got {force_spill_every}")
+        if compression not in COMPRESSIONS:  # at once, not at the first spill
+            raise ValueError(
+                f"unknown spill compression {compression!r}: choose one of {sorted(COMPRESSIONS)}"
+            )
         tmm = resolve_task_memory_manager(memory, memory_manager)
         super().__init__(tmm, name)
         self.batch_size = batch_size

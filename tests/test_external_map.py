@@ -466,6 +466,8 @@ def test_bad_options_fail_clearly():
         ExternalAppendOnlyMap(lambda v: v)
     with pytest.raises(ValueError, match="batch_size"):
         ExternalAppendOnlyMap(SUM, typed_path=False, memory="1m", batch_size=0)
+    with pytest.raises(ValueError, match="unknown spill compression 'gzip'"):
+        ExternalAppendOnlyMap(SUM, memory="1m", compression="gzip")
 
 
 def test_same_output_whatever_pythonhashseed(tmp_path):

@@ -140,6 +140,8 @@ def test_bad_options() -> None:
         HashAggregator("k", AGG, memory="8m", fan_in=1)
     with pytest.raises(ValueError, match="batch_size"):
         HashAggregator("k", AGG, memory="8m", batch_size=0)
+    with pytest.raises(ValueError, match=r"unknown spill compression 'zstd'.*\['lz4', 'none'\]"):
+        HashAggregator("k", AGG, memory="8m", compression="zstd")  # before any spill
     with pytest.raises(ValueError, match="force_spill_rows"):
         HashAggregator("k", AGG, memory="8m", force_spill_rows=0)
     with pytest.raises(ValueError, match="memory"):
