@@ -360,7 +360,8 @@ class _Parser:
                 test = self.call(pc.if_else, test, self.constant(pa.scalar(True)), unknown)
             test = self.call(pc.if_else, self.call(pc.is_null, left), unknown, test)
             return self.call(pc.invert, test) if negate else test
-        if (at := self.tok) and (self.tok.word in ("like", "ilike")):
+        at = self.tok
+        if at.word in ("like", "ilike"):
             self.i += 1
             pattern = self.literal_value()
             if not isinstance(pattern, str):
