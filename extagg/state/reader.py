@@ -68,6 +68,10 @@ def open_checkpoint(path: Any) -> Checkpoint:
             error_class="STDS_REQUIRED_OPTION_UNSPECIFIED",
         )
     checkpoint = Checkpoint(os.fspath(path))
+    if not os.path.exists(checkpoint.path):
+        raise StateSourceOptionError(
+            "path", f"checkpoint location {checkpoint.path} does not exist"
+        )
     if not os.path.isdir(checkpoint.state_dir):
         raise StateSourceOptionError(
             "path",

@@ -98,7 +98,10 @@ def test_errors_name_the_option_and_exit_1(path, tmp_path):
     status, _, err = run(["state", "changes", path, "--start-batch-id", "2", "--end-batch-id", "1"])
     assert status == 1 and "cannot be smaller than 'start_batch_id'" in err
     status, _, err = run(["state", "show", str(tmp_path / "missing")])
-    assert status == 1 and "does not exist" in err
+    assert status == 1 and f"checkpoint location {tmp_path / 'missing'} does not exist" in err
+    (tmp_path / "empty").mkdir()
+    status, _, err = run(["state", "show", str(tmp_path / "empty")])
+    assert status == 1 and f"{tmp_path / 'empty' / 'state'} does not exist" in err
     (tmp_path / "a-file").write_text("x")  # was "[Errno 20] Not a directory: .../commits"
     status, _, err = run(["state", "show", str(tmp_path / "a-file")])
     assert status == 1 and "a-file is a file; give the checkpoint directory" in err
