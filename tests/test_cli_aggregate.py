@@ -501,6 +501,31 @@ def test_csv_writes_lists_structs_and_maps_as_json_text(tmp_path, capsys):
     assert "--sort cannot order key 'tags' of type list<item: string>" in capsys.readouterr().err
 
 
+def test_parquet_output_bytes_depend_on_the_rows_only(tmp_path, capsys):
+    """Row groups of one size whatever the result batches (they follow the budget, the spills
+    and the threads): the same file bytes at 4 MiB and with no limit, on one thread or two;
+    numbers written without dictionary pages (a row per group: they rarely repeat)."""
+    from extagg.io.output import parquet_row_group_rows
+
+    src = tmp_path / "in.parquet"
+    pq.write_table(table(600_000, keys=200_000, seed=9), src)
+    digests = set()
+    for memory, threads in (("4m", "1"), ("4m", "2"), ("1g", "1"), ("1g", "2")):
+        out = tmp_path / f"o-{memory}-{threads}.parquet"
+        assert main(["aggregate", str(src), "--by", "k,g", "--agg", "s=sum(v)", "--memory", memory,
+                     "--threads", threads, "-q", "-o", str(out)]) == 0  # fmt: skip
+        digests.add(out.read_bytes())
+    assert len(digests) == 1
+    meta = pq.read_metadata(out)
+    rows = parquet_row_group_rows(pq.read_schema(out))
+    sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    assert sizes[:-1] == [rows] * (len(sizes) - 1) and 0 < sizes[-1] <= rows and len(sizes) > 1
+    chunk = meta.row_group(0)
+    encodings = {chunk.column(i).path_in_schema: chunk.column(i).encodings for i in range(3)}
+    assert not any("DICTIONARY" in e for e in encodings["k"] + encodings["s"])
+    assert any("DICTIONARY" in e for e in encodings["g"])  # text keeps its dictionary
+
+
 def test_runtime_errors_exit_1(tmp_path, capsys):
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"PAR1 this is not parquet at all PAR1")
