@@ -1100,6 +1100,9 @@ def open_input(
     for name in [*needed, *filter_columns]:
         if name not in available:
             raise unknown_column(name, available)
+    for name in column_types or {}:  # a typo would leave the type it meant unused
+        if name not in available:
+            raise unknown_column(name, available, "column in --column-types")
     read_cols = list(dict.fromkeys([*needed, *filter_columns]))
     for path, schema in per_file:
         twice = [n for n in read_cols if schema.get_all_field_indices(n)[1:]]

@@ -747,6 +747,8 @@ def test_json_field_null_in_the_first_block_is_typed_by_column_types(tmp_path):
     got = got.read_all()
     expected = {k: sum(i for i in range(50_000, 60_000) if i % 3 == k) for k in range(3)}
     assert {r["k"]: r["s"] for r in got.to_pylist()} == expected
+    with pytest.raises(QueryError, match=r"--column-types 'vv'; did you mean 'v'\?"):
+        extagg.aggregate_files(str(path), by="k", aggs=aggs, column_types={"vv": "int64"})
     with pytest.raises(QueryError, match="--column-types applies to CSV/TSV and JSON Lines"):
         pq.write_table(pa.table({"v": [1]}), tmp_path / "x.parquet")
         extagg.aggregate_files(str(tmp_path / "x.parquet"), aggs=aggs, column_types={"v": "int64"})
