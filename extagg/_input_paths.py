@@ -19,7 +19,8 @@ def expand_input_paths(paths: Sequence[str]) -> list[tuple[str, str | None]]:
     ----------
     paths
         Files, globs (``*``, ``?``, ``[...]``, ``**``) and directories (every data file under
-        them: names starting with ``.`` or ``_`` and ``.crc`` files skipped).
+        them); in both, names starting with ``.`` or ``_`` and ``.crc`` files are skipped (the
+        markers and side files Spark and Hadoop write beside the data).
 
     Returns
     -------
@@ -35,20 +36,19 @@ def expand_input_paths(paths: Sequence[str]) -> list[tuple[str, str | None]]:
     for raw in paths:
         path = os.fspath(raw)
         if any(ch in path for ch in "*?["):
-            matches = sorted(glob.glob(path, recursive=True))
+            # as in a directory: Spark's _SUCCESS and _committed_* markers, .crc side files
+            every = sorted(glob.glob(path, recursive=True))
+            matches = [m for m in every if not _is_marker(os.path.basename(m))]
             if not matches:
-                raise InputError(f"no file matches {path!r}", path=path)
+                what = "only marker files match" if every else "no file matches"
+                raise InputError(f"{what} {path!r}", path=path)
             for m in matches:
                 out.extend(expand_input_paths([m]) if os.path.isdir(m) else [(m, None)])
         elif os.path.isdir(path):
             found = []
             for root, dirs, files in os.walk(path):
                 dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
-                found += [
-                    os.path.join(root, f)
-                    for f in sorted(files)
-                    if not f.startswith((".", "_")) and not f.endswith(".crc")
-                ]
+                found += [os.path.join(root, f) for f in sorted(files) if not _is_marker(f)]
             if not found:
                 raise InputError(f"directory {path} holds no data files", path=path)
             out.extend((f, path) for f in found)
@@ -57,3 +57,8 @@ def expand_input_paths(paths: Sequence[str]) -> list[tuple[str, str | None]]:
         else:
             raise InputError(f"no such file: {path}", path=path)
     return out
+
+
+def _is_marker(name: str) -> bool:
+    """A file name that is no data: hidden, ``_SUCCESS``/``_committed_*``, a ``.crc``."""
+    return name.startswith((".", "_")) or name.endswith(".crc")

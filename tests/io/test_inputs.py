@@ -287,6 +287,25 @@ def test_missing_input(tmp_path):
         extagg.aggregate_files(str(tmp_path / "*.parquet"), by="k", aggs=AGGS)
 
 
+def test_globs_skip_the_markers_spark_writes_as_directories_do(tmp_path):
+    """``out/*`` of a Spark job's output: its ``_SUCCESS``, ``_committed_*`` and ``.crc`` side
+    files are skipped (they had stopped the run: no format for ``_SUCCESS``); a glob matching
+    only such files says so; a marker named on its own is read as asked."""
+    out = tmp_path / "out"
+    out.mkdir()
+    pq.write_table(pa.table({"k": [1, 2]}), out / "part-00000.snappy.parquet")
+    pq.write_table(pa.table({"k": [3]}), out / "part-00001.snappy.parquet")
+    for marker in ("_SUCCESS", "_committed_42", ".part-00000.snappy.parquet.crc"):
+        (out / marker).write_bytes(b"")
+    for given in (str(out / "*"), str(out)):
+        got = extagg.aggregate_files(given, aggs={"n": ("*", "count")}).read_all()
+        assert got.to_pylist() == [{"n": 3}]
+    with pytest.raises(InputError, match="only marker files match"):
+        extagg.aggregate_files(str(out / "_*"), aggs={"n": ("*", "count")})
+    with pytest.raises(QueryError, match=r"cannot tell the format of .*_SUCCESS"):
+        extagg.aggregate_files(str(out / "_SUCCESS"), aggs={"n": ("*", "count")})
+
+
 def test_string_view_columns_are_read_as_strings(tmp_path):
     """Parquet files written by Rust tools (tpchgen-cli) hold string_view columns."""
     t = pa.table({"g": pa.array(["a", "b", "a", None], pa.string_view()), "v": [1, 2, 3, 4]})
