@@ -73,7 +73,19 @@ def add_aggregate_command(sub: Any) -> None:
     )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar, no summary")
     p.add_argument("--json-summary", metavar="FILE", help="write the run's metrics as JSON")
-    p.add_argument("--show", type=int, default=SHOW_ROWS, help="rows shown without -o")
+    p.add_argument(
+        "--show", type=_rows_shown, default=SHOW_ROWS, help="rows shown without -o (0: the count)"
+    )
+
+
+def _rows_shown(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"give a number of rows, 0 or more, not {text!r}")
+    return value
 
 
 def _schema(text: str | None) -> Any:
