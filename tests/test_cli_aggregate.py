@@ -394,6 +394,7 @@ def test_same_answers_as_duckdb(tmp_path, data, capsys):
         (["--by", "kk", "--agg", "n=count(*)"], 2, ["unknown column 'kk'", "did you mean 'k'",
                                                     "available: k, g, v, u"]),
         (["--by", "k", "--agg", "n=counts(v)"], 2, ["unknown aggregate function 'counts'",
+                                                   "did you mean 'count'?",
                                                    "count, count_distinct, first"]),
         (["--by", "k", "--agg", "n count"], 2, ["NAME=FUNC(COLUMN)"]),
         (["--by", "k", "--agg", "n=count(*)", "--memory", "12 parsecs"], 2, ["'12 parsecs'"]),

@@ -18,6 +18,7 @@ A group with no non-null input gets a null (``var``/``std`` need two values,
 
 from __future__ import annotations
 
+import difflib
 import re
 import weakref
 from collections.abc import Mapping, Sequence
@@ -209,8 +210,13 @@ def parse_aggs(aggs: Mapping[str, Any], distinct: bool = False) -> list[Aggregat
                 "not do alone; use extagg.aggregate() or extagg.columnar.DistinctAggregator"
             )
         if name not in FUNCTIONS and name not in DISTINCT_FUNCTIONS:
-            known = ", ".join(sorted((*FUNCTIONS, *DISTINCT_FUNCTIONS, *ALIASES)))
-            raise ValueError(f"unknown aggregate function {func!r} for {output!r}; known: {known}")
+            names = sorted((*FUNCTIONS, *DISTINCT_FUNCTIONS, *ALIASES))
+            close = difflib.get_close_matches(func.lower(), names, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(
+                f"unknown aggregate function {func!r} for {output!r}{hint} (known: "
+                f"{', '.join(names)})"
+            )
         if column == "*" and name != "count":
             raise ValueError(f"aggregate {output!r}: only count accepts '*', not {func!r}")
         out.append(AggregateRequest(output, None if column == "*" else column, name))
