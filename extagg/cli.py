@@ -39,6 +39,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument(
         "-v", "--verbose", action="count", default=0, help="log spills (-v) or more (-vv)"
     )
+    from extagg import __version__
+
+    parser.add_argument("--version", action="version", version=f"extagg {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, text in COMMANDS.items():
         if command is not None and name != command:
@@ -86,7 +89,10 @@ def _add_state(sub: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser(command_of(words)).parse_args(words)
+    command = command_of(words)
+    if command is None and "--version" in words:
+        command = ""  # the subcommands listed only: none of their modules is imported
+    args = build_parser(command).parse_args(words)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "demo":
