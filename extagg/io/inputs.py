@@ -1047,6 +1047,15 @@ def open_input(
         if len(found) > 1:
             raise QueryError(f"the inputs mix formats {found}; aggregate one format at a time")
         fmt = found[0]
+    if fmt in ("csv", "tsv", "json"):
+        # an empty text file holds no rows (log rotation leaves many): Arrow's readers refuse
+        # it ("Empty CSV file", "Empty JSON stream"), which stopped the whole run
+        empty = {f for f, _ in files if _holds_no_text(f)}
+        if empty:
+            log.info("input: %d empty file(s) skipped, e.g. %s", len(empty), min(empty))
+            if len(empty) == len(files):
+                return _scan_of_nothing([f for f, _ in files], fmt, needed, filter_columns)
+            files = [(f, base) for f, base in files if f not in empty]
     options: dict[str, Any] = {
         "delimiter": delimiter, "column_types": dict(column_types or {}),
         "block_size": sample_bytes,
@@ -1194,6 +1203,33 @@ def open_input(
         "input: %d %s file(s), %d bytes, columns %s, row groups %d of %d",
         len(files), fmt, scan.total_bytes, needed, rg_selected, rg_total,
     )  # fmt: skip
+    return scan
+
+
+def _holds_no_text(path: str) -> bool:
+    """Whether a text file (decompressed) holds nothing but white space."""
+    if _size(path) == 0:
+        return True
+    try:
+        with _text_stream(path) as stream:
+            head = stream.read(1 << 12)
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError):
+        return False  # the reader says what is wrong with it
+    return len(head) < (1 << 12) and not head.strip()
+
+
+def _scan_of_nothing(
+    files: list[str], fmt: str, needed: Sequence[str], filter_columns: Sequence[str]
+) -> InputScan:
+    """The scan of text files that are all empty: no rows, and no types to learn, so the
+    columns are of type ``null`` (as in a result of no input)."""
+    scan = InputScan(
+        files=files, format=fmt, schema=pa.schema([pa.field(n, pa.null()) for n in needed]),
+        columns=list(needed), filter=None, total_bytes=0, total_rows=0,
+        row_groups_total=0, row_groups_selected=0,
+    )  # fmt: skip
+    scan._parts = []
+    scan.filter_columns = list(filter_columns)
     return scan
 
 

@@ -771,3 +771,21 @@ def test_json_field_null_in_the_first_block_is_typed_by_column_types(tmp_path):
     with pytest.raises(QueryError, match="--column-types applies to CSV/TSV and JSON Lines"):
         pq.write_table(pa.table({"v": [1]}), tmp_path / "x.parquet")
         extagg.aggregate_files(str(tmp_path / "x.parquet"), aggs=aggs, column_types={"v": "int64"})
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_empty_text_files_hold_no_rows(tmp_path, fmt):
+    """An empty (or blank, or empty compressed) CSV/JSON Lines file is no rows: Arrow's
+    readers refuse it ("Empty CSV file", "Empty JSON stream"), which stopped the whole run
+    over a folder where log rotation had left one. All empty: no rows, no types to learn."""
+    write(pa.table({"k": [1, 2, 1], "v": [1.0, 2.0, 3.0]}), tmp_path / f"a.{fmt}", fmt)
+    (tmp_path / f"b.{fmt}").write_bytes(b"")
+    (tmp_path / f"c.{fmt}").write_text("\n\n")
+    (tmp_path / f"d.{fmt}.gz").write_bytes(gzip.compress(b""))
+    aggs = {"s": ("v", "sum"), "n": ("*", "count")}
+    got = extagg.aggregate_files(str(tmp_path), by="k", aggs=aggs).read_all().to_pylist()
+    assert sorted(got, key=str) == [{"k": 1, "s": 4.0, "n": 2}, {"k": 2, "s": 2.0, "n": 1}]
+    os.remove(tmp_path / f"a.{fmt}")
+    assert extagg.aggregate_files(str(tmp_path), by="k", aggs=aggs).read_all().num_rows == 0
+    got = extagg.aggregate_files(str(tmp_path), aggs=aggs).read_all().to_pylist()
+    assert got == [{"s": None, "n": 0}]
