@@ -90,8 +90,8 @@ def _add_state(sub: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
     command = command_of(words)
-    if command is None and "--version" in words:
-        command = ""  # the subcommands listed only: none of their modules is imported
+    if command is None:  # --help, --version, or a usage error: the subcommands are listed only,
+        command = ""  # none of their modules imported (`extagg --help` took 1.3 s)
     args = build_parser(command).parse_args(words)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -106,3 +106,13 @@ def test_version_loads_no_command() -> None:
         "from extagg.cli import main\ntry:\n    main(['--version'])\nexcept SystemExit:\n    pass"
     )
     assert not loaded & {"extagg.cli_aggregate", "extagg.state", "numba", "pyarrow"}
+
+
+@pytest.mark.parametrize("argv", [["--help"], [], ["agregate", "x.csv"]])
+def test_top_level_help_and_usage_errors_load_no_command(argv: list[str]) -> None:
+    """``extagg --help``, ``extagg`` alone and a mistyped command list the commands without
+    importing them (``extagg --help`` took 1.3 s and 100 MB)."""
+    loaded = _loaded_after(
+        f"from extagg.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass"
+    )
+    assert not loaded & {"extagg.cli_aggregate", "extagg.state", "numba", "pyarrow"}
