@@ -502,6 +502,47 @@ def test_csv_writes_lists_structs_and_maps_as_json_text(tmp_path, capsys):
     assert "--sort cannot order key 'tags' of type list<item: string>" in capsys.readouterr().err
 
 
+def test_json_text_of_nested_values_has_no_bare_nan(tmp_path, capsys):
+    """A NaN or infinity inside a list, struct or map was written bare (``[1.0, NaN]``) in
+    JSON Lines and in CSV's JSON text, which strict JSON readers reject; now as the string
+    Spark writes, as a top-level float already was."""
+    import json
+
+    import pyarrow.csv as pacsv
+
+    def strict(text: str) -> object:
+        def refuse(name: str) -> object:
+            raise ValueError(f"bare {name} in {text!r}")
+
+        return json.loads(text, parse_constant=refuse)
+
+    nan, inf = float("nan"), float("inf")
+    src = tmp_path / "n.parquet"
+    pq.write_table(
+        pa.table({
+            "k": ["a", "b", "c"],
+            "l": pa.array([[1.0, nan], [-inf], None], pa.list_(pa.float64())),
+            "s": pa.array([{"x": inf, "y": 1}, {"x": 2.0, "y": 2}, None],
+                          pa.struct([("x", pa.float64()), ("y", pa.int64())])),
+            "m": pa.array([[("p", nan)], [], None], pa.map_(pa.string(), pa.float32())),
+        }),
+        src,
+    )  # fmt: skip
+    argv = ["aggregate", str(src), "--by", "k", "--agg", "l=first(l)", "--agg", "s=first(s)",
+            "--agg", "m=first(m)", "--sort", "-q"]  # fmt: skip
+    out = tmp_path / "o.jsonl"
+    assert main([*argv, "-o", str(out)]) == 0, capsys.readouterr().err
+    rows = [strict(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert rows[0] == {"k": "a", "l": [1.0, "NaN"], "s": {"x": "Infinity", "y": 1},
+                       "m": [["p", "NaN"]]}  # fmt: skip
+    assert rows[1] == {"k": "b", "l": ["-Infinity"], "s": {"x": 2.0, "y": 2}, "m": []}
+    assert rows[2] == {"k": "c", "l": None, "s": None, "m": None}
+    out = tmp_path / "o.csv"
+    assert main([*argv, "-o", str(out)]) == 0, capsys.readouterr().err
+    first = pacsv.read_csv(out).to_pylist()[0]
+    assert strict(first["l"]) == [1.0, "NaN"] and strict(first["m"]) == [["p", "NaN"]]
+
+
 def test_parquet_output_bytes_depend_on_the_rows_only(tmp_path, capsys):
     """Row groups of one size whatever the result batches (they follow the budget, the spills
     and the threads): the same file bytes at 4 MiB and with no limit, on one thread or two;

@@ -145,20 +145,50 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"cannot write {type(value).__name__} as JSON")
 
 
+def _json_float(value: float) -> Any:
+    """``value`` as JSON writes it: a NaN or infinite float as its name in a string."""
+    if math.isfinite(value):
+        return value
+    return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+
+
+def _json_nested(value: Any) -> Any:
+    """``value`` (a list, a struct's dict, a map's list of pairs) with every float in it as
+    :func:`_json_float` writes it."""
+    if isinstance(value, float):
+        return _json_float(value)
+    if isinstance(value, dict):
+        return {k: _json_nested(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_nested(v) for v in value]
+    return value
+
+
+def _holds_floats(typ: pa.DataType) -> bool:
+    if pa.types.is_floating(typ):
+        return True
+    return any(_holds_floats(typ.field(i).type) for i in range(typ.num_fields))
+
+
 def _json_rows(batch: pa.RecordBatch) -> list[dict[str, Any]]:
-    """The rows of ``batch`` as JSON writes them: a NaN or infinite float as the string
-    ``"NaN"``, ``"Infinity"`` or ``"-Infinity"`` (JSON has no such numbers: ``json.dumps``
-    wrote bare ``NaN``, which JSON readers reject), as Spark's JSON writer does."""
+    """The rows of ``batch`` as JSON writes them: a NaN or infinite float — a column's or
+    one inside a list, struct or map — as the string ``"NaN"``, ``"Infinity"`` or
+    ``"-Infinity"`` (JSON has no such numbers: ``json.dumps`` wrote bare ``NaN``, which JSON
+    readers reject), as Spark's JSON writer does."""
     rows = batch.to_pylist()
     for name, col in zip(batch.schema.names, batch.columns):
-        if not pa.types.is_floating(col.type) or col.null_count == len(col):
+        if col.null_count == len(col):
             continue
-        if pc.all(pc.is_finite(col)).as_py() is not False:
-            continue
-        for row in rows:
-            value = row[name]
-            if value is not None and not math.isfinite(value):
-                row[name] = "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+        if pa.types.is_floating(col.type):
+            if pc.all(pc.is_finite(col)).as_py() is not False:
+                continue
+            for row in rows:
+                value = row[name]
+                if value is not None:
+                    row[name] = _json_float(value)
+        elif pa.types.is_nested(col.type) and _holds_floats(col.type):
+            for row in rows:
+                row[name] = _json_nested(row[name])
     return rows
 
 
