@@ -155,7 +155,9 @@ def stable_hash(key: Any) -> int:
     if isinstance(key, tuple):
         return _hash_tuple(tuple(key))
     if isinstance(key, np.generic):
-        return stable_hash(key.item())
+        value = key.item()
+        if type(value) is not kind:  # a long double's item() is itself: no Python equivalent
+            return stable_hash(value)
     raise TypeError(
         f"extagg.hashing cannot hash a key of type {kind.__module__}.{kind.__qualname__}: "
         "deterministic hashes are defined for None, bool, int, float, str, bytes and tuples "
@@ -276,6 +278,12 @@ def _fallback_hash(key: Any) -> int:
         for element in key:
             h = fmix64(((h * GOLDEN) & M64) ^ order_hash(element))
         return h
+    if isinstance(key, (complex, np.complexfloating)) and _by_value(type(key)):
+        # equal to the real number when its imaginary part is 0 (``5+0j == 5``); otherwise
+        # only to complex numbers, whose hash() is the same in every process
+        if key.imag == 0:
+            return _fallback_hash(key.real)
+        return fmix64((hash(key) & M64) ^ OBJECT_TAG)
     if isinstance(key, Number) and _by_value(type(key)):
         try:
             as_int = int(key)  # type: ignore[call-overload]

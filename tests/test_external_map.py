@@ -9,6 +9,7 @@ import subprocess
 import sys
 import weakref
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -499,10 +500,15 @@ def test_numbers_equal_in_python_are_one_key_spilled_or_not(spill_dir):
         (Fraction(1, 2), 2),
         ((1, "a"), 1),
         ((1.0, "a"), 1),
+        (complex(1, 0), 100),  # == 1: was a second key once spilled
+        (np.complex64(0.5), 10),
+        (np.longdouble(0.5), 20),  # its hash recursed until RecursionError at the spill
+        (complex(1, 2), 7),
+        (np.complex128(1 + 2j), 3),
     ]
     for every in (None, 1):
         result, _ = run(pairs, memory="16m", spill_dirs=[spill_dir], force_spill_every=every)
-        assert dict(result) == {1: 15, 0.5: 3, (1, "a"): 2}, every
+        assert dict(result) == {1: 115, 0.5: 33, (1, "a"): 2, 1 + 2j: 10}, every
 
 
 def test_two_threads_sharing_one_task_do_not_deadlock(spill_dir):
