@@ -482,6 +482,16 @@ class Spillable(MemoryConsumer, ABC, Generic[B]):
             raise UsageError(message)
         self.phase = READING
 
+    def check_not_closed_while_reading(self) -> None:
+        """Raise :class:`~extagg.errors.UsageError` if :meth:`close` was called while the
+        results were being read: what was not read yet is gone (a closed in-memory source
+        looked exhausted, and the results stopped early without a word)."""
+        if self.phase == CLOSED:
+            raise UsageError(
+                f"{self.name} was closed while its results were being read: the results not "
+                "read yet are gone (read them to the end, or stop, before close())"
+            )
+
     def reserve_merge_memory(
         self,
         per_source: int,

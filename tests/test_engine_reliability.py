@@ -35,6 +35,7 @@ from extagg import (
     SpillError,
     UsageError,
 )
+from extagg.columnar import DistinctAggregator
 from extagg.memory import UnifiedMemoryManager, task_memory_manager
 
 from .conftest import files_under
@@ -629,3 +630,41 @@ def test_both_engines_raise_usage_error_after_close_and_after_iteration(spill_di
             emap.iterator()
         with pytest.raises(UsageError):
             agg.results()
+
+
+@pytest.mark.parametrize("spilled", [False, True], ids=["in-memory", "spilled"])
+@pytest.mark.parametrize("engine", ["map", "columnar", "columnar-2-threads", "distinct"])
+def test_results_read_on_after_close_raise_instead_of_ending_early(spill_dir, engine, spilled):
+    """close() while results were being read, then reading on: the columnar engine's results
+    ended early without a word when nothing had spilled (silently lost groups), failed with a
+    bare AssertionError after spills, and the map's with a "corrupt file" error."""
+    n = 60_000
+    keys = np.random.default_rng(3).permutation(n)
+    if engine == "map":
+        engine_ = ExternalAppendOnlyMap(
+            SUM, memory="1m" if spilled else "64m", spill_dirs=[spill_dir],
+            force_spill_every=5_000 if spilled else None, batch_size=1_000,
+        )  # fmt: skip
+        engine_.insert_all((int(k), 1) for k in keys)
+        results = engine_.iterator()
+        read = [next(results)]
+    else:
+        aggs = {"n": ("*", "count")}
+        if engine == "distinct":
+            aggs["d"] = ("v", "count_distinct")
+        make = DistinctAggregator if engine == "distinct" else HashAggregator
+        engine_ = make(
+            "k", aggs, memory="2m" if spilled else "64m", spill_dirs=[spill_dir],
+            threads=2 if engine == "columnar-2-threads" else 1, batch_size=1_024,
+        )  # fmt: skip
+        for start in range(0, n, 10_000):
+            part = keys[start : start + 10_000]
+            engine_.update(pa.record_batch({"k": part, "v": part % 7}))
+        results = engine_.results()
+        read = [next(results)]
+    assert (engine_.metrics.spill_count > 0) == spilled
+    engine_.close()
+    with pytest.raises(UsageError, match="closed while its results were being read"):
+        for item in results:
+            read.append(item)
+    assert files_under(spill_dir) == []

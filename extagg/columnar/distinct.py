@@ -195,6 +195,12 @@ class DistinctAggregator:
             for hashes, batch in join_hashed(streams, self.keys, self._outputs, buffers):
                 self._groups += batch.num_rows
                 yield hashes, batch
+                if self._state == "closed":
+                    raise UsageError(
+                        f"{self._name} was closed while its results were being read: the "
+                        "results not read yet are gone (read them to the end, or stop, before "
+                        "close())"
+                    )
         finally:
             self.close()
 

@@ -1256,6 +1256,7 @@ class HashAggregator(Spillable[ColumnBlock]):
                     )
                     self.metrics.groups += len(part)
                     yield part.hashes, layout.finish(part)
+                    self.check_not_closed_while_reading()
             if not self.keys and self.metrics.groups == groups_before:
                 self.metrics.groups += 1  # a global aggregate has one row, even of no input
                 block = layout.initial_block(1)

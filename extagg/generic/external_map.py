@@ -598,14 +598,16 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
                 fan_in, merge_memory = self.reserve_merge_memory(
                     per_source, len(sources), spill_rest=lambda: self._spill_rest(memory_source)
                 )
-            yield from merged_pairs(
+            for pairs in merged_pairs(
                 sources,
                 self.aggregator.merge_combiners,
                 fan_in=fan_in,
                 runs=self.runs,
                 batch_rows=self._batch_rows,
                 metrics=self.metrics,
-            )
+            ):
+                yield pairs
+                self.check_not_closed_while_reading()
         finally:
             for source in sources:
                 source.close()
@@ -630,6 +632,7 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
                 keys, values = chunk
                 self.metrics.groups += len(keys)
                 yield zip(keys, values)
+                self.check_not_closed_while_reading()
         finally:
             rows.close()
             self.close()
