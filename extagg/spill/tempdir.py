@@ -30,6 +30,7 @@ import re
 import secrets
 import shutil
 import socket
+import stat
 import threading
 import weakref
 import zlib
@@ -176,7 +177,7 @@ def _acquire_subdir(base: str) -> str:
                     _swept.add(base)
                     remove_orphans(base)
                 path = os.path.join(base, process_dir_name(pid))
-                os.makedirs(path, exist_ok=True)
+                _make_private_dir(path)
             except OSError as exc:
                 raise SpillError(
                     f"cannot create a spill directory under {base}: {exc.strerror or exc}",
@@ -186,6 +187,29 @@ def _acquire_subdir(base: str) -> str:
             _process_dirs[(pid, base)] = path
         _dir_files[path] = _dir_files.get(path, 0) + 1
         return path
+
+
+def _make_private_dir(path: str) -> None:
+    """Create ``path`` readable by this user only (0700: spills hold the user's data, and the
+    merge unpickles the generic engine's runs), or accept it if it is already this user's
+    private folder. A folder of that name made by someone else — the name is predictable, and
+    the system temp directory is shared — is refused: its owner could read the spills, or put
+    a forged run in place of one."""
+    try:
+        os.mkdir(path, 0o700)
+        return
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    owner = os.geteuid() if hasattr(os, "geteuid") else st.st_uid
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != owner:
+        raise SpillError(
+            f"spill folder {path} already exists and is not a folder of this user (owner uid "
+            f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): refusing to spill there",
+            directory=os.path.dirname(path),
+        )
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        os.chmod(path, 0o700)
 
 
 def _release_subdir(path: str) -> None:
