@@ -13,6 +13,7 @@ import datetime as dt
 import decimal
 import io
 import json
+import math
 import os
 import sys
 from collections.abc import Iterable, Sequence
@@ -170,13 +171,49 @@ def _text_cell(value: Any) -> str:
     if value is None:
         return "null"
     if isinstance(value, (spark_state.SparkRow, decimal.Decimal, dt.date)):
-        return json.dumps(_json_value(value), ensure_ascii=False)
+        return json.dumps(_json_value(value), ensure_ascii=False, allow_nan=False)
     return value if isinstance(value, str) else repr(value)
+
+
+#: what the tab-separated table escapes in a cell (a tab or a newline in a key broke its row)
+_TABLE_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def _table_cell(value: Any) -> str:
+    return _text_cell(value).translate(_TABLE_ESCAPES)
+
+
+def _unique_names(names: Sequence[str]) -> list[str]:
+    """``names`` with repeats numbered as pandas numbers repeated CSV headers (``sum``,
+    ``sum.1``): an aggregation buffer has one ``sum`` per ``sum()``, and a JSON object built
+    by name kept only the last of them."""
+    seen: dict[str, int] = {}
+    unique = []
+    taken = set(names)
+    for name in names:
+        if name not in seen:
+            seen[name] = 0
+            unique.append(name)
+            continue
+        number = seen[name]
+        while True:
+            number += 1
+            candidate = f"{name}.{number}"
+            if candidate not in taken:
+                break
+        seen[name] = number
+        taken.add(candidate)
+        unique.append(candidate)
+    return unique
 
 
 def _json_value(value: Any) -> Any:
     if isinstance(value, spark_state.SparkRow):
-        return {name: _json_value(item) for name, item in zip(value.__fields__, value)}
+        names = _unique_names(value.__fields__)
+        return {name: _json_value(item) for name, item in zip(names, value)}
+    if isinstance(value, float) and not math.isfinite(value):
+        # JSON has no such numbers (bare NaN is refused by strict readers): Spark's strings
+        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
     if isinstance(value, decimal.Decimal):
         return str(value)
     if isinstance(value, (dt.date, dt.datetime)):
@@ -210,12 +247,13 @@ def _write_rows(rows: Rows[Any], fmt: str, out: TextIO, limit: int | None) -> in
             count += 1
     elif fmt == "jsonl":
         for row in _limited(rows, limit):
-            out.write(json.dumps({k: _json_value(v) for k, v in zip(rows.fields, row)}) + "\n")
+            fields = {k: _json_value(v) for k, v in zip(rows.fields, row)}
+            out.write(json.dumps(fields, allow_nan=False) + "\n")
             count += 1
     else:
         out.write("\t".join(rows.fields) + "\n")
         for row in _limited(rows, limit):
-            out.write("\t".join(_text_cell(v) for v in row) + "\n")
+            out.write("\t".join(_table_cell(v) for v in row) + "\n")
             count += 1
     return count
 

@@ -75,6 +75,54 @@ def test_writer_refuses_existing_state_and_null_values(tmp_path):
     )
 
 
+def test_a_failed_write_leaves_nothing_and_can_be_retried(tmp_path):
+    """A value that does not fit its schema failed with a bare ``struct.error`` naming no row,
+    left the partition folders behind, and the retry was refused ("already exists")."""
+    path = tmp_path / "new" / "cp"
+    rows = [(("a", 1), (decimal.Decimal(1), 1.0)), (("b", 2), (decimal.Decimal(2), "oops"))]
+    with pytest.raises(ValueError, match=r"row 1: value .* of key \('b', 2\) does not fit"):
+        write_state(path, 0, KEY, VALUE, rows, num_partitions=4)
+    assert not (tmp_path / "new").exists()
+    with pytest.raises(ValueError, match=r"row 0: key \(1, 'x'\) does not fit the key schema"):
+        write_state(path, 0, KEY, VALUE, [((1, "x"), (decimal.Decimal(1), 1.0))], num_partitions=2)
+    rows[1] = (("b", 2), (decimal.Decimal(2), 2.0))
+    assert sum(write_state(path, 0, KEY, VALUE, rows, num_partitions=4).values()) == 2
+    assert len(read_state(path).to_list()) == 2
+
+
+def test_partitions_beyond_the_open_file_limit(tmp_path):
+    """Every partition's delta and snapshot are open at once: 600 partitions failed with
+    ``Too many open files`` under a soft limit of 1 024 and left ~1 000 temp files. The soft
+    limit is raised to the hard one; beyond the hard one, a clear error before any file."""
+    import resource
+    import subprocess
+    import sys
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 2_000:
+        pytest.skip(f"hard limit of open files {hard}")
+    wide = hard if hard != resource.RLIM_INFINITY else 4096
+    code = f"""
+import resource, os
+from extagg.state.spark import write_state, read_state
+from tests.spark_state.test_writer_roundtrip import KEY, VALUE, _rows
+resource.setrlimit(resource.RLIMIT_NOFILE, (1024, {wide}))
+write_state({str(tmp_path / "wide")!r}, 0, KEY, VALUE, _rows(1000), num_partitions=600)
+assert len(read_state({str(tmp_path / "wide")!r}).to_list()) == 1000
+resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+try:
+    write_state({str(tmp_path / "narrow")!r}, 0, KEY, VALUE, _rows(10), num_partitions=600)
+except OSError as exc:
+    assert "beyond this process's limit of 1024 open files" in str(exc), exc
+else:
+    raise AssertionError("no error")
+assert not os.path.exists({str(tmp_path / "narrow")!r})
+"""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
 def test_written_file_truncated_is_corrupt(tmp_path):
     path = tmp_path / "cp"
     write_state(path, 0, KEY, VALUE, _rows(200), num_partitions=1)
@@ -83,3 +131,71 @@ def test_written_file_truncated_is_corrupt(tmp_path):
     with pytest.raises(CorruptFileError) as info:
         read_change_feed(path, 0).to_list()
     assert info.value.path == str(delta)
+
+
+def test_float_keys_are_written_normalised_as_spark_groups_them():
+    """A key of ``-0.0`` or of a NaN with other bits was written as given; Spark normalises
+    grouping keys (``0.0``, one NaN), so the resumed query never matched them and split the
+    totals. The files are the same bytes as for ``0.0`` and ``float('nan')``."""
+    import math
+    import struct
+    import tempfile
+    from pathlib import Path
+
+    key = StructType(
+        (StructField("x", AtomicType("double")), StructField("s", AtomicType("string")))
+    )
+    value = StructType((StructField("n", AtomicType("long")),))
+    other_nan = struct.unpack("<d", struct.pack("<Q", 0xFFF8_0000_0000_0001))[0]
+    files = []
+    for zero, nan in ((-0.0, other_nan), (0.0, math.nan)):
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = [((zero, "a"), (1,)), ((nan, "b"), (2,)), ({"x": zero, "s": "c"}, (3,))]
+            write_state(Path(tmp) / "cp", 0, key, value, rows, num_partitions=3)
+            files.append(
+                {
+                    p.name + p.parent.name: p.read_bytes()
+                    for p in (Path(tmp) / "cp").glob("state/0/*/1.*")
+                }
+            )
+    assert files[0] == files[1] and len(files[0]) == 6
+
+
+def test_state_cli_text_formats_keep_every_field_and_write_valid_json(tmp_path, capsys):
+    """An aggregation buffer has one ``sum`` per ``sum()``: JSON objects built by name kept
+    the last only (5 of 18 fields of a real query vanished); a NaN was written bare, which
+    strict JSON readers refuse; a tab or newline in a string broke the table's rows."""
+    import csv
+    import io
+    import json
+    import math
+
+    from extagg.cli import main as cli_main
+
+    def strict(text):
+        def refuse(name):
+            raise ValueError(f"bare {name}")
+
+        return json.loads(text, parse_constant=refuse)
+
+    key = StructType(
+        (StructField("k", AtomicType("string")), StructField("x", AtomicType("double")))
+    )
+    value = StructType(
+        (StructField("sum", AtomicType("long")), StructField("sum", AtomicType("double")))
+    )
+    rows = [(("a\tb\nc", math.nan), (3, math.inf)), (("d", 1.0), (5, 2.5))]
+    path = str(tmp_path / "cp")
+    write_state(path, 0, key, value, rows, num_partitions=1)
+    assert cli_main(["state", "show", path, "--format", "jsonl"]) == 0
+    got = sorted((strict(line) for line in capsys.readouterr().out.splitlines()), key=str)
+    assert [(r["key"], r["value"]) for r in got] == [
+        ({"k": "a\tb\nc", "x": "NaN"}, {"sum": 3, "sum.1": "Infinity"}),
+        ({"k": "d", "x": 1.0}, {"sum": 5, "sum.1": 2.5}),
+    ]
+    assert cli_main(["state", "show", path, "--format", "csv"]) == 0
+    cells = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert sorted(str(strict(c["value"])["sum.1"]) for c in cells) == ["2.5", "Infinity"]
+    assert cli_main(["state", "show", path, "--format", "table"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and all(line.count("\t") == 2 for line in lines)

@@ -18,13 +18,17 @@ LZ4 block stream per partition file, never the whole state in memory.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
+import math
 import os
+import shutil
 import struct
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from extagg.state.spark.datafile import AtomicFile, atomic_write
@@ -88,6 +92,60 @@ class _PartitionFiles:
     def abort(self) -> None:
         for target in self.files:
             target.abort()
+
+
+def _normalized_floats(value: Any) -> Any:
+    """``value`` (a key row) with ``-0.0`` as ``0.0`` and every NaN as the one NaN, as
+    Spark's ``NormalizeFloatingNumbers`` makes grouping keys: a key written with ``-0.0`` or
+    another NaN's bits was never matched by the resumed query, which split the totals."""
+    if isinstance(value, float):
+        if value != value:
+            return math.nan
+        return 0.0 if value == 0.0 else value
+    if isinstance(value, Mapping):
+        return {name: _normalized_floats(v) for name, v in value.items()}
+    if isinstance(value, tuple):
+        names = getattr(value, "_fields", None) or getattr(value, "__fields__", None)
+        if names:  # a namedtuple, a pyspark Row: by name
+            return {name: _normalized_floats(v) for name, v in zip(names, value)}
+        return tuple(_normalized_floats(v) for v in value)
+    if isinstance(value, list):
+        return [_normalized_floats(v) for v in value]
+    return value
+
+
+def _missing_parents(folder: str) -> list[str]:
+    """``folder``'s ancestors that do not exist yet, deepest first (removed again if the write
+    fails, when still empty)."""
+    missing = []
+    parent = os.path.dirname(os.path.abspath(folder))
+    while parent and not os.path.exists(parent):
+        missing.append(parent)
+        parent = os.path.dirname(parent)
+    return missing
+
+
+def _ensure_open_files(needed: int, where: str) -> None:
+    """Raise the soft limit of open files to fit ``needed`` more (every partition's delta and
+    snapshot are written at once: 600 partitions failed with ``Too many open files`` under
+    the common limit of 1 024), up to the hard limit; refuse before any file is made if even
+    that is too low."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on POSIX
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = needed + 256  # what the process has open already, and some to spare
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return
+    if hard != resource.RLIM_INFINITY and hard < want:
+        raise OSError(
+            errno.EMFILE,
+            f"writing {needed // 2} partitions keeps {needed} files open, beyond this process's "
+            f"limit of {hard} open files (ulimit -n): raise it, or use fewer partitions",
+            where,
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
 
 def _schema(value: StructType | str | dict[str, Any]) -> StructType:
@@ -184,20 +242,44 @@ def write_state(
             )
     key_encoder, value_encoder = RowEncoder(key_type), RowEncoder(value_type)
     version = batch_id + 1
-    partitions = [
-        _PartitionFiles(os.path.join(operator_dir, str(p)), version) for p in range(num_partitions)
-    ]
+    _ensure_open_files(2 * num_partitions, operator_dir)
+    made = _missing_parents(operator_dir)
+    partitions: list[_PartitionFiles] = []
     try:
-        for key, value in rows:
+        for p in range(num_partitions):
+            partitions.append(_PartitionFiles(os.path.join(operator_dir, str(p)), version))
+        for index, (key, value) in enumerate(rows):
             if value is None:
-                raise ValueError(f"key {key!r} has no value: a state value cannot be null")
-            partition = partition_for(key, key_type, num_partitions)
-            partitions[partition].put(key_encoder.encode(key), value_encoder.encode(value))
+                raise ValueError(
+                    f"row {index}: key {key!r} has no value: a state value cannot be null"
+                )
+            try:
+                key = _normalized_floats(key)
+                partition = partition_for(key, key_type, num_partitions)
+                encoded_key = key_encoder.encode(key)
+            except (struct.error, TypeError, ValueError, OverflowError, AttributeError) as exc:
+                raise ValueError(
+                    f"row {index}: key {key!r} does not fit the key schema: {exc}"
+                ) from exc
+            try:
+                encoded_value = value_encoder.encode(value)
+            except (struct.error, TypeError, ValueError, OverflowError, AttributeError) as exc:
+                raise ValueError(
+                    f"row {index}: value {value!r} of key {key!r} does not fit the value "
+                    f"schema: {exc}"
+                ) from exc
+            partitions[partition].put(encoded_key, encoded_value)
         for files in partitions:
             files.commit()
     except BaseException:
         for files in partitions:
             files.abort()
+        # nothing of this operator is left: a retry must not find its folders (it refuses an
+        # operator that has state already)
+        shutil.rmtree(operator_dir, ignore_errors=True)
+        for folder in made:
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
         raise
     atomic_write(
         os.path.join(operator_dir, "0", "_metadata", "schema"),
