@@ -122,6 +122,7 @@ class AggregationPlan:
         aggs: Mapping[str, tuple[str, str]] | Sequence[str] | str,
         memory: int,
         force_spill_rows: int | None = None,
+        timezone: str | None = None,
     ) -> None:
         T = _spark_types()
         self.by = [by] if isinstance(by, str) else list(by)
@@ -129,9 +130,17 @@ class AggregationPlan:
             raise ValueError("by must name at least one key column")
         self.memory = memory
         self.force_spill_rows = force_spill_rows
+        #: the session's time zone: Arrow's type of a ``timestamp`` column names it
+        self.timezone = timezone
         fields = {f.name: f for f in schema.fields}
         missing = [c for c in self.by if c not in fields]
         requests = parse_aggs(agg_mapping(aggs))
+        clash = sorted({r.output for r in requests} & set(self.by))
+        if clash:
+            raise ValueError(
+                f"aggregate output(s) {clash} have the name of a key column: give them other "
+                "names (the result has one column per key and per output)"
+            )
         missing += [r.column for r in requests if r.column is not None and r.column not in fields]
         if missing:
             raise ValueError(
@@ -189,7 +198,10 @@ class AggregationPlan:
     def _arrow(self, schema: Any) -> pa.Schema:
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        return to_arrow_schema(schema)
+        try:  # PySpark 4 asserts a zone is given for a timestamp column
+            return to_arrow_schema(schema, timezone=self.timezone or "UTC")
+        except TypeError:  # pragma: no cover - PySpark 3: timestamps in UTC, no argument
+            return to_arrow_schema(schema)
 
     def partial(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Fold one partition's batches into partial states (one row per group)."""
@@ -241,7 +253,7 @@ class AggregationPlan:
             if o.func in _VAR_FUNCS:
                 p = f"__{o.output}"
                 n = pc.cast(columns[f"{p}_n"], pa.float64())
-                s = pc.cast(columns[f"{p}_s"], pa.float64())
+                s = pc.cast(columns[f"{p}_s"], pa.float64(), safe=False)  # past 2^53: rounded
                 m2 = pc.multiply(pc.fill_null(columns.pop(f"{p}_vp"), 0.0), n)
                 share = pc.if_else(pc.greater(n, 0), pc.divide(pc.multiply(s, s), n), 0.0)
                 columns[f"{p}_q"] = pc.add(pc.fill_null(m2, 0.0), pc.fill_null(share, 0.0))
@@ -261,7 +273,7 @@ class AggregationPlan:
                 columns[o.output] = _duration_mean(batch.column(f"{p}_s"), batch.column(f"{p}_n"))
             elif o.func == "mean" or o.func in _VAR_FUNCS:
                 n = pc.cast(pc.fill_null(batch.column(f"{p}_n"), 0), pa.float64())
-                s = pc.cast(batch.column(f"{p}_s"), pa.float64())
+                s = pc.cast(batch.column(f"{p}_s"), pa.float64(), safe=False)  # as Spark's avg
                 if o.func == "mean":
                     columns[o.output] = pc.if_else(pc.greater(n, 0), pc.divide(s, n), None)
                     continue
@@ -375,7 +387,10 @@ def partial_aggregate(
         The partial states and the plan that finishes them.
     """
     _require_dataframe(df, "extagg.spark.partial_aggregate")
-    plan = AggregationPlan(df.schema, by, aggs, _budget(df, memory), force_spill_rows)
+    timezone = df.sparkSession.conf.get("spark.sql.session.timeZone", None)
+    plan = AggregationPlan(
+        df.schema, by, aggs, _budget(df, memory), force_spill_rows, timezone=timezone
+    )
     prepared = _prepare(df, plan)
     return _map(prepared, plan.partial, plan.partial_schema, engine), plan
 

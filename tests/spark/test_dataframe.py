@@ -247,3 +247,28 @@ def test_local_workers_run_the_drivers_python_unless_told(spark, spark_context, 
     monkeypatch.setenv("PYSPARK_PYTHON", "python3")
     assert not local_workers_run_this_python(spark_context)
     assert spark_context.pythonExec == "python3"
+
+
+def test_timestamps_big_integer_means_and_an_output_named_as_a_key(spark):
+    """A ``timestamp`` column, as key or aggregated, failed every query with a bare
+    AssertionError (Arrow's type of it names the session's zone); the mean and deviation of a
+    long column whose sum passes 2^53 failed (``Integer value ... not in range``); an output
+    named as a key ended in an obscure JVM error."""
+    from pyspark.sql import functions as F
+
+    data = [
+        ("a", dt.datetime(2020, 1, 1, 12), 2**53 + 1),
+        ("a", dt.datetime(2021, 1, 1), 2**53 + 1),
+        ("b", dt.datetime(2020, 1, 1, 12), 1),
+    ]
+    df = spark.createDataFrame(data, "k string, t timestamp, v long").repartition(2)
+    ours = es.aggregate(df, ["k"], {"hi": ("t", "max"), "m": ("v", "mean"), "sd": ("v", "std")})
+    theirs = df.groupBy("k").agg(
+        F.max("t").alias("hi"), F.avg("v").alias("m"), F.stddev("v").alias("sd")
+    )
+    assert [f.dataType for f in ours.schema.fields] == [f.dataType for f in theirs.schema.fields]
+    assert_same(as_dict(ours, ["k"]), as_dict(theirs, ["k"]))
+    by_time = es.aggregate(df, ["t"], {"n": ("*", "count")})
+    assert as_dict(by_time, ["t"]) == as_dict(df.groupBy("t").agg(F.count("*").alias("n")), ["t"])
+    with pytest.raises(ValueError, match=r"output\(s\) \['k'\] have the name of a key column"):
+        es.aggregate(df, ["k"], {"k": ("v", "sum")})
