@@ -17,12 +17,13 @@ import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from extagg.errors import SpillError
 from extagg.hashing import order_hashes
 from extagg.memory import Consumer
 from extagg.merge.heap import BlockSource, SortedBlockSource, merge_in_passes
 from extagg.merge.objects import combine_object_pieces
 from extagg.spill.blocks import ObjectBlock
-from extagg.spill.codecs import OBJECT_CODEC
+from extagg.spill.codecs import OBJECT_CODEC, pickle_by_value
 from extagg.spill.tempdir import SpillDirs
 from extagg.spillable import Spillable
 
@@ -147,8 +148,13 @@ class SpilledValues:
         if self._path is None:
             self._path = self._dirs.new_path("values")
             self._finalizer = weakref.finalize(self, _remove, self._path)
+        try:
+            data = pickle.dumps(self._buffer, protocol=5)
+        except Exception as exc:  # values of a class of the driver's __main__
+            message = f"cannot serialise the values of one key while spilling: {exc}"
+            data = pickle_by_value(self._buffer, exc, lambda: SpillError(message))
         with open(self._path, "ab") as f:
-            pickle.dump(self._buffer, f, protocol=5)
+            f.write(data)
             f.flush()
             self._dirs.charge(self._path, f.tell())
         self._on_disk += len(self._buffer)

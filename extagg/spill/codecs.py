@@ -10,7 +10,9 @@ from __future__ import annotations
 import functools
 import pickle
 import struct
+import sys
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -83,10 +85,12 @@ class ObjectCodec(BatchCodec):
         if pickled is not None:
             body = pickled()
         else:
+            rows = (block.keys, block.values)
             try:
-                body = pickle.dumps((block.keys, block.values), protocol=pickle.HIGHEST_PROTOCOL)
+                body = pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL)
             except Exception as exc:
-                raise _unpicklable_row(block, exc) from exc
+                failure = exc
+                body = pickle_by_value(rows, exc, lambda: _unpicklable_row(block, failure))
         return b"".join((_U32.pack(len(hashes)), hashes.tobytes(), body))
 
     def decode(self, payload: memoryview | bytes) -> ObjectBlock:
@@ -119,6 +123,27 @@ class ObjectCodec(BatchCodec):
         return ObjectBlock(hashes, list(keys), list(values))
 
 
+def pickle_by_value(obj: Any, exc: Exception, error: Callable[[], Exception]) -> bytes:
+    """``obj`` pickled by cloudpickle, where ``pickle`` failed with ``exc``; else raise
+    ``error()``.
+
+    In a PySpark worker, classes and functions of the driver's ``__main__`` (a script's, a
+    notebook's) exist by value only: PySpark's cloudpickle made them, and plain ``pickle``
+    cannot name them (``attribute lookup UserId on __main__ failed``), so a job whose keys
+    or combiners are such classes failed at its first spill. The cloudpickle already loaded
+    (PySpark's own first: its registry makes a class unpickle as the same class object, so
+    keys stay equal across spills) pickles them; ``pickle.loads`` reads the result."""
+    for name in ("pyspark.cloudpickle", "cloudpickle"):
+        module = sys.modules.get(name)
+        if module is None:
+            continue
+        try:
+            return bytes(module.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+        except Exception:
+            break
+    raise error() from exc
+
+
 def _unpicklable_row(block: ObjectBlock, exc: Exception) -> SpillError:
     """Find the row that cannot be pickled and name its key's type."""
     for key, value in zip(block.keys, block.values):
@@ -126,8 +151,9 @@ def _unpicklable_row(block: ObjectBlock, exc: Exception) -> SpillError:
             try:
                 pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
             except Exception as row_exc:
+                subject = "a key" if what == "key" else "the combiner of a key"
                 return SpillError(
-                    f"cannot serialise the {what} of a key of type {type(key).__name__} "
+                    f"cannot serialise {subject} of type {type(key).__name__} "
                     f"({type(obj).__name__}: {row_exc}) while spilling"
                 )
     return SpillError(f"cannot serialise a batch of {len(block)} rows while spilling: {exc}")

@@ -424,3 +424,44 @@ def test_sums_from_zero_typed_same_as_stock(spark_context, values):
             k: repr(v) for k, v in stock[name].items()
         }
     assert repr(ours["fold"][0]) == ("0.0" if values == "float" else "0")
+
+
+def test_keys_and_combiners_of_classes_the_workers_know_by_value_only(spark_context):
+    """Classes of the driver's ``__main__`` (a script's, a notebook's) or local to a function
+    reach the workers by value (PySpark's cloudpickle): plain ``pickle`` cannot name them, so
+    a job keyed or combined by them failed at its first spill ("Can't pickle <class
+    '__main__.UserId'>"); stock PySpark runs them."""
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class UserId:
+        n: int
+
+    class Stats:
+        def __init__(self, v):
+            self.n, self.s = 1, v
+
+        def add(self, v):
+            self.n, self.s = self.n + 1, self.s + v
+            return self
+
+        def merge(self, other):
+            self.n, self.s = self.n + other.n, self.s + other.s
+            return self
+
+    data = [(UserId(i % 15_000), i) for i in range(45_000)]
+    rdd = spark_context.parallelize(data, 3)
+    with spark_setting(spark_context, "spark.python.worker.memory", "1m"), es.installed():
+        spark_context.setJobGroup("by-value", "classes known by value, 1m workers")
+        sums = dict(rdd.reduceByKey(operator.add, 2).collect())
+        stats = rdd.map(lambda kv: (kv[0].n, kv[1])).combineByKey(Stats, Stats.add, Stats.merge)
+        combined = {k: (c.n, c.s) for k, c in stats.collect()}
+        groups = dict(rdd.groupByKey(2).mapValues(len).collect())
+        spark_context.setJobGroup("other", "other")
+    assert spill_totals(spark_context, "by-value")[1] > 0
+    expected = defaultdict(int)
+    for key, v in data:
+        expected[key.n] += v
+    assert {k.n: s for k, s in sums.items()} == expected
+    assert combined == {k: (3, s) for k, s in expected.items()}
+    assert {k.n: n for k, n in groups.items()} == dict.fromkeys(expected, 3)
