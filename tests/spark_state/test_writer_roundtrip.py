@@ -199,3 +199,23 @@ def test_state_cli_text_formats_keep_every_field_and_write_valid_json(tmp_path, 
     assert cli_main(["state", "show", path, "--format", "table"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3 and all(line.count("\t") == 2 for line in lines)
+
+
+def test_dates_past_year_9999_and_a_bad_change_feed_partition_are_named(tmp_path, capsys):
+    """Spark holds dates past 9999; reading one stopped with a bare ``OverflowError`` (the CLI
+    printed a traceback). A change feed of a partition that does not exist advised creating a
+    new checkpoint (its delta "does not exist")."""
+    from extagg.cli import main as cli_main
+    from extagg.state.errors import StateSourceError, StateSourceOptionError
+
+    key = StructType((StructField("d", AtomicType("date")),))
+    value = StructType((StructField("n", AtomicType("long")),))
+    path = str(tmp_path / "cp")
+    write_state(path, 0, key, value, [((2_932_897,), (1,))], num_partitions=2)  # +10000-01-01
+    with pytest.raises(StateSourceError, match="a date 2932897 days from 1970-01-01 is outside"):
+        read_state(path).to_list()
+    assert cli_main(["state", "show", path]) == 1
+    err = capsys.readouterr().err
+    assert "outside Python's years 1 to 9999" in err and "Traceback" not in err
+    with pytest.raises(StateSourceOptionError, match="partition 7 does not exist"):
+        read_change_feed(path, 0, partition_id=7).to_list()

@@ -403,6 +403,12 @@ def read_change_feed(
     checkpoint.check_supported(end_batch_id)
     _operator, store = _store(checkpoint, operator_id, store_name)
     key_schema, value_schema = checkpoint.schemas(operator_id, store)
+    if partition_id is not None and partition_id >= store.num_partitions:
+        raise StateSourceOptionError(
+            "partitionId",
+            f"partition {partition_id} does not exist: operator {operator_id} has "
+            f"{store.num_partitions} partitions",
+        )
     partitions = range(store.num_partitions) if partition_id is None else [partition_id]
     plan = []
     for partition in partitions:

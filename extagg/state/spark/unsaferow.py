@@ -29,6 +29,7 @@ import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from extagg.state.errors import StateSourceError
 from extagg.state.spark.types import (
     ATOMIC_TYPES,
     MAX_LONG_DIGITS,
@@ -117,14 +118,37 @@ def _element_width(data_type: SparkType) -> int:
 
 
 # ------------------------------------------------------------------------------------ decoding
+def _beyond_python(what: str, count: int, unit: str) -> StateSourceError:
+    """Spark holds dates and timestamps of years past 9999 (``+10000-01-01``); Python's
+    ``datetime`` cannot (a bare ``OverflowError`` stopped the read, naming nothing)."""
+    return StateSourceError(
+        f"a {what} {count} {unit} from 1970-01-01 is outside Python's years 1 to 9999: "
+        "this state cannot be read into Python values",
+        error_class="DATETIME_OVERFLOW",
+    )
+
+
+def _epoch_plus(epoch: Any, what: str, unit: str) -> Callable[[int], Any]:
+    def add(count: int) -> Any:
+        try:
+            return epoch + dt.timedelta(**{unit: count})
+        except OverflowError:
+            raise _beyond_python(what, count, unit) from None
+
+    return add
+
+
 def _fixed_reader(name: str) -> Reader:
     unpack = struct.Struct("<" + ATOMIC_TYPES[name][1]).unpack_from
     if name == "date":
-        return lambda buf, base, pos: EPOCH_DATE + dt.timedelta(days=unpack(buf, pos)[0])
+        day = _epoch_plus(EPOCH_DATE, "date", "days")
+        return lambda buf, base, pos: day(unpack(buf, pos)[0])
     if name == "timestamp":
-        return lambda buf, base, pos: EPOCH_UTC + dt.timedelta(microseconds=unpack(buf, pos)[0])
+        instant = _epoch_plus(EPOCH_UTC, "timestamp", "microseconds")
+        return lambda buf, base, pos: instant(unpack(buf, pos)[0])
     if name == "timestamp_ntz":
-        return lambda buf, base, pos: EPOCH_NAIVE + dt.timedelta(microseconds=unpack(buf, pos)[0])
+        wall = _epoch_plus(EPOCH_NAIVE, "timestamp", "microseconds")
+        return lambda buf, base, pos: wall(unpack(buf, pos)[0])
     if name == "boolean":
         return lambda buf, base, pos: buf[pos] != 0
     return lambda buf, base, pos: unpack(buf, pos)[0]
