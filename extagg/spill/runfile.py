@@ -62,12 +62,11 @@ def open_for_writing(path: str) -> Any:
     """Open a new run file, readable by its owner only (its folder is private too: see
     :mod:`extagg.spill.tempdir`). The one place files are created, so tests can inject I/O
     faults."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
-    try:
-        return os.fdopen(fd, "wb")
-    except BaseException:
-        os.close(fd)
-        raise
+    return open(path, "wb", opener=_owner_only)
+
+
+def _owner_only(path: str, flags: int) -> int:
+    return os.open(path, flags, 0o600)
 
 
 @dataclass(frozen=True)

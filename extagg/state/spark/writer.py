@@ -104,10 +104,7 @@ def _normalized_floats(value: Any) -> Any:
         return 0.0 if value == 0.0 else value
     if isinstance(value, Mapping):
         return {name: _normalized_floats(v) for name, v in value.items()}
-    if isinstance(value, tuple):
-        names = getattr(value, "_fields", None) or getattr(value, "__fields__", None)
-        if names:  # a namedtuple, a pyspark Row: by name
-            return {name: _normalized_floats(v) for name, v in zip(names, value)}
+    if isinstance(value, tuple):  # a namedtuple or a pyspark Row too: by position, as before
         return tuple(_normalized_floats(v) for v in value)
     if isinstance(value, list):
         return [_normalized_floats(v) for v in value]
