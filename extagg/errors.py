@@ -186,8 +186,16 @@ class QueryError(ExtaggError, ValueError):
 class ExpressionError(QueryError):
     """A ``--where`` / ``--having`` expression that does not parse or names no column.
 
-    ``expression`` is the text, ``position`` the 0-based offset of the offending token; the
-    message shows the expression with a caret under that position.
+    The message shows the expression with a caret under the position.
+
+    Parameters
+    ----------
+    reason
+        What is wrong.
+    expression
+        The expression's text.
+    position
+        The 0-based offset of the offending token (clamped to the text).
     """
 
     def __init__(self, reason: str, expression: str, position: int) -> None:
@@ -200,7 +208,17 @@ class ExpressionError(QueryError):
 
 class InputError(ExtaggError, ValueError):
     """An input file that cannot be read: missing, unreadable, corrupt, or of a conflicting
-    schema. ``path`` names the file, ``row_group`` the Parquet row group when known."""
+    schema.
+
+    Parameters
+    ----------
+    message
+        What is wrong, naming the file.
+    path
+        The file, when one is to blame.
+    row_group
+        The Parquet row group, when known.
+    """
 
     def __init__(self, message: str, *, path: str | None = None, row_group: int | None = None):
         super().__init__(message)
@@ -211,7 +229,16 @@ class InputError(ExtaggError, ValueError):
 class OutputError(ExtaggError, OSError):
     """The result could not be written (disk full, output exists, directory missing).
 
-    ``directory`` names where it was going, ``bytes_needed`` the size of the write that failed.
+    Parameters
+    ----------
+    message
+        What went wrong, naming the output.
+    directory
+        Where the output was going.
+    bytes_needed
+        The size of the write that failed, when known.
+    errno
+        The operating system's error number, when the cause is one (``ENOSPC``).
     """
 
     def __init__(

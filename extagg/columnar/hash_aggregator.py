@@ -137,7 +137,8 @@ class HashAggregator(Spillable[ColumnBlock]):
     memory_manager
         A shared ``UnifiedMemoryManager`` or ``TaskMemoryManager`` (default: the process manager).
     spill_dirs
-        Spill directories (default ``EXTAGG_SPILL_DIR`` or the system temp directory).
+        Spill directories (default ``EXTAGG_SPILL_DIR``, else ``SPARK_LOCAL_DIRS``, else the
+        system temp directory).
     batch_size
         Groups per batch in a run file and per output batch.
     fan_in
@@ -171,7 +172,8 @@ class HashAggregator(Spillable[ColumnBlock]):
     TypeError
         Unsupported key type or a value column the function cannot take.
     OverflowError
-        An integer ``sum`` leaves the int64 (uint64) range.
+        An integer ``sum`` leaves the int64 range (``SumOverflowError``; a ``uint64`` sum is a
+        ``decimal128(38, 0)``, past 38 digits).
 
     Notes
     -----

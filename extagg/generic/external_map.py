@@ -83,7 +83,8 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
         A shared ``UnifiedMemoryManager`` (this thread's task) or ``TaskMemoryManager``. With
         neither ``memory`` nor this, the process default manager is used.
     spill_dirs
-        Spill directories (default ``EXTAGG_SPILL_DIR`` or the system temp directory).
+        Spill directories (default ``EXTAGG_SPILL_DIR``, else ``SPARK_LOCAL_DIRS``, else the
+        system temp directory).
     batch_size
         Records per batch in a run file (Spark's ``spark.shuffle.spill.batchSize``).
     fan_in

@@ -196,18 +196,32 @@ class InputScan:
         if set(columns) & set(text.folder_values):
             return False  # a key from the folder names, not the text
         base = text.file_format.default_fragment_scan_options
-        try:  # the first block only
-            with _text_stream(path) as stream, pacsv.open_csv(
-                stream,
+        # the first block only, through a gate (see _text_schema): a reader left reading a
+        # Python file ahead on its I/O thread when the query then failed (an unknown column)
+        # aborted the process at exit now and then ("terminate called without an active
+        # exception")
+        gate = _GatedStream(_text_stream(path), ahead=1)
+        source = pa.PythonFile(gate, mode="r")
+
+        def open_reader() -> Any:
+            return pacsv.open_csv(
+                source,
                 read_options=_read_options(base.read_options, self.block_bytes),
                 parse_options=text.file_format.parse_options,
                 convert_options=_convert_options(base.convert_options, include=columns),
-            ) as reader:  # fmt: skip
-                batch = next(iter(reader), None)
+            )
+
+        reader = None
+        try:
+            reader = gate.call(open_reader)
+            batch = gate.call(reader.read_next_batch, taken=True)
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
             # plain strings then; the scan itself reports what is wrong with the file
             log.debug("%s: no key sample (%s); keys read as strings", path, exc)
             return False
+        finally:
+            gate.close()  # before the reader goes (see _text_schema)
+            del reader
         if batch is None or batch.num_rows == 0:
             return False
         most = min(CODED_SAMPLE_VALUES, batch.num_rows // CODED_SAMPLE_RATIO)

@@ -567,7 +567,15 @@ def aggregate_files(
     Raises
     ------
     QueryError
-        An unknown column or function, a bad expression or option, an existing ``output``.
+        An unknown column or function, a bad expression (``ExpressionError``, a subclass) or
+        option, an existing ``output``.
+    InputError
+        A missing, unreadable or corrupt input file, or files whose schemas cannot be
+        unified (naming the file, and for Parquet the row group).
+    OutputError
+        The output could not be written (disk full, missing directory).
+    MemoryLimitError
+        The budget is too small for the query's smallest working set.
     """
     query = plan_query(paths, by=by, aggs=aggs, where=where, having=having, memory=memory,
                        sort=sort, **options)  # fmt: skip

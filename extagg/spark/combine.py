@@ -98,7 +98,7 @@ def combine_partition(
     memory
         Budget of the map (default: the worker process's default memory manager).
     spill_dirs
-        Spill directories (default ``SPARK_LOCAL_DIRS/extagg``).
+        Spill directories (default ``EXTAGG_SPILL_DIR``, else ``SPARK_LOCAL_DIRS``).
     force_spill_every
         Test knob: spill after every N records.
 
@@ -131,7 +131,7 @@ def merge_partition(
     memory
         Budget of the map (default: the worker process's default memory manager).
     spill_dirs
-        Spill directories (default ``SPARK_LOCAL_DIRS/extagg``).
+        Spill directories (default ``EXTAGG_SPILL_DIR``, else ``SPARK_LOCAL_DIRS``).
     force_spill_every
         Test knob: spill after every N records.
 
@@ -192,7 +192,7 @@ def combine_by_key(
         Budget of each map (default: :func:`extagg.spark.worker_budget`; the map side gets 90%
         of it, as PySpark's own ``combineByKey`` does).
     spill_dirs
-        Spill directories in the workers (default ``SPARK_LOCAL_DIRS/extagg``).
+        Spill directories in the workers (default ``EXTAGG_SPILL_DIR``, else ``SPARK_LOCAL_DIRS``).
     force_spill_every
         Test knob: spill after every N records.
 

@@ -108,6 +108,9 @@ class AggregationPlan:
         Each task's budget in bytes.
     force_spill_rows
         Testing aid: spill after every this many rows, so that spill paths run on small data.
+    timezone
+        The session's time zone (``spark.sql.session.timeZone``): Arrow's type of a
+        ``timestamp`` column names it (``UTC`` if not given).
 
     Raises
     ------
