@@ -139,13 +139,19 @@ def run() -> None:
     from extagg._malloc import keep_freed_heap_for_reuse
 
     keep_freed_heap_for_reuse()
+    stopped_by = _stop_on_termination()
     try:
         code = main()
     except SystemExit as exc:  # argparse: --help, usage errors
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
         if isinstance(exc.code, str):
             print(exc.code, file=sys.stderr)
-    if code == 130:
+    except KeyboardInterrupt:  # a command that does not catch it itself
+        print("extagg: interrupted", file=sys.stderr)
+        code = 130
+    if code == 130 and stopped_by:  # as a command killed by that signal
+        code = 128 + stopped_by[-1]
+    if code == 130 or stopped_by:
         from extagg.spill.tempdir import remove_process_dirs
 
         remove_process_dirs()
@@ -157,6 +163,30 @@ def run() -> None:
         except (OSError, ValueError):  # a reader that left; a closed stream
             pass
     os._exit(code)
+
+
+def _stop_on_termination() -> list[int]:
+    """SIGTERM (``timeout``, ``docker stop``, a cancelled CI job) and SIGHUP (a closed
+    terminal) stop the command as Ctrl-C does — spill files and partial output removed,
+    held back where Ctrl-C is — instead of killing it with its files left behind; the exit
+    status is then 128 + the signal's number. Returns the list the signal is noted in."""
+    import signal
+
+    stopped_by: list[int] = []
+
+    def stop(signum: int, frame: Any) -> None:
+        stopped_by.append(signum)
+        handler = signal.getsignal(signal.SIGINT)  # Python's, or one holding Ctrl-C back
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+        else:
+            raise KeyboardInterrupt
+
+    for name in ("SIGTERM", "SIGHUP"):
+        number = getattr(signal, name, None)
+        if number is not None and signal.getsignal(number) is signal.SIG_DFL:
+            signal.signal(number, stop)
+    return stopped_by
 
 
 if __name__ == "__main__":  # pragma: no cover

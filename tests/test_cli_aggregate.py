@@ -543,6 +543,35 @@ def test_json_text_of_nested_values_has_no_bare_nan(tmp_path, capsys):
     assert strict(first["l"]) == [1.0, "NaN"] and strict(first["m"]) == [["p", "NaN"]]
 
 
+def test_a_sum_near_the_range_is_no_overflow_and_a_real_one_no_traceback(tmp_path, capsys):
+    """The kernels' warm-up folded the first rows twice and read the result: one value of
+    2^62 + 1 (or a 38-digit decimal of 6e37) failed as an overflow. A sum that does pass
+    the range printed a traceback."""
+    import decimal
+
+    src = tmp_path / "big.parquet"
+    pq.write_table(
+        pa.table({
+            "k": ["a"],
+            "x": pa.array([2**62 + 1], pa.int64()),
+            "d": pa.array([decimal.Decimal(6 * 10**37)], pa.decimal128(38, 0)),
+        }),
+        src,
+    )  # fmt: skip
+    out = tmp_path / "o.jsonl"
+    argv = ["aggregate", str(src), "--by", "k", "--agg", "s=sum(x)", "--agg", "t=sum(d)", "-q"]
+    assert main([*argv, "-o", str(out)]) == 0, capsys.readouterr().err
+    assert out.read_text() == f'{{"k": "a", "s": {2**62 + 1}, "t": "{6 * 10**37}"}}\n'
+    over = tmp_path / "over.parquet"
+    pq.write_table(pa.table({"k": ["a"] * 3, "x": pa.array([2**62] * 3, pa.int64())}), over)
+    proc = subprocess.run(
+        [sys.executable, "-m", "extagg", "aggregate", str(over), "--by", "k", "--agg",
+         "s=sum(x)", "-q"], capture_output=True, text=True, env=_env(), timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "extagg aggregate: error:" in proc.stderr and "int64" in proc.stderr
+
+
 def test_parquet_output_bytes_depend_on_the_rows_only(tmp_path, capsys):
     """Row groups of one size whatever the result batches (they follow the budget, the spills
     and the threads): the same file bytes at 4 MiB and with no limit, on one thread or two;
@@ -659,10 +688,15 @@ def test_a_failed_json_read_exits_cleanly_every_time(tmp_path):
         assert "terminate" not in proc.stderr and "changed from string to number" in proc.stderr
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "csv"])
-def test_sigint_stops_and_leaves_no_files(tmp_path, fmt):
+@pytest.mark.parametrize(
+    ("fmt", "signum"),
+    [("parquet", signal.SIGINT), ("csv", signal.SIGINT), ("parquet", signal.SIGTERM)],
+)
+def test_sigint_stops_and_leaves_no_files(tmp_path, fmt, signum):
     """Ctrl-C mid-run: exit 130 within a second or so, no spill file or partial output left
-    (CSV: Arrow's reader thread may be waiting on the scan's read-ahead limit)."""
+    (CSV: Arrow's reader thread may be waiting on the scan's read-ahead limit). SIGTERM
+    (``timeout``, ``docker stop``) killed the process with its files left: it stops the same
+    way, exit 143."""
     t = table(3_000_000, keys=1_500_000, seed=11)
     src = tmp_path / f"big.{fmt}"
     if fmt == "parquet":
@@ -684,11 +718,11 @@ def test_sigint_stops_and_leaves_no_files(tmp_path, fmt):
             break
         time.sleep(0.05)
     assert proc.poll() is None, "the run ended before it spilled: make the input larger"
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     sent = time.monotonic()
     _, err = proc.communicate(timeout=60)
     stopped = time.monotonic() - sent
-    assert proc.returncode == 130, err
+    assert proc.returncode == 128 + signum, err
     assert "interrupted" in err and "Traceback" not in err
     assert not [p for p in spill.rglob("*") if p.is_file()]
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"big.{fmt}", "spill"]
