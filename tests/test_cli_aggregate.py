@@ -572,6 +572,29 @@ def test_a_sum_near_the_range_is_no_overflow_and_a_real_one_no_traceback(tmp_pat
     assert "extagg aggregate: error:" in proc.stderr and "int64" in proc.stderr
 
 
+def test_csv_nulls_are_empty_fields_only(tmp_path, capsys):
+    """Arrow's default null markers read Namibia's code NA, "n/a" and NULL as nulls and a
+    float's nan as null (extagg's own CSV writes NaN as nan): only an empty field is null,
+    a quoted empty one the empty string, as in DuckDB, Polars and Spark."""
+    import json
+
+    src = tmp_path / "na.csv"
+    src.write_text('country,v,f\nNA,1,nan\nUS,2,1.5\nNA,3,NaN\n"NA",4,2\nn/a,5,\n,6,1\n"",7,1\n')
+    out = tmp_path / "o.jsonl"
+    aggs = ["n=count(*)", "s=sum(v)", "sf=sum(f)", "cf=count(f)"]
+    argv = ["aggregate", str(src), "--by", "country", *(a for g in aggs for a in ("--agg", g)),
+            "--sort", "-q", "-o", str(out)]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["country"], r["n"], r["s"], r["sf"], r["cf"]) for r in got] == [
+        ("", 1, 7, 1.0, 1),
+        ("NA", 3, 8, "NaN", 3),
+        ("US", 1, 2, 1.5, 1),
+        ("n/a", 1, 5, None, 0),
+        (None, 1, 6, 1.0, 1),
+    ]
+
+
 def test_parquet_output_bytes_depend_on_the_rows_only(tmp_path, capsys):
     """Row groups of one size whatever the result batches (they follow the budget, the spills
     and the threads): the same file bytes at 4 MiB and with no limit, on one thread or two;

@@ -992,7 +992,15 @@ def _file_format(fmt: str, options: dict[str, Any], column_names: list[str] | No
             autogenerate_column_names=False,
             skip_rows=options.get("skip_rows", 0),
         )
-        convert = pacsv.ConvertOptions(column_types=types, strings_can_be_null=True)
+        # an empty field is null; a quoted empty one ("") the empty string; nothing else, as in
+        # DuckDB, Polars and Spark: Arrow's default markers read the country NA, "n/a" and
+        # "NULL" as nulls, and a float's nan as null (extagg's own CSV writes NaN as nan)
+        convert = pacsv.ConvertOptions(
+            column_types=types,
+            null_values=[""],
+            strings_can_be_null=True,
+            quoted_strings_can_be_null=False,
+        )
         parse = pacsv.ParseOptions(delimiter=delimiter)
         return ds.CsvFileFormat(parse_options=parse, read_options=read, convert_options=convert)
     if fmt == "json":

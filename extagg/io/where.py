@@ -212,6 +212,15 @@ class _Parser:
             if pa.types.is_null(other_type):
                 continue
             value, tok = self._quoted[id(mine)]
+            if isinstance(value, Decimal):
+                # a decimal number against a float: as the float nearest it (Arrow compared
+                # the float converted to the literal's decimal type, rounded: a CSV's 0.3
+                # failed '= 0.3', 10 of the literals 0.01 to 0.99 so)
+                if not pa.types.is_floating(other_type):
+                    continue
+                literal = pa.scalar(float(value), other_type)
+                typed = self.made(pc.scalar(literal), _constant(literal))
+                return (typed, right) if mine is left else (left, typed)
             try:
                 literal = _read_as(value, other_type)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, ValueError):
@@ -407,6 +416,8 @@ class _Parser:
 
     def unary(self) -> pc.Expression:
         at = self.tok
+        if at.kind == "op" and at.text == "-" and self.toks[self.i + 1].kind == "number":
+            return self.atom()  # a negative number: one literal (typed as a positive one is)
         if self.take_op("-"):
             return self.call(pc.negate_checked, self.unary(), at=at)
         return self.atom()
@@ -427,7 +438,7 @@ class _Parser:
         value = self.literal_value()
         literal = value if isinstance(value, pa.Scalar) else pa.scalar(value)
         expr = self.made(pc.scalar(value), lambda b: literal)
-        if isinstance(value, str) or (
+        if isinstance(value, (str, Decimal)) or (
             isinstance(value, pa.Scalar) and pa.types.is_temporal(value.type)
         ):
             self._quoted[id(expr)] = (value, tok)
