@@ -30,7 +30,8 @@ def expand_input_paths(paths: Sequence[str]) -> list[tuple[str, str | None]]:
     Raises
     ------
     InputError
-        A path that does not exist, a glob that matches nothing, an empty directory.
+        A path that does not exist, a glob that matches nothing, an empty directory, a path
+        that is not a regular file (a pipe), no path at all.
     """
     out: list[tuple[str, str | None]] = []
     for raw in paths:
@@ -53,9 +54,18 @@ def expand_input_paths(paths: Sequence[str]) -> list[tuple[str, str | None]]:
                 raise InputError(f"directory {path} holds no data files", path=path)
             out.extend((f, path) for f in found)
         elif os.path.exists(path):
+            if not os.path.isfile(path):  # a pipe, /dev/stdin, a device: read as empty before
+                raise InputError(
+                    f"{path} is not a regular file (a pipe or a device): the scan reads files "
+                    "(their size, their Parquet footer, their blocks again); write the stream "
+                    "to a file first",
+                    path=path,
+                )
             out.append((path, None))
         else:
             raise InputError(f"no such file: {path}", path=path)
+    if not out:
+        raise InputError("no input: give at least one file, glob or directory")
     return out
 
 

@@ -595,6 +595,17 @@ def test_csv_nulls_are_empty_fields_only(tmp_path, capsys):
     ]
 
 
+def test_a_pipe_is_refused_and_no_path_is_an_input_error(tmp_path, capsys):
+    """``cat f.csv | extagg aggregate /dev/stdin`` (or a FIFO) read as an empty file: 0 rows,
+    exit 0, the data silently lost. ``aggregate_files([])`` failed with an IndexError."""
+    fifo = tmp_path / "pipe.csv"
+    os.mkfifo(fifo)
+    assert main(["aggregate", str(fifo), "--by", "k", "--agg", "n=count(*)", "-q"]) == 1
+    assert "is not a regular file" in capsys.readouterr().err
+    with pytest.raises(extagg.InputError, match="no input"):
+        extagg.aggregate_files([], by=["k"], aggs=["n=count(*)"])
+
+
 def test_parquet_output_bytes_depend_on_the_rows_only(tmp_path, capsys):
     """Row groups of one size whatever the result batches (they follow the budget, the spills
     and the threads): the same file bytes at 4 MiB and with no limit, on one thread or two;
