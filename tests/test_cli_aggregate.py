@@ -397,6 +397,7 @@ def test_same_answers_as_duckdb(tmp_path, data, capsys):
                                                    "did you mean 'count'?",
                                                    "count, count_distinct, first"]),
         (["--by", "k", "--agg", "n count"], 2, ["NAME=FUNC(COLUMN)"]),
+        (["--by", "K", "--agg", "n=count(*)"], 2, ["unknown column 'K'", "did you mean 'k'"]),
         (["--by", "k", "--agg", "n=count(*)", "--memory", "12 parsecs"], 2, ["'12 parsecs'"]),
         (["--by", "k", "--agg", "n=count(*)", "--memory", "100k"], 2,
          ["100.0 KiB", "below the engines' working minimum"]),
@@ -420,6 +421,15 @@ def test_usage_errors_exit_2(data, argv, code, words, capsys):
     for w in words:
         assert w in err, err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("value", ["zz", "100k", "0"])
+def test_a_bad_memory_variable_is_a_usage_error(data, value, monkeypatch, capsys):
+    """``EXTAGG_MEMORY=zz`` exited 1 (a runtime failure) where ``--memory zz`` exits 2."""
+    monkeypatch.setenv("EXTAGG_MEMORY", value)
+    src, _ = data
+    assert main(["aggregate", str(src), "--by", "k", "--agg", "n=count(*)", "-q"]) == 2
+    assert "EXTAGG_MEMORY" in capsys.readouterr().err or value == "100k"
 
 
 def test_quoted_values_take_the_column_type_and_aggs_may_be_texts(data):

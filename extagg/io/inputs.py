@@ -1011,7 +1011,8 @@ def _file_format(fmt: str, options: dict[str, Any], column_names: list[str] | No
 
 
 def _closest(name: str, choices: Sequence[str]) -> str:
-    best = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
+    same = [c for c in choices if c.lower() == name.lower()]  # another case: YEAR for year
+    best = same or difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
     return f"; did you mean {best[0]!r}?" if best else ""
 
 

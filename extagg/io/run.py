@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from extagg._config import resolve_file_threads
+from extagg._config import env_size, resolve_file_threads
 from extagg._interrupts import latched_interrupts, raise_if_interrupted
 from extagg._sysinfo import current_rss, peak_rss
 from extagg.errors import QueryError
@@ -34,6 +34,7 @@ from extagg.io.output import ResultWriter
 from extagg.io.output import output_format as pick_output_format
 from extagg.io.where import ParsedExpression, parse_expression
 from extagg.memory import MemoryConsumer
+from extagg.memory.sizing import MEMORY_ENV
 from extagg.metrics import RunMetrics, register_metrics
 from extagg.spillable import Spillable
 
@@ -463,6 +464,13 @@ def plan_query(
             raise QueryError(str(exc)) from None
         # CSV type inference parses this much, holding ~5 times it (two blocks and the parse)
         sample = max(1 << 20, min(sample, budget // 16))
+    elif os.environ.get(MEMORY_ENV, "").strip():
+        from extagg.memory import check_engine_budget
+
+        try:  # the budget the default manager will read: bad, a usage error as --memory's
+            check_engine_budget(env_size(MEMORY_ENV))  # type: ignore[arg-type]
+        except (TypeError, ValueError) as exc:
+            raise QueryError(str(exc)) from None
     if threads is not None:
         from extagg._config import resolve_threads
 

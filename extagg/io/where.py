@@ -106,6 +106,9 @@ class ParsedExpression:
                 self.text,
                 0,
             )
+        if pa.types.is_null(kind):  # ``--where null``, a test of an all-null column: no row
+            fn = parser.fn(expr)
+            expr = parser.made(expr.cast(pa.bool_()), lambda b: pc.cast(fn(b), pa.bool_()))
         self.expression = expr
         self.evaluate = parser.fn(expr)
         return expr
@@ -268,6 +271,14 @@ class _Parser:
     ) -> pc.Expression:
         """``func(*args)`` as an expression, with its eager form; with the input's types, an
         error at the operator token ``at`` if its operands' types do not fit."""
+        if func in _LOGICAL and self._empty is not None:
+            # SQL's unknown: a null (``not null``, ``null or x``) is a boolean null there
+            args = tuple(
+                self.made(a.cast(pa.bool_()), _as_bool(self.fn(a)))
+                if pa.types.is_null(self.type_of(a))
+                else a
+                for a in args
+            )
         fns = [self.fn(a) for a in args]
         expr = func(*args, **kw)
         if self._empty is not None and at is not None:
@@ -515,6 +526,14 @@ def _timestamp(when: dt.datetime, typ: pa.TimestampType) -> pa.Scalar:
         return pa.scalar(when, pa.timestamp(typ.unit, "UTC" if when.tzinfo else None)).cast(typ)
     naive = pa.array([when], pa.timestamp(typ.unit))
     return pc.assume_timezone(naive, timezone=typ.tz)[0]
+
+
+#: the operators of three-valued logic (their operands are tests)
+_LOGICAL = (pc.invert, pc.and_kleene, pc.or_kleene)
+
+
+def _as_bool(fn: Callable[[pa.RecordBatch], Any]) -> Callable[[pa.RecordBatch], Any]:
+    return lambda batch: pc.cast(fn(batch), pa.bool_())
 
 
 def _constant(value: pa.Scalar) -> Callable[[pa.RecordBatch], pa.Scalar]:

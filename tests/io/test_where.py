@@ -336,3 +336,20 @@ def test_decimal_literals_against_floats_compare_as_the_nearest_float():
         assert bound_kept(f"f between {text} and {text}", table) == [k]
         assert len(bound_kept(f"f >= {text}", table)) == 99 - k
         assert len(bound_kept(f"-f <= -{text}", table)) == 99 - k
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("null", []),
+        ("not null", []),
+        ("null or i = 2", [2]),
+        ("null and i = 2", []),
+        ("not (i = 2 and null)", [1, 3]),
+        ("i = 2 or not null", [2]),
+    ],
+)  # fmt: skip
+def test_null_is_sql_unknown_in_tests(text, expected):
+    """``--where null`` failed in the scan ("Filter expression must evaluate to bool", exit 1)
+    and ``not null`` / ``null or x`` were refused: a null is SQL's unknown there."""
+    assert bound_kept(text) == expected
