@@ -124,24 +124,34 @@ class ObjectCodec(BatchCodec):
 
 
 def pickle_by_value(obj: Any, exc: Exception, error: Callable[[], Exception]) -> bytes:
-    """``obj`` pickled by cloudpickle, where ``pickle`` failed with ``exc``; else raise
-    ``error()``.
+    """``obj`` pickled by PySpark's cloudpickle inside a PySpark task, where ``pickle``
+    failed with ``exc``; else raise ``error()``.
 
     In a PySpark worker, classes and functions of the driver's ``__main__`` (a script's, a
     notebook's) exist by value only: PySpark's cloudpickle made them, and plain ``pickle``
     cannot name them (``attribute lookup UserId on __main__ failed``), so a job whose keys
-    or combiners are such classes failed at its first spill. The cloudpickle already loaded
-    (PySpark's own first: its registry makes a class unpickle as the same class object, so
-    keys stay equal across spills) pickles them; ``pickle.loads`` reads the result."""
-    for name in ("pyspark.cloudpickle", "cloudpickle"):
-        module = sys.modules.get(name)
-        if module is None:
-            continue
+    or combiners are such classes failed at its first spill. The cloudpickle that made them
+    pickles them (its registry makes a class unpickle as the same class object, so keys
+    stay equal across spills); ``pickle.loads`` reads the result. Outside a task the rules
+    are plain ``pickle``'s, whatever is imported."""
+    if _in_pyspark_task():
         try:
-            return bytes(module.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+            from pyspark import cloudpickle
+
+            return bytes(cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
         except Exception:
-            break
+            pass
     raise error() from exc
+
+
+def _in_pyspark_task() -> bool:
+    if "pyspark" not in sys.modules:
+        return False
+    try:
+        from pyspark import TaskContext
+    except ImportError:  # pragma: no cover - a pyspark without it
+        return False
+    return TaskContext.get() is not None
 
 
 def _unpicklable_row(block: ObjectBlock, exc: Exception) -> SpillError:
