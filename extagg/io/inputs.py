@@ -1293,6 +1293,16 @@ def _unify_column(name: str, per_file: list[tuple[str, pa.Schema]]) -> pa.Field:
     for path, f in seen[1:]:
         if f.type == current.type:
             continue
+        if pa.types.is_dictionary(current.type) or pa.types.is_dictionary(f.type):
+            # a pandas categorical beside plain strings: both as their values
+            current = current.with_type(_values_of(current.type))
+            f = f.with_type(_values_of(f.type))
+            if f.type == current.type:
+                continue
+        widened = _integer_and_decimal(current.type, f.type)
+        if widened is not None:
+            current, current_path = current.with_type(widened).with_nullable(True), path
+            continue
         try:
             merged = pa.unify_schemas(
                 [pa.schema([current]), pa.schema([f])], promote_options="permissive"
@@ -1300,13 +1310,37 @@ def _unify_column(name: str, per_file: list[tuple[str, pa.Schema]]) -> pa.Field:
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
             raise InputError(
                 f"column {name!r} has type {current.type} in {current_path} but {f.type} in "
-                f"{path}; these cannot be unified (cast one, or give --column-types)",
+                f"{path}; these cannot be unified (cast one; for CSV/JSON Lines, --column-types)",
                 path=path,
             ) from None
         if merged.type == pa.null():
             merged = f
         current, current_path = merged.with_nullable(True), path
     return current.with_type(_plain(current.type)).with_nullable(True)
+
+
+def _values_of(t: pa.DataType) -> pa.DataType:
+    return t.value_type if pa.types.is_dictionary(t) else t
+
+
+#: decimal digits an integer type needs
+_INTEGER_DIGITS = {8: 3, 16: 5, 32: 10, 64: 19}
+
+
+def _integer_and_decimal(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    """The decimal that holds both an integer type and a decimal one (``int32`` and
+    ``decimal(12, 4)``: ``decimal(14, 4)``; Arrow's own promotion gave ``decimal(13, 4)``,
+    and the scan failed on the first value that needed the digit), or None for other
+    pairs or past 38 digits."""
+    if pa.types.is_integer(a) and pa.types.is_decimal(b):
+        a, b = b, a
+    if not (pa.types.is_decimal(a) and pa.types.is_integer(b)):
+        return None
+    digits = _INTEGER_DIGITS[b.bit_width] + (b.bit_width == 64 and pa.types.is_unsigned_integer(b))
+    precision = max(a.precision - a.scale, digits) + a.scale
+    if precision > 38:
+        return None
+    return pa.decimal128(precision, a.scale)
 
 
 def _plain(t: pa.DataType) -> pa.DataType:

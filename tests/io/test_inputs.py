@@ -785,3 +785,34 @@ def test_empty_text_files_hold_no_rows(tmp_path, fmt):
     assert extagg.aggregate_files(str(tmp_path), by="k", aggs=aggs).read_all().num_rows == 0
     got = extagg.aggregate_files(str(tmp_path), aggs=aggs).read_all().to_pylist()
     assert got == [{"s": None, "n": 0}]
+
+
+def test_categorical_and_plain_strings_and_integers_beside_decimals_unify(tmp_path):
+    """A pandas categorical column (a Parquet dictionary) in one file and plain strings in
+    another were refused as not unifiable; an int32 column beside a decimal(12, 4) one was
+    promoted by Arrow to decimal(13, 4), too narrow for the int: the scan failed at its
+    first large value ("Precision is not great enough")."""
+    import decimal
+
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    dictionary = pa.array(["x", "y", "x"]).dictionary_encode()
+    pq.write_table(
+        pa.table({"k": dictionary, "v": pa.array([1, 2_000_000_000, 3], pa.int32())}),
+        folder / "a.parquet",
+    )
+    pq.write_table(
+        pa.table({
+            "k": ["x", "z"],
+            "v": pa.array([decimal.Decimal("1.2500"), decimal.Decimal("-3.1000")],
+                          pa.decimal128(12, 4)),
+        }),
+        folder / "b.parquet",
+    )  # fmt: skip
+    got = extagg.aggregate_files(folder, by=["k"], aggs=["s=sum(v)", "n=count(*)"]).read_all()
+    rows = {r["k"]: (r["s"], r["n"]) for r in got.to_pylist()}
+    assert rows == {
+        "x": (decimal.Decimal("5.2500"), 3),
+        "y": (decimal.Decimal("2000000000.0000"), 1),
+        "z": (decimal.Decimal("-3.1000"), 1),
+    }
