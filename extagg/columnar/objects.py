@@ -288,9 +288,28 @@ def _better(func: str, a: Any, b: Any) -> Any:
         if func == "max":
             return a if _nan(a) else b
         return b if _nan(a) else a
+    if isinstance(a, _NESTED) or isinstance(b, _NESTED):
+        key_a, key_b = _nested_order(a), _nested_order(b)
+        if func == "min":
+            return b if key_b < key_a else a
+        return b if key_b > key_a else a
     if func == "min":
         return b if b < a else a
     return b if b > a else a
+
+
+_NESTED = (list, tuple, dict)
+
+
+def _nested_order(value: Any) -> Any:
+    """``value`` (a list, a struct's dict) as a key that orders it as DuckDB does: element
+    by element (a struct's fields in order), a null inside after every value — Python's own
+    comparison of ``[1, None]`` with ``[1, 2]`` raised ``TypeError``."""
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return tuple((1,) if item is None else (0, _nested_order(item)) for item in value)
+    return value
 
 
 def _merge(func: str, a: Any, b: Any) -> Any:

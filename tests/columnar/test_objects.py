@@ -125,3 +125,19 @@ def test_against_a_dict_reference_with_spills(rows, spill_every):
         assert g["v"] == pytest.approx(
             sum((x - mean) ** 2 for x in w["xs"]) / len(w["xs"]), abs=1e-9
         )
+
+
+def test_min_and_max_of_lists_and_structs_with_nulls_inside():
+    """Python compared ``[1, None]`` with ``[1, 2]`` and raised ``TypeError`` (exit 1 in the
+    command line): a null inside a list or struct orders after every value, element by
+    element, as DuckDB orders them."""
+    table = pa.table({
+        "k": ["a", "a", "a", "b"],
+        "st": [{"x": 1, "y": "p"}, {"x": 1, "y": None}, None, {"x": None, "y": "q"}],
+        "l": [[1, 2], [1, None], [None], [3]],
+    })  # fmt: skip
+    aggs = {"mn": ("st", "min"), "mx": ("st", "max"), "lmn": ("l", "min"), "lmx": ("l", "max")}
+    got = {r["k"]: r for r in extagg.aggregate(table, "k", aggs, memory="16m").to_pylist()}
+    assert got["a"]["mn"] == {"x": 1, "y": "p"} and got["a"]["mx"] == {"x": 1, "y": None}
+    assert got["a"]["lmn"] == [1, 2] and got["a"]["lmx"] == [None]
+    assert got["b"]["mn"] == got["b"]["mx"] == {"x": None, "y": "q"}
