@@ -616,6 +616,27 @@ def test_a_pipe_is_refused_and_no_path_is_an_input_error(tmp_path, capsys):
         extagg.aggregate_files([], by=["k"], aggs=["n=count(*)"])
 
 
+def test_csv_values_with_newlines_across_blocks(tmp_path, capsys):
+    """A quoted value holding a newline failed once the file spanned more than one parse
+    block ("Expected 3 columns, got 2" / "out of sync with chunker")."""
+    import json
+
+    src = tmp_path / "notes.csv"
+    lines = ["k,note,v"]
+    for i in range(60_000):
+        lines.append(f'{"abc"[i % 3]},"line one {i}\nline, two",{i % 7}')
+    src.write_text("\n".join(lines) + "\n")
+    assert src.stat().st_size > 1 << 20  # blocks of 64-256 KiB at 4 MiB
+    out = tmp_path / "o.jsonl"
+    argv = ["aggregate", str(src), "--by", "k", "--agg", "n=count(*)", "--agg", "s=sum(v)",
+            "--agg", "m=max(note)", "--memory", "4m", "--sort", "-q", "-o", str(out)]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["k"], r["n"]) for r in got] == [("a", 20_000), ("b", 20_000), ("c", 20_000)]
+    assert sum(r["s"] for r in got) == sum(i % 7 for i in range(60_000))
+    assert got[0]["m"] == "line one 9999\nline, two"
+
+
 def test_parquet_output_bytes_depend_on_the_rows_only(tmp_path, capsys):
     """Row groups of one size whatever the result batches (they follow the budget, the spills
     and the threads): the same file bytes at 4 MiB and with no limit, on one thread or two;

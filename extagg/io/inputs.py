@@ -1001,7 +1001,10 @@ def _file_format(fmt: str, options: dict[str, Any], column_names: list[str] | No
             strings_can_be_null=True,
             quoted_strings_can_be_null=False,
         )
-        parse = pacsv.ParseOptions(delimiter=delimiter)
+        # a quoted value may hold a newline (a comment, an address): without this a block
+        # boundary inside one ended the run ("CSV parser got out of sync with chunker"); the
+        # streaming reader parses one block at a time, at the same speed either way
+        parse = pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True)
         return ds.CsvFileFormat(parse_options=parse, read_options=read, convert_options=convert)
     if fmt == "json":
         return ds.JsonFileFormat()
