@@ -637,6 +637,27 @@ def test_csv_values_with_newlines_across_blocks(tmp_path, capsys):
     assert got[0]["m"] == "line one 9999\nline, two"
 
 
+def test_output_through_a_symlink_replaces_its_target_and_a_pipe_is_refused(tmp_path, data, capsys):
+    """``-o link --overwrite`` replaced the symlink by a regular file (its target kept the
+    old result); a FIFO was replaced, its reader given nothing."""
+    src, _ = data
+    target, link = tmp_path / "target.csv", tmp_path / "link.csv"
+    target.write_text("old\n")
+    link.symlink_to(target)
+    argv = ["aggregate", str(src), "--by", "g", "--agg", "n=count(*)", "-q", "--overwrite"]
+    assert main([*argv, "-o", str(link)]) == 0, capsys.readouterr().err
+    assert link.is_symlink() and target.read_text().startswith('"g","n"')
+    fifo = tmp_path / "pipe.csv"
+    os.mkfifo(fifo)
+    assert main([*argv, "-o", str(fifo)]) == 1
+    assert "is not a regular file" in capsys.readouterr().err
+    assert fifo.is_fifo() and sorted(p.name for p in tmp_path.iterdir()) == [
+        "link.csv",
+        "pipe.csv",
+        "target.csv",
+    ]
+
+
 def test_parquet_output_bytes_depend_on_the_rows_only(tmp_path, capsys):
     """Row groups of one size whatever the result batches (they follow the budget, the spills
     and the threads): the same file bytes at 4 MiB and with no limit, on one thread or two;

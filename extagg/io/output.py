@@ -302,6 +302,14 @@ class ResultWriter:
                     f"output {path} exists; pass --overwrite (overwrite=True) to replace it",
                     errno=errno_mod.EEXIST,
                 )
+            if os.path.islink(path):  # the link's target is replaced; the link stays
+                path = self.path = os.path.realpath(path)
+            if os.path.exists(path) and not os.path.isfile(path):
+                raise OutputError(
+                    f"output {path} is not a regular file (a pipe, a device): the result is "
+                    "written to a temporary file renamed over it; write to a file, or -o - "
+                    "for standard output"
+                )
             self.directory = os.path.dirname(os.path.abspath(path))
             if not os.path.isdir(self.directory):
                 raise OutputError(f"output directory {self.directory} does not exist")
