@@ -651,11 +651,7 @@ def test_output_through_a_symlink_replaces_its_target_and_a_pipe_is_refused(tmp_
     os.mkfifo(fifo)
     assert main([*argv, "-o", str(fifo)]) == 1
     assert "is not a regular file" in capsys.readouterr().err
-    assert fifo.is_fifo() and sorted(p.name for p in tmp_path.iterdir()) == [
-        "link.csv",
-        "pipe.csv",
-        "target.csv",
-    ]
+    assert fifo.is_fifo() and not [p for p in tmp_path.iterdir() if "extagg-tmp" in p.name]
 
 
 def test_parquet_output_bytes_depend_on_the_rows_only(tmp_path, capsys):
