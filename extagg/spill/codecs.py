@@ -138,7 +138,7 @@ def pickle_by_value(obj: Any, exc: Exception, error: Callable[[], Exception]) ->
         try:
             from pyspark import cloudpickle
 
-            return bytes(cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+            return bytes(cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))  # type: ignore[no-untyped-call]
         except Exception:
             pass
     raise error() from exc
