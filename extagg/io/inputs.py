@@ -201,7 +201,7 @@ class InputScan:
         # aborted the process at exit now and then ("terminate called without an active
         # exception")
         gate = _GatedStream(_text_stream(path), ahead=1)
-        source = pa.PythonFile(gate, mode="r")
+        source = gate.arrow_stream()
 
         def open_reader() -> Any:
             return pacsv.open_csv(
@@ -290,7 +290,7 @@ class InputScan:
         folder = _FolderColumns(text.folder_values, schema)
         gate = _GatedStream(_text_stream(path), ahead=self.text_blocks_ahead)
         try:
-            source = pa.PythonFile(gate, mode="r")
+            source = gate.arrow_stream()
             reader = gate.call(lambda: _open_text(source, text, parsed, self.block_bytes))
             while True:
                 block = gate.call(reader.read_next_batch, taken=True)
@@ -730,7 +730,7 @@ def _text_schema(path: str, fmt: str, file_format: Any) -> pa.Schema:
     the reader have the next block only: ``file_format.inspect`` opens a reader that reads
     32 blocks ahead (~130 MiB for a 4 MiB sample, in the process's peak before the run)."""
     gate = _GatedStream(_text_stream(path), ahead=1)
-    source = pa.PythonFile(gate, mode="r")
+    source = gate.arrow_stream()
     if fmt == "json":
         import pyarrow.json as pajson
 
@@ -791,20 +791,27 @@ GATE_EXIT_WAIT_S = 5.0
 
 def _close_open_gates() -> None:
     """At exit, before the interpreter finalizes: close every gate of a scan left unfinished
-    (its generator still referenced) and wait until the reader's I/O thread has taken the
-    end of the file and left: a thread of Arrow's that calls into a finalizing interpreter
-    aborts the process (``PyGILState_Release``, exit 134)."""
+    (its generator still referenced), wait until the reader's I/O thread has taken the end
+    of the file and left, and keep the gate's ``pa.PythonFile`` for good: a thread of
+    Arrow's that takes the GIL of a finalizing interpreter (a read, or the file's destructor
+    when that thread drops the last reference) aborts the process ("terminate called
+    without an active exception", exit 134)."""
     gates = list(_OPEN_GATES)
     for gate in gates:
         gate.close()
     deadline = time.monotonic() + GATE_EXIT_WAIT_S
     for gate in gates:
         gate.wait_until_ended(max(0.0, deadline - time.monotonic()))
+        python_file = gate.python_file()
+        if python_file is not None:  # never freed: the process is ending
+            import ctypes
+
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(python_file))
 
 
 class _GatedStream:
-    """A file-like stream for ``pa.PythonFile`` whose reads wait while the reader is
-    :data:`TEXT_BLOCKS_AHEAD` blocks ahead of the batches taken from it.
+    """A file-like stream for Arrow (:meth:`arrow_stream`) whose reads wait while the
+    reader is :data:`TEXT_BLOCKS_AHEAD` blocks ahead of the batches taken from it.
 
     Arrow's streaming CSV and JSON readers read their input on an I/O thread up to 32
     blocks ahead of the batch asked for, into Arrow's memory pool, outside any budget
@@ -829,21 +836,32 @@ class _GatedStream:
         self.closed = False
         self._inside = 0  # threads in a read now
         self._ended = False  # a read has returned the end of the file since close()
+        #: the ``pa.PythonFile`` over this stream, while one lives (see :meth:`arrow_stream`)
+        self.python_file: Callable[[], Any] = lambda: None
         _OPEN_GATES.add(self)
+
+    def arrow_stream(self) -> Any:
+        """This stream as an Arrow input stream for a reader. Arrow's threads call
+        :meth:`read` through a ``pa.PythonFile`` behind a ``pa.BufferedInputStream``: the
+        buffered stream copies each block into Arrow's memory while the read holds the GIL
+        (a ``pa.PythonFile`` read alone lends Arrow the Python object, which the I/O thread
+        then releases, taking the GIL, possibly in a finalizing interpreter)."""
+        python_file = pa.PythonFile(self, mode="r")
+        self.python_file = weakref.ref(python_file)
+        # blocks of at least one byte are read straight into the block's buffer
+        return pa.BufferedInputStream(python_file, buffer_size=1)
 
     def readable(self) -> bool:
         return True
 
-    def read_buffer(self, nbytes: int) -> Any:
+    def read(self, nbytes: int = -1) -> Any:
+        """Up to ``nbytes`` bytes (an Arrow buffer); the end of the file once closed."""
         with self._cond:
             self._inside += 1
         try:
             if not self._admit():
                 self._ended = True
-                # Arrow's memory, not a Python object: the reader's thread may drop it after
-                # the interpreter began to finalize (a Python-backed buffer would take the GIL
-                # there and abort the process)
-                return pa.allocate_buffer(0)
+                return b""
             buffer = self._stream.read_buffer(nbytes)
             if not buffer.size:  # the end of the file: no more reads
                 self._ended = True
@@ -852,9 +870,6 @@ class _GatedStream:
             with self._cond:
                 self._inside -= 1
                 self._cond.notify_all()
-
-    def read(self, nbytes: int = -1) -> bytes:
-        return self.read_buffer(nbytes).to_pybytes()
 
     def wait_until_ended(self, timeout: float) -> bool:
         """Wait (after :meth:`close`) until the reader's thread has been given the end of
