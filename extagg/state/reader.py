@@ -15,8 +15,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from extagg.generic.aggregator import Aggregator
-from extagg.generic.external_map import ExternalAppendOnlyMap
 from extagg.state import spark as spark_state
 from extagg.state.checkpoint import Checkpoint, Operator, OperatorMetadata
 from extagg.state.codec import decode_key, decode_value, decoding
@@ -427,6 +425,10 @@ def read_diff(
     new = read_state(path, to_batch_id, operator_id, store_name)
 
     def produce() -> Iterator[tuple[Any, ...]]:
+        # here, not at the top: the generic engine imports numba (~0.25 s of the start of
+        # every state command, most of which read without it)
+        from extagg.generic import Aggregator, ExternalAppendOnlyMap
+
         aggregator = Aggregator(first_pair, merge_pair, merge_pair)
         with ExternalAppendOnlyMap(aggregator, memory, name="state-diff") as emap:
             emap.insert_all(((r.partition_id, r.key), (r.value, None)) for r in old)

@@ -127,6 +127,25 @@ def test_runs_as_a_module(path):
     assert main(["metadata", path]) == 0
 
 
+def test_reading_an_extagg_checkpoint_loads_no_compiler(path):
+    """``extagg state show`` of an extagg checkpoint reads without the generic
+    engine, whose import loads numba: ~0.3 s of every such command's start."""
+    script = (
+        "import sys\n"
+        "from extagg.cli import main\n"
+        "code = main(sys.argv[1:])\n"
+        "print('numba' in sys.modules, file=sys.stderr)\n"
+        "sys.exit(code)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, "state", "show", path, "--format", "csv"],
+        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.getcwd()),
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "k0" in done.stdout and done.stderr.strip() == "False"
+
+
 @pytest.mark.parametrize("name", ["rows.jsonl", "rows.parquet"])
 def test_a_failed_export_leaves_the_old_file_and_no_temp_file(path, tmp_path, name):
     target = tmp_path / name

@@ -18,8 +18,6 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from extagg.generic.aggregator import Aggregator
-from extagg.generic.external_map import ExternalAppendOnlyMap
 from extagg.state.errors import (
     CommittedBatchUnavailableError,
     StateFileNotFoundError,
@@ -160,6 +158,8 @@ def version_records(
             for key, value in iter_records(path, snapshot=path.endswith(".snapshot")):
                 yield key, (sequence, value)
                 sequence += 1
+
+    from extagg.generic import Aggregator, ExternalAppendOnlyMap  # numba: only when needed
 
     aggregator = Aggregator(_identity, _second, _latest)
     emap = ExternalAppendOnlyMap(
@@ -502,6 +502,8 @@ def read_diff(
     key_decoder, value_decoder = RowDecoder(key_schema), RowDecoder(value_schema)
 
     def produce() -> Iterator[tuple[Any, ...]]:
+        from extagg.generic import Aggregator, ExternalAppendOnlyMap  # numba: only when needed
+
         for partition, old_paths, new_paths in plans:
             emap = ExternalAppendOnlyMap(
                 Aggregator(first_pair, merge_pair, merge_pair), memory, name="spark-state-diff"
