@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import zoneinfo
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -521,11 +522,20 @@ def _read_as(value: str | pa.Scalar, typ: pa.DataType) -> pa.Scalar | None:
 
 
 def _timestamp(when: dt.datetime, typ: pa.TimestampType) -> pa.Scalar:
-    """``when`` as a scalar of the timestamp type ``typ``: a naive time in ``typ``'s zone."""
+    """``when`` as a scalar of the timestamp type ``typ``: a naive time in ``typ``'s zone. A
+    wall time the zone skips (a daylight-saving gap) is moved forward by the gap, one it has
+    twice is the earlier instant: Spark's (Java's) reading of a local time, Python's
+    ``fold=0`` (DuckDB also moves a gap's time forward, but takes the later instant of a
+    repeated hour; Arrow's ``assume_timezone`` raises on both)."""
     if when.tzinfo is not None or typ.tz is None:
         return pa.scalar(when, pa.timestamp(typ.unit, "UTC" if when.tzinfo else None)).cast(typ)
-    naive = pa.array([when], pa.timestamp(typ.unit))
-    return pc.assume_timezone(naive, timezone=typ.tz)[0]
+    try:
+        zone = zoneinfo.ZoneInfo(typ.tz)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):  # "+05:30": no clock changes
+        naive = pa.array([when], pa.timestamp(typ.unit))
+        return pc.assume_timezone(naive, timezone=typ.tz)[0]
+    instant = when.replace(tzinfo=zone, fold=0).astimezone(dt.timezone.utc)
+    return pa.scalar(instant, pa.timestamp(typ.unit, "UTC")).cast(typ)
 
 
 #: the operators of three-valued logic (their operands are tests)

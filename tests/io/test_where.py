@@ -260,6 +260,23 @@ def test_timestamps_with_a_time_zone_read_literals_as_wall_time_there():
         parse_expression("ts > 'soon'").bind(table.schema)
 
 
+def test_a_wall_time_skipped_or_repeated_by_a_clock_change_reads_as_spark_does():
+    """A literal in a daylight-saving gap is moved forward by the gap (02:30 on the night
+    New York springs forward is 03:30 EDT), one in the repeated hour is the earlier instant
+    (01:30 EDT, not EST), as Spark reads them; both were a usage error saying '<' does not
+    apply to the column (Arrow's ``assume_timezone`` raises on them)."""
+    utc = [dt.datetime(2024, 3, 10, 7, 29), dt.datetime(2024, 3, 10, 7, 31),
+           dt.datetime(2024, 11, 3, 5, 29), dt.datetime(2024, 11, 3, 5, 31)]  # fmt: skip
+    ts = pa.array(utc, pa.timestamp("us", tz="UTC")).cast(pa.timestamp("us", tz="America/New_York"))
+    table = pa.table({"i": [1, 2, 3, 4], "ts": ts})
+    assert bound_kept("ts < timestamp '2024-03-10 02:30:00'", table) == [1]  # = 07:30 UTC
+    assert bound_kept("ts < '2024-03-10 02:30:00'", table) == [1]
+    assert bound_kept("ts < timestamp '2024-03-10 03:30:00'", table) == [1]  # the same instant
+    assert bound_kept("ts < timestamp '2024-11-03 01:30:00'", table) == [1, 2, 3]  # 05:30 UTC
+    fixed = pa.table({"i": [1, 2], "ts": ts[:2].cast(pa.timestamp("us", tz="-05:00"))})
+    assert bound_kept("ts < timestamp '2024-03-10 02:30:00'", fixed) == [1]
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
