@@ -315,12 +315,39 @@ def _check_has_columns(names: list[str], columns: Sequence[str] | None) -> None:
 
 
 def _sliced(rb: pa.RecordBatch, max_rows: int | None) -> Iterator[pa.RecordBatch]:
+    rb = _plain_dictionaries(rb)
     n = rb.num_rows
     if max_rows is None or n <= max_rows:
         yield rb
         return
     for start in range(0, n, max_rows):
         yield rb.slice(start, max_rows)
+
+
+def _plain_dictionaries(rb: pa.RecordBatch) -> pa.RecordBatch:
+    """``rb`` with the dictionaries of string or binary views (Polars' ``Categorical`` and
+    ``Enum`` columns) made plain: Arrow can neither decode nor take from them."""
+    views = [
+        i for i, f in enumerate(rb.schema)
+        if pa.types.is_dictionary(f.type) and _view_value(f.type.value_type) is not None
+    ]  # fmt: skip
+    if not views:
+        return rb
+    arrays = list(rb.columns)
+    for i in views:
+        arr = arrays[i]
+        plain = _view_value(arr.type.value_type)
+        arrays[i] = pa.DictionaryArray.from_arrays(arr.indices, arr.dictionary.cast(plain))
+    return pa.RecordBatch.from_arrays(arrays, names=rb.schema.names)
+
+
+def _view_value(arrow_type: pa.DataType) -> pa.DataType | None:
+    """The plain type of a string or binary view type; ``None`` for other types."""
+    if _is_view(arrow_type, "string"):
+        return pa.large_string()
+    if _is_view(arrow_type, "binary"):
+        return pa.large_binary()
+    return None
 
 
 def _is_dataframe(obj: Any) -> bool:

@@ -171,8 +171,11 @@ class DistinctAggregator:
         for level in self._levels:
             level.update(batch)
 
-    def results(self) -> Iterator[pa.RecordBatch]:
-        """Every group once, in hash order of the keys. Destructive; call once."""
+    def results(self, *, ordered: bool = True) -> Iterator[pa.RecordBatch]:
+        """Every group once, in hash order of the keys. Destructive; call once.
+
+        ``ordered``: accepted as :meth:`HashAggregator.results` does; the groups come in hash
+        order either way (the levels are joined on their hashes)."""
         return (batch for _hashes, batch in self.hashed_results())
 
     def hashed_results(self) -> Iterator[tuple[np.ndarray, pa.RecordBatch]]:

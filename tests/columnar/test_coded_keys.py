@@ -391,3 +391,19 @@ def test_lookups_of_several_dictionary_orders_are_kept():
     assert {k: v[0] for k, v in got.items()} == {
         k: v[0] for k, v in _pyarrow_reference(rows).items()
     }
+
+
+def test_dictionaries_of_string_views_as_keys_and_values() -> None:
+    """Polars exports ``Categorical``/``Enum`` columns as dictionaries of string views, which
+    Arrow can neither decode nor take from: both raised ``ArrowNotImplementedError``."""
+    codes = pa.array([0, 1, 0, None, 2], pa.uint32())
+    view = pa.DictionaryArray.from_arrays(codes, pa.array(["a", "b", "c"], pa.string_view()))
+    binary = pa.DictionaryArray.from_arrays(codes, pa.array([b"x", b"y", b"z"], pa.binary_view()))
+    batch = pa.record_batch({"k": view, "b": binary, "v": [1, 2, 3, 4, 5]})
+    aggs = {"s": ("v", "sum"), "top": ("k", "max"), "low": ("b", "min")}
+    with HashAggregator(["k"], aggs, memory="2m", force_spill_rows=3) as agg:
+        for _ in range(3):  # the first batch decoded, the next ones by their codes
+            agg.update(batch)
+        got = {r["k"]: (r["s"], r["top"], r["low"]) for b in agg.results() for r in b.to_pylist()}
+    assert got == {"a": (12, "a", b"x"), "b": (6, "b", b"y"), "c": (15, "c", b"z"),
+                   None: (12, None, None)}  # fmt: skip

@@ -442,3 +442,13 @@ def test_rows_aside_buffers_are_written_out_when_others_need_the_memory(tmp_path
         want.sort_by([("k1", "ascending"), ("k2", "ascending")])
     )
     assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+
+
+def test_results_take_ordered_as_hash_aggregators_do() -> None:
+    """``make_aggregator`` gives a :class:`DistinctAggregator` for any ``count_distinct``
+    query: its ``results(ordered=False)`` raised ``TypeError``."""
+    batch = pa.record_batch({"k": [1, 1, 2, 1], "u": [5, 6, 5, 5]})
+    with DistinctAggregator(["k"], {"d": ("u", "count_distinct")}, memory="2m") as agg:
+        agg.update(batch)
+        rows = {r["k"]: r["d"] for b in agg.results(ordered=False) for r in b.to_pylist()}
+    assert rows == {1: 2, 2: 1}
