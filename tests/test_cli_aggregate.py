@@ -654,6 +654,30 @@ def test_output_through_a_symlink_replaces_its_target_and_a_pipe_is_refused(tmp_
     assert fifo.is_fifo() and not [p for p in tmp_path.iterdir() if "extagg-tmp" in p.name]
 
 
+def test_parquet_pages_of_many_distinct_strings_do_not_follow_the_batches(tmp_path):
+    """A text column of many distinct values (a dictionary that outgrows its page): the
+    Parquet writer's pages followed the result batches' lengths past 4096 rows, so 1 M string
+    keys gave other file bytes at each budget and thread count (a probe found four digests)."""
+    import numpy as np
+
+    from extagg.io.output import ResultWriter
+
+    rng = np.random.default_rng(3)
+    n = 150_000
+    ids = rng.permutation(n)
+    names = pa.array([f"user-{i}-" + "x" * (i % 40) for i in ids.tolist()])
+    result = pa.table({"name": names, "n": pa.array(ids, pa.int64())})
+    digests = set()
+    for rows in (1_000, 4_097, 65_536, 150_000):
+        out = tmp_path / f"o{rows}.parquet"
+        with ResultWriter(str(out), "parquet", result.schema) as writer:
+            for batch in result.to_batches(max_chunksize=rows):
+                writer.write(batch)
+        digests.add(out.read_bytes())
+    assert len(digests) == 1
+    assert pq.read_table(out).equals(result)
+
+
 def test_parquet_output_bytes_depend_on_the_rows_only(tmp_path, capsys):
     """Row groups of one size whatever the result batches (they follow the budget, the spills
     and the threads): the same file bytes at 4 MiB and with no limit, on one thread or two;

@@ -258,6 +258,48 @@ def _binary_as_base64(batch: pa.RecordBatch) -> pa.RecordBatch:
 ROW_GROUP_BYTES = 4 << 20
 
 
+#: rows Arrow's Parquet writer encodes at a time: it checks whether a page is full after each
+#: such step of a chunk, and starts over at each chunk (see :func:`_aligned_batches`)
+PARQUET_WRITE_BATCH_ROWS = 1024
+
+
+def _aligned_batches(batches: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
+    """``batches`` cut again into batches of :data:`PARQUET_WRITE_BATCH_ROWS` rows (the last
+    one fewer): the Parquet writer then makes the same pages, and the file the same bytes,
+    however the results were batched (they are batched by the budget and the thread count;
+    a dictionary-encoded column's pages also depended on chunks longer than 4096 rows). Only
+    the rows around a boundary are copied."""
+    step = PARQUET_WRITE_BATCH_ROWS
+    out: list[pa.RecordBatch] = []
+    pending: list[pa.RecordBatch] = []  # the start of a window of ``step`` rows
+    pending_rows = 0
+    for batch in batches:
+        offset = 0
+        if pending_rows:
+            take = min(step - pending_rows, batch.num_rows)
+            pending.append(batch.slice(0, take))
+            pending_rows += take
+            offset = take
+            if pending_rows < step:
+                continue
+            out.append(_concat_batches(pending))
+            pending, pending_rows = [], 0
+        whole = (batch.num_rows - offset) // step * step
+        out.extend(batch.slice(start, step) for start in range(offset, offset + whole, step))
+        rest = batch.num_rows - offset - whole
+        if rest:
+            pending, pending_rows = [batch.slice(offset + whole, rest)], rest
+    if pending:
+        out.append(_concat_batches(pending))
+    return out
+
+
+def _concat_batches(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    if len(batches) == 1:
+        return batches[0]
+    return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
+
+
 def parquet_row_group_rows(schema: pa.Schema) -> int:
     """The rows of every Parquet row group written for ``schema`` (the last one may have
     fewer): a power of two from 4 096 to 65 536 whose rows take about
@@ -328,8 +370,9 @@ class ResultWriter:
                 # 24 MiB budget above the fixed RSS for nothing
                 text = [f.name for f in self.schema if _is_text(f.type)]
                 self._writer = pq.ParquetWriter(
-                    sink, self.schema, compression="zstd", use_dictionary=text or False
-                )
+                    sink, self.schema, compression="zstd", use_dictionary=text or False,
+                    write_batch_size=PARQUET_WRITE_BATCH_ROWS,
+                )  # fmt: skip
             elif self.fmt == "csv":
                 import pyarrow.csv as pacsv
 
@@ -397,7 +440,8 @@ class ResultWriter:
         """Write the first ``rows`` gathered rows as one Parquet row group; their bytes."""
         gathered = pa.Table.from_batches(self._group, schema=self.schema)
         head = gathered.slice(0, rows)
-        self._writer.write_table(head, row_group_size=max(1, rows))
+        aligned = pa.Table.from_batches(_aligned_batches(head.to_batches()), schema=self.schema)
+        self._writer.write_table(aligned, row_group_size=max(1, rows))
         self._group = gathered.slice(rows).to_batches()
         self._group_rows -= rows
         return int(head.nbytes)
