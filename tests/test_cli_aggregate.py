@@ -3,6 +3,7 @@ codes, sorting, Ctrl-C, disk full."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -967,3 +968,26 @@ def test_the_command_sets_up_its_process_before_the_query(tmp_path, monkeypatch,
     assert main(["aggregate", str(src), "--by", "k", "--agg", "n=count(*)", "-q",
                  "-o", str(tmp_path / "o.parquet")]) == 0, capsys.readouterr().err  # fmt: skip
     assert order == ["decay", "plan"]
+
+
+def test_disk_full_writing_a_sort_run(tiny_fs):
+    """A sort run that does not fit its directory: a ``SpillError`` naming the directory and
+    the bytes (it was Arrow's bare ``[Errno 28] Error writing bytes to file``), no run left."""
+    import numpy as np
+
+    from extagg.errors import SpillError
+    from extagg.io.sort import external_sort
+    from extagg.memory import UnifiedMemoryManager, task_memory_manager
+
+    n = 400_000  # 6.4 MB of results against a 1 MiB file system
+    keys = np.random.default_rng(4).permutation(n)
+    result = pa.table({"k": keys, "v": keys * 2})
+    tmm = task_memory_manager(UnifiedMemoryManager(max_memory=1 << 20))
+    sorted_batches = external_sort(
+        iter(result.to_batches(max_chunksize=10_000)), result.schema, ["k"], tmm, str(tiny_fs)
+    )
+    with pytest.raises(SpillError, match=r"cannot write the sort run .* bytes\) in .*tiny") as err:
+        next(sorted_batches)
+    assert err.value.errno == errno.ENOSPC and str(tiny_fs) in str(err.value.directory)
+    assert not [p for p in tiny_fs.rglob("*") if p.is_file()]
+    assert tmm.memory_used == 0

@@ -154,3 +154,33 @@ def test_scan_batches_take_a_quarter_of_the_budget_while_the_table_is_small(tmp_
     # two 8-byte columns (and the batch's overheads), a batch read ahead: ~30 K rows in 1/8
     # of 8 MiB, twice that in 1/4
     assert sizes["k"] == 2 * sizes["u"] and 20_000 < sizes["u"] < 40_000
+
+
+def test_external_sort_merges_many_runs_within_its_grant(tmp_path):
+    """Hundreds of runs: the merge loaded a batch of every run at once, outside the budget
+    (628 MB of RSS for 643 runs at 8 MiB; the run's summary missed it). Now at most
+    ``MAX_FAN_IN`` runs are merged at a time, within the memory granted, in passes."""
+    import numpy as np
+
+    from extagg.io import sort
+
+    n = 300_000
+    keys = np.random.default_rng(8).permutation(n)
+    schema = pa.schema([("k", pa.int64()), ("v", pa.int64())])
+    result = pa.table({"k": keys, "v": keys * 3}, schema=schema)
+    budget = 128 << 10
+    tmm = task_memory_manager(UnifiedMemoryManager(max_memory=budget))
+    m = RunMetrics()
+    batches = sort.external_sort(
+        iter(result.to_batches(max_chunksize=2_000)), schema, ["k"], tmm, str(tmp_path), m
+    )
+    base = pa.total_allocated_bytes()
+    peak, got = 0, []
+    for batch in batches:
+        got.append(batch.column("k").to_numpy().copy())  # not a view of Arrow's buffer
+        peak = max(peak, pa.total_allocated_bytes() - base)
+    assert m.sort_runs > sort.MAX_FAN_IN  # more than one pass
+    assert np.array_equal(np.concatenate(got), np.arange(n))
+    # a merge of 32 runs holds 3 copies of a 1024-row batch of each (16 KiB), and its output
+    assert peak < 2 << 20, peak
+    assert tmm.memory_used == 0 and not list(tmp_path.rglob("*.run"))
