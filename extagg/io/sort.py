@@ -160,7 +160,7 @@ def _write_batches(
 ) -> _Run:
     """``batches`` (of at most ``rows`` rows) as a new run file. A failed write (disk
     full...) removes it and raises :class:`~extagg.errors.SpillError` naming the file and
-    its directory; so does any error while ``batches`` are made."""
+    its directory; an error while ``batches`` are made removes it too, and propagates."""
     path = dirs.new_path("sort")
     largest = 0
     sink = writer = None
