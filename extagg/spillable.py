@@ -451,7 +451,8 @@ class Spillable(MemoryConsumer, ABC, Generic[B]):
         past the grant). Reading what was folded and :meth:`close` still work."""
         if self.failure is None:
             self.failure = error
-            log.warning("%s stops taking input after: %s", self.name, error)
+            # the error is raised to the caller: logged here only for whoever follows the run
+            log.info("%s stops taking input after: %s", self.name, error)
 
     def check_open(self, action: str) -> None:
         """Raise :class:`~extagg.errors.UsageError` unless records may still be folded, or

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -911,7 +912,7 @@ def test_disk_full_on_stdout(data):
     assert "disk full" in proc.stderr and "<stdout>" in proc.stderr
 
 
-def test_disk_full_while_spilling(tmp_path, tiny_fs, capsys):
+def test_disk_full_while_spilling(tmp_path, tiny_fs, capsys, caplog):
     t = table(400_000, keys=300_000, seed=4)
     src = tmp_path / "spilly.parquet"
     pq.write_table(t, src)
@@ -923,6 +924,8 @@ def test_disk_full_while_spilling(tmp_path, tiny_fs, capsys):
     err = capsys.readouterr().err
     assert rc == 1, err
     assert str(tiny_fs) in err and "bytes" in err and "Traceback" not in err
+    # the error, said once: no warning logged before it
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
     assert not out.exists()
     assert not [p for p in tiny_fs.rglob("*") if p.is_file()]
 

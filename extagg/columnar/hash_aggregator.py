@@ -226,6 +226,8 @@ class HashAggregator(Spillable[ColumnBlock]):
             raise ValueError(f"aggregate outputs {sorted(clash)} have the names of key columns")
         if force_spill_rows is not None and force_spill_rows < 1:
             raise ValueError(f"force_spill_rows must be positive, got {force_spill_rows}")
+        if chunk_rows is not None and chunk_rows < 1:
+            raise ValueError(f"chunk_rows must be positive, got {chunk_rows}")
         super().__init__(
             memory,
             memory_manager=memory_manager,

@@ -292,10 +292,15 @@ class InputScan:
         try:
             source = gate.arrow_stream()
             reader = gate.call(lambda: _open_text(source, text, parsed, self.block_bytes))
+            rows_before = 0  # Arrow numbers a JSON error's row within its block
             while True:
-                block = gate.call(reader.read_next_batch, taken=True)
+                try:
+                    block = gate.call(reader.read_next_batch, taken=True)
+                except pa.ArrowInvalid as exc:
+                    raise pa.ArrowInvalid(_row_of_file(str(exc), rows_before)) from exc
                 if block is None:
                     return
+                rows_before += block.num_rows
                 if folder.names:
                     block = folder.add(block)
                 if not len(schema):  # count(*) alone: no column, the rows (Arrow parsed all)
@@ -326,6 +331,20 @@ class InputScan:
         if fmt in ("csv", "tsv") and "conversion" in reason.lower():
             hint = " (the type was inferred from the first block; give it with --column-types)"
         return InputError(f"cannot read {path}: {reason}{hint}", path=path)
+
+
+_BLOCK_ROW = re.compile(r" in row (\d+)$")
+
+
+def _row_of_file(reason: str, rows_before: int) -> str:
+    """Arrow's JSON error ``... in row N`` (N from 0, within the block parsed) as the row of
+    the file from 1, ``rows_before`` being the rows of the blocks before."""
+    first, *rest = reason.split("\n", 1)
+    m = _BLOCK_ROW.search(first)
+    if m is None:
+        return reason
+    row = rows_before + int(m.group(1)) + 1
+    return "\n".join([f"{first[: m.start()]} in data row {row} of the file", *rest])
 
 
 _JSON_MIXED = re.compile(r"Column\(/?([^)]*)\) changed from (\w+) to (\w+)")
@@ -1135,7 +1154,7 @@ def open_input(
                 per_file.append((path, file_format.inspect(path, _LOCAL)))
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-            hint = _mixed_json_hint(reason)
+            reason, hint = _row_of_file(reason, 0), _mixed_json_hint(reason)
             raise InputError(f"cannot read {path} as {fmt}: {reason}{hint}", path=path) from exc
     hive: dict[str, pa.DataType] = {}
     for path, base in files:

@@ -144,6 +144,8 @@ def test_bad_options() -> None:
         HashAggregator("k", AGG, memory="8m", compression="zstd")  # before any spill
     with pytest.raises(ValueError, match="force_spill_rows"):
         HashAggregator("k", AGG, memory="8m", force_spill_rows=0)
+    with pytest.raises(ValueError, match="chunk_rows must be positive, got 0"):
+        HashAggregator("k", AGG, memory="8m", chunk_rows=0)
     with pytest.raises(ValueError, match="memory"):
         HashAggregator("k", AGG, memory="lots")
     with pytest.raises(ValueError, match="distinct"):
