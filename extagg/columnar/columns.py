@@ -369,6 +369,8 @@ def _record_batch_from_pandas(frame: Any, columns: Sequence[str] | None = None) 
         names.append(name)
         series = frame.iloc[:, i]
         dtype = series.dtype
+        if isinstance(dtype, np.dtype) and not dtype.isnative:  # Arrow takes native order only
+            series = series.astype(dtype.newbyteorder("="))
         try:
             if isinstance(dtype, np.dtype) and dtype.kind == "f":
                 values = series.to_numpy()
@@ -377,7 +379,7 @@ def _record_batch_from_pandas(frame: Any, columns: Sequence[str] | None = None) 
                 arrays.append(pa.array(values, from_pandas=False))
             else:
                 arrays.append(pa.array(series, from_pandas=True))
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError) as exc:
             raise TypeError(
                 f"column {frame.columns[i]!r} of pandas dtype {dtype} cannot be converted: {exc}"
             ) from exc
@@ -423,6 +425,8 @@ def _arrow_from_numpy(name: str, values: Any) -> pa.Array:
     arr = values if isinstance(values, np.ndarray) else np.asarray(values)
     if arr.ndim != 1:
         raise ValueError(f"column {name!r} must be one-dimensional, got shape {arr.shape}")
+    if not arr.dtype.isnative:  # big-endian: Arrow takes native byte order only (a copy)
+        arr = arr.astype(arr.dtype.newbyteorder("="))
     try:
         if arr.dtype.kind in "iufb":
             if arr.dtype == np.float16:
@@ -430,7 +434,7 @@ def _arrow_from_numpy(name: str, values: Any) -> pa.Array:
             return pa.array(arr, mask=mask)  # NaN stays a value
         if arr.dtype.kind in "MmUSO":
             return pa.array(arr, mask=mask, from_pandas=arr.dtype.kind in "Mm")
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError) as exc:
         raise TypeError(
             f"column {name!r} of NumPy dtype {arr.dtype} cannot be converted: {exc}"
         ) from exc

@@ -211,3 +211,17 @@ def test_polars_frames_and_other_arrow_streams_are_read_batch_by_batch() -> None
         HashAggregator("k", {"s": ("v", "sum")}, memory="8m") as agg,
     ):
         agg.update(object())
+
+
+def test_big_endian_numpy_and_pandas_columns_are_read_as_native() -> None:
+    # Arrow reads native byte order only ("Byte-swapped arrays not supported", no column)
+    keys = np.array([3, 1, 3, 2, 1, 3], dtype=">i8")
+    values = np.array([0.5, 1.0, 2.0, 4.0, 8.0, 16.0], dtype=">f8")
+    want = {1: 9.0, 2: 4.0, 3: 18.5}
+    for batch in (
+        {"k": keys, "v": values},
+        pd.DataFrame({"k": keys, "v": values}),
+        pd.DataFrame({"k": keys.astype(">u4"), "v": values.astype(">f4")}),
+    ):
+        got = aggregate(batch, keys="k", aggs={"s": ("v", "sum")}).to_pydict()
+        assert dict(zip(got["k"], got["s"])) == want
