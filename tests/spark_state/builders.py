@@ -58,6 +58,21 @@ def build_aggregation(spark, root: str, mode: str) -> str:
     return checkpoint
 
 
+def build_global_aggregation(spark, root: str) -> str:
+    """``agg(count, sum)`` with no ``groupBy`` over three batches: the key schema is the empty
+    ``struct<>`` and the state is in partition 0 only, whatever the shuffle partitions."""
+    from pyspark.sql import functions as F
+
+    data = os.path.join(root, "global-in")
+    _write_batches(
+        data, [pa.table({"v": pa.array(range(i, i + 4 * i + 1), pa.int64())}) for i in range(3)]
+    )
+    agg = _stream(spark, data, "v long").agg(F.count("*").alias("cnt"), F.sum("v").alias("total"))
+    checkpoint = os.path.join(root, "global")
+    _run(agg.writeStream.format("noop").outputMode("update"), checkpoint)
+    return checkpoint
+
+
 def build_typed_aggregation(spark, root: str) -> str:
     """A complete-mode aggregation keyed by (int, decimal, date) with typed aggregates."""
     from pyspark.sql import functions as F

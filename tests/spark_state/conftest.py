@@ -62,6 +62,7 @@ class Checkpoints:
                 "agg_complete": lambda: builders.build_aggregation(
                     self.spark, self.root, "complete"
                 ),
+                "global": lambda: builders.build_global_aggregation(self.spark, self.root),
                 "typed": lambda: builders.build_typed_aggregation(self.spark, self.root),
                 "window": lambda: builders.build_window(self.spark, self.root),
                 "dedup": lambda: builders.build_dedup(self.spark, self.root),

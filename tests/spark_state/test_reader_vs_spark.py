@@ -12,7 +12,16 @@ from tests.spark_state.conftest import normalize, sort_key
 
 pytestmark = pytest.mark.spark
 
-QUERIES = ["agg_update", "agg_complete", "typed", "window", "dedup", "maps", "pandas_state"]
+QUERIES = [
+    "agg_update",
+    "agg_complete",
+    "global",
+    "typed",
+    "window",
+    "dedup",
+    "maps",
+    "pandas_state",
+]
 
 
 def spark_rows(spark, path, **options):
@@ -43,7 +52,7 @@ def test_state_of_every_batch_equals_spark(spark, checkpoints, query):
     assert ours  # the last batch holds state
 
 
-@pytest.mark.parametrize("query", ["agg_update", "window", "dedup", "pandas_state"])
+@pytest.mark.parametrize("query", ["agg_update", "global", "window", "dedup", "pandas_state"])
 def test_change_feed_equals_spark(spark, checkpoints, query):
     path = checkpoints.get(query)
     last = committed(path)[-1]

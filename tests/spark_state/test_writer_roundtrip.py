@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import decimal
 import os
+import shutil
 
 import pytest
 
 from extagg.errors import CorruptFileError
+from extagg.state.errors import StateSourceError
 from extagg.state.spark import (
     AtomicType,
     DecimalType,
@@ -62,6 +64,26 @@ def test_delta_only_version_spills_to_the_same_rows(tmp_path, monkeypatch):
     monkeypatch.setenv("EXTAGG_FORCE_SPILL_EVERY", "500")
     assert _plain(read_state(path, memory="4m").to_list()) == whole
     assert list(read_diff(path, 0, 0)) == []
+
+
+def test_an_empty_key_schema_global_aggregation_reads_back(tmp_path):
+    """``groupBy().agg(...)`` keys its one row by ``struct<>``: the generated decoder had no
+    field to read and was a syntax error."""
+    value = StructType((StructField("cnt", AtomicType("long")),))
+    write_state(tmp_path / "cp", 0, StructType(()), value, [((), (5,))], num_partitions=1)
+    rows = read_state(tmp_path / "cp").to_list()
+    assert [(tuple(k), tuple(v), p) for k, v, p in rows] == [((), (5,), 0)]
+
+
+def test_a_missing_partition_folder_is_an_error_not_a_partial_answer(tmp_path):
+    write_state(tmp_path / "cp", 0, KEY, VALUE, _rows(300), num_partitions=3)
+    shutil.rmtree(tmp_path / "cp" / "state" / "0" / "1")
+    for read in (read_state, lambda path: read_change_feed(path, 0)):
+        with pytest.raises(StateSourceError, match=r"no folder for partition 1 \(.*state/0/1\)"):
+            read(tmp_path / "cp").to_list()
+    shutil.rmtree(tmp_path / "cp" / "state" / "0" / "2")  # only partition 0 left: as a
+    with pytest.raises(StateSourceError, match="no folder for partition 1"):  # global
+        read_state(tmp_path / "cp").to_list()  # aggregation's, but of a keyed operator
 
 
 def test_writer_refuses_existing_state_and_null_values(tmp_path):

@@ -237,6 +237,25 @@ class SparkCheckpoint:
         base = os.path.join(self.operator_dir(operator_id), str(partition_id))
         return base if store_name == DEFAULT_STORE else os.path.join(base, store_name)
 
+    def num_partitions(self, operator_id: int, store: StoreInfo, key_schema: StructType) -> int:
+        """The partitions of a store to read: the metadata's ``numPartitions`` (the shuffle's),
+        but 1 for a global aggregation (``groupBy().agg(...)``, keyed by ``struct<>``), whose
+        state Spark keeps in partition 0 only. A partition without its folder is an error
+        naming it, not a partial answer (Spark's reader counts the folders it finds)."""
+        base = self.operator_dir(operator_id)
+        found = set(_numeric_dirs(base))
+        if not key_schema.fields and found == {0}:
+            return 1
+        missing = sorted(set(range(store.num_partitions)) - found)
+        if found and missing:
+            raise StateSourceError(
+                f"[STDS_FAILED_TO_READ_STATE] operator {operator_id} of {self.path} has "
+                f"{store.num_partitions} partitions but no folder for partition {missing[0]} "
+                f"({os.path.join(base, str(missing[0]))}): its state is incomplete",
+                error_class="STDS_FAILED_TO_READ_STATE",
+            )
+        return store.num_partitions
+
     def schemas(self, operator_id: int, store: StoreInfo) -> tuple[StructType, StructType]:
         """The key and value schemas of a store (v3 file named by metadata v2, else the v1/v2
         schema file of the lowest partition that has one)."""

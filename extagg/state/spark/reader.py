@@ -313,13 +313,14 @@ def read_state(
         _operator, store = _store(checkpoint, operator_id, store_name)
         key_schema, value_schema = checkpoint.schemas(operator_id, store)
         out_key, out_value = key_schema, value_schema
-    if partition_id is not None and partition_id >= store.num_partitions:
+    num_partitions = checkpoint.num_partitions(operator_id, store, key_schema)
+    if partition_id is not None and partition_id >= num_partitions:
         raise StateSourceOptionError(
             "snapshotPartitionId",
             f"partition {partition_id} does not exist: operator {operator_id} has "
-            f"{store.num_partitions} partitions",
+            f"{num_partitions} partitions",
         )
-    partitions = range(store.num_partitions) if partition_id is None else [partition_id]
+    partitions = range(num_partitions) if partition_id is None else [partition_id]
     version = batch_id + 1
     start = None if snapshot_start_batch_id is None else snapshot_start_batch_id + 1
     plan = [
@@ -403,13 +404,14 @@ def read_change_feed(
     checkpoint.check_supported(end_batch_id)
     _operator, store = _store(checkpoint, operator_id, store_name)
     key_schema, value_schema = checkpoint.schemas(operator_id, store)
-    if partition_id is not None and partition_id >= store.num_partitions:
+    num_partitions = checkpoint.num_partitions(operator_id, store, key_schema)
+    if partition_id is not None and partition_id >= num_partitions:
         raise StateSourceOptionError(
             "partitionId",
             f"partition {partition_id} does not exist: operator {operator_id} has "
-            f"{store.num_partitions} partitions",
+            f"{num_partitions} partitions",
         )
-    partitions = range(store.num_partitions) if partition_id is None else [partition_id]
+    partitions = range(num_partitions) if partition_id is None else [partition_id]
     plan = []
     for partition in partitions:
         directory = checkpoint.store_dir(operator_id, partition, store.store_name)
@@ -497,7 +499,7 @@ def read_diff(
             _version_paths(checkpoint, operator_id, p, store.store_name, from_batch_id + 1),
             _version_paths(checkpoint, operator_id, p, store.store_name, to_batch_id + 1),
         )
-        for p in range(store.num_partitions)
+        for p in range(checkpoint.num_partitions(operator_id, store, key_schema))
     ]
     key_decoder, value_decoder = RowDecoder(key_schema), RowDecoder(value_schema)
 

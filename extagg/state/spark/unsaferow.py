@@ -268,11 +268,12 @@ class RowDecoder:
             items.append(f"None if {test} else {expr}")
         nulls = f"int.from_bytes(buf[start : start + {bitset}], 'little')" if bitset else "0"
         body = ",\n        ".join(items)
+        returned = f"(\n        {body},\n    )" if items else "()"  # struct<>: no key at all
         source = (
             "def decode_tuple(buf, start=0):\n"
             f"    nulls = {nulls}\n"
             f"    s = start + {bitset}\n"
-            f"    return (\n        {body},\n    )\n"
+            f"    return {returned}\n"
         )
         exec(
             compile(source, f"<UnsafeRow decoder {self.schema.simple_string()[:60]}>", "exec"),
