@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from extagg.errors import CorruptFileError
 from extagg.state.codec import KEY_CODEC, VALUE_CODEC, VALUE_CODEC_PICKLE
 from extagg.state.conf import StateStoreConf
 from extagg.state.errors import StateStoreCommitError, StateStoreError
@@ -279,19 +280,33 @@ class Checkpoint:
         """Record that every partition committed batch ``batch_id`` (version ``batch_id + 1``).
 
         Checks every store directory that holds state files: each must have the batch's delta
-        (``StateStoreError`` naming the first that does not). Re-committing is allowed.
+        (``StateStoreError`` naming the first that does not), and every partition that held
+        state at the previous commit must still have its files (a partition lost to a bad
+        copy is not taken for one that never held state). The commit records the partitions
+        that hold state, which the readers check the same way. Re-committing is allowed.
         """
         _check_id(batch_id, "batch_id")
         version = batch_id + 1
+        before = [b for b in self.committed_batches() if b < batch_id]
+        held: dict[str, dict[str, list[int]]] = {}
         for operator_id in self.operator_ids():
             metadata = self.operator_metadata(operator_id)
             if metadata is None:
                 continue
             operator = Operator(self, metadata)
             for store in metadata.store_names:
+                had = self.partitions_with_state(before[-1], operator_id, store) if before else None
+                partitions = held.setdefault(str(operator_id), {}).setdefault(store, [])
                 for partition in range(metadata.num_partitions):
                     listing = list_state_files(operator.store_directory(partition, store))
                     if not listing.deltas and not listing.snapshots:
+                        if had is not None and partition in had:
+                            raise StateStoreError(
+                                f"cannot commit batch {batch_id} of {self.path}: partition "
+                                f"{partition} of operator {operator_id} (store {store!r}) held "
+                                f"state at batch {before[-1]} but "
+                                f"{operator.store_directory(partition, store)} has no state file"
+                            )
                         continue
                     if version not in listing.deltas:
                         raise StateStoreError(
@@ -300,11 +315,13 @@ class Checkpoint:
                             f"committed version {version} "
                             f"({os.path.join(listing.directory, f'{version}.delta')} is missing)"
                         )
+                    partitions.append(partition)
         path = os.path.join(self.commits_dir, str(batch_id))
+        entry = {"batch_id": batch_id, "version": 1, "partitions_with_state": held}
         try:
             os.makedirs(self.commits_dir, exist_ok=True)
             target = AtomicFile(path)
-            target.write(json.dumps({"batch_id": batch_id, "version": 1}).encode("utf-8"))
+            target.write(json.dumps(entry, sort_keys=True).encode("utf-8"))
             target.commit()
         except OSError as exc:  # the batch stays uncommitted; the commit can be retried
             raise StateStoreCommitError(
@@ -312,6 +329,30 @@ class Checkpoint:
                 f"{exc.strerror or exc}"
             ) from exc
         logger.info("Committed batch %d of %s", batch_id, self.path)
+
+    def partitions_with_state(
+        self, batch_id: int, operator_id: int, store_name: str = DEFAULT_STORE_NAME
+    ) -> frozenset[int] | None:
+        """The partitions of a store that held state when batch ``batch_id`` was committed,
+        or ``None`` if its commit does not say (written before this was recorded, or not
+        committed)."""
+        path = os.path.join(self.commits_dir, str(batch_id))
+        try:
+            with open(path, "rb") as handle:
+                entry = json.loads(handle.read().decode("utf-8"))
+            recorded = entry["partitions_with_state"][str(operator_id)][store_name]
+        except (FileNotFoundError, KeyError, TypeError):
+            return None
+        except (OSError, ValueError) as exc:
+            raise CorruptFileError(path, None, f"unreadable commit file: {exc}") from exc
+        if not isinstance(recorded, list) or not all(isinstance(p, int) for p in recorded):
+            raise CorruptFileError(
+                path,
+                None,
+                f"'partitions_with_state' of operator {operator_id} store {store_name!r} "
+                "is not a list of partition ids",
+            )
+        return frozenset(recorded)
 
     def committed_batches(self) -> list[int]:
         """Committed batch ids, ascending (numeric file names under ``commits/``)."""

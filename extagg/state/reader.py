@@ -108,6 +108,22 @@ class _Target:
             f"store={self.store_name}) in {self.directory(partition)}"
         )
 
+    def check_never_held_state(self, partition: int, batch_id: int) -> None:
+        """A partition without state files is one that never held state, unless the commit of
+        ``batch_id`` says it held some: then its files are lost, which is an error."""
+        held = self.operator.checkpoint.partitions_with_state(
+            batch_id, self.operator.operator_id, self.store_name
+        )
+        if held is not None and partition in held:
+            missing = os.path.join(self.directory(partition), f"{batch_id + 1}.delta")
+            raise StateFileNotFoundError(
+                "[CANNOT_LOAD_STATE_STORE.CANNOT_READ_DELTA_FILE_NOT_EXISTS] Error reading "
+                f"delta file {missing} of {self.label(partition)}: the partition held state "
+                f"when batch {batch_id} was committed, but its folder has no state file.",
+                path=missing,
+                error_class="CANNOT_LOAD_STATE_STORE.CANNOT_READ_DELTA_FILE_NOT_EXISTS",
+            )
+
 
 def _inferred_metadata(checkpoint: Checkpoint, operator_id: int) -> OperatorMetadata:
     """Metadata for an operator directory without a metadata file (Spark: warn, assume)."""
@@ -230,6 +246,7 @@ def read_state(
     for partition in target.partitions:
         listing = list_state_files(target.directory(partition))
         if not listing.deltas and not listing.snapshots:
+            target.check_never_held_state(partition, batch_id)
             continue  # a partition that never held state
         label = target.label(partition)
         if snapshot_start_batch_id is None:
@@ -317,6 +334,7 @@ def read_change_feed(
     for partition in target.partitions:
         listing = list_state_files(target.directory(partition))
         if not listing.deltas and not listing.snapshots:
+            target.check_never_held_state(partition, end_batch_id)
             continue
         files = []
         for batch in range(start_batch_id, end_batch_id + 1):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import shutil
 import tracemalloc
 
 import pyarrow as pa
@@ -319,6 +320,32 @@ def test_checkpoint_commit_requires_every_partition(checkpoint, mm):
     assert checkpoint.committed_batches() == [0]
     with pytest.raises(ValueError, match="batch_id cannot be negative"):
         checkpoint.commit(-1)
+
+
+def test_a_partition_whose_files_are_lost_is_not_taken_for_one_without_state(checkpoint, mm):
+    """Partition 2 never held state and reads as empty; partition 1's files gone (a bad copy)
+    read as empty too, without a word, and the next batch could be committed."""
+    op = checkpoint.operator(0, name="x", num_partitions=3)
+    for partition in (0, 1):
+        commit_version(op.provider(partition, memory_manager=mm), 0, {f"k{partition}": 1})
+    checkpoint.commit(0)
+    assert checkpoint.partitions_with_state(0, 0) == {0, 1}
+    assert rows_by_partition(read_state(checkpoint.path)) == {0: {"k0": 1}, 1: {"k1": 1}}
+    assert rows_by_partition(read_state(checkpoint.path, partition_id=2)) == {}
+    shutil.rmtree(op.store_directory(1))
+    lost = os.path.join(op.store_directory(1), "1.delta")
+    for read in (
+        lambda: read_state(checkpoint.path),
+        lambda: read_state(checkpoint.path, partition_id=1),
+        lambda: read_change_feed(checkpoint.path, 0),
+    ):
+        with pytest.raises(StateFileNotFoundError, match="held state when batch 0") as info:
+            read()
+        assert info.value.path == lost
+    commit_version(op.provider(0, memory_manager=mm), 1, {"k0": 2})
+    with pytest.raises(StateStoreError, match=r"partition 1 of .* held state at batch 0"):
+        checkpoint.commit(1)
+    assert checkpoint.committed_batches() == [0]
 
 
 def test_operator_metadata_is_validated(checkpoint, mm):
