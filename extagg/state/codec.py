@@ -263,7 +263,7 @@ def canonical_key(key: Any) -> Any:
     has one NaN, so the disk holds one. Keys going into the state store's in-memory versions
     are made canonical so both agree (every NaN object is the same key, the one on disk).
     """
-    if type(key) is float:
+    if type(key) is float or isinstance(key, np.floating):  # NumPy's NaN encodes as NaN too
         return CANONICAL_NAN if key != key else key
     if type(key) is tuple:
         items = tuple(canonical_key(item) for item in key)

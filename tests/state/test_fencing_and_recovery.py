@@ -14,6 +14,7 @@ import textwrap
 from operator import add
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from extagg.errors import CorruptFileError
@@ -254,8 +255,10 @@ def test_the_writer_cache_holds_one_nan_key_as_the_disk_does(tmp_path: Path) -> 
     store = provider.get_store(0)
     store.put(float("nan"), 1)
     store.put(float("nan"), 2)  # another NaN object: the same key on disk
+    store.put(np.float64("nan"), 2)  # NumPy's NaN too (it failed the commit: one key on
+    store.put(np.float32("nan"), 2)  # disk for several in memory, "not strictly ascending")
     store.put((1, float("nan")), "a")
-    store.put((1, float("nan")), "b")
+    store.put((1, np.float64("nan")), "b")
     assert len(store) == 2
     assert store.commit() == 1
     cached = dict(provider.get_read_store(1).items())
