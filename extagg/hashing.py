@@ -149,7 +149,8 @@ def stable_hash(key: Any) -> int:
     if isinstance(key, float):
         return _hash_float(float(key))
     if isinstance(key, str):
-        return _hash_bytes(str(key).encode("utf-8", "surrogatepass"))
+        # its value, not str(key): a (str, Enum) member prints as "Color.RED" but equals "red"
+        return _hash_bytes(str.__str__(key).encode("utf-8", "surrogatepass"))
     if isinstance(key, (bytes, bytearray, memoryview)):
         return _hash_bytes(bytes(key))
     if isinstance(key, tuple):

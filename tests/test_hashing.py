@@ -1,3 +1,4 @@
+import enum
 import os
 import subprocess
 import sys
@@ -99,6 +100,26 @@ def test_unsupported_types_raise_type_error_naming_the_type():
         stable_hash(frozenset())
 
 
+class Color(str, enum.Enum):  # at module level: spilled keys are pickled
+    RED = "red"
+
+
+def test_a_str_enum_member_hashes_as_its_value_in_a_spilled_map():
+    """``class Color(str, Enum)`` members equal their value (and ``hash`` alike), but were
+    hashed as ``str(member)`` (``"Color.RED"``): after a spill they made a group apart."""
+    import operator
+
+    from extagg import Aggregator, ExternalAppendOnlyMap
+
+    assert stable_hash(Color.RED) == stable_hash("red")
+    records = [("red", 1), (Color.RED, 1), ("red", 1)]
+    with ExternalAppendOnlyMap(
+        Aggregator.reducing(operator.add), memory="4m", force_spill_every=1
+    ) as m:
+        m.insert_all(records)
+        assert list(m.iterator()) == [("red", 3)]
+
+
 def test_order_hash_falls_back_for_user_objects():
     class Fixed:
         def __hash__(self):
@@ -126,21 +147,41 @@ def test_independent_of_pythonhashseed():
     assert len(outputs) == 1
 
 
-@given(st.lists(st.text(), max_size=40), st.integers(1, 7))
-def test_hash_str_list_is_stable_hash(strings, piece):
+@given(st.lists(st.text(), max_size=40), st.integers(1, 7), st.integers(1, 30))
+def test_hash_str_list_is_stable_hash(strings, piece, piece_chars):
     """The compiled string hashing (spills of str-keyed maps) equals ``stable_hash`` per key,
-    for ASCII, non-ASCII and lone-surrogate text, across piece boundaries."""
+    for ASCII, non-ASCII and lone-surrogate text, across piece boundaries (of keys and of
+    characters, a key longer than a piece included)."""
     import extagg._hash_kernels as hk
 
-    saved = hk.STR_PIECE
-    hk.STR_PIECE = piece
+    saved = hk.STR_PIECE, hk.STR_PIECE_CHARS
+    hk.STR_PIECE, hk.STR_PIECE_CHARS = piece, piece_chars
     try:
         got = hk.hash_str_list(strings)
     finally:
-        hk.STR_PIECE = saved
+        hk.STR_PIECE, hk.STR_PIECE_CHARS = saved
     assert got is not None
     assert got.tolist() == [stable_hash(s) for s in strings]
     assert got.tolist() == hash_objects(strings).tolist()
+
+
+def test_hash_str_list_copies_a_bounded_piece_of_long_keys():
+    """The pieces joined and encoded were 16384 keys, whatever their length: a spill of
+    2000-character keys copied 2 x 31 MiB outside the budget (3.2 x a 16 MiB budget in RSS)."""
+    import tracemalloc
+
+    import extagg._hash_kernels as hk
+
+    keys = [f"{i:08d}" + "k" * 2000 for i in range(8000)]  # 16 MB of keys
+    hk.hash_str_list(keys[:10])  # compiled before the measure
+    tracemalloc.start()
+    try:
+        got = hk.hash_str_list(keys)
+        _now, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert got is not None and got[17] == stable_hash(keys[17])
+    assert peak < 2 * 2**20 + 8 * len(keys) * 3, peak  # a 256 Ki-character piece, offsets
 
 
 def test_hash_str_list_declines_other_keys():

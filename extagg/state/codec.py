@@ -117,7 +117,7 @@ def _encode_into(obj: Any, out: list[bytes], allow_pickle: bool) -> None:
     elif isinstance(obj, float):
         _encode_into(float(obj), out, allow_pickle)
     elif isinstance(obj, str):
-        _encode_into(str(obj), out, allow_pickle)
+        _encode_into(str.__str__(obj), out, allow_pickle)  # its value: not "Color.RED"
     elif isinstance(obj, (bytearray, memoryview)):
         _encode_into(bytes(obj), out, allow_pickle)
     elif allow_pickle:

@@ -105,7 +105,13 @@ def test_subclasses_and_numpy_scalars_encode_by_value():
     class Color(enum.IntEnum):
         RED = 3
 
+    class Name(str, enum.Enum):  # str(Name.RED) is "Name.RED": it was stored as that
+        RED = "red"
+
     assert encode_value(Color.RED) == encode_value(3)
+    assert (
+        encode_key(Name.RED) == encode_key("red") and decode_value(encode_value(Name.RED)) == "red"
+    )
     assert encode_value(np.int64(7)) == encode_value(7)
     assert encode_value(np.float32(0.5)) == encode_value(0.5)
     assert encode_value(np.bool_(True)) == encode_value(True)
