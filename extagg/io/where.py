@@ -170,6 +170,8 @@ class _Parser:
         self._made: list[pc.Expression] = []
         #: the quoted-string and date/timestamp literals built (by ``id``) → value and token
         self._quoted: dict[int, tuple[str | pa.Scalar, _Tok]] = {}
+        #: the integer literals built (by ``id``) → value: typed by their digits beside a decimal
+        self._ints: dict[int, int] = {}
         #: with the input's types: one row of nulls of them, to type (and run: some kernels
         #: check their options only then) every expression as it is built
         self._empty = (
@@ -265,7 +267,112 @@ class _Parser:
                     "are tested against",
                     self.text, at.pos,
                 ) from None  # fmt: skip
+        numbers = _is_number(value_set.type)
+        if pa.types.is_decimal(left_type) and numbers:
+            # as decimals of the column's type (Arrow cast the column to the values' type:
+            # "Rescaling Decimal value would cause data loss"); a value it cannot hold
+            # exactly equals no row
+            return left, pa.array(_fitting_decimals(value_set.to_pylist(), left_type), left_type)
+        if pa.types.is_floating(left_type) and numbers:
+            # -0.0 is 0.0 (Arrow's set lookup tells their bits apart); NaN matches NaN
+            values = pc.add(pc.cast(value_set, left_type), pa.scalar(0.0, left_type))
+            zero = self.constant(pa.scalar(0.0, left_type))
+            return self.call(pc.add, left, zero), values
         return left, value_set
+
+    def cast(self, expr: pc.Expression, typ: pa.DataType) -> pc.Expression:
+        """``expr`` cast to ``typ`` (and its eager form)."""
+        fn = self.fn(expr)
+        return self.made(expr.cast(typ), lambda b: pc.cast(fn(b), typ))
+
+    def binary(
+        self, func: Callable[..., Any], left: pc.Expression, right: pc.Expression, at: _Tok
+    ) -> pc.Expression:
+        """A comparison or arithmetic ``func(left, right)`` with SQL's (Spark's, DuckDB's)
+        number semantics once the input's types are known: an integer beside a decimal is
+        a decimal (Arrow has no kernel for the pair: ``l_quantity < 24`` was refused), a
+        decimal beside a float is a float; ``/`` divides (integers too: ``3 / 2`` is 1.5,
+        not 1) and a division by zero is null; floats compare with NaN equal to itself and
+        above every other number (Arrow follows IEEE: ``x != x`` kept NaN rows, ``x > 5``
+        dropped them, and ``max`` puts NaN last)."""
+        if self._empty is None:
+            return self.call(func, left, right, at=at)
+        left_type, right_type = self.type_of(left), self.type_of(right)
+        if pa.types.is_decimal(left_type) and pa.types.is_integer(right_type):
+            right = self._as_decimal(right, right_type)
+        elif pa.types.is_integer(left_type) and pa.types.is_decimal(right_type):
+            left = self._as_decimal(left, left_type)
+        elif pa.types.is_decimal(left_type) and pa.types.is_floating(right_type):
+            left = self.cast(left, pa.float64())
+        elif pa.types.is_floating(left_type) and pa.types.is_decimal(right_type):
+            right = self.cast(right, pa.float64())
+        elif (
+            func is pc.divide
+            and (pa.types.is_integer(left_type) or pa.types.is_null(left_type))
+            and (pa.types.is_integer(right_type) or pa.types.is_null(right_type))
+        ):
+            left, right = self.cast(left, pa.float64()), self.cast(right, pa.float64())
+        if func is pc.divide:
+            right = self._null_if_zero(right)
+        left_type, right_type = self.type_of(left), self.type_of(right)
+        if func not in _ORDER or not (
+            pa.types.is_floating(left_type) or pa.types.is_floating(right_type)
+        ):
+            return self.call(func, left, right, at=at)
+        # Spark's order: NaN = NaN, NaN above every number. Each form names is_nan of every
+        # float operand, also where IEEE's answer needs no help: a Parquet row group's min/max
+        # leave NaN out, so a test without it (``not (f <= 5)``) would skip row groups
+        # holding NaN
+        l_nan, r_nan = self._is_nan(left, left_type), self._is_nan(right, right_type)
+        l_num, r_num = self.call(pc.invert, l_nan), self.call(pc.invert, r_nan)
+        base = pc.equal if func is pc.not_equal else func
+        numbers = self.call(
+            pc.and_kleene,
+            self.call(base, left, right, at=at),
+            self.call(pc.and_kleene, l_num, r_num),
+        )
+        nan_case = {
+            pc.equal: lambda: self.call(pc.and_kleene, l_nan, r_nan),
+            pc.less: lambda: self.call(pc.and_kleene, l_num, r_nan),
+            pc.greater: lambda: self.call(pc.and_kleene, l_nan, r_num),
+            # (or(x, not x): true, or null when x is null: NaN >= null is null)
+            pc.less_equal: lambda: self.call(
+                pc.and_kleene, r_nan, self.call(pc.or_kleene, l_nan, l_num)
+            ),
+            pc.greater_equal: lambda: self.call(
+                pc.and_kleene, l_nan, self.call(pc.or_kleene, r_nan, r_num)
+            ),
+        }[base]()
+        test = self.call(pc.or_kleene, numbers, nan_case)
+        return self.call(pc.invert, test) if func is pc.not_equal else test
+
+    def _as_decimal(self, expr: pc.Expression, typ: pa.DataType) -> pc.Expression:
+        """An integer operand as a decimal: a literal with its own digits (a decimal of 19
+        digits beside a ``decimal(38, 10)`` would need 48), a column with its type's."""
+        literal = self._ints.get(id(expr))
+        if literal is not None:
+            digits = max(1, len(str(abs(literal))))
+            return self.constant(pa.scalar(Decimal(literal), pa.decimal128(digits, 0)))
+        digits = _INT_DIGITS[typ.bit_width] + (not pa.types.is_signed_integer(typ))
+        return self.cast(expr, pa.decimal128(digits, 0))
+
+    def _null_if_zero(self, expr: pc.Expression) -> pc.Expression:
+        typ = self.type_of(expr)
+        if pa.types.is_null(typ) or not (
+            pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_decimal(typ)
+        ):
+            return expr
+        zero = self.constant(pa.scalar(Decimal(0) if pa.types.is_decimal(typ) else 0, typ))
+        return self.call(pc.if_else, self.call(pc.equal, expr, zero),
+                         self.constant(pa.scalar(None, typ)), expr)  # fmt: skip
+
+    def _is_nan(self, expr: pc.Expression, typ: pa.DataType) -> pc.Expression:
+        """Whether ``expr`` is NaN: null where it is null (not a float: false or null)."""
+        if pa.types.is_floating(typ):
+            return self.call(pc.is_nan, expr)
+        unknown = self.constant(pa.scalar(None, pa.bool_()))
+        return self.call(pc.if_else, self.call(pc.is_null, expr), unknown,
+                         self.constant(pa.scalar(False)))  # fmt: skip
 
     def call(
         self, func: Callable[..., Any], *args: pc.Expression, at: _Tok | None = None, **kw: Any
@@ -353,7 +460,7 @@ class _Parser:
         op = self.take_op(*_CMP)
         if op is not None:
             left, right = self.fit_quoted(left, self.sum_())
-            return self.call(_CMP[op], left, right, at=at)
+            return self.binary(_CMP[op], left, right, at)
         if self.take_word("is"):
             negate = self.take_word("not")
             if not self.take_word("null"):
@@ -401,8 +508,8 @@ class _Parser:
             left, high = self.fit_quoted(left, high)
             test = self.call(
                 pc.and_kleene,
-                self.call(pc.greater_equal, left, low, at=at),
-                self.call(pc.less_equal, left, high, at=at),
+                self.binary(pc.greater_equal, left, low, at),
+                self.binary(pc.less_equal, left, high, at),
             )
             return self.call(pc.invert, test) if negate else test
         if negate:
@@ -415,7 +522,7 @@ class _Parser:
         while (at := self.tok) and (op := self.take_op("+", "-")) is not None:
             right = self.product()
             func = pc.add_checked if op == "+" else pc.subtract_checked
-            left = self.call(func, left, right, at=at)
+            left = self.binary(func, left, right, at)
         return left
 
     def product(self) -> pc.Expression:
@@ -423,7 +530,7 @@ class _Parser:
         while (at := self.tok) and (op := self.take_op("*", "/")) is not None:
             right = self.unary()
             func = pc.multiply_checked if op == "*" else pc.divide
-            left = self.call(func, left, right, at=at)
+            left = self.binary(func, left, right, at)
         return left
 
     def unary(self) -> pc.Expression:
@@ -454,6 +561,8 @@ class _Parser:
             isinstance(value, pa.Scalar) and pa.types.is_temporal(value.type)
         ):
             self._quoted[id(expr)] = (value, tok)
+        elif type(value) is int:
+            self._ints[id(expr)] = value
         return expr
 
     def column(self, name: str, pos: int) -> pc.Expression:
@@ -540,6 +649,10 @@ def _timestamp(when: dt.datetime, typ: pa.TimestampType) -> pa.Scalar:
 
 #: the operators of three-valued logic (their operands are tests)
 _LOGICAL = (pc.invert, pc.and_kleene, pc.or_kleene)
+#: the comparisons (NaN is equal to itself and above every number in them)
+_ORDER = (pc.equal, pc.not_equal, pc.less, pc.less_equal, pc.greater, pc.greater_equal)
+#: decimal digits of the integers of a bit width
+_INT_DIGITS = {8: 3, 16: 5, 32: 10, 64: 19}
 
 
 def _as_bool(fn: Callable[[pa.RecordBatch], Any]) -> Callable[[pa.RecordBatch], Any]:
@@ -553,10 +666,33 @@ def _constant(value: pa.Scalar) -> Callable[[pa.RecordBatch], pa.Scalar]:
 
 def _number(text: str) -> object:
     if re.fullmatch(r"\d+", text):
-        return int(text)
+        value = int(text)
+        if value < 2**63:
+            return value
+        return Decimal(text) if len(text) <= 38 else float(text)  # past int64, as DuckDB
     if "e" in text.lower():
         return float(text)
     return Decimal(text)  # exact: compares exactly against decimal columns
+
+
+def _is_number(typ: pa.DataType) -> bool:
+    return pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_decimal(typ)
+
+
+def _fitting_decimals(values: list[Any], typ: pa.Decimal128Type) -> list[Decimal | None]:
+    """``values`` (numbers, nulls) as decimals of ``typ``, leaving out those it cannot hold
+    exactly (more digits or decimals, NaN, infinities): no value of ``typ`` equals them."""
+    out: list[Decimal | None] = []
+    step = Decimal(1).scaleb(-typ.scale)
+    limit = Decimal(10) ** (typ.precision - typ.scale)
+    for value in values:
+        if value is None:
+            out.append(None)
+            continue
+        exact = Decimal(value) if isinstance(value, int) else Decimal(str(value))
+        if exact.is_finite() and abs(exact) < limit and exact.quantize(step) == exact:
+            out.append(exact.quantize(step))
+    return out
 
 
 def _value_set(values: Iterable[object]) -> pa.Array:

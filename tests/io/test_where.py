@@ -370,3 +370,76 @@ def test_null_is_sql_unknown_in_tests(text, expected):
     """``--where null`` failed in the scan ("Filter expression must evaluate to bool", exit 1)
     and ``not null`` / ``null or x`` were refused: a null is SQL's unknown there."""
     assert bound_kept(text) == expected
+
+
+NUMBERS = pa.table(
+    {
+        "i": pa.array([1, 2, 3, 4, 5, 6], pa.int64()),
+        "q": pa.array([v and Decimal(v) for v in ("1.00", "2.25", "24.00", "0.05", None, "-3.50")],
+                      pa.decimal128(13, 2)),
+        "f": pa.array([-0.0, 0.0, float("nan"), 2.0, None, float("nan")], pa.float64()),
+        "k": pa.array([3, -3, 2, 0, 7, None], pa.int32()),
+    }
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # an integer beside a decimal is a decimal (TPC-H's l_quantity < 24 was refused)
+        ("q < 24", [1, 2, 4, 6]),
+        ("q = 24", [3]),
+        ("24 <= q", [3]),
+        ("q in (1, 24)", [1, 3]),
+        ("q in (2.25, 0.001, 99999999999999)", [2]),  # values q cannot hold match nothing
+        ("q * 2 > 4.4", [2, 3]),
+        ("i * 1.5 > 4", [3, 4, 5, 6]),
+        ("q > 1e0", [2, 3]),
+        ("q between 1 and 3", [1, 2]),
+        # / divides (3 / 2 is 1.5), a division by zero is null
+        ("k / 2 = 1.5", [1]),
+        ("k / 2 = -1.5", [2]),
+        ("k / 2 = 1", [3]),
+        ("i / k > 0", [1, 3, 5]),
+        ("i / 0 is null", [1, 2, 3, 4, 5, 6]),
+        ("q / 0 is null and f / 0 is null", [1, 2, 3, 4, 5, 6]),
+        # NaN equals NaN and is above every number (Spark, DuckDB); -0.0 is 0.0, in 'in' too
+        ("f = 0", [1, 2]),
+        ("f in (0.0)", [1, 2]),
+        ("f not in (0.0, 2)", [3, 6]),
+        ("f > 5", [3, 6]),
+        ("f != f", []),
+        ("f = f", [1, 2, 3, 4, 6]),
+        ("not (f <= 5)", [3, 6]),
+        ("f >= f / 0 or f < 1", [1, 2]),  # NaN >= null is null
+        ("f >= k or f <= k", [1, 2, 3, 4]),  # NaN above 2, not beside a null
+        ("5 < f", [3, 6]),
+        # integers past int64 compare exactly
+        ("i < 99999999999999999999", [1, 2, 3, 4, 5, 6]),
+        ("i > -99999999999999999999 and k < 9223372036854775808", [1, 2, 3, 4, 5]),
+    ],
+)
+def test_numbers_compare_and_divide_as_in_sql(text, expected):
+    assert bound_kept(text, NUMBERS) == expected
+
+
+def test_nan_rows_are_not_skipped_by_parquet_statistics(tmp_path):
+    """A row group's min/max leave NaN out: ``not (f <= 5)`` skipped the first row group
+    (max 3) although its NaN row is above 5; without statistics the answer was another."""
+    import pyarrow.parquet as pq
+
+    table = pa.table({"i": list(range(8)), "f": [1.0, 2.0, float("nan"), 3.0, 10, 11, 12, 1.5]})
+    answers = set()
+    for stats in (True, False):
+        path = tmp_path / f"s{stats}.parquet"
+        pq.write_table(table, path, row_group_size=4, write_statistics=stats)
+        for text in ("not (f <= 5)", "not (f < 100)", "f > 5", "not (f = 2)"):
+            expr = parse_expression(text).bind(table.schema)
+            kept_rows = ds.dataset(path).to_table(filter=expr).column("i").to_pylist()
+            answers.add((text, tuple(sorted(kept_rows))))
+    assert answers == {
+        ("not (f <= 5)", (2, 4, 5, 6)),
+        ("not (f < 100)", (2,)),
+        ("f > 5", (2, 4, 5, 6)),
+        ("not (f = 2)", (0, 2, 3, 4, 5, 6, 7)),
+    }
