@@ -310,6 +310,31 @@ def test_sort_under_a_tiny_budget_uses_runs(tmp_path, capsys):
     assert not [p for p in (tmp_path / "spill").rglob("*") if p.is_file()]
 
 
+@pytest.mark.parametrize("memory", ["1m", "2m"])
+def test_sort_does_not_starve_the_partitions_it_reads(tmp_path, capsys, memory):
+    """The sort's buffer held what it could get while the aggregation's hash partitions were
+    still aggregated (as its results are read): a string max failed at 2m with an internal
+    RuntimeError and at 1m with a MemoryLimitError, where the unsorted query passes. The
+    buffer is now written as a run when another consumer runs short."""
+    rng = np.random.default_rng(1)
+    names = np.array([f"user-{i}-ü" for i in range(50_000)], dtype=object)
+    n = 300_000
+    t = pa.table({"k": rng.integers(0, 60_000, n), "s": names[rng.integers(0, 50_000, n)]})
+    src = tmp_path / "in.parquet"
+    pq.write_table(t, src, row_group_size=30_000)
+    out = tmp_path / "sorted.parquet"
+    rc = main([
+        "aggregate", str(src), "--by", "k", "--agg", "mx=max(s)", "--agg", "n=count(*)",
+        "--memory", memory, "--sort", "-o", str(out), "-q",
+    ])  # fmt: skip
+    assert rc == 0, capsys.readouterr().err
+    result = pq.read_table(out)
+    want = t.group_by("k").aggregate([("s", "max"), ("s", "count")]).sort_by("k")
+    assert result.column("k").to_pylist() == want.column("k").to_pylist()
+    assert result.column("mx").to_pylist() == want.column("s_max").to_pylist()
+    assert result.column("n").to_pylist() == want.column("s_count").to_pylist()
+
+
 def test_count_distinct_under_a_tiny_budget(tmp_path, capsys):
     t = table(150_000, keys=20_000, seed=9)
     src = tmp_path / "cd.parquet"

@@ -623,6 +623,8 @@ class HashAggregator(Spillable[ColumnBlock]):
         pos = 0
         hashes = enc.hashes
         while pos < n:
+            if st.layout.has_var_states:  # again: the key bytes' room or a spill mid-chunk
+                self._room_for_var_states(cols, pos, n)  # (which empties the arena) took it
             table = self._ensure_table()
             if table.rotation and hashes is enc.hashes:
                 hashes = rotate_left(enc.hashes, table.rotation)
@@ -695,6 +697,19 @@ class HashAggregator(Spillable[ColumnBlock]):
         """The input column of every string min/max/first/last (once per aggregate)."""
         layout = self.table_state.layout
         return [cols[str(layout.specs[i].column)] for i in layout.var_specs]
+
+    def _room_for_var_states(self, cols: dict[str, Column], start: int, stop: int) -> None:
+        """Room in the string-state arena for the values of rows ``start:stop`` (the most
+        their min/max/first/last can append), before they are inserted."""
+        self._ensure_table()
+        arena = self.table_state.var_arena
+        assert arena is not None
+        need = 0
+        for col in self._var_state_columns(cols):
+            if col.offsets is not None:
+                need += int(col.offsets[stop]) - int(col.offsets[start])
+        if arena.room < need:
+            make_room_for_var_states(self.table_state, need)
 
     def _make_room_for_key_bytes(self, var_bytes: int) -> None:
         """Chunk key bytes may be copied once when packed: hold them too for this chunk."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -61,14 +62,42 @@ class _Run:
 
 
 class _SortBuffer(MemoryConsumer):
-    """Buffered result batches whose memory is granted by the task's memory manager."""
+    """Buffered result batches whose memory is granted by the task's memory manager.
 
-    def __init__(self, tmm: TaskMemoryManager) -> None:
+    When another consumer runs short (the aggregation whose results these are: its hash
+    partitions are aggregated as the results are read), the buffer is written as a sorted run
+    and its memory given back, as it is when its own grant falls short: a buffer holding
+    all it could get starved the partitions of a small budget."""
+
+    def __init__(
+        self,
+        tmm: TaskMemoryManager,
+        schema: pa.Schema,
+        keys: Sequence[str],
+        dirs: SpillDirs,
+        metrics: RunMetrics | None,
+    ) -> None:
         super().__init__(tmm, None)
         self.batches: list[pa.RecordBatch] = []
+        self.runs: list[_Run] = []
+        self.schema, self.keys, self.dirs, self.metrics = schema, keys, dirs, metrics
+        #: while batches are taken (not in the merge): another consumer may have them written
+        self.taking = True
+        self.lock = threading.RLock()
+
+    def write_run(self) -> None:
+        """The buffered batches as a sorted run (their memory given back)."""
+        with self.lock:
+            if self.batches:
+                self.runs.append(_write_run(self, self.schema, self.keys, self.dirs, self.metrics))
 
     def spill(self, size: int, trigger: Consumer) -> int:
-        return 0  # the sorter writes its own runs when a grant falls short
+        if trigger is self or not self.taking:
+            return 0  # its own grant falling short: the sort loop writes the run
+        with self.lock:
+            held = self.used
+            self.write_run()
+            return held - self.used
 
 
 def _sort_keys(keys: Sequence[str]) -> list[tuple[str, str]]:
@@ -89,31 +118,32 @@ def external_sort(
     metrics: RunMetrics | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """``batches`` sorted by ``keys`` ascending (nulls last), in bounded memory."""
-    buf = _SortBuffer(tmm)
     dirs = SpillDirs(
         list(spill_dirs) if spill_dirs is not None and not isinstance(spill_dirs, str)
         else spill_dirs
     )  # fmt: skip
-    runs: list[_Run] = []
+    buf = _SortBuffer(tmm, schema, keys, dirs, metrics)
+    runs = buf.runs
     try:
         for batch in batches:
             need = batch.nbytes
-            got = buf.acquire_memory(need)
-            if got < need:
-                if got:
-                    buf.free_memory(got)
-                if buf.batches:
-                    runs.append(_write_run(buf, schema, keys, dirs, metrics))
-                got = buf.acquire_memory(need)  # one batch is always let through
-            buf.batches.append(batch)
-            _note_granted(buf, metrics)
+            with buf.lock:
+                got = buf.acquire_memory(need)
+                if got < need:
+                    if got:
+                        buf.free_memory(got)
+                    buf.write_run()
+                    got = buf.acquire_memory(need)  # one batch is always let through
+                buf.batches.append(batch)
+                _note_granted(buf, metrics)
+        with buf.lock:
+            buf.taking = False
         if not runs:
             table = _sorted(pa.Table.from_batches(buf.batches, schema=schema), keys)
             buf.batches.clear()
             yield from table.to_batches(max_chunksize=RUN_BATCH_ROWS)
             return
-        if buf.batches:
-            runs.append(_write_run(buf, schema, keys, dirs, metrics))
+        buf.write_run()
         started = time.perf_counter()
         yield from _merge_runs(runs, schema, keys, buf, dirs, metrics)
         if metrics is not None:  # the merge comes after the run's last measure
