@@ -209,7 +209,7 @@ def test_where_having_and_json_summary(tmp_path, data, capsys):
     for key, row in g.iterrows():
         assert have[key][0] == row.n and have[key][1] == pytest.approx(row.s)
     info = json.loads(summary.read_text())
-    assert info["rows_read"] == len(df) and info["rows_out"] == len(g)
+    assert info["rows_read"] == len(t) and info["rows_out"] == len(g)  # read: before --where
     assert info["groups"] >= len(g) and info["finished"] is True
 
 

@@ -67,7 +67,7 @@ _HIVE = re.compile(r"^([^=/]+)=([^/]*)$")
 class ScanProgress:
     """What has been read so far (updated while :meth:`InputScan.batches` runs)."""
 
-    rows: int = 0
+    rows: int = 0  # read: before the filter (the dataset path, which filters in Arrow: after)
     bytes: int = 0
     files_done: int = 0
     row_groups_read: int = 0
@@ -149,9 +149,11 @@ class InputScan:
                     if fmt == "parquet":
                         self.progress.row_groups_read += opts.get("row_groups", 0)
                     current = out.index + 1
-                elif out.num_rows:
-                    self.progress.rows += out.num_rows
-                    yield out
+                else:
+                    batch, rows_read = out
+                    self.progress.rows += rows_read  # before the filter: the rows read
+                    if batch.num_rows:
+                        yield batch
         except (pa.ArrowInvalid, pa.ArrowIOError, pa.ArrowNotImplementedError, OSError) as exc:
             path, dataset, fmt, _opts = parts[current]
             raise self._read_error(path, dataset, fmt, exc) from exc
@@ -559,10 +561,14 @@ class _FileEnd:
     index: int
 
 
-def _finish_piece(piece: _Piece | _FileEnd) -> pa.RecordBatch | _FileEnd:
+def _finish_piece(piece: _Piece | _FileEnd) -> tuple[pa.RecordBatch, int] | _FileEnd:
+    """The piece's batch, and the rows it had before the filter (which the scan read)."""
     if isinstance(piece, _FileEnd):
         return piece
-    return piece.item if piece.finish is None else piece.finish(piece.item)
+    if piece.finish is None:
+        return piece.item, piece.item.num_rows
+    batch, _mask = piece.item
+    return piece.finish(piece.item), batch.num_rows
 
 
 def _prefetched(
