@@ -356,10 +356,14 @@ class ResultWriter:
             if not os.path.isdir(self.directory):
                 raise OutputError(f"output directory {self.directory} does not exist")
             self._tmp, self._file = _temp_beside(path)
-        self._open()
+        #: the format's writer starts (a CSV header, a Parquet or Arrow schema) at the first
+        #: batch or the commit: an error before any result (a --having that does not fit the
+        #: result's types) left a CSV header on stdout
+        self._opened = False
 
     def _open(self) -> None:
         assert self._file is not None
+        self._opened = True
         sink = self._file
         with self._disk_errors(0):
             if self.fmt == "parquet":
@@ -413,6 +417,8 @@ class ResultWriter:
         """Append one batch."""
         if batch.num_rows == 0:
             return
+        if not self._opened:
+            self._open()
         nbytes = batch.nbytes
         with self._disk_errors(nbytes):
             if self.fmt == "jsonl":
@@ -448,6 +454,8 @@ class ResultWriter:
 
     def commit(self) -> None:
         """Finish the file, fsync it and give it its final name."""
+        if not self._opened:
+            self._open()
         with self._disk_errors(0):
             if self._writer is not None:
                 if self._group_rows:
