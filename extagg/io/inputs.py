@@ -1342,7 +1342,9 @@ def _unify_column(name: str, per_file: list[tuple[str, pa.Schema]]) -> pa.Field:
             f = f.with_type(_values_of(f.type))
             if f.type == current.type:
                 continue
-        widened = _integer_and_decimal(current.type, f.type)
+        widened = _integer_and_decimal(current.type, f.type) or _uint64_and_signed(
+            current.type, f.type
+        )
         if widened is not None:
             current, current_path = current.with_type(widened).with_nullable(True), path
             continue
@@ -1384,6 +1386,17 @@ def _integer_and_decimal(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
     if precision > 38:
         return None
     return pa.decimal128(precision, a.scale)
+
+
+def _uint64_and_signed(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    """``decimal(20, 0)`` for ``uint64`` beside a signed integer, which holds both exactly
+    (Arrow's promotion gave ``int64``, and the scan failed past 2^63 - 1 on a value it called
+    a read error of the file; DuckDB widens to a 128-bit integer); None for other pairs."""
+    if pa.types.is_signed_integer(a) and b == pa.uint64():
+        a, b = b, a
+    if a == pa.uint64() and pa.types.is_signed_integer(b):
+        return pa.decimal128(20, 0)
+    return None
 
 
 def _plain(t: pa.DataType) -> pa.DataType:

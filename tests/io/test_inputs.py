@@ -858,3 +858,22 @@ def test_categorical_and_plain_strings_and_integers_beside_decimals_unify(tmp_pa
         "y": (decimal.Decimal("2000000000.0000"), 1),
         "z": (decimal.Decimal("-3.1000"), 1),
     }
+
+
+def test_uint64_beside_a_signed_integer_unifies_exactly(tmp_path):
+    """Arrow promoted uint64 beside int64 to int64: the scan then failed past 2^63 - 1 with
+    "cannot read u.parquet, row group 0: Integer value ... not in range", as if the file
+    were damaged. Both fit decimal(20, 0)."""
+    import decimal
+
+    pq.write_table(pa.table({"k": [1, 2], "v": pa.array([2**63 + 5, 7], pa.uint64())}),
+                   tmp_path / "u.parquet")  # fmt: skip
+    pq.write_table(pa.table({"k": [1, 2], "v": pa.array([-1, -8], pa.int16())}),
+                   tmp_path / "i.parquet")  # fmt: skip
+    got = extagg.aggregate_files(
+        str(tmp_path), by=["k"], aggs=["s=sum(v)", "hi=max(v)"], sort=True
+    ).read_all()
+    assert got.to_pylist() == [
+        {"k": 1, "s": decimal.Decimal(2**63 + 4), "hi": decimal.Decimal(2**63 + 5)},
+        {"k": 2, "s": decimal.Decimal(-1), "hi": decimal.Decimal(7)},
+    ]
