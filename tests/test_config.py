@@ -35,6 +35,13 @@ def test_parse_size_zero_allowed_when_asked():
     assert parse_size("0", allow_zero=True) == 0
 
 
+def test_parse_size_takes_whole_floats_only():
+    assert parse_size(1048576.0) == 1 << 20
+    for bad in (1.5, 1048576.5):  # were 1 byte and 1 MiB
+        with pytest.raises(ValueError, match=r"invalid memory .*whole.*'1.5m'"):
+            parse_size(bad, name="memory")
+
+
 def test_parse_size_rejects_wrong_types():
     with pytest.raises(TypeError):
         parse_size(True)
