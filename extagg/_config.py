@@ -72,8 +72,7 @@ def parse_size(value: int | str, *, name: str = "size", allow_zero: bool = False
             raise ValueError(f"invalid {name} {value!r}: not a finite number")
         if value != int(value):  # memory=1.5 was 1 byte
             raise ValueError(
-                f"invalid {name} {value!r}: a number of bytes is whole (for 1.5 MiB write "
-                "'1.5m')"
+                f"invalid {name} {value!r}: a number of bytes is whole (for 1.5 MiB write '1.5m')"
             )
         size = int(value)
     elif isinstance(value, str):

@@ -340,6 +340,8 @@ class Spillable(MemoryConsumer, ABC, Generic[B]):
         #: held while the collection changes; a forced spill from another thread waits for it
         self.lock = threading.RLock()
         self.phase = OPEN
+        #: whether the results began to be read (a close() then is the end of reading)
+        self.read_started = False
         #: records folded since the last spill (Spark's ``_elementsRead``)
         self.elements_read = 0
         #: bytes held for the collection (Spark's ``myMemoryThreshold``), default policy only
@@ -457,6 +459,8 @@ class Spillable(MemoryConsumer, ABC, Generic[B]):
     def check_open(self, action: str) -> None:
         """Raise :class:`~extagg.errors.UsageError` unless records may still be folded, or
         the error of :meth:`fail` again (same type) if the engine stopped taking input."""
+        if self.phase == CLOSED and not self.read_started:
+            raise UsageError(self._closed_message())
         if self.phase != OPEN:
             raise UsageError(action)
         failure = self.failure
@@ -478,10 +482,20 @@ class Spillable(MemoryConsumer, ABC, Generic[B]):
 
     def begin_reading(self, message: str) -> None:
         """Enter the reading phase (once): raise :class:`~extagg.errors.UsageError` with
-        ``message`` if iteration already started or the object is closed."""
+        ``message`` if iteration already started (another message if it is closed)."""
+        if self.phase == CLOSED and not self.read_started:
+            raise UsageError(self._closed_message())
         if self.phase != OPEN:
             raise UsageError(message)
         self.phase = READING
+        self.read_started = True
+
+    def _closed_message(self) -> str:
+        """Closed before its results were read (after them, the messages say so)."""
+        return (
+            f"{self.name} is closed: close() released its records and files, so it takes no "
+            "more input and has no results to read"
+        )
 
     def check_not_closed_while_reading(self) -> None:
         """Raise :class:`~extagg.errors.UsageError` if :meth:`close` was called while the

@@ -247,6 +247,17 @@ def test_iterator_is_destructive_and_single_use(spill_dir):
     assert files_under(spill_dir) == []
 
 
+def test_a_map_closed_before_reading_says_so(spill_dir):
+    """After close() (no iterator called), insert said "after calling iterator" and
+    iterator() "should only be called once"."""
+    emap = ExternalAppendOnlyMap(SUM, memory="16m", spill_dirs=[spill_dir])
+    emap.insert(1, 1)
+    emap.close()
+    for call in (lambda: emap.insert(1, 1), emap.iterator):
+        with pytest.raises(RuntimeError, match=r"ExternalAppendOnlyMap-\d+ is closed: close\(\)"):
+            call()
+
+
 def test_iter_protocol(spill_dir):
     with ExternalAppendOnlyMap(SUM, typed_path=False, memory="16m", spill_dirs=[spill_dir]) as emap:
         emap.insert("a", 1)

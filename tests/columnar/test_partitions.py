@@ -172,7 +172,7 @@ def test_disk_full_while_partitioning_fails_clearly_and_cleans_up(spill_dir, mon
             agg.update(table.slice(start, 20_000))
     assert any("part-" in p for p in written)
     # some rows of the failed chunk may be on disk and others not: the aggregator is closed
-    with pytest.raises(RuntimeError, match=r"after results\(\) or close\(\)"):
+    with pytest.raises(RuntimeError, match=r"is closed: close\(\) released"):
         agg.update(table.slice(0, 10))
     assert agg.used == 0 and files_under(spill_dir) == []
 
