@@ -127,6 +127,7 @@ def _rows_for(args: argparse.Namespace) -> Rows[Any]:
             partition_id=args.partition_id,
             snapshot_start_batch_id=getattr(args, "snapshot_start_batch_id", None),
             join_side=args.join_side,
+            store_name=args.store_name,  # not ignored: Spark refuses it beside joinSide
         )
     if args.state_command == "export":
         return read_state(

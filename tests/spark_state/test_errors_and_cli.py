@@ -177,3 +177,15 @@ def test_cli_metadata_without_operators_exits_nonzero(tmp_path, capsys):
     (tmp_path / "state" / "0").mkdir(parents=True)
     status, _, err = run(capsys, "metadata", str(tmp_path))
     assert status == 1 and "no readable operator" in err
+
+
+def test_cli_join_side_with_a_store_name_is_refused_as_spark_does(checkpoints, capsys):
+    """The command dropped --store-name beside --join-side and printed the side's rows."""
+    path = checkpoints.get("join")
+    status, out, err = run(
+        capsys, "show", path, "--join-side", "left", "--store-name", "left-keyToNumValues"
+    )
+    assert status != 0 and out == ""
+    assert "STDS_CONFLICT_OPTIONS" in err and "storeName" in err
+    status, out, _ = run(capsys, "show", path, "--join-side", "left")
+    assert status == 0 and out
