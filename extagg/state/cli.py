@@ -326,11 +326,17 @@ def run_state_command(
             _write_parquet(rows, args.output, args.limit)
         elif args.output:
             with atomic_open(args.output) as raw:  # the file appears only complete
-                text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
+                # a lone surrogate (str keys may hold one) as \udXXX, not an error mid-output
+                text = io.TextIOWrapper(
+                    raw, encoding="utf-8", errors="backslashreplace", newline=""
+                )
                 _write_rows(rows, fmt, text, args.limit)
                 text.flush()
                 text.detach()
         else:
+            reconfigure = getattr(stdout, "reconfigure", None)
+            if reconfigure is not None:  # as for a file: a lone surrogate as \udXXX
+                reconfigure(errors="backslashreplace")
             _write_rows(rows, fmt, stdout, args.limit)
             stdout.flush()
     except BrokenPipeError:  # e.g. piped into `head`

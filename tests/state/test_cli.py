@@ -155,3 +155,23 @@ def test_a_failed_export_leaves_the_old_file_and_no_temp_file(path, tmp_path, na
     assert status == 1 and "2.delta does not exist" in err
     assert target.read_bytes() == b"old contents"  # never half a file
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_a_lone_surrogate_key_is_printed_escaped_not_an_error_mid_output(checkpoint, mm, tmp_path):
+    """The codec stores lone surrogates; ``show`` as a table or CSV stopped after the rows
+    before it with a UnicodeEncodeError (exit 1)."""
+    op = checkpoint.operator(0, name="t", num_partitions=1)
+    commit_version(op.provider(0, memory_manager=mm), 0, {"ok": 1, "\ud800x": 2})
+    checkpoint.commit(0)
+    parser = argparse.ArgumentParser(prog="extagg")
+    add_state_subcommands(parser.add_subparsers(dest="command", required=True))
+    for fmt in ("table", "csv"):
+        raw = io.BytesIO()
+        out = io.TextIOWrapper(raw, encoding="utf-8", newline="")  # strict, as a terminal's
+        args = parser.parse_args(["state", "show", checkpoint.path, "--format", fmt])
+        assert run_state_command(args, stdout=out, stderr=io.StringIO()) == 0
+        out.flush()
+        assert "\\ud800x" in raw.getvalue().decode("utf-8")
+        target = tmp_path / f"s.{fmt}"
+        status, _, err = run(["state", "show", checkpoint.path, "--format", fmt, "-o", str(target)])
+        assert (status, err) == (0, "") and "\\ud800x" in target.read_text("utf-8")
