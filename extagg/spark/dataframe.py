@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 from extagg._config import parse_size
 from extagg.columnar import HashAggregator
 from extagg.columnar.functions import agg_mapping, mean_half_up, parse_aggs
+from extagg.errors import SumOverflowError
 from extagg.spark.merger import report_spill
 from extagg.spark.settings import local_workers_run_this_python, worker_budget
 
@@ -238,17 +239,28 @@ class AggregationPlan:
         with HashAggregator(
             self.by, aggs, memory=self.memory, force_spill_rows=self.force_spill_rows, threads=1
         ) as agg:
-            for batch in batches:
-                if batch.num_rows:
-                    agg.update(batch)
-            for out in agg.results():
-                columns = finish(out)
-                yield pa.RecordBatch.from_arrays(
-                    [columns[f.name].cast(f.type) for f in target], schema=target
-                )
+            try:
+                for batch in batches:
+                    if batch.num_rows:
+                        agg.update(batch)
+                for out in agg.results():
+                    columns = finish(out)
+                    yield pa.RecordBatch.from_arrays(
+                        [columns[f.name].cast(f.type) for f in target], schema=target
+                    )
+            except SumOverflowError as exc:  # named by the user's outputs, not the states'
+                raise SumOverflowError(self._public_names(str(exc)), exc.row) from exc
             report_spill(agg.metrics)
             if agg.metrics.spill_count:
                 log.info("extagg.spark.aggregate stage: %s", agg.metrics.summary())
+
+    def _public_names(self, message: str) -> str:
+        """``message`` with the partial and final state columns (``'__s_s'``) named by the
+        output they are for (``'s'``)."""
+        for o in self.outputs:
+            for state in (*o.partial, *o.final):
+                message = message.replace(repr(state), repr(o.output))
+        return message
 
     def _finish_partial(self, batch: pa.RecordBatch, partition: int | None) -> dict[str, pa.Array]:
         columns = {name: batch.column(name) for name in batch.schema.names}

@@ -272,3 +272,12 @@ def test_timestamps_big_integer_means_and_an_output_named_as_a_key(spark):
     assert as_dict(by_time, ["t"]) == as_dict(df.groupBy("t").agg(F.count("*").alias("n")), ["t"])
     with pytest.raises(ValueError, match=r"output\(s\) \['k'\] have the name of a key column"):
         es.aggregate(df, ["k"], {"k": ("v", "sum")})
+
+
+def test_a_sum_overflow_names_the_output_not_its_state_column(spark):
+    """The error named the internal state column ``'__s_s'`` as the aggregate."""
+    df = spark.createDataFrame([("a", 2**62), ("a", 2**62), ("a", 2**62)], "k string, v long")
+    with pytest.raises(Exception) as info:
+        es.aggregate(df.repartition(3), ["k"], {"s": ("v", "sum")}).collect()
+    text = str(info.value)
+    assert "overflow in aggregate 's'" in text and "__s_s" not in text, text[-2000:]
