@@ -605,3 +605,19 @@ def test_forced_spill_from_another_thread_during_iteration_repeats_nothing(
             seen[k] = c
     spiller.join()
     assert seen == {k: 3 if spilled_before else 2 for k in range(n)}
+
+
+@pytest.mark.parametrize("runs", [2, 3])
+def test_keys_whose_equality_raises_one_way_round_merge_as_a_dict_does(spill_dir, runs):
+    """``Decimal(1) == np.int64(1)`` raises TypeError (the reverse is True): a dict groups
+    them, the merge of spilled runs crashed comparing them in the other order."""
+    from decimal import Decimal
+
+    import numpy as np
+
+    records = [(np.int64(1), 1), (Decimal(1), 1), (1, 1)][:runs]
+    with ExternalAppendOnlyMap(
+        SUM, memory="4m", spill_dirs=[spill_dir], force_spill_every=1
+    ) as emap:
+        emap.insert_all(records)
+        assert [(int(k), v) for k, v in emap.iterator()] == [(1, runs)]

@@ -71,10 +71,19 @@ def combine_object_pieces(
         ka = keys[s]
         if e - s == 2:  # the common case: one key in two sources
             kb = keys[s + 1]
-            if kb is ka or kb == ka or same_key(ka, kb):
+            try:  # inline: the hot path of a merge
+                equal = kb is ka or ka == kb or same_key(ka, kb)
+            except TypeError:
+                equal = keys_equal(ka, kb)
+            if equal:
                 values[s] = merge_combiners(values[s], values[s + 1])
                 drop(s + 1)
-        elif keys[s:e].count(ka) == e - s:  # one key in several sources
+            continue
+        try:
+            everywhere = keys[s:e].count(ka) == e - s
+        except TypeError:  # an == that raises for one order of the pair (Decimal, NumPy)
+            everywhere = False
+        if everywhere:  # one key in several sources
             values[s] = reduce(merge_combiners, values[s:e])
             dropped.extend(range(s + 1, e))
         else:  # colliding hashes of unequal keys: combine each key with its equals only
@@ -256,11 +265,25 @@ def _combine_colliding(
         alive = []
         for b in rest:
             kb = keys[b]
-            if kb is ka or kb == ka or same_key(ka, kb):
+            if kb is ka or keys_equal(ka, kb):
                 values[a] = merge_combiners(values[a], values[b])
                 dropped.append(b)
             else:
                 alive.append(b)
+
+
+def keys_equal(a: Any, b: Any) -> bool:
+    """Whether keys ``a`` (met first) and ``b`` are one group, as a dict holding ``a`` finds
+    ``b`` (``a == b``), or as :func:`same_key` says. An ``==`` that raises is tried the other
+    way round (``Decimal(1) == np.int64(1)`` raises ``TypeError``; the reverse is True), then
+    taken as unequal."""
+    try:
+        return bool(a == b) or same_key(a, b)
+    except TypeError:
+        try:
+            return bool(b == a)
+        except TypeError:
+            return False
 
 
 def same_key(a: Any, b: Any) -> bool:
