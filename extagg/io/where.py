@@ -344,7 +344,30 @@ class _Parser:
             ),
         }[base]()
         test = self.call(pc.or_kleene, numbers, nan_case)
-        return self.call(pc.invert, test) if func is pc.not_equal else test
+        test = self.call(pc.invert, test) if func is pc.not_equal else test
+        return self.made(test, self._eager_float_test(func, left, right) or self.fn(test))
+
+    def _eager_float_test(
+        self, func: Callable[..., Any], left: pc.Expression, right: pc.Expression
+    ) -> Callable[[pa.RecordBatch], Any] | None:
+        """The comparison of a float with a literal number, on batches, in as few kernels as
+        Spark's order allows (the expression keeps its is_nan terms for the row-group
+        pruning): IEEE's answer, but ``>``/``>=`` as the negation of ``<=``/``<``, which NaN
+        passes (and an integer column the same as before). None for other operands (a NaN
+        or null literal, two columns)."""
+        fns = self.fn(left), self.fn(right)
+        if isinstance(fns[0], _Constant):
+            func, fns = _MIRROR[func], (fns[1], fns[0])
+        column, literal = fns
+        if not isinstance(literal, _Constant) or isinstance(column, _Constant):
+            return None
+        value = literal.value.as_py()
+        if not isinstance(value, (int, float, Decimal)) or value != value:
+            return None
+        if func in (pc.greater, pc.greater_equal):  # NaN > 5: not (NaN <= 5)
+            opposite = pc.less_equal if func is pc.greater else pc.less
+            return lambda b: pc.invert(opposite(column(b), literal.value))
+        return lambda b: func(column(b), literal.value)
 
     def _as_decimal(self, expr: pc.Expression, typ: pa.DataType) -> pc.Expression:
         """An integer operand as a decimal: a literal with its own digits (a decimal of 19
@@ -556,7 +579,7 @@ class _Parser:
             return self.column(tok.text, tok.pos)
         value = self.literal_value()
         literal = value if isinstance(value, pa.Scalar) else pa.scalar(value)
-        expr = self.made(pc.scalar(value), lambda b: literal)
+        expr = self.made(pc.scalar(value), _constant(literal))
         if isinstance(value, (str, Decimal)) or (
             isinstance(value, pa.Scalar) and pa.types.is_temporal(value.type)
         ):
@@ -659,9 +682,25 @@ def _as_bool(fn: Callable[[pa.RecordBatch], Any]) -> Callable[[pa.RecordBatch], 
     return lambda batch: pc.cast(fn(batch), pa.bool_())
 
 
+@dataclass(frozen=True)
+class _Constant:
+    """The eager form of a literal: ``value`` whatever the batch."""
+
+    value: pa.Scalar
+
+    def __call__(self, batch: pa.RecordBatch) -> pa.Scalar:
+        return self.value
+
+
 def _constant(value: pa.Scalar) -> Callable[[pa.RecordBatch], pa.Scalar]:
     """The eager form of a literal: ``value`` whatever the batch."""
-    return lambda batch: value
+    return _Constant(value)
+
+
+#: a comparison with its operands swapped (``5 < f`` is ``f > 5``)
+_MIRROR = {pc.equal: pc.equal, pc.not_equal: pc.not_equal, pc.less: pc.greater,
+           pc.greater: pc.less, pc.less_equal: pc.greater_equal,
+           pc.greater_equal: pc.less_equal}  # fmt: skip
 
 
 def _number(text: str) -> object:
