@@ -596,6 +596,14 @@ class HashAggregator(Spillable[ColumnBlock]):
         if self._partitions is not None and st.resident_parts == 0:
             self._set_aside(cols, n, 0, None if enc is None else enc.hashes)
             return
+        if n > 1 and self._chunk_var_bytes(cols) > self.budget.max_memory // 4:
+            # long strings: the chunk's bytes (held once more while packed) would not fit
+            # beside the table, so fold it in halves (400 keys of 3 KB failed at 1 MiB)
+            half = n // 2
+            for lo, hi in ((0, half), (half, n)):
+                part = {name: c.slice(lo, hi) for name, c in cols.items()}
+                self._update_chunk(part, hi - lo, None if enc is None else enc.slice(lo, hi))
+            return
         table = self._ensure_table()
         if st.layout.has_var_states:  # first: growing the arena trims what is held to its use
             state_cols = self._var_state_columns(cols)
@@ -697,6 +705,13 @@ class HashAggregator(Spillable[ColumnBlock]):
         """The input column of every string min/max/first/last (once per aggregate)."""
         layout = self.table_state.layout
         return [cols[str(layout.specs[i].column)] for i in layout.var_specs]
+
+    def _chunk_var_bytes(self, cols: dict[str, Column]) -> int:
+        """The string bytes of a chunk's keys and string-state inputs."""
+        used = [cols[k] for k in self.keys]
+        if self.table_state.layout_or_none is not None and self.table_state.layout.has_var_states:
+            used += self._var_state_columns(cols)
+        return sum(int(c.offsets[-1] - c.offsets[0]) for c in used if c.offsets is not None)
 
     def _room_for_var_states(self, cols: dict[str, Column], start: int, stop: int) -> None:
         """Room in the string-state arena for the values of rows ``start:stop`` (the most

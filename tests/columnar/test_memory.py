@@ -283,3 +283,23 @@ def test_a_long_key_after_a_full_table_spill(spill_dir) -> None:
     want = dict.fromkeys(short, 3) | {long: 1} | dict.fromkeys(short[:10], 4)
     assert got == want
     assert files_under(spill_dir) == []
+
+
+@pytest.mark.parametrize("state", [False, True])
+def test_a_chunk_of_long_strings_is_folded_in_pieces_at_the_minimum_budget(
+    spill_dir, state
+) -> None:
+    """400 keys of 3 KB (1.2 MB, more than the whole 1 MiB budget) in one batch: the chunk's
+    key bytes were asked for at once ("needs 1173.8 KiB more for the key bytes of a chunk")."""
+    keys = [f"{i:05d}" + "x" * 3000 for i in range(400)]
+    aggs = {"n": ("*", "count")} | ({"hi": ("s", "max")} if state else {})
+    batch = pa.record_batch({"k": keys * 2, "s": keys[::-1] * 2})
+    with HashAggregator("k", aggs, memory="1m", spill_dirs=[str(spill_dir)]) as agg:
+        agg.update(batch)
+        got = pa.Table.from_batches(list(agg.results()))
+    assert sorted(got.column("k").to_pylist()) == sorted(keys)
+    assert set(got.column("n").to_pylist()) == {2}
+    if state:
+        want = dict(zip(keys, keys[::-1]))
+        assert all(want[k] == hi for k, hi in zip(got.column("k").to_pylist(),
+                                                  got.column("hi").to_pylist()))  # fmt: skip
