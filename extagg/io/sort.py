@@ -79,25 +79,38 @@ class _SortBuffer(MemoryConsumer):
     ) -> None:
         super().__init__(tmm, None)
         self.batches: list[pa.RecordBatch] = []
+        #: the memory granted for :attr:`batches` (a batch's grant may be short of its size)
+        self.batches_granted = 0
         self.runs: list[_Run] = []
         self.schema, self.keys, self.dirs, self.metrics = schema, keys, dirs, metrics
         #: while batches are taken (not in the merge): another consumer may have them written
         self.taking = True
+        #: guards the batches (a spill comes from whichever thread asks for memory); never
+        #: held while memory is asked for, so such a thread cannot wait for it in turn
         self.lock = threading.RLock()
 
-    def write_run(self) -> None:
-        """The buffered batches as a sorted run (their memory given back)."""
+    def add(self, batch: pa.RecordBatch, granted: int) -> None:
         with self.lock:
-            if self.batches:
-                self.runs.append(_write_run(self, self.schema, self.keys, self.dirs, self.metrics))
+            self.batches.append(batch)
+            self.batches_granted += granted
+
+    def write_run(self) -> int:
+        """The buffered batches as a sorted run; returns the memory given back."""
+        with self.lock:
+            if not self.batches:
+                return 0
+            self.runs.append(_write_run(self.batches, self.schema, self.keys, self.dirs))
+            self.batches.clear()
+            freed, self.batches_granted = self.batches_granted, 0
+            self.free_memory(freed)
+            if self.metrics is not None:
+                self.metrics.sort_runs += 1
+            return freed
 
     def spill(self, size: int, trigger: Consumer) -> int:
         if trigger is self or not self.taking:
             return 0  # its own grant falling short: the sort loop writes the run
-        with self.lock:
-            held = self.used
-            self.write_run()
-            return held - self.used
+        return self.write_run()
 
 
 def _sort_keys(keys: Sequence[str]) -> list[tuple[str, str]]:
@@ -127,15 +140,14 @@ def external_sort(
     try:
         for batch in batches:
             need = batch.nbytes
-            with buf.lock:
-                got = buf.acquire_memory(need)
-                if got < need:
-                    if got:
-                        buf.free_memory(got)
-                    buf.write_run()
-                    got = buf.acquire_memory(need)  # one batch is always let through
-                buf.batches.append(batch)
-                _note_granted(buf, metrics)
+            got = buf.acquire_memory(need)
+            if got < need:
+                if got:
+                    buf.free_memory(got)
+                buf.write_run()
+                got = buf.acquire_memory(need)  # one batch is always let through
+            buf.add(batch, got)
+            _note_granted(buf, metrics)
         with buf.lock:
             buf.taking = False
         if not runs:
@@ -161,24 +173,14 @@ def _note_granted(buf: _SortBuffer, metrics: RunMetrics | None) -> None:
 
 
 def _write_run(
-    buf: _SortBuffer,
-    schema: pa.Schema,
-    keys: Sequence[str],
-    dirs: SpillDirs,
-    metrics: RunMetrics | None,
+    batches: list[pa.RecordBatch], schema: pa.Schema, keys: Sequence[str], dirs: SpillDirs
 ) -> _Run:
-    """The buffer sorted into a run file; its memory given back."""
-    table = _sorted(pa.Table.from_batches(buf.batches, schema=schema), keys)
-    buf.batches.clear()
+    """``batches`` sorted into a run file."""
+    table = _sorted(pa.Table.from_batches(batches, schema=schema), keys)
     row_bytes = max(1, table.nbytes // max(1, table.num_rows))
     share = table.nbytes // RUN_BATCH_SHARE // row_bytes
     rows = max(MIN_RUN_BATCH_ROWS, min(RUN_BATCH_ROWS, share))
-    run = _write_batches(table.to_batches(max_chunksize=rows), schema, dirs, rows, table.nbytes)
-    del table
-    buf.free_memory(buf.used)
-    if metrics is not None:
-        metrics.sort_runs += 1
-    return run
+    return _write_batches(table.to_batches(max_chunksize=rows), schema, dirs, rows, table.nbytes)
 
 
 def _write_batches(
