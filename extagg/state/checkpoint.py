@@ -170,7 +170,11 @@ def _metadata_lock(path: str) -> Iterator[None]:
     except ImportError:  # pragma: no cover - no flock (Windows): one writer at a time
         yield
         return
-    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:  # a read-only checkpoint: nothing is written to it either
+        yield
+        return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

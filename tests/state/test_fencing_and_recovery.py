@@ -300,3 +300,22 @@ def test_store_names_added_by_processes_at_once_are_all_recorded(tmp_path: Path)
     assert [p.wait(timeout=60) for p in procs] == [0] * 6
     names = Checkpoint(tmp_path).operator_metadata(0).store_names
     assert sorted(names) == ["default", *(f"s{i}" for i in range(6))]
+
+
+def test_an_operator_opens_where_its_metadata_lock_cannot_be_made(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A checkpoint one may only read (the lock file cannot be created) still opens."""
+    import extagg.state.checkpoint as checkpoint_module
+
+    cp = Checkpoint(tmp_path)
+    cp.operator(0, name="t", num_partitions=1)
+    real_open = os.open
+
+    def no_lock(path, *args, **kwargs):
+        if str(path).endswith(".lock"):
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_module.os, "open", no_lock)
+    assert Checkpoint(tmp_path).operator(0).metadata.operator_name == "t"
