@@ -169,19 +169,20 @@ def test_where_skips_parquet_row_groups(tmp_path, table, where):
     """Quoted values too: read as the column's type before the row groups are pruned (Arrow's
     pruning failed on ``k in ('1')``)."""
     t = table.sort_by("k")
-    pq.write_table(t, tmp_path / "sorted.parquet", row_group_size=500)  # 10 row groups
-    reader = extagg.aggregate_files(
-        str(tmp_path / "sorted.parquet"), by="k", aggs=AGGS, where=where
-    )
-    got = reader.read_all()
-    m = extagg.run_metrics(reader)
-    assert m.row_groups_total == 10
-    kept = t.filter(pa.compute.less(t["k"], 4))
-    assert 1 <= m.row_groups_read < 10
-    assert m.row_groups_read == -(-kept.num_rows // 500)  # exactly the groups holding k < 4
-    assert m.rows_read == 500 * m.row_groups_read  # the rows read: before the filter
-    assert m.rows_read == m.rows_total  # (the total: of the row groups not skipped)
-    assert_same(as_dict(got, ["k"]), reference(kept, ["k"]))
+    (tmp_path / "folder").mkdir()
+    pq.write_table(t, tmp_path / "folder" / "sorted.parquet", row_group_size=500)  # 10 groups
+    # a file, and a folder (scanned through the dataset, which filters in Arrow)
+    for path in (tmp_path / "folder" / "sorted.parquet", tmp_path / "folder"):
+        reader = extagg.aggregate_files(str(path), by="k", aggs=AGGS, where=where)
+        got = reader.read_all()
+        m = extagg.run_metrics(reader)
+        assert m.row_groups_total == 10
+        kept = t.filter(pa.compute.less(t["k"], 4))
+        assert 1 <= m.row_groups_read < 10
+        assert m.row_groups_read == -(-kept.num_rows // 500)  # exactly the groups with k < 4
+        assert m.rows_read == 500 * m.row_groups_read  # the rows read: before the filter
+        assert m.rows_read == m.rows_total  # (the total: of the row groups not skipped)
+        assert_same(as_dict(got, ["k"]), reference(kept, ["k"]))
 
 
 def test_only_needed_columns_are_read(tmp_path, table):
