@@ -326,7 +326,7 @@ def run_state_command(
             _write_parquet(rows, args.output, args.limit)
         elif args.output:
             with atomic_open(args.output) as raw:  # the file appears only complete
-                # a lone surrogate (str keys may hold one) as \udXXX, not an error mid-output
+                # a lone surrogate (str keys may hold one) escaped (\ud800), not an error mid-output
                 text = io.TextIOWrapper(
                     raw, encoding="utf-8", errors="backslashreplace", newline=""
                 )
@@ -335,7 +335,7 @@ def run_state_command(
                 text.detach()
         else:
             reconfigure = getattr(stdout, "reconfigure", None)
-            if reconfigure is not None:  # as for a file: a lone surrogate as \udXXX
+            if reconfigure is not None:  # as for a file: a lone surrogate escaped
                 reconfigure(errors="backslashreplace")
             _write_rows(rows, fmt, stdout, args.limit)
             stdout.flush()
