@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from extagg.errors import CorruptFileError
@@ -42,7 +42,14 @@ from extagg.state.files import (
     remove_stale_temp_files,
 )
 from extagg.state.store import ReadStateStore, StateStore
-from extagg.state.streams import files_for_version, missing_file_error, open_version
+from extagg.state.streams import (
+    LiveRecords,
+    fallback_chain,
+    files_for_version,
+    missing_file_error,
+    open_version,
+    open_version_with_fallback,
+)
 from extagg.state.update import stream_update
 
 __all__ = ["StateStoreProvider", "DEFAULT_STORE_NAME"]
@@ -201,7 +208,7 @@ class StateStoreProvider:
                         mapping[decode_key(key)] = decode_value(value, allow_pickle)
                         encoded += len(key) + len(value)
             except CorruptFileError as exc:
-                chain = self._fallback_chain(listing, version, from_version, skip, exc)
+                chain = fallback_chain(listing, version, repr(self), from_version, skip, exc)
                 if chain is None:
                     raise
                 start, paths = chain
@@ -256,53 +263,9 @@ class StateStoreProvider:
                 records.close()
 
     def _open_records(self, listing: StateFileListing, version: int) -> LiveRecords:
-        """The live records of ``version``, its first one already read: a snapshot whose
-        header or first block is corrupt is skipped for an older chain (if there is one)."""
-        skip: set[int] = set()
-        _start, paths = files_for_version(listing, version, repr(self))
-        while True:
-            records = open_version(paths, repr(self), self.conf.fan_in)
-            try:
-                first = next(records, None)
-            except CorruptFileError as exc:
-                records.close()
-                chain = self._fallback_chain(listing, version, 0, skip, exc)
-                if chain is None:
-                    raise
-                _start, paths = chain
-                continue
-            return _chained(first, records)
-
-    def _fallback_chain(
-        self,
-        listing: StateFileListing,
-        version: int,
-        from_version: int,
-        skip: set[int],
-        exc: CorruptFileError,
-    ) -> tuple[int, list[str]] | None:
-        """After ``exc`` in a snapshot: the files that rebuild ``version`` without it, or None
-        (the corrupt file is not a snapshot, or the deltas an older chain needs are gone)."""
-        bad = next((v for v, path in listing.snapshots.items() if path == exc.path), None)
-        if bad is None or bad in skip:
-            return None
-        skip.add(bad)
-        try:
-            start, paths = files_for_version(listing, version, repr(self), from_version, skip)
-        except StateStoreError:
-            return None
-        logger.warning(
-            "Snapshot %s of %r is corrupt (%s): rebuilding version %d from %s and deltas "
-            "%d..%d instead",
-            exc.path,
-            self,
-            exc.reason,
-            version,
-            f"the snapshot of version {start}" if start in listing.snapshots else "nothing",
-            start + 1,
-            version,
-        )
-        return start, paths
+        """The live records of ``version``, its first one already read (a corrupt snapshot
+        passed over for an older chain when there is one)."""
+        return open_version_with_fallback(listing, version, repr(self), self.conf.fan_in)
 
     def _set_current(self, version: int, num_keys: int, encoded_bytes: int) -> None:
         with self._lock:
@@ -483,12 +446,14 @@ class StateStoreProvider:
         last = listing.latest_version
         if last == 0 or last in listing.snapshots:
             return
-        start, paths = files_for_version(listing, last, repr(self))
+        start, _paths = files_for_version(listing, last, repr(self))
         if last - start <= self.conf.min_deltas_for_snapshot:
             return
         writer = StateFileWriter(self._path(last, SNAPSHOT), SNAPSHOT, self.conf.compression)
         try:
-            for key, value in open_version(paths, repr(self), self.conf.fan_in):
+            for key, value in open_version_with_fallback(
+                listing, last, repr(self), self.conf.fan_in
+            ):
                 writer.write(key, value)
         except BaseException:
             writer.cancel()
@@ -544,22 +509,6 @@ _MISSING = object()
 
 
 #: live records of a version (no deletes), closable
-LiveRecords = Generator[tuple[bytes, bytes], None, None]
-
-
-def _chained(first: tuple[bytes, bytes] | None, rest: LiveRecords) -> LiveRecords:
-    """``first`` (unless None: the stream was empty) followed by ``rest``; closing it closes
-    ``rest``."""
-    try:
-        if first is not None:
-            yield first
-        yield from rest
-    finally:
-        close = getattr(rest, "close", None)
-        if close is not None:
-            close()
-
-
 def _first(item: tuple[bytes, Any, Any]) -> bytes:
     return item[0]
 

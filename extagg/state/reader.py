@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +24,7 @@ from extagg.state.errors import (
     StateFileNotFoundError,
     StateSourceOptionError,
 )
-from extagg.state.files import DELTA, StateFileReader, list_state_files
+from extagg.state.files import DELTA, StateFileListing, StateFileReader, list_state_files
 from extagg.state.options import (
     check_batch_option,
     check_store_name_option,
@@ -32,7 +33,7 @@ from extagg.state.options import (
 )
 from extagg.state.provider import DEFAULT_STORE_NAME
 from extagg.state.rows import ChangeRow, MetadataRow, Rows, StateRow
-from extagg.state.streams import files_for_version, open_version
+from extagg.state.streams import files_for_version, open_version, open_version_with_fallback
 
 __all__ = ["read_state", "read_change_feed", "read_metadata", "read_diff", "is_spark_checkpoint"]
 
@@ -242,7 +243,8 @@ def read_state(
         )
     target = resolve_target(checkpoint, operator_id, store_name, partition_id)
     version = batch_id + 1
-    plan: list[tuple[int, list[str]]] = []
+    # (partition, listing, the files to read; None: the newest chain that reads)
+    plan: list[tuple[int, StateFileListing, list[str] | None]] = []
     for partition in target.partitions:
         listing = list_state_files(target.directory(partition))
         if not listing.deltas and not listing.snapshots:
@@ -250,7 +252,8 @@ def read_state(
             continue  # a partition that never held state
         label = target.label(partition)
         if snapshot_start_batch_id is None:
-            _start, paths = files_for_version(listing, version, label)
+            files_for_version(listing, version, label)  # a missing delta: an error now
+            plan.append((partition, listing, None))
         else:
             start = snapshot_start_batch_id + 1
             snapshot = listing.snapshots.get(start)
@@ -264,13 +267,19 @@ def read_state(
                 )
             filtered = type(listing)(listing.directory, dict(listing.deltas), {start: snapshot})
             _start, paths = files_for_version(filtered, version, label, start - 1)
-        plan.append((partition, paths))
+            plan.append((partition, listing, paths))
     allow_pickle = target.allow_pickle
 
     def produce() -> Iterator[StateRow]:
-        for partition, paths in plan:
-            with decoding(target.directory(partition)):
-                for key, value in open_version(paths, target.label(partition)):
+        for partition, listing, paths in plan:
+            label = target.label(partition)
+            records = (
+                open_version_with_fallback(listing, version, label)  # past a corrupt snapshot
+                if paths is None
+                else open_version(paths, label)  # the snapshot asked for, or an error
+            )
+            with decoding(target.directory(partition)), closing(records):
+                for key, value in records:
                     yield StateRow(decode_key(key), decode_value(value, allow_pickle), partition)
 
     return Rows(produce, StateRow._fields, _STATE_TYPES)

@@ -19,9 +19,10 @@ import os
 from collections.abc import Collection, Generator, Iterable, Iterator, Sequence
 
 from extagg._config import DEFAULT_FAN_IN
+from extagg.errors import CorruptFileError
 from extagg.spill.tempdir import SpillDirs
 from extagg.state.codec import decode_key
-from extagg.state.errors import StateFileNotFoundError, UnexpectedVersionError
+from extagg.state.errors import StateFileNotFoundError, StateStoreError, UnexpectedVersionError
 from extagg.state.files import SNAPSHOT, StateFileListing, StateFileReader, StateFileWriter
 
 __all__ = [
@@ -29,13 +30,19 @@ __all__ = [
     "merge_records",
     "files_for_version",
     "open_version",
+    "open_version_with_fallback",
+    "fallback_chain",
     "missing_file_error",
+    "LiveRecords",
 ]
 
 logger = logging.getLogger(__name__)
 
 #: (encoded key, encoded value or None for a delete)
 Record = tuple[bytes, "bytes | None"]
+
+#: A version's live (encoded key, encoded value) records, in file order
+LiveRecords = Generator[tuple[bytes, bytes], None, None]
 
 
 def _tagged(records: Iterable[Record], age: int) -> Iterator[tuple[bytes, int, bytes | None]]:
@@ -206,3 +213,71 @@ def open_version(
             reader.close()
         if spill is not None:
             spill.cleanup()
+
+
+def fallback_chain(
+    listing: StateFileListing,
+    version: int,
+    label: str,
+    from_version: int,
+    skip: set[int],
+    exc: CorruptFileError,
+) -> tuple[int, list[str]] | None:
+    """After ``exc`` in a snapshot: the files that rebuild ``version`` without it (an older
+    snapshot, or none, plus deltas), or None when the corrupt file is not a snapshot or the
+    deltas an older chain needs are gone. ``skip`` collects the snapshots found corrupt."""
+    bad = next((v for v, path in listing.snapshots.items() if path == exc.path), None)
+    if bad is None or bad in skip:
+        return None
+    skip.add(bad)
+    try:
+        start, paths = files_for_version(listing, version, label, from_version, skip)
+    except StateStoreError:
+        return None
+    logger.warning(
+        "Snapshot %s of %s is corrupt (%s): rebuilding version %d from %s and deltas "
+        "%d..%d instead",
+        exc.path,
+        label,
+        exc.reason,
+        version,
+        f"the snapshot of version {start}" if start in listing.snapshots else "nothing",
+        start + 1,
+        version,
+    )
+    return start, paths
+
+
+def open_version_with_fallback(
+    listing: StateFileListing, version: int, label: str, fan_in: int = DEFAULT_FAN_IN
+) -> LiveRecords:
+    """:func:`open_version` of the files that rebuild ``version``, its first record already
+    read: a snapshot whose header or first block is corrupt is passed over for an older chain
+    when one exists (with a warning), so one damaged snapshot does not make a version that its
+    deltas still hold unreadable. Damage found later in the stream raises, as rows have gone out.
+    """
+    skip: set[int] = set()
+    _start, paths = files_for_version(listing, version, label)
+    while True:
+        records = open_version(paths, label, fan_in)
+        try:
+            first = next(records, None)
+        except CorruptFileError as exc:
+            records.close()
+            chain = fallback_chain(listing, version, label, 0, skip, exc)
+            if chain is None:
+                raise
+            _start, paths = chain
+            continue
+        return _chained(first, records)
+
+
+def _chained(first: tuple[bytes, bytes] | None, rest: LiveRecords) -> LiveRecords:
+    """``first`` (unless None: the stream was empty) followed by ``rest``; closing it closes
+    ``rest``."""
+    try:
+        if first is not None:
+            yield first
+        yield from rest
+    finally:
+        rest.close()

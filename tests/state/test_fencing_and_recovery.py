@@ -319,3 +319,38 @@ def test_an_operator_opens_where_its_metadata_lock_cannot_be_made(
 
     monkeypatch.setattr(checkpoint_module.os, "open", no_lock)
     assert Checkpoint(tmp_path).operator(0).metadata.operator_name == "t"
+
+
+def test_read_state_and_state_show_fall_back_past_a_corrupt_snapshot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The readers rebuild a version from an older chain as the provider does, rather than
+    making a version its deltas still hold unreadable; a chosen snapshot is not replaced."""
+    from extagg.state import read_state
+    from extagg.state.cli import main as state_main
+
+    checkpoint = Checkpoint(tmp_path / "ckpt")
+    operator = checkpoint.operator(0, num_partitions=1)
+    provider = operator.provider(0, conf=StateStoreConf(min_deltas_for_snapshot=2))
+    state: dict = {}
+    for batch in range(6):
+        puts = {f"k{batch}": batch, "last": batch}
+        commit_version(provider, batch, puts)
+        state.update(puts)
+        if batch in (2, 5):
+            provider.do_maintenance()
+        checkpoint.commit(batch)
+    provider.close()
+    directory = Path(operator.provider(0).directory)
+    assert {"3.snapshot", "6.snapshot"} <= set(state_files(directory))
+    _corrupt(directory / "6.snapshot", "header")
+    with caplog.at_level(logging.WARNING, logger="extagg.state"):
+        assert {row.key: row.value for row in read_state(checkpoint.path)} == state
+        assert state_main(["show", str(checkpoint.path), "--format", "csv"]) == 0
+    assert "last,5" in capsys.readouterr().out.replace("\r", "")
+    assert any(
+        "6.snapshot" in r.getMessage() and "corrupt" in r.getMessage() for r in caplog.records
+    )
+    with pytest.raises(CorruptFileError) as info:
+        read_state(checkpoint.path, partition_id=0, snapshot_start_batch_id=5).to_list()
+    assert info.value.path == str(directory / "6.snapshot")
