@@ -75,7 +75,7 @@ ALIASES = {
     "stddev_samp": "std",
     "std_samp": "std",
     "stddev_pop": "std_pop",
-    "size": "count",
+    "size": "count",  # of every row, as pandas' size: count(*) whatever the column
 }
 """Other accepted spellings (SQL and pandas names) → canonical function name."""
 _NUMERIC = ("int", "uint", "float", "bool", "decimal")
@@ -204,6 +204,8 @@ def parse_aggs(aggs: Mapping[str, Any], distinct: bool = False) -> list[Aggregat
         if not isinstance(column, str) or not isinstance(func, str):
             raise TypeError(f"aggregate {output!r}: column and function must be strings: {spec!r}")
         name = ALIASES.get(func.lower(), func.lower())
+        if func.lower() == "size":  # pandas' size counts every row, nulls too: count(*)
+            column = "*"
         if name in DISTINCT_FUNCTIONS and not distinct:
             raise ValueError(
                 f"aggregate {output!r}: {func} is a two-level group-by that HashAggregator does "

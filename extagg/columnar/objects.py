@@ -51,13 +51,21 @@ _I64 = (-(1 << 63), (1 << 63) - 1)
 
 
 def _storage_type(arrow_type: pa.DataType) -> pa.DataType:
+    """The type of the values themselves: a dictionary's value type, an extension type's
+    storage (a pandas interval is a struct, as its Python values are)."""
+    if isinstance(arrow_type, pa.BaseExtensionType):
+        return _storage_type(arrow_type.storage_type)
     return arrow_type.value_type if pa.types.is_dictionary(arrow_type) else arrow_type
 
 
 def typed_by_columnar(arrow_type: pa.DataType | None) -> bool:
     """Whether the columnar engine can fold a column of ``arrow_type`` (``None``: no Arrow
     type, e.g. a pandas object column of mixed values)."""
-    return arrow_type is not None and column_kind(_storage_type(arrow_type)) is not None
+    return (
+        arrow_type is not None
+        and not isinstance(arrow_type, pa.BaseExtensionType)  # read as Python values here
+        and column_kind(_storage_type(arrow_type)) is not None
+    )
 
 
 def untyped_columns(source: Any, columns: Sequence[str]) -> list[tuple[str, pa.DataType | None]]:
@@ -98,7 +106,13 @@ def _arrow_type_of(values: Any) -> pa.DataType | None:
         return pa.from_numpy_dtype(dtype)
     try:
         return pa.array(values, from_pandas=True).type
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError):
+    except (
+        pa.ArrowInvalid,
+        pa.ArrowTypeError,
+        pa.ArrowNotImplementedError,
+        TypeError,
+        OverflowError,  # Python ints past 64 bits
+    ):
         return None
 
 
@@ -467,7 +481,12 @@ class ObjectAggregator:
         if self._types is None:
             return None
         types = {
-            k: _storage_type(t) if t is not None else pa.null() for k, t in self._types.items()
+            k: pa.null()
+            if t is None
+            else t
+            if isinstance(t, pa.BaseExtensionType)  # a key keeps its extension type
+            else _storage_type(t)
+            for k, t in self._types.items()
         }
         fields = [pa.field(k, types[k]) for k in self.keys]
         fields += [pa.field(a.output, a.out_type or pa.null()) for a in self._aggs]
@@ -599,7 +618,7 @@ class ObjectAggregator:
             if self._types is None:  # no input at all: the types come from no batch
                 self._init({c: pa.null() for c in self._needed})
             assert self._main is not None
-            groups = self._main.iterator() if self._pairs is None else self._joined()
+            groups = self._main.iterator(ordered=True) if self._pairs is None else self._joined()
             empty_global = not self.keys and self._rows == 0
             if empty_global:  # a global aggregate of no rows: one row
                 groups = iter([((), [_new_state(f) for f in self._funcs])])
@@ -619,7 +638,7 @@ class ObjectAggregator:
         self._main.close()
         self._join.insert_all((k, i) for (k, i, _v), _none in self._pairs.iterator())
         self._pairs.close()
-        for key, (states, counts) in self._join.iterator():
+        for key, (states, counts) in self._join.iterator(ordered=True):
             for i, n in counts.items():
                 states[i] = n
             yield key, states
@@ -643,9 +662,18 @@ class ObjectAggregator:
     def _array(name: str, values: list[Any], arrow_type: pa.DataType | None) -> pa.Array:
         t = None if arrow_type is None else _storage_type(arrow_type)
         try:
-            return pa.array(values, type=t, from_pandas=False)
+            arr = pa.array(values, type=t, from_pandas=False)
+            if isinstance(arrow_type, pa.BaseExtensionType) and arr.type == arrow_type.storage_type:
+                return pa.ExtensionArray.from_storage(arrow_type, arr)  # the key's own type
+            return arr
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
             kinds = sorted({type(v).__name__ for v in values if v is not None})
+            if isinstance(exc, OverflowError) and set(kinds) <= {"int", "bool"}:
+                raise TypeError(
+                    f"result column {name!r} holds integers past 64 bits, which no Arrow "
+                    "integer column can hold; make the input column Decimal or float values "
+                    "first"
+                ) from exc
             raise TypeError(
                 f"result column {name!r} holds values of types {kinds} that no one Arrow "
                 f"column{'' if t is None else f' of type {t}'} can hold ({exc}); convert the "

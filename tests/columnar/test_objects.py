@@ -141,3 +141,50 @@ def test_min_and_max_of_lists_and_structs_with_nulls_inside():
     assert got["a"]["mn"] == {"x": 1, "y": "p"} and got["a"]["mx"] == {"x": 1, "y": None}
     assert got["a"]["lmn"] == [1, 2] and got["a"]["lmx"] == [None]
     assert got["b"]["mn"] == got["b"]["mx"] == {"x": None, "y": "q"}
+
+
+@pytest.mark.parametrize(
+    "aggs",
+    [{"m": ("l", "max")}, {"m": ("l", "max"), "d": ("l", "count_distinct")}],
+    ids=["one map", "with count_distinct"],
+)
+def test_results_come_in_one_order_whatever_spilled(aggs):
+    """Hash order in memory too, as the columnar engine's: output does not depend on the budget
+    or the thread count."""
+    n = 40
+    t = pa.table({"k": [f"u{i}" for i in range(n)], "l": pa.array([[i % 7] for i in range(n)])})
+    orders = {
+        str(options): extagg.aggregate(t, "k", aggs, memory="64m", **options)
+        for options in ({}, {"force_spill_rows": 5}, {"threads": 2})
+    }
+    first = next(iter(orders.values()))
+    assert first["k"].to_pylist() != sorted(first["k"].to_pylist())  # not insertion order
+    for table in orders.values():
+        assert table.equals(first)
+
+
+def test_a_pandas_interval_key_groups_by_value_and_keeps_its_type():
+    df = pd.DataFrame({"k": pd.interval_range(0, 3).repeat(2), "v": [1, 2, 3, 4, 5, 6]})
+    t = extagg.aggregate(df, "k", {"s": ("v", "sum")}, memory="4m")
+    got = dict(zip(t.to_pandas()["k"], t["s"].to_pylist()))
+    assert got == df.groupby("k", observed=True)["v"].sum().to_dict()
+    assert t.schema.field("k").type == pa.Table.from_pandas(df).schema.field("k").type
+
+
+def test_python_ints_past_64_bits_are_aggregated_or_named():
+    df = pd.DataFrame({"k": [1, 1, 2], "v": pd.Series([2**70, 1, None], dtype=object)})
+    assert untyped_columns(df, ["v"]) == [("v", None)]
+    counts = extagg.aggregate(df, "k", {"c": ("v", "count")}, memory="4m")
+    assert sorted(counts.to_pylist(), key=lambda r: r["k"]) == [
+        {"k": 1, "c": 2},
+        {"k": 2, "c": 0},
+    ]
+    with pytest.raises(TypeError, match="'s' holds integers past 64 bits"):
+        extagg.aggregate(df, "k", {"s": ("v", "sum")}, memory="4m")
+
+
+def test_size_counts_every_row_as_pandas_does():
+    df = pd.DataFrame({"k": ["a", "a", "b"], "v": pd.array([1, None, None], dtype="Int64")})
+    t = extagg.aggregate(df, "k", {"sz": ("v", "size"), "c": ("v", "count")}, memory="4m")
+    want = df.groupby("k").agg(sz=("v", "size"), c=("v", "count")).reset_index()
+    assert sorted(t.to_pylist(), key=lambda r: r["k"]) == want.to_dict("records")
