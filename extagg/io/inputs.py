@@ -342,6 +342,13 @@ class InputScan:
                         f"cannot read {path}{where}: {reason}", path=path, row_group=rg
                     )
         hint = _mixed_json_hint(reason)
+        if fmt == "json" and "unexpected field" in reason:
+            nested = ", ".join(repr(f.name) for f in self.schema if _holds_struct(f.type))
+            hint = (
+                " (a field that is not in the first block of the file, which the types are "
+                f"inferred from, appears later — in the objects of column {nested}, or beside "
+                "them: extagg stops rather than drop a field from the objects it aggregates)"
+            )
         if fmt in ("csv", "tsv") and "conversion" in reason.lower():
             hint = " (the type was inferred from the first block; give it with --column-types)"
         return InputError(f"cannot read {path}: {reason}{hint}", path=path)
@@ -741,11 +748,15 @@ def _open_text(source: Any, text: _TextFile, schema: pa.Schema, block_bytes: int
     if text.fmt == "json":
         import pyarrow.json as pajson
 
+        # fields the query does not read are skipped; but "ignore" would also drop a field of
+        # an object column that first appears after the block its type was inferred from (a
+        # max or count_distinct of the objects then silently wrong): "infer" fails there
+        nested = any(_holds_struct(f.type) for f in schema)
         return pajson.open_json(
             source,
             read_options=pajson.ReadOptions(block_size=block_bytes),
             parse_options=pajson.ParseOptions(
-                explicit_schema=schema, unexpected_field_behavior="ignore"
+                explicit_schema=schema, unexpected_field_behavior="infer" if nested else "ignore"
             ),
         )
     import pyarrow.csv as pacsv
@@ -759,6 +770,15 @@ def _open_text(source: Any, text: _TextFile, schema: pa.Schema, block_bytes: int
         source, read_options=_read_options(base.read_options, block_bytes),
         parse_options=text.file_format.parse_options, convert_options=convert,
     )  # fmt: skip
+
+
+def _holds_struct(arrow_type: pa.DataType) -> bool:
+    """Whether JSON objects are parsed into ``arrow_type`` (a struct, or a list of them)."""
+    if pa.types.is_struct(arrow_type):
+        return True
+    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type):
+        return _holds_struct(arrow_type.value_type)
+    return False
 
 
 def _text_schema(path: str, fmt: str, file_format: Any) -> pa.Schema:

@@ -150,3 +150,21 @@ def test_what_cannot_be_aggregated_names_column_type_and_file(jsonl, tmp_path, c
     array.write_text('[{"k": 1}, {"k": 2}]\n')
     with pytest.raises(InputError, match=r"array.json.*holds a JSON array, not JSON Lines"):
         extagg.aggregate_files(str(array), aggs={"n": ("*", "count")}).read_all()
+
+
+def test_an_object_field_first_seen_after_the_inferred_block_is_an_error(tmp_path, capsys):
+    """Arrow types a JSON object column from the file's first block; a field that first appears
+    later would be dropped from the objects (a wrong max / count_distinct): it stops instead.
+    Fields beside the objects, even late ones, are still simply not read."""
+    path = tmp_path / "late.jsonl"
+    with open(path, "w") as f:
+        for i in range(60_000):  # 6 MB: past the first block, which types the columns (4 MiB)
+            f.write(json.dumps({"k": "a", "o": {"x": i % 5}, "pad": "p" * 60}) + "\n")
+        f.write(json.dumps({"k": "a", "o": {"x": 1}, "late": 5}) + "\n")
+        f.write(json.dumps({"k": "a", "o": {"x": 100, "z": 98}}) + "\n")
+    args = ["aggregate", str(path), "--by", "k", "--agg", "m=max(o)", "-o", "-", "-q"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert str(path) in err and "column 'o'" in err and "first block" in err
+    counted = extagg.aggregate_files(str(path), by="k", aggs={"n": ("*", "count")}).read_all()
+    assert counted.to_pylist() == [{"k": "a", "n": 60_002}]
