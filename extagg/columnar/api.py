@@ -127,6 +127,8 @@ def aggregate(
     if not is_batch(source) and not is_dataset(source):  # the first batch shows the types
         it = iter(source)
         probe = next(it, None)
+        if probe is None and isinstance(source, pa.RecordBatchReader):
+            probe = source.schema.empty_table()  # no rows, but the types of the result
         batches = [] if probe is None else itertools.chain([probe], it)
     factory: Callable[..., Any] = make_aggregator
     if probe is not None and untyped_columns(probe, _columns(keys, asked)):

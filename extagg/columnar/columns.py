@@ -38,6 +38,7 @@ __all__ = [
     "is_batch",
     "is_dataset",
     "arrow_stream",
+    "check_batch_columns",
     "dataset_batches",
     "iter_record_batches",
     "to_columns",
@@ -249,8 +250,18 @@ def is_dataset(obj: Any) -> bool:
 def arrow_stream(obj: Any) -> pa.RecordBatchReader | None:
     """A reader of the record batches of an object that exports them by Arrow's PyCapsule
     interface (``__arrow_c_stream__``: a Polars ``DataFrame``, a DuckDB relation, ...), read
-    lazily, or ``None`` for anything else (pyarrow's own objects, pandas, dicts included)."""
+    lazily, or ``None`` for anything else (pyarrow's own objects, pandas, dicts included).
+    A ``pyarrow.dataset.Scanner`` is read as its reader, a Polars ``LazyFrame`` by its
+    streaming engine a batch at a time (``collect_batches``)."""
     kind = type(obj)
+    if kind.__name__ == "Scanner" and kind.__module__.startswith("pyarrow"):
+        return obj.to_reader()
+    if kind.__name__ == "LazyFrame" and kind.__module__.startswith("polars"):
+        schema = pa.table(obj.head(0).collect()).schema
+        frames = obj.collect_batches()
+        return pa.RecordBatchReader.from_batches(
+            schema, (b for frame in frames for b in pa.table(frame).cast(schema).to_batches())
+        )
     if kind.__module__.startswith(("pyarrow", "pandas")) or isinstance(obj, Mapping):
         return None
     if not hasattr(kind, "__arrow_c_stream__"):
@@ -355,10 +366,36 @@ def _is_dataframe(obj: Any) -> bool:
     return module.startswith("pandas") and type(obj).__name__ == "DataFrame"
 
 
+def check_batch_columns(batch: Any, columns: Sequence[str]) -> None:
+    """A pandas ``DataFrame`` or a dict of arrays whose ``columns`` a query can read: each one
+    column of values (``TypeError``/``ValueError`` naming it otherwise)."""
+    if type(batch).__name__ == "DataFrame":
+        names = [str(c) for c in batch.columns]
+        for name in columns:
+            if names.count(name) > 1:
+                raise ValueError(
+                    f"the DataFrame has {names.count(name)} columns named {name!r}; rename them "
+                    "so the query can tell them apart"
+                )
+        return
+    if isinstance(batch, Mapping):
+        for name in columns:
+            values = batch.get(name)
+            if values is not None and (
+                isinstance(values, (str, bytes)) or not hasattr(values, "__len__")
+            ):
+                raise TypeError(
+                    f"column {name!r} must be an array or a sequence of values, got a "
+                    f"{type(values).__name__}"
+                )
+
+
 def _record_batch_from_pandas(frame: Any, columns: Sequence[str] | None = None) -> pa.RecordBatch:
     """A DataFrame's columns (those named in ``columns``, if given) as Arrow arrays: NaN in NumPy
     float columns stays a value, pandas' missing markers (``pd.NA``, ``None``, ``NaT``, NaN in
     object/string columns) are nulls."""
+    if columns is not None:
+        check_batch_columns(frame, columns)
     arrays = []
     names = []
     wanted = None if columns is None else set(columns)

@@ -33,7 +33,13 @@ import numpy as np
 import pyarrow as pa
 
 from extagg.columnar import functions as F
-from extagg.columnar.columns import column_kind, is_dataset, iter_record_batches, to_column
+from extagg.columnar.columns import (
+    check_batch_columns,
+    column_kind,
+    is_dataset,
+    iter_record_batches,
+    to_column,
+)
 from extagg.errors import SumOverflowError, UsageError
 from extagg.generic import Aggregator, ExternalAppendOnlyMap
 from extagg.memory import resolve_task_memory_manager
@@ -80,6 +86,7 @@ def untyped_columns(source: Any, columns: Sequence[str]) -> list[tuple[str, pa.D
                 out.append((name, schema.field(name).type))
         return out
     if isinstance(source, Mapping) or type(source).__name__ == "DataFrame":
+        check_batch_columns(source, columns)
         for name in columns:
             if name not in source:
                 continue

@@ -9,6 +9,7 @@ metrics of a reader (complete once it has been read to the end).
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import time
@@ -412,6 +413,13 @@ def _parse_where(text: str | None) -> ParsedExpression | None:
     return parse_expression(str(text))
 
 
+#: the keyword options of :func:`aggregate_files` that shape the scan and the aggregation
+SCAN_OPTIONS = (
+    "format", "delimiter", "column_types", "schema", "header", "batch_rows", "spill_dirs",
+    "memory_manager", "threads",
+)  # fmt: skip
+
+
 def plan_query(
     paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     *,
@@ -589,6 +597,14 @@ def aggregate_files(
     MemoryLimitError
         The budget is too small for the query's smallest working set.
     """
+    unknown = sorted(set(options) - set(SCAN_OPTIONS))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], SCAN_OPTIONS, n=1, cutoff=0.6)
+        raise QueryError(
+            f"aggregate_files() got an unknown option {unknown[0]!r}"
+            f"{f'; did you mean {close[0]!r}?' if close else ''} (options: "
+            f"{', '.join(SCAN_OPTIONS)})"
+        )
     query = plan_query(paths, by=by, aggs=aggs, where=where, having=having, memory=memory,
                        sort=sort, **options)  # fmt: skip
     callback, bar = _progress_callback(progress, query)

@@ -225,3 +225,32 @@ def test_big_endian_numpy_and_pandas_columns_are_read_as_native() -> None:
     ):
         got = aggregate(batch, keys="k", aggs={"s": ("v", "sum")}).to_pydict()
         assert dict(zip(got["k"], got["s"])) == want
+
+
+def test_lazy_frames_scanners_and_empty_readers() -> None:
+    """A Polars ``LazyFrame`` streams through its engine, a ``pyarrow.dataset.Scanner`` is read
+    as its reader, and a reader with no batches still gives the result its types."""
+    import polars as pl
+    import pyarrow.dataset as ds
+
+    lazy = pl.DataFrame({"k": [1, 2, 1, None], "v": [1.5, 2.0, 3.0, 4.0]}).lazy()
+    got = aggregate(lazy.filter(pl.col("v") > 1.6), "k", {"s": ("v", "sum")}, memory="4m")
+    assert sorted(got.to_pylist(), key=repr) == sorted(
+        [{"k": 1, "s": 3.0}, {"k": 2, "s": 2.0}, {"k": None, "s": 4.0}], key=repr
+    )
+    empty = aggregate(lazy.filter(pl.col("v") > 9), "k", {"s": ("v", "sum")}, memory="4m")
+    assert empty.num_rows == 0 and empty.schema.types == [pa.int64(), pa.float64()]
+    table = pa.table({"k": [1, 1, 2], "v": [1, 2, 3]})
+    scanned = aggregate(ds.dataset(table).scanner(), "k", {"s": ("v", "sum")}, memory="4m")
+    assert sorted(scanned.to_pylist(), key=repr) == [{"k": 1, "s": 3}, {"k": 2, "s": 3}]
+    reader = pa.RecordBatchReader.from_batches(table.schema, [])
+    none = aggregate(reader, "k", {"n": ("*", "count"), "s": ("v", "sum")}, memory="4m")
+    assert none.num_rows == 0 and none.schema.types == [pa.int64(), pa.int64(), pa.int64()]
+
+
+def test_frames_and_dicts_a_query_cannot_read_are_named() -> None:
+    twice = pd.DataFrame([[1, 2, 3]], columns=["k", "v", "v"])
+    with pytest.raises(ValueError, match="2 columns named 'v'"):
+        aggregate(twice, "k", {"s": ("v", "sum")}, memory="4m")
+    with pytest.raises(TypeError, match="column 'v' must be an array"):
+        aggregate({"k": np.array([1, 2]), "v": 5}, "k", {"s": ("v", "sum")}, memory="4m")

@@ -56,6 +56,11 @@ def test_output_returns_metrics_and_respects_overwrite(tmp_path, parquet, table)
         assert f.read_all().num_rows == 40
 
 
+def test_an_unknown_option_is_a_query_error(parquet):
+    with pytest.raises(QueryError, match="unknown option 'thread'; did you mean 'threads'"):
+        extagg.aggregate_files(str(parquet), by="k", aggs=AGGS, thread=2)
+
+
 def test_global_aggregate_without_keys(parquet, table):
     reader = extagg.aggregate_files(str(parquet), aggs=AGGS, where="k < 0")
     assert reader.read_all().to_pylist() == [{"n": 0, "sv": None, "mq": None}]
