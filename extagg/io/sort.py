@@ -2,8 +2,10 @@
 
 Batches are buffered while the memory manager grants their size (the aggregator still needs
 the rest while its results are read); when it does not, the buffer is sorted and written as
-a run (an Arrow IPC file in a spill directory, in batches of about a sixteenth of what the
-buffer held) and its memory given back. The runs are then merged k ways, vectorised: each
+a run (a spill file of Arrow IPC streams, one per batch of about a sixteenth of what the
+buffer held, each checked by its length and CRC-32 when read back: a damaged run is a
+:class:`~extagg.errors.CorruptFileError` naming it, never wrong rows) and its memory given
+back. The runs are then merged k ways, vectorised: each
 round loads one batch per run where needed, sorts what is loaded, and emits every row up to
 the smallest "last loaded key" of the runs (no unread row of any run can sort before it).
 The merge holds a few copies of one batch per run, granted by the memory manager: when the
@@ -19,14 +21,16 @@ import logging
 import os
 import threading
 import time
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from extagg._sysinfo import peak_rss
-from extagg.errors import SpillError
+from extagg.errors import CorruptFileError, SpillError
 from extagg.memory import MemoryConsumer, TaskMemoryManager
 from extagg.memory.task import Consumer
 from extagg.metrics import RunMetrics
@@ -53,12 +57,13 @@ MERGE_COPIES = 3
 
 @dataclass
 class _Run:
-    """A sorted run file: its largest batch (what the merge loads of it at once) and the
-    rows of its batches."""
+    """A sorted run file: its largest batch (what the merge loads of it at once), the rows
+    of its batches and where each batch is: ``(offset, length, crc32)`` of its bytes."""
 
     path: str
     max_batch_bytes: int
     rows: int
+    batches: list[tuple[int, int, int]]
 
 
 class _SortBuffer(MemoryConsumer):
@@ -195,38 +200,63 @@ def _write_batches(
     its directory; an error while ``batches`` are made removes it too, and propagates."""
     path = dirs.new_path("sort")
     largest = 0
-    sink = writer = None
+    offset = 0
+    written: list[tuple[int, int, int]] = []
+    sink = None
     try:
         try:
-            sink = pa.OSFile(path, "wb")
-            writer = pa.ipc.new_file(sink, schema)
+            sink = open(path, "wb")  # noqa: SIM115 (closed below, also on errors)
         except OSError as exc:
             raise _write_error(path, size, exc) from exc
         for batch in batches:
             largest = max(largest, batch.nbytes)
+            data = _ipc_bytes(batch, schema)
             try:
-                writer.write_batch(batch)
+                sink.write(data)
             except OSError as exc:
                 raise _write_error(path, size, exc) from exc
+            written.append((offset, len(data), zlib.crc32(data)))
+            offset += len(data)
         try:
-            writer.close()
             sink.close()
         except OSError as exc:
             raise _write_error(path, size, exc) from exc
     except BaseException:
-        for stream in (writer, sink):
-            try:
-                if stream is not None:
-                    stream.close()
-            except OSError:
-                pass
+        try:
+            if sink is not None:
+                sink.close()
+        except OSError:
+            pass
         try:
             os.unlink(path)
         except OSError:
             pass
         raise
     log.info("sort run %s written", path)
-    return _Run(path, largest, rows)
+    return _Run(path, largest, rows, written)
+
+
+def _ipc_bytes(batch: pa.RecordBatch, schema: pa.Schema) -> pa.Buffer:
+    """One batch as an Arrow IPC stream of its own (schema, dictionaries, the batch)."""
+    out = pa.BufferOutputStream()
+    with pa.ipc.new_stream(out, schema) as writer:
+        writer.write_batch(batch)
+    return out.getvalue()
+
+
+def _read_batch(handle: Any, run: _Run, i: int) -> pa.RecordBatch:
+    """Batch ``i`` of ``run``, its length and checksum verified."""
+    offset, length, crc = run.batches[i]
+    handle.seek(offset)
+    data = handle.read(length)
+    if len(data) != length:
+        raise CorruptFileError(
+            run.path, offset, f"truncated: batch {i} has {len(data)} of its {length} bytes"
+        )
+    if zlib.crc32(data) != crc:
+        raise CorruptFileError(run.path, offset, f"checksum mismatch in batch {i}")
+    with pa.ipc.open_stream(pa.py_buffer(data)) as reader:
+        return reader.read_next_batch()
 
 
 def _write_error(path: str, size: int | None, exc: OSError) -> SpillError:
@@ -271,33 +301,36 @@ def _merge(
     runs: list[_Run], schema: pa.Schema, keys: Sequence[str], rows: int
 ) -> Iterator[pa.RecordBatch]:
     """The rows of ``runs`` in order, in batches of at most ``rows`` rows."""
-    files = [pa.OSFile(r.path, "rb") for r in runs]
+    files = []
     try:
-        yield from _merge_files(files, schema, keys, rows)
+        for r in runs:
+            try:
+                files.append(open(r.path, "rb"))  # noqa: SIM115 (closed below)
+            except FileNotFoundError as exc:
+                raise CorruptFileError(r.path, None, "the sort run is gone") from exc
+        yield from _merge_files(files, runs, schema, keys, rows)
     finally:
         for f in files:
             f.close()
 
 
 def _merge_files(
-    files: list[pa.NativeFile], schema: pa.Schema, keys: Sequence[str], rows: int
+    files: list[Any], runs: list[_Run], schema: pa.Schema, keys: Sequence[str], rows: int
 ) -> Iterator[pa.RecordBatch]:
-    readers = [pa.ipc.open_file(f) for f in files]
-    next_batch = [0] * len(readers)
-    last_row: list[pa.Table | None] = [None] * len(readers)  # last loaded row of each run
+    next_batch = [0] * len(runs)
+    last_row: list[pa.Table | None] = [None] * len(runs)  # last loaded row of each run
     carry = schema.empty_table()
 
     def load(i: int) -> pa.Table | None:
-        r = readers[i]
-        if next_batch[i] >= r.num_record_batches:
+        if next_batch[i] >= len(runs[i].batches):
             last_row[i] = None
             return None
-        b = r.get_batch(next_batch[i])
+        b = _read_batch(files[i], runs[i], next_batch[i])
         next_batch[i] += 1
         last_row[i] = pa.Table.from_batches([b.slice(b.num_rows - 1, 1)])
         return pa.Table.from_batches([b])
 
-    loaded = [t for t in (load(i) for i in range(len(readers))) if t is not None]
+    loaded = [t for t in (load(i) for i in range(len(runs))) if t is not None]
     carry = pa.concat_tables([carry, *loaded])
     while True:
         live = [i for i, row in enumerate(last_row) if row is not None]

@@ -189,3 +189,43 @@ def test_external_sort_merges_many_runs_within_its_grant(tmp_path):
     # a merge of 32 runs holds 3 copies of a 1024-row batch of each (16 KiB), and its output
     assert peak < 2 << 20, peak
     assert tmm.memory_used == 0 and not list(tmp_path.rglob("*.run"))
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_a_damaged_sort_run_is_an_error_naming_it(tmp_path, damage):
+    """Sort runs are checked when read back (length and CRC-32 of every batch): a flipped
+    byte gave wrong rows with no error, a truncated run an error naming no file."""
+    import numpy as np
+
+    from extagg.errors import CorruptFileError
+    from extagg.io import sort
+
+    n = 50_000
+    keys = np.random.default_rng(3).permutation(n)
+    schema = pa.schema([("k", pa.int64()), ("v", pa.int64())])
+    result = pa.table({"k": keys, "v": keys * 3}, schema=schema)
+    tmm = task_memory_manager(UnifiedMemoryManager(max_memory=256 << 10))
+    m = RunMetrics()
+    batches = sort.external_sort(
+        iter(result.to_batches(max_chunksize=2_000)), schema, ["k"], tmm, str(tmp_path), m
+    )
+    first = next(batches)
+    assert first.column("k").to_pylist()[:3] == [0, 1, 2]
+    runs = sorted(tmp_path.rglob("sort-*.run"))
+    assert len(runs) > 1
+    victim = runs[-1]
+    size = victim.stat().st_size
+    with open(victim, "r+b") as handle:
+        if damage == "flip":
+            handle.seek(size - 100)
+            byte = handle.read(1)
+            handle.seek(size - 100)
+            handle.write(bytes([byte[0] ^ 0x5A]))
+        else:
+            handle.truncate(size - 100)
+    with pytest.raises(CorruptFileError) as info:
+        for _ in batches:
+            pass
+    assert info.value.path == str(victim)
+    assert ("checksum" if damage == "flip" else "truncated") in info.value.reason
+    assert tmm.memory_used == 0 and not list(tmp_path.rglob("*.run"))
