@@ -427,6 +427,8 @@ PARTITION_FIRST_GROUPS = 1 << 20
 MAX_ASIDE_BATCH_BYTES = 2 << 20
 #: rows of a batch hashed and set aside at a time (their temporaries held for them)
 GRACE_CHUNK_ROWS = 1 << 16
+#: room for a chunk's temporaries that rows set aside keep while a merge feeds them
+PINNED_CHUNK_BYTES = 64 << 10
 
 
 def _sum_metrics(parts: Sequence[SpillMetrics]) -> SpillMetrics:
@@ -580,10 +582,12 @@ class DistinctLevel:
         self._first_schema = first.schema
         self._aside = aside
         aside.metrics.spill_count += 1
+        aside.pin()
         try:
             for batch in first.results(ordered=False):  # its pairs so far, each once
                 aside.write_batch(batch)
         finally:
+            aside.pinned = False
             first.close()
         aside.metrics.records_read = 0  # the first level counted the input rows of those
 
@@ -682,23 +686,50 @@ class _RowsAside(HeldBuffers):
         self._schema: dict[str, tuple[str, pa.DataType]] = {}
         #: held while rows go into the writer's buffers: a spill then frees nothing
         self._writing = threading.Lock()
+        #: while the first level's pairs so far are moved here: its merge, which feeds them,
+        #: may take all but the smallest buffers (all of them left no room to write its rows)
+        self.pinned = False
+        #: the temporaries of the smallest chunk (256 rows) of the widest rows written yet
+        self._least_chunk_bytes = 0
 
     def spill(self, size: int, trigger: Any) -> int:
         """Write the buffered rows out and release the buffers (none while a chunk is being
-        written, or after the input ended)."""
+        written, or after the input ended). While :attr:`pinned` the smallest buffers stay
+        held, the rest released."""
         writer = self.writer
-        if writer is None or not self.used or not self._writing.acquire(blocking=False):
+        if writer is None or not self.used:
+            return 0
+        if not self._writing.acquire(blocking=False):
             return 0
         try:
             with deferred_interrupts():
                 writer.release_buffers()
+            if self.pinned:  # rows keep coming from the merge asking: the smallest buffers
+                writer.limit = MIN_BUFFER_BYTES
+                self.base_bytes = held_bytes(writer.limit, IO_COPIES)
         finally:
             self._writing.release()
-        freed = self.used
+        keep = self.base_bytes + self._least_chunk_bytes if self.pinned else 0
+        freed = max(0, self.used - keep)
         log.debug("%s: buffered rows written, %s of buffers released", self.name,
                   format_size(freed))  # fmt: skip
-        self.free_memory(freed)
+        if freed:
+            self.free_memory(freed)
         return freed
+
+    def pin(self) -> None:
+        """Keep the smallest buffers and room for a chunk from now on (see :attr:`pinned`),
+        held before the merge feeding it starts: that takes what is free."""
+        self._least_chunk_bytes = max(self._least_chunk_bytes, PINNED_CHUNK_BYTES)
+        self.try_hold(self.base_bytes + self._least_chunk_bytes)
+        self.pinned = True
+
+    def hold(self, nbytes: int) -> None:
+        """:meth:`HeldBuffers.hold`; while :attr:`pinned` the room for the smallest chunk is
+        kept (given back between chunks, the merge feeding them took it)."""
+        if self.pinned:
+            nbytes = max(nbytes, min(self.used, self.base_bytes + self._least_chunk_bytes))
+        super().hold(nbytes)
 
     def write_batch(self, batch: Any) -> None:
         """Set aside every row of a batch (any form ``HashAggregator.update`` takes)."""
@@ -728,6 +759,7 @@ class _RowsAside(HeldBuffers):
         # rows at most; chunks of at most an eighth of the budget
         row_bytes = 2 * sum(c.nbytes() for c in cols.values()) // max(1, n) + 40
         step = max(256, min(GRACE_CHUNK_ROWS, self.chunk_bytes // row_bytes))
+        self._least_chunk_bytes = max(self._least_chunk_bytes, row_bytes * 256)
         while not self.try_hold(self.base_bytes + row_bytes * min(n, step)):
             if step > 256:  # what others hold cannot be spilled (a merge, the join): less at once
                 step //= 2

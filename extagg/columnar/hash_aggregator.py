@@ -259,6 +259,9 @@ class HashAggregator(Spillable[ColumnBlock]):
         self._schema: dict[str, tuple[str, pa.DataType]] | None = None
         self._source: TableSource | None = None
         self._partitions: PartitionWriter | None = None
+        #: the partition buffers were written out and their memory given back to another
+        #: consumer: the next rows set aside hold it again
+        self._aside_released = False
         #: the thread partitions and their pool (``threads`` > 1, from the first batch with
         #: rows on, unless its keys come dictionary-coded: see :meth:`_choose_threads`)
         self._threaded: ThreadedFold | None = None
@@ -1118,6 +1121,7 @@ class HashAggregator(Spillable[ColumnBlock]):
     ) -> None:
         """Write rows ``start..n`` of a chunk to their partitions."""
         assert self._partitions is not None
+        self._hold_released_buffers()
         if start:
             cols = {k: c.slice(start, n) for k, c in cols.items()}
             hashes = None if hashes is None else hashes[start:n]
@@ -1131,6 +1135,18 @@ class HashAggregator(Spillable[ColumnBlock]):
             # some rows of this chunk may be on disk and others not: nothing can be trusted
             self.close()
             raise
+
+    def _hold_released_buffers(self) -> None:
+        """Hold again the partition buffers a spill gave back (see :meth:`force_spill`)."""
+        if not self._aside_released:
+            return
+        st = self.table_state
+        if not st.budget.hold(st.in_use()):
+            raise MemoryLimitError(
+                f"{self.name} needs {format_size(st.in_use())} for its partition buffers and "
+                f"chunk ({st.budget.describe()})"
+            )
+        self._aside_released = False
 
     def _child(self) -> HashAggregator:
         """An aggregator for one partition: same query, same memory manager and spill dirs."""
@@ -1236,6 +1252,22 @@ class HashAggregator(Spillable[ColumnBlock]):
                 release_all=True,
             )
             self._chunk_arrays.clear()  # all memory given back: the chunk's too
+        elif self.phase == OPEN and self.used and trigger is not self and self._threaded is None:
+            # nothing to spill, but memory held for more input: an empty table kept after its
+            # own spill, or the buffers of rows set aside by partition. Another consumer wants
+            # it now (a count_distinct setting its rows aside starved at 4 MiB beside it)
+            st = self.table_state
+            if self._partitions is not None and st.table is None:
+                with deferred_interrupts():
+                    self._partitions.release_buffers()
+                self._aside_released = True
+            elif st.table is not None and st.table.num_groups == 0:
+                st.table = None
+                st.var_arena = None
+            else:
+                return 0
+            st.budget.free(st.budget.used)
+            self._chunk_arrays.clear()
         else:
             return 0
         return max(0, before - self.used)

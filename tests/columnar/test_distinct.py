@@ -420,6 +420,30 @@ def test_several_count_distinct_and_a_string_state_share_a_tiny_budget(
     assert not [p for p in spill.rglob("*") if p.is_file()]
 
 
+@pytest.mark.parametrize("memory", ["1m", "2m", "4m"])
+def test_count_distinct_beside_a_sum_by_many_string_keys(memory) -> None:
+    """200 k rows, ~86 k string keys: the sum's aggregator, its rows set aside by partition,
+    held its buffers (2.5 MiB at 4 MiB) when the level's rows-aside asked for 140 KiB, and
+    the level's merge moving its pairs aside took the rest: ``MemoryLimitError`` at 1, 2 and
+    4 MiB. Now a spill asked of an aggregator with nothing to spill gives back its empty
+    table or partition buffers, and the rows-aside keeps the room for a chunk while that
+    merge feeds it."""
+    n = 200_000
+    rng = np.random.default_rng(0)
+    keys = rng.integers(0, n // 2, n)
+    table = pa.table(
+        {"k": pa.array([f"k{i}" for i in keys]), "v": pa.array(rng.integers(0, 10**9, n))}
+    )
+    aggs = {"cd": ("v", "count_distinct"), "s": ("v", "sum")}
+    got = aggregate(table, keys="k", aggs=aggs, memory=memory, threads=1)
+    want = table.group_by("k").aggregate([("v", "count_distinct"), ("v", "sum")])
+    assert got.num_rows == want.num_rows
+    assert sorted(zip(got["k"].to_pylist(), got["cd"].to_pylist(), got["s"].to_pylist())) == (
+        sorted(zip(want["k"].to_pylist(), want["v_count_distinct"].to_pylist(),
+                   want["v_sum"].to_pylist()))
+    )  # fmt: skip
+
+
 def test_rows_aside_buffers_are_written_out_when_others_need_the_memory(tmp_path) -> None:
     """The level's partition buffers are a spillable consumer: asked to spill (between
     writes) it writes what it buffered and holds nothing; later rows and the result are as
