@@ -116,8 +116,12 @@ class MemoryBudget:
         return granted
 
     def free(self, num_bytes: int) -> None:
-        """Give back ``num_bytes`` (at most what is held)."""
-        num_bytes = min(num_bytes, self.consumer.used)
+        """Give back ``num_bytes`` (at most what is held; nothing once the engine is gone:
+        its finalizer released its grant, e.g. a result stream dropped after it)."""
+        try:
+            num_bytes = min(num_bytes, self.consumer.used)
+        except ReferenceError:
+            return
         if num_bytes > 0:
             self.consumer.free_memory(num_bytes)
 

@@ -13,6 +13,7 @@ import difflib
 import logging
 import os
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -87,7 +88,9 @@ class FileQuery:
             row_groups_total=scan.row_groups_total,
         )  # fmt: skip
         self._agg: Any = None
-        self._streams: list[Any] = []
+        # weak: the streams' frames hold this query, which must not keep them alive in turn
+        # (a reader dropped or closed half read closes them at once, not at the cyclic GC)
+        self._streams: list[weakref.ref[Any]] = []
         self._scan_memory: _ScanMemory | None = None
         self._tmm: Any = None
         self._rss_read_at = -1.0  # when the peak RSS was last read (see _sync)
@@ -95,8 +98,10 @@ class FileQuery:
     def close(self) -> None:
         """Stop the run: close the result streams and the aggregator, which deletes every
         spill and sort-run file. Idempotent; safe to call from an interrupt handler."""
-        for stream in reversed(self._streams):
-            stream.close()
+        for ref in reversed(self._streams):
+            stream = ref()
+            if stream is not None:
+                stream.close()
         self._streams.clear()
         if self._scan_memory is not None:
             self._scan_memory.close_memory()
@@ -169,12 +174,15 @@ class FileQuery:
         m.input_time_s = time.perf_counter() - started
         self._scan_memory.close_memory()  # the scan is over: its buffers go back to the pool
         batches = self._results(agg, started, progress)
-        self._streams.append(batches)
+        self._streams.append(weakref.ref(batches))
         if self.sort and self.by:
             from extagg.io.sort import external_sort
 
             batches = external_sort(batches, schema, self.by, tmm, self.spill_dirs, m)
-            self._streams.append(batches)
+            self._streams.append(weakref.ref(batches))
+        # pyarrow's close() of a reader over a Python iterator leaves the iterator open: its
+        # spill files and grant go when the reader is dropped (a reader imported through the
+        # C stream interface would close it, but turns every exception into an ArrowInvalid)
         reader = pa.RecordBatchReader.from_batches(schema, batches)
         register_metrics(reader, m)
         return reader
