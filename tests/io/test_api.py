@@ -247,8 +247,10 @@ def test_a_reader_dropped_half_read_frees_its_files_and_grant_at_once(tmp_path, 
     mm = UnifiedMemoryManager("2m")
     gc.disable()
     try:
-        reader = extagg.aggregate_files(str(src), by=["k"], aggs={"n": ("*", "count")},
-                                        memory_manager=mm, spill_dirs=[str(spill)], sort=sort)  # fmt: skip
+        reader = extagg.aggregate_files(
+            str(src), by=["k"], aggs={"n": ("*", "count")}, memory_manager=mm,
+            spill_dirs=[str(spill)], sort=sort,
+        )  # fmt: skip
         assert reader.read_next_batch().num_rows > 0
         assert [p for p in spill.rglob("*") if p.is_file()]
         del reader
