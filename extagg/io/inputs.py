@@ -155,8 +155,8 @@ class InputScan:
                     if batch is not None and batch.num_rows:
                         yield batch
         except (pa.ArrowInvalid, pa.ArrowIOError, pa.ArrowNotImplementedError, OSError) as exc:
-            path, dataset, fmt, _opts = parts[current]
-            raise self._read_error(path, dataset, fmt, exc) from exc
+            path, dataset, fmt, opts = parts[current]
+            raise self._read_error(path, dataset, fmt, exc, opts.get("text")) from exc
 
     def _pieces(self) -> Iterator[_Piece | _FileEnd]:
         """Every file's decoded batches, each with the step left to finish it (the filter,
@@ -329,7 +329,9 @@ class InputScan:
         finally:
             gate.close()
 
-    def _read_error(self, path: str, dataset: Any, fmt: str, exc: Exception) -> InputError:
+    def _read_error(
+        self, path: str, dataset: Any, fmt: str, exc: Exception, text: _TextFile | None = None
+    ) -> InputError:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if fmt == "parquet":  # find the row group that fails: slow, but only on this path
             for frag in dataset.get_fragments():
@@ -350,8 +352,39 @@ class InputScan:
                 "them: extagg stops rather than drop a field from the objects it aggregates)"
             )
         if fmt in ("csv", "tsv") and "conversion" in reason.lower():
-            hint = " (the type was inferred from the first block; give it with --column-types)"
+            m = re.search(r"CSV column #(\d+)", reason)
+            names = _file_column_names(path, text)
+            column = ""
+            if m is not None and int(m.group(1)) < len(names):
+                column = f" of column {names[int(m.group(1))]!r}"
+            hint = (
+                f" (the type{column} was inferred from the first block; give it with "
+                "--column-types)"
+            )
+        if fmt == "json" and "Failed to convert JSON" in reason:
+            hint = (
+                " (a field's type was inferred from the first block of the file and a later "
+                "line holds another; give it with --column-types NAME:TYPE)"
+            )
+        if "straddl" in reason or "increase block size" in reason:
+            size = f"{self.block_bytes / (1 << 20):.3g} MiB"
+            hint = (
+                f" (a line longer than the {size} blocks text files are read in under this "
+                "budget: each record must fit in one; a larger --memory reads larger blocks)"
+            )
+            reason = reason.replace(" (try to increase block size?)", "")
         return InputError(f"cannot read {path}: {reason}{hint}", path=path)
+
+
+def _file_column_names(path: str, text: _TextFile | None) -> list[str]:
+    """A CSV file's column names in file order, as its reader sees them (none if it cannot
+    tell): what Arrow's ``CSV column #N`` counts."""
+    if text is None:
+        return []
+    try:
+        return _text_schema(path, text.fmt, text.file_format).names
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError):
+        return []
 
 
 _BLOCK_ROW = re.compile(r" in row (\d+)$")
@@ -699,6 +732,23 @@ class _TextFile:
 
 #: delimiters a ``.csv`` file's header may use instead of a comma
 OTHER_DELIMITERS = (";", "\t", "|")
+
+
+#: delimiters a shell cannot pass as one character easily, by the names users write
+_DELIMITER_NAMES = {"\\t": "\t", "tab": "\t", "\\x09": "\t", "\\u0009": "\t", "\\|": "|"}
+
+
+def parse_delimiter(delimiter: str | None) -> str | None:
+    """``--delimiter``: one character, or ``\\t`` / ``tab`` for a tab (as DuckDB's
+    ``delim='\\t'``); anything else a :class:`QueryError` (``None``: sniff it)."""
+    if delimiter is None:
+        return None
+    chosen = _DELIMITER_NAMES.get(delimiter.lower() if len(delimiter) > 1 else delimiter, delimiter)
+    if len(chosen) != 1 or chosen in ("\n", "\r", '"'):
+        raise QueryError(
+            f"--delimiter must be one character (or '\\t' for a tab), got {delimiter!r}"
+        )
+    return chosen
 
 
 def sniff_delimiter(path: str) -> str:
@@ -1154,6 +1204,7 @@ def open_input(
             if len(empty) == len(files):
                 return _scan_of_nothing([f for f, _ in files], fmt, needed, filter_columns)
             files = [(f, base) for f, base in files if f not in empty]
+    delimiter = parse_delimiter(delimiter)
     options: dict[str, Any] = {
         "delimiter": delimiter, "column_types": dict(column_types or {}),
         "block_size": sample_bytes,

@@ -878,3 +878,40 @@ def test_uint64_beside_a_signed_integer_unifies_exactly(tmp_path):
         {"k": 1, "s": decimal.Decimal(2**63 + 4), "hi": decimal.Decimal(2**63 + 5)},
         {"k": 2, "s": decimal.Decimal(-1), "hi": decimal.Decimal(7)},
     ]
+
+
+def test_delimiter_names_and_bad_delimiters(tmp_path):
+    """``\\t`` and ``tab`` are a tab (a shell passes the two characters); more than one
+    character, or none, is a usage error, not Arrow's internal message."""
+    path = tmp_path / "t.txt"
+    path.write_text("k\tv\na\t1\nb\t2\na\t3\n")
+    for name in ("\\t", "tab", "\t"):
+        got = extagg.aggregate_files(str(path), by="k", aggs={"s": ("v", "sum")}, format="csv",
+                                     delimiter=name).read_all()  # fmt: skip
+        assert sorted(got.to_pylist(), key=str) == [{"k": "a", "s": 4}, {"k": "b", "s": 2}]
+    for bad in (";;", "", "\n"):
+        with pytest.raises(QueryError, match="--delimiter must be one character"):
+            extagg.aggregate_files(str(path), by="k", format="csv", delimiter=bad)
+
+
+def test_text_read_errors_name_the_column_the_type_and_long_lines(tmp_path):
+    """A CSV value past the inferred type names the column (Arrow says ``column #1``); a JSON
+    one says how to type it; a line longer than a read block says so."""
+    csv = tmp_path / "late.csv"
+    with open(csv, "w") as f:
+        f.write("k,v\n")
+        f.writelines(f"k{i % 10},{i}\n" for i in range(1_000_000))
+        f.write("k1,1.5\n")
+    with pytest.raises(InputError, match="type of column 'v' was inferred"):
+        extagg.aggregate_files(str(csv), by="k", aggs={"s": ("v", "sum")}).read_all()
+    jsonl = tmp_path / "late.jsonl"
+    with open(jsonl, "w") as f:
+        f.writelines(json.dumps({"k": i % 5, "v": i}) + "\n" for i in range(300_000))
+        f.write(json.dumps({"k": 1, "v": 0.5}) + "\n")
+    with pytest.raises(InputError, match="give it with --column-types NAME:TYPE"):
+        extagg.aggregate_files(str(jsonl), by="k", aggs={"s": ("v", "sum")}).read_all()
+    long = tmp_path / "long.csv"
+    long.write_text("k,v,blob\na,1,x\nb,2," + "y" * 5_000_000 + "\n")
+    with pytest.raises(InputError, match=r"a line longer than the .* blocks"):
+        extagg.aggregate_files(str(long), by="k", aggs={"s": ("v", "sum")},
+                               memory="32m").read_all()  # fmt: skip
