@@ -945,6 +945,8 @@ class _GatedStream:
         self._ended = False  # a read has returned the end of the file since close()
         #: the ``pa.PythonFile`` over this stream, while one lives (see :meth:`arrow_stream`)
         self.python_file: Callable[[], Any] = lambda: None
+        #: a ``\r`` that ended the last read, held back for the next (see :meth:`read`)
+        self._carry = b""
         _OPEN_GATES.add(self)
 
     def arrow_stream(self) -> Any:
@@ -969,9 +971,19 @@ class _GatedStream:
             if not self._admit():
                 self._ended = True
                 return b""
-            buffer = self._stream.read_buffer(nbytes)
-            if not buffer.size:  # the end of the file: no more reads
+            carry, self._carry = self._carry, b""
+            want = nbytes - len(carry) if nbytes > len(carry) else nbytes
+            buffer: Any = self._stream.read_buffer(want)
+            if carry:
+                buffer = carry + buffer.to_pybytes()
+            size = len(buffer)
+            if not size:  # the end of the file: no more reads
                 self._ended = True
+            elif size > 1 and buffer[size - 1 : size] == b"\r":
+                # each read is a block of Arrow's CSV reader, which drops the \n of a quoted
+                # \r\n split between two blocks (pyarrow 26): blocks do not end in a \r
+                self._carry = b"\r"
+                buffer = buffer[: size - 1]
             return buffer
         finally:
             with self._cond:
