@@ -205,11 +205,12 @@ def _run_aggregate(args: argparse.Namespace) -> int:
         output = args.output
         fmt = None
         if output is not None:
-            from extagg.io.output import output_format
+            from extagg.io.output import output_format, output_problem
 
             fmt = output_format(output, args.output_format)
-            if output != "-" and os.path.exists(output) and not args.overwrite:
-                raise QueryError(f"output {output} exists; pass --overwrite to replace it")
+            problem = output_problem(output, args.overwrite)
+            if problem is not None:
+                raise QueryError(problem)
         if args.json_summary:
             folder = os.path.dirname(os.path.abspath(args.json_summary))
             if not os.path.isdir(folder):

@@ -678,7 +678,7 @@ def test_output_through_a_symlink_replaces_its_target_and_a_pipe_is_refused(tmp_
     assert link.is_symlink() and target.read_text().startswith('"g","n"')
     fifo = tmp_path / "pipe.csv"
     os.mkfifo(fifo)
-    assert main([*argv, "-o", str(fifo)]) == 1
+    assert main([*argv, "-o", str(fifo)]) == 2  # refused before the run, as a usage error
     assert "is not a regular file" in capsys.readouterr().err
     assert fifo.is_fifo() and not [p for p in tmp_path.iterdir() if "extagg-tmp" in p.name]
 
@@ -1021,3 +1021,21 @@ def test_disk_full_writing_a_sort_run(tiny_fs):
     assert err.value.errno == errno.ENOSPC and str(tiny_fs) in str(err.value.directory)
     assert not [p for p in tiny_fs.rglob("*") if p.is_file()]
     assert tmm.memory_used == 0
+
+
+def test_a_device_output_and_a_file_as_spill_dir_are_named_first(tmp_path, data, capsys):
+    """``-o /dev/full`` asked for ``--overwrite`` before saying a device is refused; a spill
+    directory that is a file said "File exists"; an output directory where no file can be
+    made showed the temporary file's name in a raw OS error."""
+    src, _ = data
+    argv = ["aggregate", str(src), "--by", "g", "--agg", "n=count(*)", "-q"]
+    assert main([*argv, "-o", "/dev/full", "--output-format", "csv"]) == 2
+    assert "/dev/full is not a regular file" in capsys.readouterr().err
+    plain = tmp_path / "plain"
+    plain.write_text("x")
+    assert main([*argv, "--spill-dir", str(plain), "--memory", "1m", "-o", "-"]) == 1
+    assert f"cannot spill to {plain}: it is not a directory" in capsys.readouterr().err
+    assert main([*argv, "-o", "/proc/extagg-out.csv"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot write /proc/extagg-out.csv: no file can be made in /proc" in err
+    assert "extagg-tmp" not in err

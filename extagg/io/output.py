@@ -63,6 +63,21 @@ def output_format(path: str, explicit: str | None = None) -> str:
     return by_ext
 
 
+def output_problem(path: str, overwrite: bool) -> str | None:
+    """Why ``path`` cannot be the output (a device or pipe; a file there without
+    ``overwrite``), or ``None``."""
+    if path == "-" or not os.path.exists(path):
+        return None
+    if not os.path.isfile(os.path.realpath(path)):
+        return (
+            f"output {path} is not a regular file (a pipe, a device): the result is written to "
+            "a temporary file renamed over it; write to a file, or -o - for standard output"
+        )
+    if not overwrite:
+        return f"output {path} exists; pass --overwrite (overwrite=True) to replace it"
+    return None
+
+
 def _temp_beside(path: str) -> tuple[str, IO[bytes]]:
     """A new temporary file in ``path``'s directory (same filesystem: the rename is atomic),
     with the permissions the file will have: those of the file it replaces, else what
@@ -339,11 +354,9 @@ class ResultWriter:
             self.directory = "<stdout>"
             self._file = sys.stdout.buffer
         else:
-            if os.path.exists(path) and not overwrite:
-                raise OutputError(
-                    f"output {path} exists; pass --overwrite (overwrite=True) to replace it",
-                    errno=errno_mod.EEXIST,
-                )
+            problem = output_problem(path, overwrite)
+            if problem is not None:
+                raise OutputError(problem, errno=errno_mod.EEXIST)
             if os.path.islink(path):  # the link's target is replaced; the link stays
                 path = self.path = os.path.realpath(path)
             if os.path.exists(path) and not os.path.isfile(path):
@@ -355,7 +368,15 @@ class ResultWriter:
             self.directory = os.path.dirname(os.path.abspath(path))
             if not os.path.isdir(self.directory):
                 raise OutputError(f"output directory {self.directory} does not exist")
-            self._tmp, self._file = _temp_beside(path)
+            try:
+                self._tmp, self._file = _temp_beside(path)
+            except OSError as exc:
+                raise OutputError(
+                    f"cannot write {path}: no file can be made in {self.directory}: "
+                    f"{exc.strerror or exc}",
+                    directory=self.directory,
+                    errno=exc.errno,
+                ) from exc
         #: the format's writer starts (a CSV header, a Parquet or Arrow schema) at the first
         #: batch or the commit: an error before any result (a --having that does not fit the
         #: result's types) left a CSV header on stdout

@@ -32,7 +32,7 @@ from extagg.io.inputs import (
     text_blocks_held,
     unknown_column,
 )
-from extagg.io.output import ResultWriter
+from extagg.io.output import ResultWriter, output_problem
 from extagg.io.output import output_format as pick_output_format
 from extagg.io.where import ParsedExpression, parse_expression
 from extagg.memory import MemoryConsumer
@@ -620,8 +620,9 @@ def aggregate_files(
         return query.run(callback)
     out = os.fspath(output)
     fmt = pick_output_format(out, output_format)
-    if out != "-" and os.path.exists(out) and not overwrite:
-        raise QueryError(f"output {out} exists; pass overwrite=True (--overwrite) to replace it")
+    problem = output_problem(out, overwrite)
+    if problem is not None:
+        raise QueryError(problem)
     try:
         with latched_interrupts():  # the whole run is here: a Ctrl-C lost in a __del__ counts
             reader = query.run(callback)

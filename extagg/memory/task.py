@@ -287,7 +287,8 @@ class TaskMemoryManager:
         try:
             reported = victim.spill(size, trigger)
         except BaseException as exc:
-            logger.error("task %r: error while calling spill() on %s", self._task_id, victim.name)
+            log = logger.debug if isinstance(exc, KeyboardInterrupt) else logger.error
+            log("task %r: error while calling spill() on %s", self._task_id, victim.name)
             if hasattr(exc, "add_note"):
                 exc.add_note(f"raised by spill() of {victim.name}, triggered by {trigger.name}")
             raise

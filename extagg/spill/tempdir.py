@@ -24,6 +24,7 @@ Nothing is left behind, even by a process killed with SIGKILL:
 from __future__ import annotations
 
 import atexit
+import errno
 import logging
 import os
 import re
@@ -171,6 +172,12 @@ def _acquire_subdir(base: str) -> str:
     with _process_lock:
         path = _process_dirs.get((pid, base))
         if path is None or not os.path.isdir(path):
+            if os.path.exists(base) and not os.path.isdir(base):
+                raise SpillError(
+                    f"cannot spill to {base}: it is not a directory",
+                    directory=base,
+                    errno=errno.ENOTDIR,
+                )
             try:
                 os.makedirs(base, exist_ok=True)
                 if base not in _swept:
