@@ -113,6 +113,12 @@ def aggregate(
     >>> sorted(t.to_pylist(), key=lambda r: r["k"])
     [{'k': 'a', 's': 4}, {'k': 'b', 's': 2}]
     """
+    for name in ("sort", "where", "having"):
+        if name in options:
+            raise TypeError(
+                f"aggregate() takes no {name}=: filter or sort the input or the returned "
+                f"table with pyarrow (aggregate_files() takes {name}= for files)"
+            )
     asked: Mapping[str, tuple[str, str]] = agg_mapping(aggs)
     stream = arrow_stream(source)  # a Polars DataFrame, a DuckDB relation: read batch by batch
     if stream is not None:

@@ -254,3 +254,10 @@ def test_frames_and_dicts_a_query_cannot_read_are_named() -> None:
         aggregate(twice, "k", {"s": ("v", "sum")}, memory="4m")
     with pytest.raises(TypeError, match="column 'v' must be an array"):
         aggregate({"k": np.array([1, 2]), "v": 5}, "k", {"s": ("v", "sum")}, memory="4m")
+
+
+def test_file_only_options_are_named_by_aggregate() -> None:
+    table = pa.table({"k": [1], "v": [2]})
+    for name in ("sort", "where", "having"):
+        with pytest.raises(TypeError, match=f"aggregate\\(\\) takes no {name}="):
+            aggregate(table, "k", {"s": ("v", "sum")}, **{name: True})
