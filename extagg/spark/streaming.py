@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from extagg._config import parse_size
+from extagg.errors import SumOverflowError
 from extagg.generic.aggregator import Aggregator
 from extagg.generic.external_map import ExternalAppendOnlyMap
 from extagg.spark.dataframe import AggregationPlan, final_aggregate, partial_aggregate
@@ -42,6 +43,21 @@ def _add(a: Any, b: Any) -> Any:
     if b is None:
         return a
     return a + b
+
+
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _add_in_int64(output: str, a: Any, b: Any) -> Any:
+    """:func:`_add`, an integer total outside ``int64`` a :class:`SumOverflowError` (Spark's
+    ARITHMETIC_OVERFLOW; within one batch the engine raises it, across batches this does)."""
+    total = _add(a, b)
+    if type(total) is int and not _INT64[0] <= total <= _INT64[1]:
+        raise SumOverflowError(
+            f"aggregate {output!r}: the running total {total} leaves int64 across "
+            "micro-batches ([ARITHMETIC_OVERFLOW] in Spark); nothing of this batch is committed"
+        )
+    return total
 
 
 def _min(a: Any, b: Any) -> Any:
@@ -185,6 +201,8 @@ def _state_merge(plan: AggregationPlan, name: str) -> Callable[[Any, Any], Any]:
             op = _MERGE[o.final[name][1]]
             if op in (_min, _max):
                 return functools.partial(_nan_aware, op)
+            if op is _add and o.func == "sum":  # a mean's sum is Spark's double: no limit
+                return functools.partial(_add_in_int64, o.output)
             return op
     raise KeyError(name)
 

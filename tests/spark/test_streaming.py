@@ -33,3 +33,23 @@ def test_killed_and_restarted_query_state_equals_batch_answer(tmp_path):
     assert out.count("batch 2 merged into the state") == 2
     feed = list(read_change_feed(str(tmp_path / "state"), 0))
     assert sorted({row[0] for row in feed}) == [0, 1, 2, 3, 4]
+
+
+def test_a_running_sum_leaving_int64_is_an_overflow_error(tmp_path, spark):
+    """A long ``sum`` past int64 across micro-batches went into the state unchecked (Spark:
+    ARITHMETIC_OVERFLOW; within one batch extagg raises): the state then could not be
+    exported. The batch that overflows fails, uncommitted; a mean's sum has no such limit."""
+    from extagg.errors import SumOverflowError
+    from extagg.spark import StatefulAggregate
+    from extagg.state import Checkpoint
+
+    value = 3 * 2**60  # two of them fit in int64, three do not
+    one = spark.createDataFrame([("o", value)], "k string, v long")
+    state = str(tmp_path / "state")
+    running = StatefulAggregate(["k"], {"s": ("v", "sum"), "m": ("v", "mean")}, state)
+    running(one, 0)
+    running(one, 1)
+    with pytest.raises(SumOverflowError, match=r"aggregate 's'.*leaves int64"):
+        running(one, 2)
+    assert Checkpoint(state).last_committed_batch() == 1
+    assert running.results(one.schema)["o"] == {"s": 2 * value, "m": float(value)}
