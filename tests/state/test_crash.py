@@ -74,6 +74,10 @@ def test_killed_commits_leave_published_versions_intact(tmp_path):
         try:
             assert child.stdout.readline().strip() == "ready", child.stderr.read()
             time.sleep(rng.uniform(0.05, 1.5))
+            if round_number >= 4:  # then kill inside a commit, whatever the machine's pace
+                deadline = time.monotonic() + 10
+                while not temp_files(directory) and time.monotonic() < deadline:
+                    time.sleep(0.0005)
         finally:
             child.send_signal(signal.SIGKILL)
             child.wait()
