@@ -734,11 +734,27 @@ class HashAggregator(Spillable[ColumnBlock]):
         self.maybe_spill(
             self.table_state.in_use() + var_bytes, "no memory for the key bytes of a chunk"
         )
-        if not self.budget.hold_more(var_bytes):
+        if not self.budget.hold_more(var_bytes) and not self._restart_empty_table(var_bytes):
             raise MemoryLimitError(
                 f"{self.name} needs {format_size(var_bytes)} more for the key bytes of a chunk "
                 f"({self.budget.describe()})"
             )
+
+    def _restart_empty_table(self, var_bytes: int) -> bool:
+        """An empty table started large (sized for a partition's rows read back, without
+        headroom) may leave no room for a chunk's key bytes: start it again at its smallest and
+        hold them (``count_distinct`` beside three aggregates by a string key failed at 1 MiB
+        with an empty 16 384-slot table holding 623 KiB). Whether they are held now."""
+        st = self.table_state
+        table = st.table
+        if table is None or table.num_groups != 0 or table.nbytes <= self._table_bytes():
+            return False
+        st.table = None
+        st.var_arena = None
+        self._chunk_arrays.clear()
+        self.budget.free(self.budget.used)
+        self._ensure_table()
+        return self.budget.hold_more(var_bytes)
 
     def _fold(
         self,

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from extagg import run_metrics
 from extagg.columnar import DistinctAggregator, HashAggregator, aggregate
 from extagg.columnar.distinct import JoinError, join_hashed
 from tests.columnar.reference import canon
@@ -442,6 +443,34 @@ def test_count_distinct_beside_a_sum_by_many_string_keys(memory) -> None:
         sorted(zip(want["k"].to_pylist(), want["v_count_distinct"].to_pylist(),
                    want["v_sum"].to_pylist()))
     )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_count_distinct_beside_string_states_at_the_smallest_budget() -> None:
+    """A sum, a string ``min`` and ``first`` and a ``count_distinct`` by ~20 k string keys at
+    1 MiB: a partition of the level read back started its table sized for the partition's
+    rows, without headroom, and an empty table of 623 KiB then had no room for its first
+    chunk's key bytes (``MemoryLimitError``). An empty table is now started again at its
+    smallest when that happens."""
+    n = 100_000
+    rng = np.random.default_rng(7)
+    table = pa.table(
+        {
+            "k": pa.array([f"key-{i:06d}-ü" for i in rng.integers(0, 20_000, n)]),
+            "v": pa.array(rng.integers(-(10**12), 10**12, n)),
+        }
+    )
+    aggs = {"s": ("v", "sum"), "lo": ("k", "min"), "f": ("k", "first"),
+            "cd": ("v", "count_distinct")}  # fmt: skip
+    batches = table.to_batches(max_chunksize=7919)
+    got = aggregate(batches, keys="k", aggs=aggs, memory="1m", threads=1)
+    assert run_metrics(got).spill_count > 0
+    want = aggregate(batches, keys="k", aggs=aggs)
+    key = [("k", "ascending")]
+    assert got.sort_by(key).equals(want.sort_by(key))
+    ref = table.group_by("k").aggregate([("v", "count_distinct"), ("v", "sum")]).sort_by(key)
+    assert got.sort_by(key)["cd"].to_pylist() == ref["v_count_distinct"].to_pylist()
+    assert got.sort_by(key)["s"].to_pylist() == ref["v_sum"].to_pylist()
 
 
 def test_rows_aside_buffers_are_written_out_when_others_need_the_memory(tmp_path) -> None:
