@@ -29,13 +29,15 @@ demo: $(STAMP)
 demo-generic: $(STAMP)
 	$(PY) -m extagg demo
 
-## test: lint, type check and every test, slow and PySpark ones included
+## test: lint, type check and every test, slow and PySpark ones included, on every core the
+##       process may use (pytest-xdist workers, at most 4: each PySpark worker starts a JVM)
+TEST_JOBS ?= $(shell $(PYTHON) -c 'import os; print(max(1, min(4, len(os.sched_getaffinity(0)))))')
 test: $(STAMP) java
 	$(VENV)/bin/ruff check extagg tests benchmarks
 	$(VENV)/bin/ruff format --check extagg tests benchmarks
 	$(PY) -m mypy
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_JOBS)
 
 ## faults: the fault-injection suites, larger than in CI: every write/fsync/rename of bigger
 ## workloads failed in turn, and FAULTS SIGKILLs per workload (counts in faults-report.json)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import struct
 import subprocess
 import sys
@@ -103,8 +104,9 @@ def test_every_flipped_bit_and_every_truncation_is_detected(tmp_path, compressio
         (b"", "empty"),
         (b"EXAGSTAT", "too short for a header"),
         (b"hello, this is a text file, not state\n", "not an extagg state file"),
-        (os.urandom(64), "not an extagg state file"),
+        (random.Random(64).randbytes(64), "not an extagg state file"),
     ],
+    ids=["empty", "short", "text", "random-bytes"],
 )
 def test_empty_and_foreign_files(tmp_path, content, reason):
     path = tmp_path / "1.delta"
