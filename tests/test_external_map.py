@@ -621,3 +621,47 @@ def test_keys_whose_equality_raises_one_way_round_merge_as_a_dict_does(spill_dir
     ) as emap:
         emap.insert_all(records)
         assert [(int(k), v) for k, v in emap.iterator()] == [(1, runs)]
+
+
+@pytest.mark.parametrize("value_bytes", [1 << 20, 64 << 10])
+def test_big_values_are_taken_in_chunks_the_budget_holds(spill_dir, value_bytes):
+    """``insert_all`` took records 1 024 (typed path: 4 096) at a time before checking the
+    budget: 300 values of 1 MiB under 16 MiB were all held at once, nothing spilled. The
+    chunks are now sized by the records' measured size."""
+    import tracemalloc
+
+    budget = 16 << 20
+    n = (300 << 20) // value_bytes
+    records = ((i, bytes([i % 256]) * value_bytes) for i in range(n))  # one at a time
+    tracemalloc.start()
+    try:
+        with ExternalAppendOnlyMap(
+            Aggregator.reducing(lambda a, b: a + b), memory=budget, spill_dirs=[str(spill_dir)]
+        ) as m:
+            m.insert_all(records)
+            peak = tracemalloc.get_traced_memory()[1]
+            assert m.metrics.spill_count > 0
+            assert m.metrics.peak_memory_bytes <= 1.1 * budget
+            got = dict(m.iterator())
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * budget, peak  # the map's share, a chunk and a spill's buffers
+    assert len(got) == n and all(got[i] == bytes([i % 256]) * value_bytes for i in (0, n - 1))
+    assert not files_under(spill_dir)
+
+
+def test_records_of_256_kib_spill_and_merge_under_32_mib(spill_dir):
+    """Run batches were 16 records at least: 16 records of 256 KiB (1/128 of the budget) made
+    the merge's two read buffers need 32 MiB, ``MemoryLimitError`` 'a record too large for this
+    budget'. A batch holds one big record now."""
+    with ExternalAppendOnlyMap(
+        Aggregator.reducing(lambda a, b: a + b), memory="32m", spill_dirs=[str(spill_dir)]
+    ) as m:
+        for i in range(600):
+            m.insert(i % 500, bytes([i % 256]) * (256 << 10))
+        assert m.metrics.spill_count > 1
+        got = dict(m.iterator())
+    assert len(got) == 500
+    assert got[7] == bytes([7]) * (256 << 10) + bytes([507 % 256]) * (256 << 10)
+    assert got[100] == bytes([100]) * (256 << 10)
+    assert not files_under(spill_dir)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import sys
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from itertools import chain, islice
@@ -33,6 +34,7 @@ from extagg._interrupts import deferred_interrupts
 from extagg.collection import SizeTrackingAppendOnlyMap
 from extagg.collection.append_only_map import DEFAULT_CAPACITY, SORT_BYTES_PER_ENTRY
 from extagg.collection.pair_arrays import PairArrays
+from extagg.collection.size_estimator import estimate_size
 from extagg.errors import BadKeyError, MemoryLimitError
 from extagg.generic.aggregator import Aggregator
 from extagg.generic.keys import canonical_keys
@@ -58,6 +60,12 @@ log = logging.getLogger(__name__)
 CHUNK = 1024
 #: the same on the typed path (compiled folds amortise their per-chunk cost over more records)
 TYPED_CHUNK = 4096
+#: the share of ``max_memory`` one chunk's records may take (``MIN_CHUNK_BYTES`` at least):
+#: records of 1 MiB in chunks of 1 024 held a GiB under an 8 MiB budget between spill checks
+CHUNK_BUDGET_SHARE = 16
+MIN_CHUNK_BYTES = 1 << 20
+#: records sampled (deep size) in each chunk to size the next
+CHUNK_SAMPLES = 4
 MIN_SPILL_FLOOR = 64 * 1024
 
 INSERT_AFTER_ITERATOR = "Cannot insert new elements into a map after calling iterator"
@@ -178,6 +186,10 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
         every = self.force_spill_every
         chunk = CHUNK if self._typed_op is None else TYPED_CHUNK
         self._chunk = chunk if every is None else min(chunk, every)
+        #: records taken from the input at a time: ``_chunk``, fewer when records are big
+        #: (measured on each chunk; the first chunk's records are added up as taken)
+        self._chunk_records = self._chunk
+        self._chunks_sized = False
 
     def _new_map(
         self, capacity: int = DEFAULT_CAPACITY
@@ -203,7 +215,7 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
     # ------------------------------------------------------------------ inserting
     def insert(self, key: Hashable, value: Any) -> None:
         """Fold one record (see :meth:`insert_all`)."""
-        self.insert_all(((key, value),))
+        self._insert_pairs(((key, value),), size_chunks=False)
 
     def insert_all(self, pairs: Iterable[tuple[Hashable, Any]]) -> None:
         """Fold every ``(key, value)`` pair of ``pairs`` (any iterable, consumed lazily).
@@ -217,14 +229,18 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
         full, spill cap, a combiner that cannot be pickled) the map takes no more input (it
         would grow past its grant): it raises again at once; what was folded can still be read.
         """
+        self._insert_pairs(pairs, size_chunks=True)
+
+    def _insert_pairs(self, pairs: Iterable[tuple[Hashable, Any]], size_chunks: bool) -> None:
+        """:meth:`insert_all`; ``size_chunks``: measure the records to size the chunks (not
+        for :meth:`insert`'s one record, where it doubled the cost of a call)."""
         self.check_open(INSERT_AFTER_ITERATOR)
         aggregator = self.aggregator
         create, merge = aggregator.create_combiner, aggregator.merge_value
         it = iter(pairs)
-        chunk_size = self._chunk
         offset = 0  # records of ``pairs`` folded so far
         while True:
-            chunk = list(islice(it, chunk_size))
+            chunk = self._take_chunk(it) if size_chunks else list(islice(it, self._chunk))
             if not chunk:
                 return
             failure: BaseException | None = None
@@ -234,11 +250,53 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
                 failure = TypeError(_bad_pairs_message(chunk[bad], offset + bad))
                 split = _split_pairs(chunk[:bad]) or ([], [])
             key_list, values = split
-            if key_list:
-                self._fold_chunk(key_list, values, create, merge, offset)
+            # records bigger than the last ones: fold the chunk in parts, the map's room
+            # checked (and spilled) before each
+            step = self._size_chunks(key_list, values) if size_chunks else len(key_list) or 1
+            for start in range(0, len(key_list), step):
+                stop = start + step
+                self._fold_chunk(key_list[start:stop], values[start:stop], create, merge, offset)
+                offset += len(key_list[start:stop])
             if failure is not None:
                 raise failure
-            offset += len(key_list)
+
+    def _take_chunk(self, it: Iterator[Any]) -> list[Any]:
+        """The next chunk of ``it``: ``_chunk_records`` records; the first chunk stops early
+        when its records' shallow sizes add up to the chunk's share of the budget (their size
+        is not known yet: a first chunk of 1 024 records of 1 MiB is not taken whole)."""
+        if self._chunks_sized:
+            return list(islice(it, self._chunk_records))
+        limit = self._chunk_bytes()
+        chunk: list[Any] = []
+        total = 0
+        getsizeof = sys.getsizeof
+        for pair in islice(it, self._chunk_records):
+            chunk.append(pair)
+            try:
+                total += getsizeof(pair[0]) + getsizeof(pair[1])
+            except Exception:  # not a pair: reported by the fold, with its index
+                break
+            if total > limit:
+                break
+        return chunk
+
+    def _chunk_bytes(self) -> int:
+        return max(MIN_CHUNK_BYTES, self.budget.max_memory // CHUNK_BUDGET_SHARE)
+
+    def _size_chunks(self, keys: list[Any], values: Sequence[Any]) -> int:
+        """Records per chunk for records like these (a few sampled, deep size), so that a
+        chunk takes at most 1/``CHUNK_BUDGET_SHARE`` of the budget: the next chunks are taken
+        that size, and this one is folded in parts that size."""
+        n = len(keys)
+        if n == 0:
+            return 1
+        step = max(1, n // CHUNK_SAMPLES)
+        picks = range(0, n, step)[:CHUNK_SAMPLES]
+        total = sum(estimate_size(keys[i]) + estimate_size(values[i]) for i in picks)
+        per_record = max(1, total // len(picks))  # shared small ints count 0
+        self._chunk_records = max(1, min(self._chunk, self._chunk_bytes() // per_record))
+        self._chunks_sized = True
+        return self._chunk_records
 
     def _fold_chunk(
         self,
@@ -511,7 +569,9 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
         if block is not None and len(block):
             self._row_bytes = max(1, block.nbytes() // len(block))
         target = max(64 * 1024, self.budget.max_memory // (4 * self.fan_in))
-        return max(16, min(self.batch_size, target // self._row_bytes))
+        # a batch of one big row at least: sixteen rows of 256 KiB made the merge's two read
+        # buffers need 32 MiB under a 32 MiB budget (MemoryLimitError)
+        return max(1, min(self.batch_size, target // self._row_bytes))
 
     def _write_run(
         self,
