@@ -268,22 +268,67 @@ class _Parser:
                     self.text, at.pos,
                 ) from None  # fmt: skip
         numbers = _is_number(value_set.type)
+        whole = pa.types.is_integer(value_set.type) or (
+            pa.types.is_decimal(value_set.type) and value_set.type.scale == 0
+        )
+        if pa.types.is_integer(left_type) and whole:
+            # as values of the column's type (Arrow cast the column to int64: a uint64 past
+            # 2^63 failed); a value outside its range equals no row
+            low, high = _int_range(left_type)
+            fit = [v if v is None else int(v) for v in value_set.to_pylist()]
+            return left, pa.array([v for v in fit if v is None or low <= v <= high], left_type)
         if pa.types.is_decimal(left_type) and numbers:
             # as decimals of the column's type (Arrow cast the column to the values' type:
             # "Rescaling Decimal value would cause data loss"); a value it cannot hold
             # exactly equals no row
             return left, pa.array(_fitting_decimals(value_set.to_pylist(), left_type), left_type)
         if pa.types.is_floating(left_type) and numbers:
-            # -0.0 is 0.0 (Arrow's set lookup tells their bits apart); NaN matches NaN
-            values = pc.add(pc.cast(value_set, left_type), pa.scalar(0.0, left_type))
+            # -0.0 is 0.0 (Arrow's set lookup tells their bits apart); NaN matches NaN; an
+            # integer is the float nearest it, as in SQL
+            values = pc.add(pc.cast(value_set, left_type, safe=False), pa.scalar(0.0, left_type))
             zero = self.constant(pa.scalar(0.0, left_type))
             return self.call(pc.add, left, zero), values
         return left, value_set
 
     def cast(self, expr: pc.Expression, typ: pa.DataType) -> pc.Expression:
-        """``expr`` cast to ``typ`` (and its eager form)."""
+        """``expr`` cast to ``typ`` (and its eager form). An integer to a float rounds, as in
+        SQL (Spark, DuckDB): Arrow's safe cast refused an int64 past 2^53."""
         fn = self.fn(expr)
-        return self.made(expr.cast(typ), lambda b: pc.cast(fn(b), typ))
+        src = self.type_of(expr) if self._empty is not None else None
+        safe = not (src is not None and pa.types.is_integer(src) and pa.types.is_floating(typ))
+        cast = expr.cast(typ, safe=safe)
+        if not safe:
+            # behind an addition: a Parquet scan's row-group pruning checks its statistics
+            # against a bare cast with a safe cast of its own (``i < 1e300`` failed so)
+            cast = pc.add(cast, pc.scalar(pa.scalar(0.0, typ)))
+        return self.made(cast, lambda b: pc.cast(fn(b), typ, safe=safe))
+
+    def _as_float(self, expr: pc.Expression) -> pc.Expression:
+        """An integer operand beside a float as a double: a literal as the double nearest it
+        (``f = 9007199254740993`` was refused), a column cast, rounding past 2^53."""
+        literal = self._ints.get(id(expr))
+        if literal is not None:
+            return self.constant(pa.scalar(float(literal), pa.float64()))
+        return self.cast(expr, pa.float64())
+
+    def _fit_unsigned(
+        self, func: Callable[..., Any], left: pc.Expression, right: pc.Expression
+    ) -> tuple[pc.Expression, pc.Expression]:
+        """A ``uint64`` beside a signed integer, exactly: compared with a literal of 0 or more
+        as a ``uint64``, else (a negative literal, a signed column, arithmetic) with both
+        sides as decimals (Arrow took both as int64: a value past 2^63 failed)."""
+        left_type, right_type = self.type_of(left), self.type_of(right)
+        for mine, other, other_type in ((left, right, right_type), (right, left, left_type)):
+            if not pa.types.is_uint64(self.type_of(mine)):
+                continue
+            if not pa.types.is_signed_integer(other_type):
+                continue
+            literal = self._ints.get(id(other))
+            if func in _ORDER and literal is not None and literal >= 0:
+                typed = self.constant(pa.scalar(literal, pa.uint64()))
+                return (left, typed) if other is right else (typed, right)
+            return self._as_decimal(left, left_type), self._as_decimal(right, right_type)
+        return left, right
 
     def binary(
         self, func: Callable[..., Any], left: pc.Expression, right: pc.Expression, at: _Tok
@@ -312,6 +357,13 @@ class _Parser:
             and (pa.types.is_integer(right_type) or pa.types.is_null(right_type))
         ):
             left, right = self.cast(left, pa.float64()), self.cast(right, pa.float64())
+        left_type, right_type = self.type_of(left), self.type_of(right)
+        if pa.types.is_integer(left_type) and pa.types.is_floating(right_type):
+            left = self._as_float(left)
+        elif pa.types.is_floating(left_type) and pa.types.is_integer(right_type):
+            right = self._as_float(right)
+        elif pa.types.is_integer(left_type) and pa.types.is_integer(right_type):
+            left, right = self._fit_unsigned(func, left, right)
         if func is pc.divide:
             right = self._null_if_zero(right)
         left_type, right_type = self.type_of(left), self.type_of(right)
@@ -678,6 +730,13 @@ _ORDER = (pc.equal, pc.not_equal, pc.less, pc.less_equal, pc.greater, pc.greater
 _INT_DIGITS = {8: 3, 16: 5, 32: 10, 64: 19}
 
 
+def _int_range(typ: pa.DataType) -> tuple[int, int]:
+    """The smallest and largest value of the integer type ``typ``."""
+    if pa.types.is_signed_integer(typ):
+        return -(2 ** (typ.bit_width - 1)), 2 ** (typ.bit_width - 1) - 1
+    return 0, 2**typ.bit_width - 1
+
+
 def _as_bool(fn: Callable[[pa.RecordBatch], Any]) -> Callable[[pa.RecordBatch], Any]:
     return lambda batch: pc.cast(fn(batch), pa.bool_())
 
@@ -736,6 +795,14 @@ def _fitting_decimals(values: list[Any], typ: pa.Decimal128Type) -> list[Decimal
 
 def _value_set(values: Iterable[object]) -> pa.Array:
     vals = [v.as_py() if isinstance(v, pa.Scalar) else v for v in values]
+    whole = [Decimal(v) for v in vals if type(v) is int or isinstance(v, Decimal)]
+    if (
+        any(isinstance(v, Decimal) for v in vals)
+        and len(whole) == sum(v is not None for v in vals)
+        and all(v == v.to_integral_value() and abs(v) < 10**38 for v in whole)
+    ):  # whole numbers past int64 (``u in (18446744073709551615)``): exact, as decimals
+        exact = [None if v is None else Decimal(v) for v in vals]  # type: ignore[arg-type]
+        return pa.array(exact, pa.decimal128(38, 0))
     if any(isinstance(v, Decimal) for v in vals) and all(
         isinstance(v, (int, Decimal)) for v in vals if v is not None
     ):
