@@ -18,6 +18,7 @@ __all__ = [
     "MemoryLimitError",
     "SpillError",
     "SumOverflowError",
+    "ExpressionOverflowError",
     "UsageError",
     "QueryError",
     "ExpressionError",
@@ -196,6 +197,31 @@ class ExpressionError(QueryError):
         The expression's text.
     position
         The 0-based offset of the offending token (clamped to the text).
+    """
+
+    def __init__(self, reason: str, expression: str, position: int) -> None:
+        self.reason = reason
+        self.expression = expression
+        self.position = max(0, min(position, len(expression)))
+        caret = " " * self.position + "^"
+        super().__init__(f"{reason} at position {self.position}:\n  {expression}\n  {caret}")
+
+
+class ExpressionOverflowError(ExtaggError, OverflowError):
+    """An integer ``+``, ``-`` or ``*`` of a ``--where`` / ``--having`` expression whose
+    result leaves its type on a row's values (as DuckDB and Spark's ANSI mode, the operands'
+    type is kept: ``int8 + int8`` is an ``int8``). A runtime error, unlike
+    :class:`ExpressionError`: the message names the values and shows the expression with a
+    caret under the operator.
+
+    Parameters
+    ----------
+    reason
+        The operation and the values that overflow.
+    expression
+        The expression's text.
+    position
+        The 0-based offset of the operator.
     """
 
     def __init__(self, reason: str, expression: str, position: int) -> None:

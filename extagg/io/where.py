@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from extagg.errors import ExpressionError
+from extagg.errors import ExpressionError, ExpressionOverflowError
 
 __all__ = ["ParsedExpression", "parse_expression"]
 
@@ -367,6 +367,8 @@ class _Parser:
         if func is pc.divide:
             right = self._null_if_zero(right)
         left_type, right_type = self.type_of(left), self.type_of(right)
+        if func in _CHECKED:
+            return self._checked(self.call(func, left, right, at=at), func, left, right, at)
         if func not in _ORDER or not (
             pa.types.is_floating(left_type) or pa.types.is_floating(right_type)
         ):
@@ -398,6 +400,36 @@ class _Parser:
         test = self.call(pc.or_kleene, numbers, nan_case)
         test = self.call(pc.invert, test) if func is pc.not_equal else test
         return self.made(test, self._eager_float_test(func, left, right) or self.fn(test))
+
+    def _checked(
+        self,
+        expr: pc.Expression,
+        func: Callable[..., Any],
+        left: pc.Expression,
+        right: pc.Expression,
+        at: _Tok,
+    ) -> pc.Expression:
+        """An integer ``+ - *`` whose eager form names the values and the operator when it
+        overflows (Arrow's bare "overflow" came out of the scan as the file's read error)."""
+        typ = self.type_of(expr)
+        if not pa.types.is_integer(typ):
+            return expr
+        inner, lf, rf, text = self.fn(expr), self.fn(left), self.fn(right), self.text
+
+        def run(batch: pa.RecordBatch) -> Any:
+            try:
+                return inner(batch)
+            except pa.ArrowInvalid as exc:
+                if "overflow" not in str(exc).lower():
+                    raise
+                a, b = _first_overflow(lf(batch), rf(batch), _CHECKED[func], typ)
+                raise ExpressionOverflowError(
+                    f"integer overflow: {a} {at.text} {b} does not fit {typ} (integer "
+                    f"arithmetic keeps its operands' type, as in DuckDB and Spark)",
+                    text, at.pos,
+                ) from None  # fmt: skip
+
+        return self.made(expr, run)
 
     def _eager_float_test(
         self, func: Callable[..., Any], left: pc.Expression, right: pc.Expression
@@ -728,6 +760,29 @@ _LOGICAL = (pc.invert, pc.and_kleene, pc.or_kleene)
 _ORDER = (pc.equal, pc.not_equal, pc.less, pc.less_equal, pc.greater, pc.greater_equal)
 #: decimal digits of the integers of a bit width
 _INT_DIGITS = {8: 3, 16: 5, 32: 10, 64: 19}
+
+
+#: the integer operations that fail on overflow, and their Python forms
+_CHECKED: dict[Callable[..., Any], Callable[[int, int], int]] = {
+    pc.add_checked: lambda a, b: a + b,
+    pc.subtract_checked: lambda a, b: a - b,
+    pc.multiply_checked: lambda a, b: a * b,
+}
+
+
+def _first_overflow(
+    left: Any, right: Any, op: Callable[[int, int], int], typ: pa.DataType
+) -> tuple[Any, Any]:
+    """The operands of the first row whose ``op`` leaves the integer type ``typ`` (for the
+    message; ``("?", "?")`` if none is found)."""
+    low, high = _int_range(typ)
+    rows = max([len(x) for x in (left, right) if not isinstance(x, pa.Scalar)], default=1)
+    a_vals = [left.as_py()] * rows if isinstance(left, pa.Scalar) else left.to_pylist()
+    b_vals = [right.as_py()] * rows if isinstance(right, pa.Scalar) else right.to_pylist()
+    for a, b in zip(a_vals, b_vals, strict=True):
+        if a is not None and b is not None and not low <= op(a, b) <= high:
+            return a, b
+    return "?", "?"
 
 
 def _int_range(typ: pa.DataType) -> tuple[int, int]:

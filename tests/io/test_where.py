@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 from decimal import Decimal
 
 import pyarrow as pa
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from extagg.errors import ExpressionError, QueryError
+from extagg.errors import ExpressionError, ExpressionOverflowError, QueryError
 from extagg.io.where import parse_expression
 
 ROWS = [
@@ -502,3 +503,53 @@ def test_64_bit_integers_compare_as_in_sql(text, expected, tmp_path):
     pq.write_table(WIDE, path)
     expr = parse_expression(text).bind(WIDE.schema)
     assert sorted(ds.dataset(path).to_table(filter=expr).column("i").to_pylist()) == expected
+
+
+SMALL = pa.table(
+    {
+        "i": pa.array([1, 2], pa.int64()),
+        "g": pa.array([2**63 - 1, 3], pa.int64()),
+        "t": pa.array([100, 1], pa.int8()),
+    }
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "values", "position"),
+    [
+        # DuckDB 2.0.1: "Overflow in multiplication of INT64 (9223372036854775807 * 1024)!"
+        ("g * 1024 > 0", "9223372036854775807 * 1024 does not fit int64", 2),
+        # DuckDB 2.0.1: "Overflow in addition of INT8 (100 + 100)!": int8 + int8 is an int8
+        ("t + t > 150", "100 + 100 does not fit int8", 2),
+        ("i = 1 or (0 - g) - 2 < 0", "-9223372036854775807 - 2 does not fit int64", 17),
+    ],
+)
+def test_integer_overflow_names_the_values_and_the_operator(text, values, position, tmp_path):
+    """Arrow's bare "overflow" came out of the scan as "cannot read FILE, row group 0"."""
+    import pyarrow.parquet as pq
+
+    import extagg
+
+    parsed = parse_expression(text)
+    parsed.bind(SMALL.schema)
+    with pytest.raises(ExpressionOverflowError) as err:
+        parsed.mask(SMALL.to_batches()[0])
+    assert values in str(err.value)
+    assert err.value.position == position
+    path = tmp_path / "small.parquet"
+    pq.write_table(SMALL, path)
+    with pytest.raises(ExpressionOverflowError, match=re.escape(values)):
+        extagg.aggregate_files(str(path), aggs=["n=count(*)"], where=text).read_all()
+
+
+def test_an_overflow_in_arrow_s_own_filter_says_it_is_the_where_arithmetic(tmp_path):
+    """An Arrow IPC file is filtered by Arrow's scan, without the eager mask: its bare
+    "overflow" was given as the file's read error."""
+    import pyarrow.feather as feather
+
+    import extagg
+
+    path = tmp_path / "small.arrow"
+    feather.write_feather(SMALL, path)
+    with pytest.raises(extagg.InputError, match="integer overflow in the --where expression"):
+        extagg.aggregate_files(str(path), aggs=["n=count(*)"], where="g * 2 > 0").read_all()
