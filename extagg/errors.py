@@ -8,6 +8,7 @@ a ``MemoryError``.
 from __future__ import annotations
 
 import os
+import unicodedata
 
 __all__ = [
     "BadKeyError",
@@ -203,7 +204,7 @@ class ExpressionError(QueryError):
         self.reason = reason
         self.expression = expression
         self.position = max(0, min(position, len(expression)))
-        caret = " " * self.position + "^"
+        caret = _caret(expression, self.position)
         super().__init__(f"{reason} at position {self.position}:\n  {expression}\n  {caret}")
 
 
@@ -228,8 +229,24 @@ class ExpressionOverflowError(ExtaggError, OverflowError):
         self.reason = reason
         self.expression = expression
         self.position = max(0, min(position, len(expression)))
-        caret = " " * self.position + "^"
+        caret = _caret(expression, self.position)
         super().__init__(f"{reason} at position {self.position}:\n  {expression}\n  {caret}")
+
+
+def _caret(text: str, position: int) -> str:
+    """A caret under ``text[position]`` as a terminal shows ``text``: a wide character (East
+    Asian wide or full-width, most emoji) takes two columns, a combining mark or format
+    character none, and a tab stays a tab (counting characters put the caret off after
+    them)."""
+    pad = []
+    for ch in text[:position]:
+        if ch == "\t":
+            pad.append("\t")
+        elif unicodedata.combining(ch) or unicodedata.category(ch) in ("Mn", "Me", "Cf"):
+            continue
+        else:
+            pad.append("  " if unicodedata.east_asian_width(ch) in ("W", "F") else " ")
+    return "".join(pad) + "^"
 
 
 class InputError(ExtaggError, ValueError):

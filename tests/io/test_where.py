@@ -101,6 +101,23 @@ def test_syntax_errors_show_a_caret(text, position, words):
     assert lines[2] == "  " + " " * position + "^"
 
 
+@pytest.mark.parametrize(
+    ("text", "caret"),
+    [
+        ("s = '😀' and and", "  " + " " * 5 + "  " + " " * 6 + "^"),  # an emoji: 2 columns
+        ("s = '日本' and and", "  " + " " * 5 + "    " + " " * 6 + "^"),  # East Asian wide
+        ("i = 1\tand and", "  " + " " * 5 + "\t" + " " * 4 + "^"),  # a tab stays a tab
+        ("s = 'e\u0301' and and", "  " + " " * 5 + " " + " " * 6 + "^"),  # a combining mark
+    ],
+)
+def test_the_caret_counts_terminal_columns(text, caret):
+    """The caret stood one column left of the error per wide character before it, and
+    wherever a tab put the rest."""
+    with pytest.raises(ExpressionError) as info:
+        parse_expression(text)
+    assert str(info.value).splitlines()[2] == caret
+
+
 @given(
     st.lists(st.one_of(st.none(), st.integers(-50, 50)), min_size=1, max_size=40),
     st.integers(-60, 60),
