@@ -358,6 +358,10 @@ class _Parser:
         ):
             left, right = self.cast(left, pa.float64()), self.cast(right, pa.float64())
         left_type, right_type = self.type_of(left), self.type_of(right)
+        if func in _ORDER:
+            test = self._integer_against_float_literal(func, left, right, at)
+            if test is not None:
+                return test
         if pa.types.is_integer(left_type) and pa.types.is_floating(right_type):
             left = self._as_float(left)
         elif pa.types.is_floating(left_type) and pa.types.is_integer(right_type):
@@ -400,6 +404,51 @@ class _Parser:
         test = self.call(pc.or_kleene, numbers, nan_case)
         test = self.call(pc.invert, test) if func is pc.not_equal else test
         return self.made(test, self._eager_float_test(func, left, right) or self.fn(test))
+
+    def _integer_against_float_literal(
+        self, func: Callable[..., Any], left: pc.Expression, right: pc.Expression, at: _Tok
+    ) -> pc.Expression | None:
+        """An integer compared with a finite float literal (``i < 1e3``) as the same test on
+        the integers, so a Parquet scan still skips row groups by their statistics (a cast
+        column hides them): as in SQL the integer is taken as the double nearest it, which
+        grows with it, so ``double(i) > x`` is ``i >= k`` for the least such ``k``. ``None``
+        for other operands."""
+        if isinstance(self.fn(left), _Constant):
+            func, left, right = _MIRROR[func], right, left
+        literal, typ = self.fn(right), self.type_of(left)
+        if not (isinstance(literal, _Constant) and pa.types.is_floating(literal.value.type)):
+            return None
+        x = literal.value.as_py()
+        if (
+            x is None
+            or x != x
+            or not pa.types.is_integer(typ)
+            or isinstance(self.fn(left), _Constant)
+        ):
+            return None
+        low, high = _int_range(typ)
+        above = _least_int(low, high, lambda n: float(n) > x)  # double(i) > x: i >= above
+        from_ = _least_int(low, high, lambda n: float(n) >= x)  # double(i) >= x: i >= from_
+
+        def at_least(n: int) -> pc.Expression:  # i >= n; past the type's top: false
+            if n > high:
+                return self.call(pc.less, left, self.constant(pa.scalar(low, typ)))
+            return self.call(pc.greater_equal, left, self.constant(pa.scalar(n, typ)))
+
+        def below(n: int) -> pc.Expression:  # i < n; past the type's top: true
+            if n > high:
+                return self.call(pc.greater_equal, left, self.constant(pa.scalar(low, typ)))
+            return self.call(pc.less, left, self.constant(pa.scalar(n, typ)))
+
+        if func in (pc.equal, pc.not_equal):
+            test = self.call(pc.and_kleene, at_least(from_), below(above))
+            return self.call(pc.invert, test) if func is pc.not_equal else test
+        return {
+            pc.greater: lambda: at_least(above),
+            pc.greater_equal: lambda: at_least(from_),
+            pc.less: lambda: below(from_),
+            pc.less_equal: lambda: below(above),
+        }[func]()
 
     def _checked(
         self,
@@ -783,6 +832,19 @@ def _first_overflow(
         if a is not None and b is not None and not low <= op(a, b) <= high:
             return a, b
     return "?", "?"
+
+
+def _least_int(low: int, high: int, test: Callable[[int], bool]) -> int:
+    """The least integer of ``low..high`` that passes ``test`` (false below it, true from
+    it on), or ``high + 1`` if none does."""
+    hi = high + 1
+    while low < hi:
+        mid = (low + hi) // 2
+        if test(mid):
+            hi = mid
+        else:
+            low = mid + 1
+    return low
 
 
 def _int_range(typ: pa.DataType) -> tuple[int, int]:

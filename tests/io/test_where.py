@@ -510,6 +510,11 @@ WIDE = pa.table(
         ("9007199254740993 = f", [4]),
         ("f in (1, 9007199254740993)", [1, 4]),
         ("g = 9007199254740992.0", []),  # a decimal literal: exact
+        ("g = 9007199254740992e0", [1, 4]),  # a float literal: 2^53 + 1 is the double 2^53
+        ("g > 9007199254740992e0", [5]),
+        ("g >= 9.2e18", [5]),
+        ("u < 1e19", [2, 4, 5]),
+        ("u = 1.8446744073709552e19", [1]),
     ],
 )
 def test_64_bit_integers_compare_as_in_sql(text, expected, tmp_path):
@@ -570,3 +575,17 @@ def test_an_overflow_in_arrow_s_own_filter_says_it_is_the_where_arithmetic(tmp_p
     feather.write_feather(SMALL, path)
     with pytest.raises(extagg.InputError, match="integer overflow in the --where expression"):
         extagg.aggregate_files(str(path), aggs=["n=count(*)"], where="g * 2 > 0").read_all()
+
+
+def test_an_integer_against_a_float_literal_still_skips_row_groups(tmp_path):
+    """The test is made on the integers (``i < 1.5e0`` is ``i < 2``), not on the column cast
+    to double, which a Parquet scan cannot check against its statistics."""
+    import pyarrow.parquet as pq
+
+    table = pa.table({"i": pa.array(range(100), pa.int64())})
+    path = tmp_path / "groups.parquet"
+    pq.write_table(table, path, row_group_size=10)
+    [fragment] = ds.dataset(path).get_fragments()
+    for text, groups in (("i < 1.5e0", 1), ("i = 5e1", 1), ("i > 1e300", 0), ("i >= -1e0", 10)):
+        expr = parse_expression(text).bind(table.schema)
+        assert len(fragment.split_by_row_group(expr)) == groups, text
