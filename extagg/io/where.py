@@ -327,7 +327,13 @@ class _Parser:
             if func in _ORDER and literal is not None and literal >= 0:
                 typed = self.constant(pa.scalar(literal, pa.uint64()))
                 return (left, typed) if other is right else (typed, right)
-            return self._as_decimal(left, left_type), self._as_decimal(right, right_type)
+            wide = self._as_decimal(left, left_type), self._as_decimal(right, right_type)
+            try:
+                self.type_of(func(*wide))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                # a product of two 64-bit columns needs 40 digits: 256-bit decimals
+                wide = tuple(self.cast(w, _decimal256(self.type_of(w))) for w in wide)
+            return wide[0], wide[1]
         return left, right
 
     def binary(
@@ -832,6 +838,11 @@ def _first_overflow(
         if a is not None and b is not None and not low <= op(a, b) <= high:
             return a, b
     return "?", "?"
+
+
+def _decimal256(typ: pa.Decimal128Type) -> pa.DataType:
+    """The 256-bit decimal type of ``typ``'s precision and scale."""
+    return pa.decimal256(typ.precision, typ.scale)
 
 
 def _least_int(low: int, high: int, test: Callable[[int], bool]) -> int:

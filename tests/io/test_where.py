@@ -498,6 +498,9 @@ WIDE = pa.table(
         ("u - 1 > 0", [1, 2, 5]),
         ("u - 6 < 0", [2, 4]),
         ("u + g > 0", [1, 2, 4, 5]),
+        ("u * g > 0", [1, 5]),  # 40 digits: 256-bit decimals
+        ("u * g = -5", [2]),
+        ("u * g + 1 > 0", [1, 4, 5]),
         ("u = 18446744073709551615", [1]),
         ("u > 1.5", [1, 2, 5]),
         # an integer beside a float is a double, rounded past 2^53 (Arrow's safe cast failed)
