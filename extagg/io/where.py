@@ -554,10 +554,16 @@ class _Parser:
         if self._empty is not None and at is not None:
             try:
                 self.type_of(expr)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
                 types = [str(self.type_of(a)) for a in args]
                 if "value_set" in kw:
                     types.append(f"values of type {kw['value_set'].type}")
+                if str(exc) == "overflow":  # Arrow folds the literals of ``i * a * b`` first
+                    raise ExpressionError(
+                        f"integer overflow: the literals beside {at.text!r} add or multiply to "
+                        f"a value outside the operands' types ({' and '.join(types)})",
+                        self.text, at.pos,
+                    ) from None  # fmt: skip
                 raise ExpressionError(
                     f"{at.text!r} does not apply to {' and '.join(types)}", self.text, at.pos
                 ) from None

@@ -592,3 +592,15 @@ def test_an_integer_against_a_float_literal_still_skips_row_groups(tmp_path):
     for text, groups in (("i < 1.5e0", 1), ("i = 5e1", 1), ("i > 1e300", 0), ("i >= -1e0", 10)):
         expr = parse_expression(text).bind(table.schema)
         assert len(fragment.split_by_row_group(expr)) == groups, text
+
+
+@pytest.mark.parametrize(
+    "text", ["g * 9223372036854775807 * 2 > 1", "g + 9223372036854775807 + 1 > 0"]
+)
+def test_literals_that_overflow_together_are_named_so(text):
+    """Arrow folds ``g * a * b`` into ``g * (a * b)`` when it binds the expression: the
+    overflow of the folded literals was reported as "'*' does not apply to int64 and int64"
+    (DuckDB 2.0.1 on these rows: "Overflow in multiplication of INT64" / "addition")."""
+    with pytest.raises(ExpressionError, match="integer overflow: the literals beside") as err:
+        parse_expression(text).bind(SMALL.schema)
+    assert err.value.position == 24
