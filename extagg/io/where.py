@@ -421,10 +421,10 @@ class _Parser:
         for other operands."""
         if isinstance(self.fn(left), _Constant):
             func, left, right = _MIRROR[func], right, left
-        literal, typ = self.fn(right), self.type_of(left)
+        literal = self.fn(right)
         if not (isinstance(literal, _Constant) and pa.types.is_floating(literal.value.type)):
             return None
-        x = literal.value.as_py()
+        x, typ = literal.value.as_py(), self.type_of(left)
         if (
             x is None
             or x != x
