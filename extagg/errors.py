@@ -8,6 +8,7 @@ a ``MemoryError``.
 from __future__ import annotations
 
 import os
+import unicodedata
 
 __all__ = [
     "BadKeyError",
@@ -18,6 +19,7 @@ __all__ = [
     "MemoryLimitError",
     "SpillError",
     "SumOverflowError",
+    "ExpressionOverflowError",
     "UsageError",
     "QueryError",
     "ExpressionError",
@@ -202,8 +204,49 @@ class ExpressionError(QueryError):
         self.reason = reason
         self.expression = expression
         self.position = max(0, min(position, len(expression)))
-        caret = " " * self.position + "^"
+        caret = _caret(expression, self.position)
         super().__init__(f"{reason} at position {self.position}:\n  {expression}\n  {caret}")
+
+
+class ExpressionOverflowError(ExtaggError, OverflowError):
+    """An integer ``+``, ``-`` or ``*`` of a ``--where`` / ``--having`` expression whose
+    result leaves its type on a row's values (as DuckDB and Spark's ANSI mode, the operands'
+    type is kept: ``int8 + int8`` is an ``int8``). A runtime error, unlike
+    :class:`ExpressionError`: the message names the values and shows the expression with a
+    caret under the operator.
+
+    Parameters
+    ----------
+    reason
+        The operation and the values that overflow.
+    expression
+        The expression's text.
+    position
+        The 0-based offset of the operator.
+    """
+
+    def __init__(self, reason: str, expression: str, position: int) -> None:
+        self.reason = reason
+        self.expression = expression
+        self.position = max(0, min(position, len(expression)))
+        caret = _caret(expression, self.position)
+        super().__init__(f"{reason} at position {self.position}:\n  {expression}\n  {caret}")
+
+
+def _caret(text: str, position: int) -> str:
+    """A caret under ``text[position]`` as a terminal shows ``text``: a wide character (East
+    Asian wide or full-width, most emoji) takes two columns, a combining mark or format
+    character none, and a tab stays a tab (counting characters put the caret off after
+    them)."""
+    pad = []
+    for ch in text[:position]:
+        if ch == "\t":
+            pad.append("\t")
+        elif unicodedata.combining(ch) or unicodedata.category(ch) in ("Mn", "Me", "Cf"):
+            continue
+        else:
+            pad.append("  " if unicodedata.east_asian_width(ch) in ("W", "F") else " ")
+    return "".join(pad) + "^"
 
 
 class InputError(ExtaggError, ValueError):

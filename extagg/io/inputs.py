@@ -333,6 +333,11 @@ class InputScan:
         self, path: str, dataset: Any, fmt: str, exc: Exception, text: _TextFile | None = None
     ) -> InputError:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if reason == "overflow" and self.filter is not None:  # Arrow's word, nothing more
+            reason = (
+                "integer overflow in the --where expression's arithmetic (integer + - * keep "
+                "their operands' type, as in DuckDB and Spark)"
+            )
         if fmt == "parquet":  # find the row group that fails: slow, but only on this path
             for frag in dataset.get_fragments():
                 try:

@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from extagg.errors import ExpressionError
+from extagg.errors import ExpressionError, ExpressionOverflowError
 
 __all__ = ["ParsedExpression", "parse_expression"]
 
@@ -268,22 +268,73 @@ class _Parser:
                     self.text, at.pos,
                 ) from None  # fmt: skip
         numbers = _is_number(value_set.type)
+        whole = pa.types.is_integer(value_set.type) or (
+            pa.types.is_decimal(value_set.type) and value_set.type.scale == 0
+        )
+        if pa.types.is_integer(left_type) and whole:
+            # as values of the column's type (Arrow cast the column to int64: a uint64 past
+            # 2^63 failed); a value outside its range equals no row
+            low, high = _int_range(left_type)
+            fit = [v if v is None else int(v) for v in value_set.to_pylist()]
+            return left, pa.array([v for v in fit if v is None or low <= v <= high], left_type)
         if pa.types.is_decimal(left_type) and numbers:
             # as decimals of the column's type (Arrow cast the column to the values' type:
             # "Rescaling Decimal value would cause data loss"); a value it cannot hold
             # exactly equals no row
             return left, pa.array(_fitting_decimals(value_set.to_pylist(), left_type), left_type)
         if pa.types.is_floating(left_type) and numbers:
-            # -0.0 is 0.0 (Arrow's set lookup tells their bits apart); NaN matches NaN
-            values = pc.add(pc.cast(value_set, left_type), pa.scalar(0.0, left_type))
+            # -0.0 is 0.0 (Arrow's set lookup tells their bits apart); NaN matches NaN; an
+            # integer is the float nearest it, as in SQL
+            values = pc.add(pc.cast(value_set, left_type, safe=False), pa.scalar(0.0, left_type))
             zero = self.constant(pa.scalar(0.0, left_type))
             return self.call(pc.add, left, zero), values
         return left, value_set
 
     def cast(self, expr: pc.Expression, typ: pa.DataType) -> pc.Expression:
-        """``expr`` cast to ``typ`` (and its eager form)."""
+        """``expr`` cast to ``typ`` (and its eager form). An integer to a float rounds, as in
+        SQL (Spark, DuckDB): Arrow's safe cast refused an int64 past 2^53."""
         fn = self.fn(expr)
-        return self.made(expr.cast(typ), lambda b: pc.cast(fn(b), typ))
+        src = self.type_of(expr) if self._empty is not None else None
+        safe = not (src is not None and pa.types.is_integer(src) and pa.types.is_floating(typ))
+        cast = expr.cast(typ, safe=safe)
+        if not safe:
+            # behind an addition: a Parquet scan's row-group pruning checks its statistics
+            # against a bare cast with a safe cast of its own (``i < 1e300`` failed so)
+            cast = pc.add(cast, pc.scalar(pa.scalar(0.0, typ)))
+        return self.made(cast, lambda b: pc.cast(fn(b), typ, safe=safe))
+
+    def _as_float(self, expr: pc.Expression) -> pc.Expression:
+        """An integer operand beside a float as a double: a literal as the double nearest it
+        (``f = 9007199254740993`` was refused), a column cast, rounding past 2^53."""
+        literal = self._ints.get(id(expr))
+        if literal is not None:
+            return self.constant(pa.scalar(float(literal), pa.float64()))
+        return self.cast(expr, pa.float64())
+
+    def _fit_unsigned(
+        self, func: Callable[..., Any], left: pc.Expression, right: pc.Expression
+    ) -> tuple[pc.Expression, pc.Expression]:
+        """A ``uint64`` beside a signed integer, exactly: compared with a literal of 0 or more
+        as a ``uint64``, else (a negative literal, a signed column, arithmetic) with both
+        sides as decimals (Arrow took both as int64: a value past 2^63 failed)."""
+        left_type, right_type = self.type_of(left), self.type_of(right)
+        for mine, other, other_type in ((left, right, right_type), (right, left, left_type)):
+            if not pa.types.is_uint64(self.type_of(mine)):
+                continue
+            if not pa.types.is_signed_integer(other_type):
+                continue
+            literal = self._ints.get(id(other))
+            if func in _ORDER and literal is not None and literal >= 0:
+                typed = self.constant(pa.scalar(literal, pa.uint64()))
+                return (left, typed) if other is right else (typed, right)
+            wide = self._as_decimal(left, left_type), self._as_decimal(right, right_type)
+            try:
+                self.type_of(func(*wide))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                # a product of two 64-bit columns needs 40 digits: 256-bit decimals
+                wide = tuple(self.cast(w, _decimal256(self.type_of(w))) for w in wide)
+            return wide[0], wide[1]
+        return left, right
 
     def binary(
         self, func: Callable[..., Any], left: pc.Expression, right: pc.Expression, at: _Tok
@@ -312,9 +363,22 @@ class _Parser:
             and (pa.types.is_integer(right_type) or pa.types.is_null(right_type))
         ):
             left, right = self.cast(left, pa.float64()), self.cast(right, pa.float64())
+        left_type, right_type = self.type_of(left), self.type_of(right)
+        if func in _ORDER:
+            test = self._integer_against_float_literal(func, left, right, at)
+            if test is not None:
+                return test
+        if pa.types.is_integer(left_type) and pa.types.is_floating(right_type):
+            left = self._as_float(left)
+        elif pa.types.is_floating(left_type) and pa.types.is_integer(right_type):
+            right = self._as_float(right)
+        elif pa.types.is_integer(left_type) and pa.types.is_integer(right_type):
+            left, right = self._fit_unsigned(func, left, right)
         if func is pc.divide:
             right = self._null_if_zero(right)
         left_type, right_type = self.type_of(left), self.type_of(right)
+        if func in _CHECKED:
+            return self._checked(self.call(func, left, right, at=at), func, left, right, at)
         if func not in _ORDER or not (
             pa.types.is_floating(left_type) or pa.types.is_floating(right_type)
         ):
@@ -346,6 +410,81 @@ class _Parser:
         test = self.call(pc.or_kleene, numbers, nan_case)
         test = self.call(pc.invert, test) if func is pc.not_equal else test
         return self.made(test, self._eager_float_test(func, left, right) or self.fn(test))
+
+    def _integer_against_float_literal(
+        self, func: Callable[..., Any], left: pc.Expression, right: pc.Expression, at: _Tok
+    ) -> pc.Expression | None:
+        """An integer compared with a finite float literal (``i < 1e3``) as the same test on
+        the integers, so a Parquet scan still skips row groups by their statistics (a cast
+        column hides them): as in SQL the integer is taken as the double nearest it, which
+        grows with it, so ``double(i) > x`` is ``i >= k`` for the least such ``k``. ``None``
+        for other operands."""
+        if isinstance(self.fn(left), _Constant):
+            func, left, right = _MIRROR[func], right, left
+        literal = self.fn(right)
+        if not (isinstance(literal, _Constant) and pa.types.is_floating(literal.value.type)):
+            return None
+        x, typ = literal.value.as_py(), self.type_of(left)
+        if (
+            x is None
+            or x != x
+            or not pa.types.is_integer(typ)
+            or isinstance(self.fn(left), _Constant)
+        ):
+            return None
+        low, high = _int_range(typ)
+        above = _least_int(low, high, lambda n: float(n) > x)  # double(i) > x: i >= above
+        from_ = _least_int(low, high, lambda n: float(n) >= x)  # double(i) >= x: i >= from_
+
+        def at_least(n: int) -> pc.Expression:  # i >= n; past the type's top: false
+            if n > high:
+                return self.call(pc.less, left, self.constant(pa.scalar(low, typ)))
+            return self.call(pc.greater_equal, left, self.constant(pa.scalar(n, typ)))
+
+        def below(n: int) -> pc.Expression:  # i < n; past the type's top: true
+            if n > high:
+                return self.call(pc.greater_equal, left, self.constant(pa.scalar(low, typ)))
+            return self.call(pc.less, left, self.constant(pa.scalar(n, typ)))
+
+        if func in (pc.equal, pc.not_equal):
+            test = self.call(pc.and_kleene, at_least(from_), below(above))
+            return self.call(pc.invert, test) if func is pc.not_equal else test
+        return {
+            pc.greater: lambda: at_least(above),
+            pc.greater_equal: lambda: at_least(from_),
+            pc.less: lambda: below(from_),
+            pc.less_equal: lambda: below(above),
+        }[func]()
+
+    def _checked(
+        self,
+        expr: pc.Expression,
+        func: Callable[..., Any],
+        left: pc.Expression,
+        right: pc.Expression,
+        at: _Tok,
+    ) -> pc.Expression:
+        """An integer ``+ - *`` whose eager form names the values and the operator when it
+        overflows (Arrow's bare "overflow" came out of the scan as the file's read error)."""
+        typ = self.type_of(expr)
+        if not pa.types.is_integer(typ):
+            return expr
+        inner, lf, rf, text = self.fn(expr), self.fn(left), self.fn(right), self.text
+
+        def run(batch: pa.RecordBatch) -> Any:
+            try:
+                return inner(batch)
+            except pa.ArrowInvalid as exc:
+                if "overflow" not in str(exc).lower():
+                    raise
+                a, b = _first_overflow(lf(batch), rf(batch), _CHECKED[func], typ)
+                raise ExpressionOverflowError(
+                    f"integer overflow: {a} {at.text} {b} does not fit {typ} (integer "
+                    f"arithmetic keeps its operands' type, as in DuckDB and Spark)",
+                    text, at.pos,
+                ) from None  # fmt: skip
+
+        return self.made(expr, run)
 
     def _eager_float_test(
         self, func: Callable[..., Any], left: pc.Expression, right: pc.Expression
@@ -415,10 +554,16 @@ class _Parser:
         if self._empty is not None and at is not None:
             try:
                 self.type_of(expr)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
                 types = [str(self.type_of(a)) for a in args]
                 if "value_set" in kw:
                     types.append(f"values of type {kw['value_set'].type}")
+                if str(exc) == "overflow":  # Arrow folds the literals of ``i * a * b`` first
+                    raise ExpressionError(
+                        f"integer overflow: the literals beside {at.text!r} add or multiply to "
+                        f"a value outside the operands' types ({' and '.join(types)})",
+                        self.text, at.pos,
+                    ) from None  # fmt: skip
                 raise ExpressionError(
                     f"{at.text!r} does not apply to {' and '.join(types)}", self.text, at.pos
                 ) from None
@@ -678,6 +823,54 @@ _ORDER = (pc.equal, pc.not_equal, pc.less, pc.less_equal, pc.greater, pc.greater
 _INT_DIGITS = {8: 3, 16: 5, 32: 10, 64: 19}
 
 
+#: the integer operations that fail on overflow, and their Python forms
+_CHECKED: dict[Callable[..., Any], Callable[[int, int], int]] = {
+    pc.add_checked: lambda a, b: a + b,
+    pc.subtract_checked: lambda a, b: a - b,
+    pc.multiply_checked: lambda a, b: a * b,
+}
+
+
+def _first_overflow(
+    left: Any, right: Any, op: Callable[[int, int], int], typ: pa.DataType
+) -> tuple[Any, Any]:
+    """The operands of the first row whose ``op`` leaves the integer type ``typ`` (for the
+    message; ``("?", "?")`` if none is found)."""
+    low, high = _int_range(typ)
+    rows = max([len(x) for x in (left, right) if not isinstance(x, pa.Scalar)], default=1)
+    a_vals = [left.as_py()] * rows if isinstance(left, pa.Scalar) else left.to_pylist()
+    b_vals = [right.as_py()] * rows if isinstance(right, pa.Scalar) else right.to_pylist()
+    for a, b in zip(a_vals, b_vals, strict=True):
+        if a is not None and b is not None and not low <= op(a, b) <= high:
+            return a, b
+    return "?", "?"
+
+
+def _decimal256(typ: pa.Decimal128Type) -> pa.DataType:
+    """The 256-bit decimal type of ``typ``'s precision and scale."""
+    return pa.decimal256(typ.precision, typ.scale)
+
+
+def _least_int(low: int, high: int, test: Callable[[int], bool]) -> int:
+    """The least integer of ``low..high`` that passes ``test`` (false below it, true from
+    it on), or ``high + 1`` if none does."""
+    hi = high + 1
+    while low < hi:
+        mid = (low + hi) // 2
+        if test(mid):
+            hi = mid
+        else:
+            low = mid + 1
+    return low
+
+
+def _int_range(typ: pa.DataType) -> tuple[int, int]:
+    """The smallest and largest value of the integer type ``typ``."""
+    if pa.types.is_signed_integer(typ):
+        return -(2 ** (typ.bit_width - 1)), 2 ** (typ.bit_width - 1) - 1
+    return 0, 2**typ.bit_width - 1
+
+
 def _as_bool(fn: Callable[[pa.RecordBatch], Any]) -> Callable[[pa.RecordBatch], Any]:
     return lambda batch: pc.cast(fn(batch), pa.bool_())
 
@@ -736,6 +929,14 @@ def _fitting_decimals(values: list[Any], typ: pa.Decimal128Type) -> list[Decimal
 
 def _value_set(values: Iterable[object]) -> pa.Array:
     vals = [v.as_py() if isinstance(v, pa.Scalar) else v for v in values]
+    whole = [Decimal(v) for v in vals if type(v) is int or isinstance(v, Decimal)]
+    if (
+        any(isinstance(v, Decimal) for v in vals)
+        and len(whole) == sum(v is not None for v in vals)
+        and all(v == v.to_integral_value() and abs(v) < 10**38 for v in whole)
+    ):  # whole numbers past int64 (``u in (18446744073709551615)``): exact, as decimals
+        exact = [None if v is None else Decimal(v) for v in vals]  # type: ignore[arg-type]
+        return pa.array(exact, pa.decimal128(38, 0))
     if any(isinstance(v, Decimal) for v in vals) and all(
         isinstance(v, (int, Decimal)) for v in vals if v is not None
     ):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 from decimal import Decimal
 
 import pyarrow as pa
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from extagg.errors import ExpressionError, QueryError
+from extagg.errors import ExpressionError, ExpressionOverflowError, QueryError
 from extagg.io.where import parse_expression
 
 ROWS = [
@@ -98,6 +99,23 @@ def test_syntax_errors_show_a_caret(text, position, words):
     lines = str(err).splitlines()
     assert lines[1] == "  " + text
     assert lines[2] == "  " + " " * position + "^"
+
+
+@pytest.mark.parametrize(
+    ("text", "caret"),
+    [
+        ("s = '😀' and and", "  " + " " * 5 + "  " + " " * 6 + "^"),  # an emoji: 2 columns
+        ("s = '日本' and and", "  " + " " * 5 + "    " + " " * 6 + "^"),  # East Asian wide
+        ("i = 1\tand and", "  " + " " * 5 + "\t" + " " * 4 + "^"),  # a tab stays a tab
+        ("s = 'e\u0301' and and", "  " + " " * 5 + " " + " " * 6 + "^"),  # a combining mark
+    ],
+)
+def test_the_caret_counts_terminal_columns(text, caret):
+    """The caret stood one column left of the error per wide character before it, and
+    wherever a tab put the rest."""
+    with pytest.raises(ExpressionError) as info:
+        parse_expression(text)
+    assert str(info.value).splitlines()[2] == caret
 
 
 @given(
@@ -443,3 +461,146 @@ def test_nan_rows_are_not_skipped_by_parquet_statistics(tmp_path):
         ("f > 5", (2, 4, 5, 6)),
         ("not (f = 2)", (0, 2, 3, 4, 5, 6, 7)),
     }
+
+
+#: integers at the edges of 64 bits: u past 2^63, g past 2^53 (exact in no double)
+WIDE = pa.table(
+    {
+        "i": pa.array([1, 2, 3, 4, 5], pa.int64()),
+        "u": pa.array([2**64 - 1, 5, None, 0, 2**63], pa.uint64()),
+        "g": pa.array([2**53 + 1, -1, 3, 2**53 + 1, 2**63 - 1], pa.int64()),
+        "f": pa.array([1.0, 2.0, None, 2.0**53, 0.5], pa.float64()),
+    }
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # DuckDB 2.0.1's answers. A uint64 past 2^63 beside a signed integer: exact (Arrow
+        # took both as int64 and failed on the value)
+        ("u >= 0", [1, 2, 4, 5]),
+        ("u > 1", [1, 2, 5]),
+        ("u = 5", [2]),
+        ("u in (5, 7)", [2]),
+        ("u in (-1, 0)", [4]),
+        ("u not in (-1, 0)", [1, 2, 5]),
+        ("u in (18446744073709551615, 5)", [1, 2]),
+        ("g in (-1, 18446744073709551615)", [2]),
+        ("u > -1", [1, 2, 4, 5]),  # a negative literal: true, null on a null
+        ("u < -1", []),
+        ("u != -1", [1, 2, 4, 5]),
+        ("-1 < u", [1, 2, 4, 5]),
+        ("u between -5 and 5", [2, 4]),
+        ("u = g", []),
+        ("u > g", [1, 2, 5]),
+        ("g < u", [1, 2, 5]),
+        ("u - 1 > 0", [1, 2, 5]),
+        ("u - 6 < 0", [2, 4]),
+        ("u + g > 0", [1, 2, 4, 5]),
+        ("u * g > 0", [1, 5]),  # 40 digits: 256-bit decimals
+        ("u * g = -5", [2]),
+        ("u * g + 1 > 0", [1, 4, 5]),
+        ("u = 18446744073709551615", [1]),
+        ("u > 1.5", [1, 2, 5]),
+        # an integer beside a float is a double, rounded past 2^53 (Arrow's safe cast failed)
+        ("g > f", [1, 5]),
+        ("g = f", [4]),
+        ("g < 1e300", [1, 2, 3, 4, 5]),
+        ("g / 3 > 1.5", [1, 4, 5]),
+        ("g + f > 0", [1, 2, 4, 5]),
+        ("f = 9007199254740993", [4]),  # was refused: '=' does not apply to double and int64
+        ("9007199254740993 = f", [4]),
+        ("f in (1, 9007199254740993)", [1, 4]),
+        ("g = 9007199254740992.0", []),  # a decimal literal: exact
+        ("g = 9007199254740992e0", [1, 4]),  # a float literal: 2^53 + 1 is the double 2^53
+        ("g > 9007199254740992e0", [5]),
+        ("g >= 9.2e18", [5]),
+        ("u < 1e19", [2, 4, 5]),
+        ("u = 1.8446744073709552e19", [1]),
+    ],
+)
+def test_64_bit_integers_compare_as_in_sql(text, expected, tmp_path):
+    import pyarrow.parquet as pq
+
+    assert bound_kept(text, WIDE) == expected
+    path = tmp_path / "wide.parquet"  # a Parquet scan checks the filter on its statistics too
+    pq.write_table(WIDE, path)
+    expr = parse_expression(text).bind(WIDE.schema)
+    assert sorted(ds.dataset(path).to_table(filter=expr).column("i").to_pylist()) == expected
+
+
+SMALL = pa.table(
+    {
+        "i": pa.array([1, 2], pa.int64()),
+        "g": pa.array([2**63 - 1, 3], pa.int64()),
+        "t": pa.array([100, 1], pa.int8()),
+    }
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "values", "position"),
+    [
+        # DuckDB 2.0.1: "Overflow in multiplication of INT64 (9223372036854775807 * 1024)!"
+        ("g * 1024 > 0", "9223372036854775807 * 1024 does not fit int64", 2),
+        # DuckDB 2.0.1: "Overflow in addition of INT8 (100 + 100)!": int8 + int8 is an int8
+        ("t + t > 150", "100 + 100 does not fit int8", 2),
+        ("i = 1 or (0 - g) - 2 < 0", "-9223372036854775807 - 2 does not fit int64", 17),
+    ],
+)
+def test_integer_overflow_names_the_values_and_the_operator(text, values, position, tmp_path):
+    """Arrow's bare "overflow" came out of the scan as "cannot read FILE, row group 0"."""
+    import pyarrow.parquet as pq
+
+    import extagg
+
+    parsed = parse_expression(text)
+    parsed.bind(SMALL.schema)
+    with pytest.raises(ExpressionOverflowError) as err:
+        parsed.mask(SMALL.to_batches()[0])
+    assert values in str(err.value)
+    assert err.value.position == position
+    path = tmp_path / "small.parquet"
+    pq.write_table(SMALL, path)
+    with pytest.raises(ExpressionOverflowError, match=re.escape(values)):
+        extagg.aggregate_files(str(path), aggs=["n=count(*)"], where=text).read_all()
+
+
+def test_an_overflow_in_arrow_s_own_filter_says_it_is_the_where_arithmetic(tmp_path):
+    """An Arrow IPC file is filtered by Arrow's scan, without the eager mask: its bare
+    "overflow" was given as the file's read error."""
+    import pyarrow.feather as feather
+
+    import extagg
+
+    path = tmp_path / "small.arrow"
+    feather.write_feather(SMALL, path)
+    with pytest.raises(extagg.InputError, match="integer overflow in the --where expression"):
+        extagg.aggregate_files(str(path), aggs=["n=count(*)"], where="g * 2 > 0").read_all()
+
+
+def test_an_integer_against_a_float_literal_still_skips_row_groups(tmp_path):
+    """The test is made on the integers (``i < 1.5e0`` is ``i < 2``), not on the column cast
+    to double, which a Parquet scan cannot check against its statistics."""
+    import pyarrow.parquet as pq
+
+    table = pa.table({"i": pa.array(range(100), pa.int64())})
+    path = tmp_path / "groups.parquet"
+    pq.write_table(table, path, row_group_size=10)
+    [fragment] = ds.dataset(path).get_fragments()
+    for text, groups in (("i < 1.5e0", 1), ("i = 5e1", 1), ("i > 1e300", 0), ("i >= -1e0", 10)):
+        expr = parse_expression(text).bind(table.schema)
+        assert len(fragment.split_by_row_group(expr)) == groups, text
+
+
+@pytest.mark.parametrize(
+    "text", ["g * 9223372036854775807 * 2 > 1", "g + 9223372036854775807 + 1 > 0"]
+)
+def test_literals_that_overflow_together_are_named_so(text):
+    """Arrow folds ``g * a * b`` into ``g * (a * b)`` when it binds the expression: the
+    overflow of the folded literals was reported as "'*' does not apply to int64 and int64"
+    (DuckDB 2.0.1 on these rows: "Overflow in multiplication of INT64" / "addition")."""
+    with pytest.raises(ExpressionError, match="integer overflow: the literals beside") as err:
+        parse_expression(text).bind(SMALL.schema)
+    assert err.value.position == 24
