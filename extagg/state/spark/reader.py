@@ -94,11 +94,18 @@ def _open(path: Any) -> SparkCheckpoint:
     return checkpoint
 
 
-def _default_batch(checkpoint: SparkCheckpoint) -> int:
+def _committed_batch(checkpoint: SparkCheckpoint, batch_id: int | None) -> int:
+    """``batch_id``, or the last committed batch when it is ``None``. A batch past the last
+    commit is refused as Spark's reader refuses it: its state files may be those of a batch
+    that failed or was killed before its commit, which a restarted query redoes."""
     last = checkpoint.last_committed_batch()
-    if last is None:
-        raise CommittedBatchUnavailableError(checkpoint.path)
-    return last
+    if batch_id is None:
+        if last is None:
+            raise CommittedBatchUnavailableError(checkpoint.path)
+        return last
+    if last is None or batch_id > last:
+        raise CommittedBatchUnavailableError(checkpoint.path, batch_id, last)
+    return batch_id
 
 
 def _store(
@@ -294,8 +301,7 @@ def read_state(
             error_class="STDS_REQUIRED_OPTION_UNSPECIFIED",
         )
     checkpoint = _open(path)
-    if batch_id is None:
-        batch_id = _default_batch(checkpoint)
+    batch_id = _committed_batch(checkpoint, batch_id)
     if snapshot_start_batch_id is not None and snapshot_start_batch_id > batch_id:
         raise StateSourceOptionError(
             "snapshotStartBatchId",
@@ -393,7 +399,7 @@ def read_change_feed(
     partition_id = check_batch_option("partitionId", partition_id)
     checkpoint = _open(path)
     if end_batch_id is None:
-        end_batch_id = _default_batch(checkpoint)
+        end_batch_id = _committed_batch(checkpoint, None)
     if end_batch_id < start_batch_id:
         raise StateSourceOptionError(
             "changeEndBatchId",
@@ -401,6 +407,7 @@ def read_change_feed(
             f"({start_batch_id}). Please check the input to 'changeStartBatchId' and "
             "'changeEndBatchId'.",
         )
+    _committed_batch(checkpoint, end_batch_id)  # an explicit end past the last commit
     checkpoint.check_supported(end_batch_id)
     _operator, store = _store(checkpoint, operator_id, store_name)
     key_schema, value_schema = checkpoint.schemas(operator_id, store)
@@ -490,6 +497,8 @@ def read_diff(
     operator_id = check_batch_option("operatorId", operator_id, required=True)  # type: ignore[assignment]
     store_name = check_store_name_option(store_name, "storeName")
     checkpoint = _open(path)
+    for batch in (from_batch_id, to_batch_id):
+        _committed_batch(checkpoint, batch)
     checkpoint.check_supported(to_batch_id)
     _operator, store = _store(checkpoint, operator_id, store_name)
     key_schema, value_schema = checkpoint.schemas(operator_id, store)
