@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from extagg.state.errors import (
@@ -333,25 +333,33 @@ def read_state(
         (p, _version_paths(checkpoint, operator_id, p, store.store_name, version, start))
         for p in partitions
     ]
-    key_decoder, value_decoder = RowDecoder(key_schema), RowDecoder(value_schema)
     key_row, value_row = RowDecoder(out_key).row_class, RowDecoder(out_value).row_class
 
-    def produce() -> Iterator[tuple[Any, ...]]:
-        for partition, paths in plan:
-            for key, value in version_records(paths, memory, memory_manager):
-                k = key_decoder.decode_tuple(key)
-                v = value_decoder.decode_tuple(value[: len(value) & ~7])
-                if drop_key_field:
-                    k = k[:-1]
-                if drop_value_field:
-                    v = v[:-1]
-                yield key_row(k), value_row(v), partition
+    def rows(raw: bool) -> Callable[[], Iterator[tuple[Any, ...]]]:
+        """Rows with Python values, or (``raw``) with dates and timestamps as Arrow takes
+        them, past year 9999 too."""
+        key_decoder = RowDecoder(key_schema, raw_datetimes=raw)
+        value_decoder = RowDecoder(value_schema, raw_datetimes=raw)
+
+        def produce() -> Iterator[tuple[Any, ...]]:
+            for partition, paths in plan:
+                for key, value in version_records(paths, memory, memory_manager):
+                    k = key_decoder.decode_tuple(key)
+                    v = value_decoder.decode_tuple(value[: len(value) & ~7])
+                    if drop_key_field:
+                        k = k[:-1]
+                    if drop_value_field:
+                        v = v[:-1]
+                    yield key_row(k), value_row(v), partition
+
+        return produce
 
     return Rows(
-        produce,
+        rows(False),
         STATE_FIELDS,
         {"partition_id": "int32"},
         {"key": to_arrow_type(out_key), "value": to_arrow_type(out_value)},
+        arrow_produce=rows(True),
     )
 
 
@@ -437,24 +445,32 @@ def read_change_feed(
                 )
             files.append((batch, delta))
         plan.append((partition, files))
-    key_decoder, value_decoder = RowDecoder(key_schema), RowDecoder(value_schema)
 
-    def produce() -> Iterator[tuple[Any, ...]]:
-        for partition, files in plan:
-            for batch, delta in files:
-                for key, value in iter_records(delta, snapshot=False):
-                    decoded = key_decoder.decode(key)
-                    if value is None:
-                        yield batch, "delete", decoded, None, partition
-                    else:
-                        row = value_decoder.decode(value[: len(value) & ~7])
-                        yield batch, "update", decoded, row, partition
+    def rows(raw: bool) -> Callable[[], Iterator[tuple[Any, ...]]]:
+        """Rows with Python values, or (``raw``) with dates and timestamps as Arrow takes
+        them, past year 9999 too."""
+        key_decoder = RowDecoder(key_schema, raw_datetimes=raw)
+        value_decoder = RowDecoder(value_schema, raw_datetimes=raw)
+
+        def produce() -> Iterator[tuple[Any, ...]]:
+            for partition, files in plan:
+                for batch, delta in files:
+                    for key, value in iter_records(delta, snapshot=False):
+                        decoded = key_decoder.decode(key)
+                        if value is None:
+                            yield batch, "delete", decoded, None, partition
+                        else:
+                            row = value_decoder.decode(value[: len(value) & ~7])
+                            yield batch, "update", decoded, row, partition
+
+        return produce
 
     return Rows(
-        produce,
+        rows(False),
         CHANGE_FIELDS,
         {"batch_id": "int64", "change_type": "string", "partition_id": "int32"},
         {"key": to_arrow_type(key_schema), "value": to_arrow_type(value_schema)},
+        arrow_produce=rows(True),
     )
 
 
@@ -510,42 +526,50 @@ def read_diff(
         )
         for p in range(checkpoint.num_partitions(operator_id, store, key_schema))
     ]
-    key_decoder, value_decoder = RowDecoder(key_schema), RowDecoder(value_schema)
 
-    def produce() -> Iterator[tuple[Any, ...]]:
-        from extagg.generic import Aggregator, ExternalAppendOnlyMap  # numba: only when needed
+    def rows(raw: bool) -> Callable[[], Iterator[tuple[Any, ...]]]:
+        """Rows with Python values, or (``raw``) with dates and timestamps as Arrow takes
+        them, past year 9999 too."""
+        key_decoder = RowDecoder(key_schema, raw_datetimes=raw)
+        value_decoder = RowDecoder(value_schema, raw_datetimes=raw)
 
-        for partition, old_paths, new_paths in plans:
-            emap = ExternalAppendOnlyMap(
-                Aggregator(first_pair, merge_pair, merge_pair), memory, name="spark-state-diff"
-            )
-            try:
-                emap.insert_all(
-                    (key, (value, None)) for key, value in version_records(old_paths, memory)
+        def produce() -> Iterator[tuple[Any, ...]]:
+            from extagg.generic import Aggregator, ExternalAppendOnlyMap  # numba: only when needed
+
+            for partition, old_paths, new_paths in plans:
+                emap = ExternalAppendOnlyMap(
+                    Aggregator(first_pair, merge_pair, merge_pair), memory, name="spark-state-diff"
                 )
-                emap.insert_all(
-                    (key, (None, value)) for key, value in version_records(new_paths, memory)
-                )
-                for key, (old, new) in emap.iterator():
-                    if old == new:
-                        continue
-                    kind = "added" if old is None else "removed" if new is None else "changed"
-                    yield (
-                        kind,
-                        key_decoder.decode(key),
-                        None if old is None else value_decoder.decode(old[: len(old) & ~7]),
-                        None if new is None else value_decoder.decode(new[: len(new) & ~7]),
-                        partition,
+                try:
+                    emap.insert_all(
+                        (key, (value, None)) for key, value in version_records(old_paths, memory)
                     )
-            finally:
-                emap.close()
+                    emap.insert_all(
+                        (key, (None, value)) for key, value in version_records(new_paths, memory)
+                    )
+                    for key, (old, new) in emap.iterator():
+                        if old == new:
+                            continue
+                        kind = "added" if old is None else "removed" if new is None else "changed"
+                        yield (
+                            kind,
+                            key_decoder.decode(key),
+                            None if old is None else value_decoder.decode(old[: len(old) & ~7]),
+                            None if new is None else value_decoder.decode(new[: len(new) & ~7]),
+                            partition,
+                        )
+                finally:
+                    emap.close()
+
+        return produce
 
     value_type = to_arrow_type(value_schema)
     return Rows(
-        produce,
+        rows(False),
         DIFF_FIELDS,
         {"change_type": "string", "partition_id": "int32"},
         {"key": to_arrow_type(key_schema), "old_value": value_type, "new_value": value_type},
+        arrow_produce=rows(True),
     )
 
 
