@@ -298,3 +298,31 @@ def test_dates_and_timestamps_past_python_years_export_to_arrow(tmp_path, capsys
     # Python values cannot hold them: a clear error, naming the value
     with pytest.raises(StateSourceError, match="outside Python's years 1 to 9999"):
         read_state(path).to_list()
+
+
+def test_state_commands_refuse_an_existing_output_without_overwrite(tmp_path, capsys):
+    """``state show/export/changes/diff/metadata -o FILE`` replaced an existing file silently;
+    ``extagg aggregate`` refuses it without ``--overwrite`` (exit status 2)."""
+    import pyarrow.parquet as pq
+
+    from extagg.cli import main as cli_main
+
+    path = str(tmp_path / "cp")
+    write_state(path, 0, KEY, VALUE, _rows(10), num_partitions=2)
+    target = tmp_path / "out.parquet"
+    for argv in (
+        ["export", path],
+        ["show", path, "--format", "csv"],
+        ["changes", path, "--start-batch-id", "0", "--format", "jsonl"],
+        ["diff", path, "--from-batch", "0", "--to-batch", "0", "--format", "csv"],
+        ["metadata", path, "--format", "csv"],
+    ):
+        target.write_bytes(b"keep me")
+        assert cli_main(["state", *argv, "-o", str(target)]) == 2, argv
+        err = capsys.readouterr().err
+        assert "exists; pass --overwrite" in err, argv
+        assert target.read_bytes() == b"keep me"
+        assert cli_main(["state", *argv, "-o", str(target), "--overwrite"]) == 0, argv
+        assert target.read_bytes() != b"keep me"
+    assert cli_main(["state", "export", path, "-o", str(target), "--overwrite"]) == 0
+    assert pq.read_table(target).num_rows == 10
