@@ -45,6 +45,9 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
         "file's extension)",
     )
     parser.add_argument("--output", "-o", help="write to this file instead of standard output")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace an existing --output file"
+    )
     parser.add_argument("--limit", type=int, default=None, help="print at most this many rows")
 
 
@@ -290,7 +293,9 @@ def _write_parquet(rows: Rows[Any], path: str, limit: int | None) -> int:
 def run_state_command(
     args: argparse.Namespace, stdout: TextIO | None = None, stderr: TextIO | None = None
 ) -> int:
-    """Run a parsed ``state`` command; returns the exit status (0 ok, 1 error)."""
+    """Run a parsed ``state`` command; returns the exit status (0 ok, 1 error, 2 an existing
+    output without ``--overwrite``, as ``extagg aggregate`` refuses it: the file was replaced
+    silently)."""
     stdout = sys.stdout if stdout is None else stdout
     stderr = sys.stderr if stderr is None else stderr
     fmt = args.format
@@ -302,6 +307,13 @@ def run_state_command(
         )
     if fmt == "table":
         fmt = "text"
+    if args.output:
+        from extagg.io.output import output_problem  # pyarrow: only when there is a file
+
+        problem = output_problem(args.output, getattr(args, "overwrite", False))
+        if problem is not None:
+            stderr.write(f"extagg state {args.state_command}: error: {problem}\n")
+            return 2
     try:
         if os.path.exists(args.checkpoint) and not os.path.isdir(args.checkpoint):
             raise ValueError(

@@ -170,19 +170,34 @@ class StateSourceConflictError(StateSourceOptionError):
 
 
 class CommittedBatchUnavailableError(StateSourceError):
-    """No batch has been committed in the checkpoint, so there is no default batch to read.
+    """No batch has been committed in the checkpoint (no default batch to read), or the batch
+    asked for is past the last committed one: its state files may hold a batch that never
+    finished, which Spark's reader refuses rather than show.
 
     Parameters
     ----------
     checkpoint
         The checkpoint's path.
+    batch_id
+        The batch asked for, when one was (``None``: the default batch was asked for).
+    last_committed
+        The last committed batch, if any.
     """
 
-    def __init__(self, checkpoint: str) -> None:
+    def __init__(
+        self, checkpoint: str, batch_id: int | None = None, last_committed: int | None = None
+    ) -> None:
+        if batch_id is None:
+            detail = ", or pass the batch id explicitly."
+        else:
+            last = "none" if last_committed is None else f"batch {last_committed}"
+            detail = f". Batch {batch_id} was not committed (the last committed: {last})."
         super().__init__(
             "[STDS_COMMITTED_BATCH_UNAVAILABLE] No committed batch found, checkpoint location: "
             f"{checkpoint}. Ensure that the query has run and committed any microbatch before "
-            "stopping, or pass the batch id explicitly.",
+            f"stopping{detail}",
             error_class="STDS_COMMITTED_BATCH_UNAVAILABLE",
         )
         self.checkpoint = checkpoint
+        self.batch_id = batch_id
+        self.last_committed = last_committed

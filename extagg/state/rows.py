@@ -94,6 +94,10 @@ class Rows(Generic[T]):
     arrow_types
         Exact PyArrow types of some columns (e.g. Spark state's key/value structs); they take
         precedence over ``types``.
+    arrow_produce
+        Like ``produce``, but the rows :meth:`iter_batches` / :meth:`to_arrow` convert: values
+        in the form Arrow takes for ``arrow_types`` (Spark dates and timestamps as their day /
+        microsecond counts, which Arrow holds past Python's year 9999). Default ``produce``.
     """
 
     def __init__(
@@ -102,8 +106,10 @@ class Rows(Generic[T]):
         fields: tuple[str, ...],
         types: dict[str, str] | None = None,
         arrow_types: dict[str, Any] | None = None,
+        arrow_produce: Callable[[], Iterator[T]] | None = None,
     ) -> None:
         self._produce = produce
+        self._arrow_produce = produce if arrow_produce is None else arrow_produce
         self.fields = fields
         self.types = dict(types or {})
         #: exact PyArrow types of some columns (e.g. Spark state's key/value structs)
@@ -114,13 +120,22 @@ class Rows(Generic[T]):
         if limit is None:
             return self
 
-        def produce() -> Iterator[T]:
-            for count, row in enumerate(self._produce()):
-                if count >= limit:
-                    return
-                yield row
+        def first(rows: Callable[[], Iterator[T]]) -> Callable[[], Iterator[T]]:
+            def produce() -> Iterator[T]:
+                for count, row in enumerate(rows()):
+                    if count >= limit:
+                        return
+                    yield row
 
-        return Rows(produce, self.fields, self.types, self.arrow_types)
+            return produce
+
+        return Rows(
+            first(self._produce),
+            self.fields,
+            self.types,
+            self.arrow_types,
+            first(self._arrow_produce),
+        )
 
     def __iter__(self) -> Iterator[T]:
         return self._produce()
@@ -152,7 +167,7 @@ class Rows(Generic[T]):
         if batch_rows < 1:
             raise ValueError(f"batch_rows must be positive, got {batch_rows}")
         rows: list[T] = []
-        for row in self._produce():
+        for row in self._arrow_produce():
             rows.append(row)
             if len(rows) >= batch_rows:
                 yield self._batch(rows)
@@ -164,4 +179,5 @@ class Rows(Generic[T]):
         """One PyArrow table of every row (types inferred over all rows)."""
         import pyarrow as pa
 
-        return pa.Table.from_arrays(self._columns(self.to_list()), names=list(self.fields))
+        rows = list(self._arrow_produce())
+        return pa.Table.from_arrays(self._columns(rows), names=list(self.fields))

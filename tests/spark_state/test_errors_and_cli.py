@@ -15,10 +15,12 @@ from extagg.cli import main as cli_main
 from extagg.errors import CorruptFileError
 from extagg.state import read_change_feed as generic_changes
 from extagg.state import read_state as generic_read_state
-from extagg.state.errors import StateFileNotFoundError
+from extagg.state.errors import CommittedBatchUnavailableError, StateFileNotFoundError
 from extagg.state.spark import (
     UnsupportedCheckpointError,
     UnsupportedLogVersionError,
+    read_change_feed,
+    read_diff,
     read_metadata,
     read_state,
 )
@@ -99,6 +101,42 @@ def test_unknown_log_versions(agg_copy):
     from extagg.state.cli import main as state_main
 
     assert state_main(["metadata", agg_copy]) == 1
+
+
+def test_uncommitted_batch_is_refused_as_spark_does(agg_copy, capsys):
+    """A batch whose state files were written but whose commit was not (a crash between the
+    two) was read as if committed; a batch past the last commit named a missing delta file."""
+    os.unlink(os.path.join(agg_copy, "commits", "3"))
+    os.unlink(os.path.join(agg_copy, "commits", ".3.crc"))
+    assert os.path.isfile(_delta(agg_copy, version=4))
+    for call in (
+        lambda: read_state(agg_copy, batch_id=3),
+        lambda: generic_read_state(agg_copy, batch_id=3),
+        lambda: read_change_feed(agg_copy, 3, 3),
+        lambda: generic_changes(agg_copy, 0, 3),
+        lambda: read_diff(agg_copy, 0, 3),
+        lambda: read_diff(agg_copy, 3, 2),
+        lambda: read_state(agg_copy, batch_id=50),
+    ):
+        with pytest.raises(CommittedBatchUnavailableError, match="No committed batch") as info:
+            call()
+        assert info.value.error_class == "STDS_COMMITTED_BATCH_UNAVAILABLE"
+        assert info.value.last_committed == 2
+    # the defaults are the last committed batch
+    assert read_state(agg_copy).to_list() == read_state(agg_copy, batch_id=2).to_list()
+    assert {row[0] for row in read_change_feed(agg_copy, 0)} == {0, 1, 2}
+    for argv in (
+        ["show", agg_copy, "--batch-id", "3"],
+        ["show", agg_copy, "--batch-id", "50"],
+        ["changes", agg_copy, "--start-batch-id", "3", "--end-batch-id", "3"],
+        ["diff", agg_copy, "--from-batch", "0", "--to-batch", "3"],
+        ["export", agg_copy, "--batch-id", "3", "--format", "csv", "-o", agg_copy + ".csv"],
+    ):
+        status, out, err = run(capsys, *argv)
+        assert status == 1 and out == "", argv
+        assert "[STDS_COMMITTED_BATCH_UNAVAILABLE]" in err and "Batch " in err, argv
+        assert "CANNOT_READ" not in err
+    assert not os.path.exists(agg_copy + ".csv")
 
 
 def test_codec_refused_when_its_package_is_missing(agg_copy, monkeypatch):

@@ -241,3 +241,88 @@ def test_dates_past_year_9999_and_a_bad_change_feed_partition_are_named(tmp_path
     assert "outside Python's years 1 to 9999" in err and "Traceback" not in err
     with pytest.raises(StateSourceOptionError, match="partition 7 does not exist"):
         read_change_feed(path, 0, partition_id=7).to_list()
+
+
+def test_dates_and_timestamps_past_python_years_export_to_arrow(tmp_path, capsys):
+    """Arrow's date32 / timestamp[us] hold every date and timestamp Spark holds; to_arrow and
+    Parquet export went through Python ``datetime`` and failed past year 9999 (or before 1)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from extagg.cli import main as cli_main
+
+    def field(name, type_):
+        return {"name": name, "type": type_, "nullable": True, "metadata": {}}
+
+    key_schema = {
+        "type": "struct",
+        "fields": [field("ts", "timestamp"), field("d", "date"), field("ntz", "timestamp_ntz")],
+    }
+    array = {"type": "array", "elementType": "timestamp", "containsNull": True}
+    map_ = {"type": "map", "keyType": "date", "valueType": "long", "valueContainsNull": True}
+    value_schema = {
+        "type": "struct",
+        "fields": [field("n", "long"), field("tss", array), field("dm", map_)],
+    }
+    year_10000 = 253_402_300_800_000_000
+    keys = [(2**62, 2**31 - 1, year_10000), (-(2**62), -(2**31), 0), (0, 2_932_897, -1)]
+    state = [(k, (i, [k[0], None], [(k[1], i)])) for i, k in enumerate(keys)]
+    path = str(tmp_path / "cp")
+    write_state(path, 0, key_schema, value_schema, state, num_partitions=2)
+
+    def raw(table):
+        key = table.column("key").combine_chunks()
+        value = table.column("value").combine_chunks()
+        tss = value.field("tss").flatten()
+        dm = value.field("dm")
+        return sorted(
+            zip(
+                key.field("ts").cast(pa.int64()).to_pylist(),
+                key.field("d").cast(pa.int32()).to_pylist(),
+                key.field("ntz").cast(pa.int64()).to_pylist(),
+                value.field("n").to_pylist(),
+                tss.cast(pa.int64()).to_pylist()[::2],
+                dm.keys.cast(pa.int32()).to_pylist(),
+            )
+        )
+
+    expected = sorted((*k, i, k[0], k[1]) for i, k in enumerate(keys))
+    assert raw(read_state(path).to_arrow()) == expected
+    assert raw(pa.Table.from_batches(list(read_state(path).iter_batches(2)))) == expected
+    changes = read_change_feed(path, 0).to_arrow()
+    assert raw(changes) == expected and set(changes.column("change_type").to_pylist()) == {"update"}
+    for command in ("export", "show"):
+        target = tmp_path / f"{command}.parquet"
+        assert cli_main(["state", command, path, "-o", str(target)]) == 0, capsys.readouterr()
+        assert raw(pq.read_table(target)) == expected
+    # Python values cannot hold them: a clear error, naming the value
+    with pytest.raises(StateSourceError, match="outside Python's years 1 to 9999"):
+        read_state(path).to_list()
+
+
+def test_state_commands_refuse_an_existing_output_without_overwrite(tmp_path, capsys):
+    """``state show/export/changes/diff/metadata -o FILE`` replaced an existing file silently;
+    ``extagg aggregate`` refuses it without ``--overwrite`` (exit status 2)."""
+    import pyarrow.parquet as pq
+
+    from extagg.cli import main as cli_main
+
+    path = str(tmp_path / "cp")
+    write_state(path, 0, KEY, VALUE, _rows(10), num_partitions=2)
+    target = tmp_path / "out.parquet"
+    for argv in (
+        ["export", path],
+        ["show", path, "--format", "csv"],
+        ["changes", path, "--start-batch-id", "0", "--format", "jsonl"],
+        ["diff", path, "--from-batch", "0", "--to-batch", "0", "--format", "csv"],
+        ["metadata", path, "--format", "csv"],
+    ):
+        target.write_bytes(b"keep me")
+        assert cli_main(["state", *argv, "-o", str(target)]) == 2, argv
+        err = capsys.readouterr().err
+        assert "exists; pass --overwrite" in err, argv
+        assert target.read_bytes() == b"keep me"
+        assert cli_main(["state", *argv, "-o", str(target), "--overwrite"]) == 0, argv
+        assert target.read_bytes() != b"keep me"
+    assert cli_main(["state", "export", path, "-o", str(target), "--overwrite"]) == 0
+    assert pq.read_table(target).num_rows == 10

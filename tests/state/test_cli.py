@@ -151,7 +151,7 @@ def test_a_failed_export_leaves_the_old_file_and_no_temp_file(path, tmp_path, na
     target = tmp_path / name
     target.write_bytes(b"old contents")
     os.unlink(os.path.join(path, "state", "0", "1", "2.delta"))  # partition 1 fails mid-read
-    status, _, err = run(["state", "show", path, "-o", str(target)])
+    status, _, err = run(["state", "show", path, "-o", str(target), "--overwrite"])
     assert status == 1 and "2.delta does not exist" in err
     assert target.read_bytes() == b"old contents"  # never half a file
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from extagg.state.errors import (
@@ -94,11 +94,18 @@ def _open(path: Any) -> SparkCheckpoint:
     return checkpoint
 
 
-def _default_batch(checkpoint: SparkCheckpoint) -> int:
+def _committed_batch(checkpoint: SparkCheckpoint, batch_id: int | None) -> int:
+    """``batch_id``, or the last committed batch when it is ``None``. A batch past the last
+    commit is refused as Spark's reader refuses it: its state files may be those of a batch
+    that failed or was killed before its commit, which a restarted query redoes."""
     last = checkpoint.last_committed_batch()
-    if last is None:
-        raise CommittedBatchUnavailableError(checkpoint.path)
-    return last
+    if batch_id is None:
+        if last is None:
+            raise CommittedBatchUnavailableError(checkpoint.path)
+        return last
+    if last is None or batch_id > last:
+        raise CommittedBatchUnavailableError(checkpoint.path, batch_id, last)
+    return batch_id
 
 
 def _store(
@@ -294,8 +301,7 @@ def read_state(
             error_class="STDS_REQUIRED_OPTION_UNSPECIFIED",
         )
     checkpoint = _open(path)
-    if batch_id is None:
-        batch_id = _default_batch(checkpoint)
+    batch_id = _committed_batch(checkpoint, batch_id)
     if snapshot_start_batch_id is not None and snapshot_start_batch_id > batch_id:
         raise StateSourceOptionError(
             "snapshotStartBatchId",
@@ -327,25 +333,33 @@ def read_state(
         (p, _version_paths(checkpoint, operator_id, p, store.store_name, version, start))
         for p in partitions
     ]
-    key_decoder, value_decoder = RowDecoder(key_schema), RowDecoder(value_schema)
     key_row, value_row = RowDecoder(out_key).row_class, RowDecoder(out_value).row_class
 
-    def produce() -> Iterator[tuple[Any, ...]]:
-        for partition, paths in plan:
-            for key, value in version_records(paths, memory, memory_manager):
-                k = key_decoder.decode_tuple(key)
-                v = value_decoder.decode_tuple(value[: len(value) & ~7])
-                if drop_key_field:
-                    k = k[:-1]
-                if drop_value_field:
-                    v = v[:-1]
-                yield key_row(k), value_row(v), partition
+    def rows(raw: bool) -> Callable[[], Iterator[tuple[Any, ...]]]:
+        """Rows with Python values, or (``raw``) with dates and timestamps as Arrow takes
+        them, past year 9999 too."""
+        key_decoder = RowDecoder(key_schema, raw_datetimes=raw)
+        value_decoder = RowDecoder(value_schema, raw_datetimes=raw)
+
+        def produce() -> Iterator[tuple[Any, ...]]:
+            for partition, paths in plan:
+                for key, value in version_records(paths, memory, memory_manager):
+                    k = key_decoder.decode_tuple(key)
+                    v = value_decoder.decode_tuple(value[: len(value) & ~7])
+                    if drop_key_field:
+                        k = k[:-1]
+                    if drop_value_field:
+                        v = v[:-1]
+                    yield key_row(k), value_row(v), partition
+
+        return produce
 
     return Rows(
-        produce,
+        rows(False),
         STATE_FIELDS,
         {"partition_id": "int32"},
         {"key": to_arrow_type(out_key), "value": to_arrow_type(out_value)},
+        arrow_produce=rows(True),
     )
 
 
@@ -393,7 +407,7 @@ def read_change_feed(
     partition_id = check_batch_option("partitionId", partition_id)
     checkpoint = _open(path)
     if end_batch_id is None:
-        end_batch_id = _default_batch(checkpoint)
+        end_batch_id = _committed_batch(checkpoint, None)
     if end_batch_id < start_batch_id:
         raise StateSourceOptionError(
             "changeEndBatchId",
@@ -401,6 +415,7 @@ def read_change_feed(
             f"({start_batch_id}). Please check the input to 'changeStartBatchId' and "
             "'changeEndBatchId'.",
         )
+    _committed_batch(checkpoint, end_batch_id)  # an explicit end past the last commit
     checkpoint.check_supported(end_batch_id)
     _operator, store = _store(checkpoint, operator_id, store_name)
     key_schema, value_schema = checkpoint.schemas(operator_id, store)
@@ -430,24 +445,32 @@ def read_change_feed(
                 )
             files.append((batch, delta))
         plan.append((partition, files))
-    key_decoder, value_decoder = RowDecoder(key_schema), RowDecoder(value_schema)
 
-    def produce() -> Iterator[tuple[Any, ...]]:
-        for partition, files in plan:
-            for batch, delta in files:
-                for key, value in iter_records(delta, snapshot=False):
-                    decoded = key_decoder.decode(key)
-                    if value is None:
-                        yield batch, "delete", decoded, None, partition
-                    else:
-                        row = value_decoder.decode(value[: len(value) & ~7])
-                        yield batch, "update", decoded, row, partition
+    def rows(raw: bool) -> Callable[[], Iterator[tuple[Any, ...]]]:
+        """Rows with Python values, or (``raw``) with dates and timestamps as Arrow takes
+        them, past year 9999 too."""
+        key_decoder = RowDecoder(key_schema, raw_datetimes=raw)
+        value_decoder = RowDecoder(value_schema, raw_datetimes=raw)
+
+        def produce() -> Iterator[tuple[Any, ...]]:
+            for partition, files in plan:
+                for batch, delta in files:
+                    for key, value in iter_records(delta, snapshot=False):
+                        decoded = key_decoder.decode(key)
+                        if value is None:
+                            yield batch, "delete", decoded, None, partition
+                        else:
+                            row = value_decoder.decode(value[: len(value) & ~7])
+                            yield batch, "update", decoded, row, partition
+
+        return produce
 
     return Rows(
-        produce,
+        rows(False),
         CHANGE_FIELDS,
         {"batch_id": "int64", "change_type": "string", "partition_id": "int32"},
         {"key": to_arrow_type(key_schema), "value": to_arrow_type(value_schema)},
+        arrow_produce=rows(True),
     )
 
 
@@ -490,6 +513,8 @@ def read_diff(
     operator_id = check_batch_option("operatorId", operator_id, required=True)  # type: ignore[assignment]
     store_name = check_store_name_option(store_name, "storeName")
     checkpoint = _open(path)
+    for batch in (from_batch_id, to_batch_id):
+        _committed_batch(checkpoint, batch)
     checkpoint.check_supported(to_batch_id)
     _operator, store = _store(checkpoint, operator_id, store_name)
     key_schema, value_schema = checkpoint.schemas(operator_id, store)
@@ -501,42 +526,50 @@ def read_diff(
         )
         for p in range(checkpoint.num_partitions(operator_id, store, key_schema))
     ]
-    key_decoder, value_decoder = RowDecoder(key_schema), RowDecoder(value_schema)
 
-    def produce() -> Iterator[tuple[Any, ...]]:
-        from extagg.generic import Aggregator, ExternalAppendOnlyMap  # numba: only when needed
+    def rows(raw: bool) -> Callable[[], Iterator[tuple[Any, ...]]]:
+        """Rows with Python values, or (``raw``) with dates and timestamps as Arrow takes
+        them, past year 9999 too."""
+        key_decoder = RowDecoder(key_schema, raw_datetimes=raw)
+        value_decoder = RowDecoder(value_schema, raw_datetimes=raw)
 
-        for partition, old_paths, new_paths in plans:
-            emap = ExternalAppendOnlyMap(
-                Aggregator(first_pair, merge_pair, merge_pair), memory, name="spark-state-diff"
-            )
-            try:
-                emap.insert_all(
-                    (key, (value, None)) for key, value in version_records(old_paths, memory)
+        def produce() -> Iterator[tuple[Any, ...]]:
+            from extagg.generic import Aggregator, ExternalAppendOnlyMap  # numba: only when needed
+
+            for partition, old_paths, new_paths in plans:
+                emap = ExternalAppendOnlyMap(
+                    Aggregator(first_pair, merge_pair, merge_pair), memory, name="spark-state-diff"
                 )
-                emap.insert_all(
-                    (key, (None, value)) for key, value in version_records(new_paths, memory)
-                )
-                for key, (old, new) in emap.iterator():
-                    if old == new:
-                        continue
-                    kind = "added" if old is None else "removed" if new is None else "changed"
-                    yield (
-                        kind,
-                        key_decoder.decode(key),
-                        None if old is None else value_decoder.decode(old[: len(old) & ~7]),
-                        None if new is None else value_decoder.decode(new[: len(new) & ~7]),
-                        partition,
+                try:
+                    emap.insert_all(
+                        (key, (value, None)) for key, value in version_records(old_paths, memory)
                     )
-            finally:
-                emap.close()
+                    emap.insert_all(
+                        (key, (None, value)) for key, value in version_records(new_paths, memory)
+                    )
+                    for key, (old, new) in emap.iterator():
+                        if old == new:
+                            continue
+                        kind = "added" if old is None else "removed" if new is None else "changed"
+                        yield (
+                            kind,
+                            key_decoder.decode(key),
+                            None if old is None else value_decoder.decode(old[: len(old) & ~7]),
+                            None if new is None else value_decoder.decode(new[: len(new) & ~7]),
+                            partition,
+                        )
+                finally:
+                    emap.close()
+
+        return produce
 
     value_type = to_arrow_type(value_schema)
     return Rows(
-        produce,
+        rows(False),
         DIFF_FIELDS,
         {"change_type": "string", "partition_id": "int32"},
         {"key": to_arrow_type(key_schema), "old_value": value_type, "new_value": value_type},
+        arrow_produce=rows(True),
     )
 
 

@@ -138,8 +138,10 @@ def _epoch_plus(epoch: Any, what: str, unit: str) -> Callable[[int], Any]:
     return add
 
 
-def _fixed_reader(name: str) -> Reader:
+def _fixed_reader(name: str, raw: bool = False) -> Reader:
     unpack = struct.Struct("<" + ATOMIC_TYPES[name][1]).unpack_from
+    if raw and name in ("date", "timestamp", "timestamp_ntz"):  # days / microseconds
+        return lambda buf, base, pos: unpack(buf, pos)[0]
     if name == "date":
         day = _epoch_plus(EPOCH_DATE, "date", "days")
         return lambda buf, base, pos: day(unpack(buf, pos)[0])
@@ -158,11 +160,11 @@ def _decimal(unscaled: int, scale: int) -> decimal.Decimal:
     return decimal.Decimal(f"{unscaled}E-{scale}") if scale else decimal.Decimal(unscaled)
 
 
-def _reader(data_type: SparkType) -> Reader:
+def _reader(data_type: SparkType, raw: bool = False) -> Reader:
     if isinstance(data_type, AtomicType):
         name = data_type.name
         if name in ATOMIC_TYPES:
-            return _fixed_reader(name)
+            return _fixed_reader(name, raw)
         if name == "void":
             return lambda buf, base, pos: None
 
@@ -186,14 +188,14 @@ def _reader(data_type: SparkType) -> Reader:
 
         return big
     if isinstance(data_type, StructType):
-        decode = RowDecoder(data_type).decode_at
+        decode = RowDecoder(data_type, raw_datetimes=raw).decode_at
         return lambda buf, base, pos: decode(buf, base + (_unpack_long(buf, pos)[0] >> 32))
     if isinstance(data_type, ArrayType):
-        decode_array = _array_decoder(data_type.element_type)
+        decode_array = _array_decoder(data_type.element_type, raw)
         return lambda buf, base, pos: decode_array(buf, base + (_unpack_long(buf, pos)[0] >> 32))
     if isinstance(data_type, MapType):
-        keys = _array_decoder(data_type.key_type)
-        values = _array_decoder(data_type.value_type)
+        keys = _array_decoder(data_type.key_type, raw)
+        values = _array_decoder(data_type.value_type, raw)
 
         def decode_map(buf: bytes, base: int, pos: int) -> Any:
             start = base + (_unpack_long(buf, pos)[0] >> 32)
@@ -204,8 +206,8 @@ def _reader(data_type: SparkType) -> Reader:
     raise UnsupportedSparkTypeError(f"cannot decode Spark type {data_type!r}")
 
 
-def _array_decoder(element_type: SparkType) -> Callable[[bytes, int], list[Any]]:
-    read = _reader(element_type)
+def _array_decoder(element_type: SparkType, raw: bool = False) -> Callable[[bytes, int], list[Any]]:
+    read = _reader(element_type, raw)
     width = _element_width(element_type)
 
     def decode_array(buf: bytes, start: int) -> list[Any]:
@@ -230,12 +232,16 @@ class RowDecoder:
     ----------
     schema
         The schema of the rows.
+    raw_datetimes
+        Dates and timestamps as Spark stores them (days / microseconds since the epoch), the
+        form Arrow's ``date32`` / ``timestamp[us]`` take: Spark's range is wider than
+        ``datetime``'s years 1 to 9999, Arrow's is not.
     """
 
-    def __init__(self, schema: StructType) -> None:
+    def __init__(self, schema: StructType, raw_datetimes: bool = False) -> None:
         self.schema = schema
         self.names = tuple(schema.names)
-        self._readers = [_reader(f.data_type) for f in schema.fields]
+        self._readers = [_reader(f.data_type, raw_datetimes) for f in schema.fields]
         self._bitset_bytes = 8 * bitset_words(len(self.names))
         self.fixed_size = self._bitset_bytes + 8 * len(self.names)
         self.row_class = row_class(self.names)
