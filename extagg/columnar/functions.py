@@ -516,14 +516,26 @@ def fused_ops(
     if plan is None:
         return None
     table, f_src, i_src, fused = plan
-    floats = tuple(np.ascontiguousarray(columns[k].values) for k in f_src) or _NO_FLOATS
-    ints = tuple(np.ascontiguousarray(columns[k].values) for k in i_src) or _NO_INTS
+    floats = _alike(tuple(np.ascontiguousarray(columns[k].values) for k in f_src)) or _NO_FLOATS
+    ints = _alike(tuple(np.ascontiguousarray(columns[k].values) for k in i_src)) or _NO_INTS
     return table, floats, ints, set(fused)
 
 
 #: fused plans by the identity of the specs, the rows, the state views and the columns'
 #: kinds (``_fused_plan``'s result, checked by reference on every hit: an ``id`` is reused
 #: only after its object is gone); cleared when it holds :data:`_MAX_PLANS`
+def _alike(arrays: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    """``arrays``, as read-only views if some are read-only and some not: the kernel takes
+    them as one tuple, which numba types only if its arrays are alike (an Arrow buffer is
+    read-only, a column computed in NumPy writable: ``TypingError`` in ``fused_update``)."""
+    if len({a.flags.writeable for a in arrays}) < 2:
+        return arrays
+    views = tuple(a.view() for a in arrays)
+    for view in views:
+        view.flags.writeable = False
+    return views
+
+
 _PLANS: dict[tuple[Any, ...], tuple[Any, Any, list[Any], Any]] = {}
 _MAX_PLANS = 256
 

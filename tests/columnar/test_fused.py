@@ -227,3 +227,28 @@ def test_fused_plans_are_remembered_for_the_same_views_and_column_kinds() -> Non
     after = F.fused_ops(specs, grown_states, columns, grown.rows)
     assert after is not None and after[0] is not first[0]
     assert after[0].tolist() == first[0].tolist()
+
+
+def test_read_only_and_writable_columns_fuse_together() -> None:
+    """A read-only column (an Arrow buffer) beside a writable one (computed in NumPy): their
+    tuple was not one numba type, and ``fused_update`` failed to compile (``TypingError``), as
+    it did under ``extagg.spark.aggregate(engine="pandas")`` for a mean of a long column."""
+    n = 64
+    gids = np.arange(n, dtype=np.int64) % 4
+    aggs = {"sa": ("a", "sum"), "sb": ("b", "sum"), "mb": ("b", "max")}
+    results = []
+    for read_only in (False, True):
+        cols = {
+            "a": to_column("a", pa.array(np.arange(n, dtype=np.float64))),
+            "b": to_column("b", pa.array(np.arange(n, dtype=np.float64) * 2)),
+        }
+        cols["a"].values = cols["a"].values.copy()
+        cols["b"].values = cols["b"].values.copy()
+        cols["a"].values.flags.writeable = not read_only
+        specs = [F.resolve(r, cols[r.column]) for r in F.parse_aggs(aggs)]
+        table, states = _table_states(specs, 4)
+        F.update_all(specs, states, gids, [cols[sp.column] for sp in specs], 0, table.rows)
+        assert cols["b"].values.flags.writeable  # the caller's arrays are left as they were
+        results.append(table.rows[:4].copy())
+    assert results[0].tobytes() == results[1].tobytes()
+    assert results[0].tobytes() != np.zeros_like(results[0]).tobytes()
