@@ -151,6 +151,9 @@ class AggregationPlan:
                 f"columns {sorted(set(missing))} are not in the DataFrame (it has {list(fields)})"
             )
         self.outputs: list[_Output] = []
+        #: state column -> integer input column a mean/var/std sums as doubles, as Spark's
+        #: ``avg`` does (its int64 sum overflowed where Spark answers: 2^62 + 2^62 + 7)
+        self.float_inputs: dict[str, str] = {}
         partial_fields = [fields[c] for c in self.by]
         final_fields = [fields[c] for c in self.by]
         for r in requests:
@@ -167,10 +170,14 @@ class AggregationPlan:
                 o.final = {f"{p}_s": (f"{p}_s", "sum")}
                 partial_fields.append(T.StructField(f"{p}_s", _result_type("sum", in_type)))
             elif r.func == "mean" or r.func in _VAR_FUNCS:
-                o.partial = {f"{p}_s": (col, "sum"), f"{p}_n": (col, "count")}
+                summed, sum_type = col, _result_type("sum", in_type)
+                if isinstance(sum_type, T.LongType):
+                    summed, sum_type = f"{p}_x", T.DoubleType()
+                    self.float_inputs[summed] = col
+                o.partial = {f"{p}_s": (summed, "sum"), f"{p}_n": (col, "count")}
                 o.final = {f"{p}_s": (f"{p}_s", "sum"), f"{p}_n": (f"{p}_n", "sum")}
                 partial_fields += [
-                    T.StructField(f"{p}_s", _result_type("sum", in_type)),
+                    T.StructField(f"{p}_s", sum_type),
                     T.StructField(f"{p}_n", T.LongType()),
                 ]
                 if r.func in _VAR_FUNCS:
@@ -212,7 +219,17 @@ class AggregationPlan:
         aggs = {k: v for o in self.outputs for k, v in o.partial.items()}
         target = self._arrow(self.partial_schema)
         partition = _partition_id() if self.ordered else None
+        if self.float_inputs:
+            batches = map(self._with_float_inputs, batches)
         yield from self._run(batches, aggs, target, lambda b: self._finish_partial(b, partition))
+
+    def _with_float_inputs(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """``batch`` with the integer columns a mean/var/std sums as doubles beside it (past
+        2^53 rounded, as Spark casts them)."""
+        for name, column in self.float_inputs.items():
+            values = pc.cast(batch.column(column), pa.float64(), safe=False)
+            batch = batch.append_column(name, values)
+        return batch
 
     def final(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Merge shuffled partial states into the results."""

@@ -281,3 +281,22 @@ def test_a_sum_overflow_names_the_output_not_its_state_column(spark):
         es.aggregate(df.repartition(3), ["k"], {"s": ("v", "sum")}).collect()
     text = str(info.value)
     assert "overflow in aggregate 's'" in text and "__s_s" not in text, text[-2000:]
+
+
+def test_mean_and_deviation_of_longs_whose_sum_leaves_int64_as_spark(spark):
+    """Spark's ``avg``/``stddev`` of a long column sum doubles; the partial states summed
+    int64 and failed with ``SumOverflowError`` (2^62 + 2^62 + 7)."""
+    from pyspark.sql import functions as F
+
+    df = spark.createDataFrame(
+        [("a", 2**62), ("a", 2**62), ("a", 7), ("b", -(2**62)), ("b", -(2**62)), ("b", -5)],
+        "k string, v long",
+    ).repartition(2)
+    aggs = {"m": ("v", "mean"), "sd": ("v", "std"), "vp": ("v", "var_pop")}
+    ours = es.aggregate(df, ["k"], aggs)
+    theirs = df.groupBy("k").agg(
+        F.avg("v").alias("m"), F.stddev("v").alias("sd"), F.var_pop("v").alias("vp")
+    )
+    assert [f.dataType for f in ours.schema.fields] == [f.dataType for f in theirs.schema.fields]
+    assert_same(as_dict(ours, ["k"]), as_dict(theirs, ["k"]))
+    assert as_dict(ours, ["k"])[("a",)]["m"] == 3.0744573456182584e18
