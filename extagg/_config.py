@@ -90,6 +90,11 @@ def parse_size(value: int | str, *, name: str = "size", allow_zero: bool = False
         factor = _UNITS.get(unit.lower())
         if factor is None:
             raise ValueError(f"invalid {name} {value!r}: unknown unit {unit!r}")
+        if "." in number and factor == 1 and float(number) != int(float(number)):
+            raise ValueError(  # "1.5" was 1 byte
+                f"invalid {name} {value!r}: a number of bytes is whole "
+                f"(for {number} MiB write '{number}m')"
+            )
         size = int(float(number) * factor) if "." in number else int(number) * factor
     else:
         raise TypeError(f"{name} must be a byte count or a size string, not {type(value).__name__}")

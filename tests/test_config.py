@@ -42,6 +42,17 @@ def test_parse_size_takes_whole_floats_only():
             parse_size(bad, name="memory")
 
 
+def test_parse_size_fractional_bytes_in_a_string_are_refused(monkeypatch):
+    """``"1.5"`` (no unit: bytes) was 1 byte, silently; ``EXTAGG_MEMORY=1.5`` too."""
+    assert parse_size("1.0") == 1 and parse_size("1.5k") == 1536
+    for bad in ("1.5", "2.25b"):
+        with pytest.raises(ValueError, match=r"invalid memory .*whole.*m'"):
+            parse_size(bad, name="memory")
+    monkeypatch.setenv("EXTAGG_MAX_SPILL_BYTES", "1.5")
+    with pytest.raises(ValueError, match=r"EXTAGG_MAX_SPILL_BYTES.*whole"):
+        env_size("EXTAGG_MAX_SPILL_BYTES")
+
+
 def test_parse_size_rejects_wrong_types():
     with pytest.raises(TypeError):
         parse_size(True)
