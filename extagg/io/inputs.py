@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import csv
 import difflib
 import logging
 import os
@@ -356,16 +357,8 @@ class InputScan:
                 f"inferred from, appears later — in the objects of column {nested}, or beside "
                 "them: extagg stops rather than drop a field from the objects it aggregates)"
             )
-        if fmt in ("csv", "tsv") and "conversion" in reason.lower():
-            m = re.search(r"CSV column #(\d+)", reason)
-            names = _file_column_names(path, text)
-            column = ""
-            if m is not None and int(m.group(1)) < len(names):
-                column = f" of column {names[int(m.group(1))]!r}"
-            hint = (
-                f" (the type{column} was inferred from the first block; give it with "
-                "--column-types)"
-            )
+        if fmt in ("csv", "tsv") and "CSV column #" in reason:
+            hint = _csv_column_hint(reason, _file_column_names(path, text))
         if fmt == "json" and "Failed to convert JSON" in reason:
             hint = (
                 " (a field's type was inferred from the first block of the file and a later "
@@ -379,6 +372,36 @@ class InputScan:
             )
             reason = reason.replace(" (try to increase block size?)", "")
         return InputError(f"cannot read {path}: {reason}{hint}", path=path)
+
+
+def _csv_column_hint(reason: str, names: Sequence[str]) -> str:
+    """What to do about Arrow's CSV error ``reason`` (``In CSV column #N: ...``), naming the
+    column from the file's ``names`` (Arrow counts them from 0)."""
+    m = re.search(r"CSV column #(\d+)", reason)
+    column = ""
+    if m is not None and int(m.group(1)) < len(names):
+        column = f" of column {names[int(m.group(1))]!r}"
+    if "Rescaling Decimal" in reason:
+        return (
+            f" (a value{column} has more decimal places than the scale its type gives, and "
+            "is not rounded: give a larger scale with --column-types)"
+        )
+    if "conversion" in reason.lower():
+        return (
+            f" (the type{column} was inferred from the first block; give it with "
+            "--column-types)"
+        )
+    return ""
+
+
+def _csv_header(path: str, delimiter: str) -> list[str]:
+    """The names in a CSV file's first line (none if it cannot be read): for messages."""
+    try:
+        with pa.input_stream(path, compression="detect") as stream:
+            head = stream.read(1 << 16).decode("utf-8", "replace")
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError):
+        return []
+    return next(csv.reader([head.splitlines()[0] if head else ""], delimiter=delimiter), [])
 
 
 def _file_column_names(path: str, text: _TextFile | None) -> list[str]:
@@ -1261,6 +1284,10 @@ def open_input(
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
             reason, hint = _row_of_file(reason, 0), _mixed_json_hint(reason)
+            if fmt in ("csv", "tsv") and "CSV column #" in reason:
+                sep = options.get("delimiter") or ("\t" if fmt == "tsv" else ",")
+                file_names = names or _csv_header(path, sep)
+                hint = _csv_column_hint(reason, file_names)
             raise InputError(f"cannot read {path} as {fmt}: {reason}{hint}", path=path) from exc
     hive: dict[str, pa.DataType] = {}
     for path, base in files:

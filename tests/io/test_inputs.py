@@ -917,6 +917,19 @@ def test_text_read_errors_name_the_column_the_type_and_long_lines(tmp_path):
                                memory="32m").read_all()  # fmt: skip
 
 
+def test_a_decimal_with_more_places_than_its_type_names_the_column(tmp_path):
+    """Arrow's "In CSV column #1: Rescaling Decimal value would cause data loss" named neither
+    the column nor what to do (the first block, read for the schema, failed)."""
+    path = tmp_path / "dc.csv"
+    path.write_text("k,c\na,1.255\na,-1.245\n")
+    with pytest.raises(InputError, match=r"value of column 'c' has more decimal places.*scale"):
+        extagg.aggregate_files(str(path), by="k", aggs={"s": ("c", "sum")},
+                               column_types={"c": "decimal(5,2)"}).read_all()  # fmt: skip
+    got = extagg.aggregate_files(str(path), by="k", aggs={"s": ("c", "sum")},
+                                 column_types={"c": "decimal(6,3)"}).read_all()  # fmt: skip
+    assert str(got["s"][0].as_py()) == "0.010"
+
+
 def test_quoted_crlf_values_survive_every_block_boundary(tmp_path):
     """pyarrow's streaming CSV reader drops the ``\\n`` of a quoted ``\\r\\n`` that two of its
     blocks split: one value of 66 667 came out as ``...\\rline3`` at 16 MiB. Blocks handed to
