@@ -387,10 +387,7 @@ def _csv_column_hint(reason: str, names: Sequence[str]) -> str:
             "is not rounded: give a larger scale with --column-types)"
         )
     if "conversion" in reason.lower():
-        return (
-            f" (the type{column} was inferred from the first block; give it with "
-            "--column-types)"
-        )
+        return f" (the type{column} was inferred from the first block; give it with --column-types)"
     return ""
 
 

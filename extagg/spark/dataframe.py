@@ -35,7 +35,8 @@ import pyarrow.compute as pc
 
 from extagg._config import parse_size
 from extagg.columnar import HashAggregator
-from extagg.columnar.functions import agg_mapping, mean_half_up, parse_aggs
+from extagg.columnar.columns import column_kind, to_column
+from extagg.columnar.functions import agg_mapping, mean_half_up, parse_aggs, resolve
 from extagg.errors import SumOverflowError
 from extagg.spark.merger import report_spill
 from extagg.spark.settings import local_workers_run_this_python, worker_budget
@@ -150,6 +151,7 @@ class AggregationPlan:
             raise ValueError(
                 f"columns {sorted(set(missing))} are not in the DataFrame (it has {list(fields)})"
             )
+        self._check_types(fields, requests)
         self.outputs: list[_Output] = []
         #: state column -> integer input column a mean/var/std sums as doubles, as Spark's
         #: ``avg`` does (its int64 sum overflowed where Spark answers: 2^62 + 2^62 + 7)
@@ -204,6 +206,40 @@ class AggregationPlan:
         self.float_keys = [
             c for c in self.by if isinstance(fields[c].dataType, (T.FloatType, T.DoubleType))
         ]
+
+    def _check_types(self, fields: Mapping[str, Any], requests: Sequence[Any]) -> None:
+        """Refuse a key or aggregate input type the engine does not take, at the call and
+        named by the user's output: it failed in a worker, at ``collect()``, naming a partial
+        state column (``'__o_s': sum('dt')`` for ``mean`` of a date)."""
+        for name in self.by:
+            arrow_type = self._arrow_type(name, fields[name].dataType)
+            if column_kind(arrow_type) is None:
+                raise TypeError(
+                    f"key column {name!r} of type {fields[name].dataType.simpleString()} is "
+                    "not supported by extagg.spark.aggregate (keys are numbers, bools, "
+                    "decimals, strings, binaries, dates and timestamps)"
+                )
+        for r in requests:
+            if r.column is None:
+                continue
+            arrow_type = self._arrow_type(r.column, _input_type(fields[r.column].dataType))
+            if column_kind(arrow_type) is None:
+                raise TypeError(
+                    f"aggregate {r.output!r}: {r.func}({r.column!r}) is not supported for column "
+                    f"{r.column!r} of type {fields[r.column].dataType.simpleString()}"
+                )
+            resolve(r, to_column(r.column, pa.array([], arrow_type)))  # TypeError if refused
+
+    def _arrow_type(self, name: str, data_type: Any) -> pa.DataType:
+        T = _spark_types()
+        try:
+            schema = self._arrow(T.StructType([T.StructField(name, data_type)]))
+        except Exception as exc:  # PySpark's own "not supported" for the type
+            raise TypeError(
+                f"column {name!r} of type {data_type.simpleString()} is not supported by "
+                f"extagg.spark.aggregate: {exc}"
+            ) from exc
+        return schema.field(0).type
 
     # ------------------------------------------------------------------ stage functions
     def _arrow(self, schema: Any) -> pa.Schema:

@@ -300,3 +300,20 @@ def test_mean_and_deviation_of_longs_whose_sum_leaves_int64_as_spark(spark):
     assert [f.dataType for f in ours.schema.fields] == [f.dataType for f in theirs.schema.fields]
     assert_same(as_dict(ours, ["k"]), as_dict(theirs, ["k"]))
     assert as_dict(ours, ["k"])[("a",)]["m"] == 3.0744573456182584e18
+
+
+def test_unsupported_types_are_refused_at_the_call_naming_the_output(spark):
+    """A mean of a date failed in a worker at ``collect()``, naming the state column
+    ``'__o_s'`` and ``sum``; an array key too (as a ``PythonException``)."""
+    df = spark.createDataFrame(
+        [("a", dt.date(2024, 1, 1), [1], "x")], "k string, d date, arr array<int>, s string"
+    )
+    with pytest.raises(TypeError, match=r"aggregate 'o': mean\('d'\) is not supported") as info:
+        es.aggregate(df, ["k"], {"o": ("d", "mean")})
+    assert "__o" not in str(info.value)
+    with pytest.raises(TypeError, match=r"aggregate 't': sum\('s'\) is not supported"):
+        es.aggregate(df, ["k"], {"t": ("s", "sum")})
+    with pytest.raises(TypeError, match="key column 'arr' of type array<int> is not supported"):
+        es.aggregate(df, ["arr"], {"n": ("*", "count")})
+    ok = es.aggregate(df, ["k"], {"lo": ("d", "min"), "hi": ("s", "max")}).collect()
+    assert [r.asDict() for r in ok] == [{"k": "a", "lo": dt.date(2024, 1, 1), "hi": "x"}]
