@@ -185,7 +185,19 @@ class QueryError(ExtaggError, ValueError):
     """
 
 
-class ExpressionError(QueryError):
+class _AtPosition(Exception):
+    """An error in an expression's text: the message shows it with a caret under a position
+    (``reason``, ``expression`` and the clamped ``position`` kept as attributes)."""
+
+    def __init__(self, reason: str, expression: str, position: int) -> None:
+        self.reason = reason
+        self.expression = expression
+        self.position = max(0, min(position, len(expression)))
+        caret = _caret(expression, self.position)
+        super().__init__(f"{reason} at position {self.position}:\n  {expression}\n  {caret}")
+
+
+class ExpressionError(_AtPosition, QueryError):
     """A ``--where`` / ``--having`` expression that does not parse or names no column.
 
     The message shows the expression with a caret under the position.
@@ -200,15 +212,8 @@ class ExpressionError(QueryError):
         The 0-based offset of the offending token (clamped to the text).
     """
 
-    def __init__(self, reason: str, expression: str, position: int) -> None:
-        self.reason = reason
-        self.expression = expression
-        self.position = max(0, min(position, len(expression)))
-        caret = _caret(expression, self.position)
-        super().__init__(f"{reason} at position {self.position}:\n  {expression}\n  {caret}")
 
-
-class ExpressionOverflowError(ExtaggError, OverflowError):
+class ExpressionOverflowError(_AtPosition, ExtaggError, OverflowError):
     """An integer ``+``, ``-`` or ``*`` of a ``--where`` / ``--having`` expression whose
     result leaves its type on a row's values (as DuckDB and Spark's ANSI mode, the operands'
     type is kept: ``int8 + int8`` is an ``int8``). A runtime error, unlike
@@ -224,13 +229,6 @@ class ExpressionOverflowError(ExtaggError, OverflowError):
     position
         The 0-based offset of the operator.
     """
-
-    def __init__(self, reason: str, expression: str, position: int) -> None:
-        self.reason = reason
-        self.expression = expression
-        self.position = max(0, min(position, len(expression)))
-        caret = _caret(expression, self.position)
-        super().__init__(f"{reason} at position {self.position}:\n  {expression}\n  {caret}")
 
 
 def _caret(text: str, position: int) -> str:
