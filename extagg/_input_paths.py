@@ -1,5 +1,6 @@
-"""Input paths expanded to files (globs, directories), before anything heavy is imported:
-the command line checks them first, so a mistyped path fails at once."""
+"""Input paths expanded to files (globs, directories), and an output path checked, before
+anything heavy is imported: the command lines check them first, so a mistyped path or an
+existing output fails at once."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Sequence
 
 from extagg.errors import InputError
 
-__all__ = ["expand_input_paths"]
+__all__ = ["expand_input_paths", "output_problem"]
 
 
 def expand_input_paths(paths: Sequence[str]) -> list[tuple[str, str | None]]:
@@ -72,3 +73,18 @@ def expand_input_paths(paths: Sequence[str]) -> list[tuple[str, str | None]]:
 def _is_marker(name: str) -> bool:
     """A file name that is no data: hidden, ``_SUCCESS``/``_committed_*``, a ``.crc``."""
     return name.startswith((".", "_")) or name.endswith(".crc")
+
+
+def output_problem(path: str, overwrite: bool) -> str | None:
+    """Why ``path`` cannot be the output (a device or pipe; a file there without
+    ``overwrite``), or ``None``."""
+    if path == "-" or not os.path.exists(path):
+        return None
+    if not os.path.isfile(os.path.realpath(path)):
+        return (
+            f"output {path} is not a regular file (a pipe, a device): the result is written to "
+            "a temporary file renamed over it; write to a file, or -o - for standard output"
+        )
+    if not overwrite:
+        return f"output {path} exists; pass --overwrite (overwrite=True) to replace it"
+    return None

@@ -205,7 +205,8 @@ def _run_aggregate(args: argparse.Namespace) -> int:
         output = args.output
         fmt = None
         if output is not None:
-            from extagg.io.output import output_format, output_problem
+            from extagg._input_paths import output_problem
+            from extagg.io.output import output_format
 
             fmt = output_format(output, args.output_format)
             problem = output_problem(output, args.overwrite)

@@ -25,6 +25,7 @@ from typing import IO, Any, Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from extagg._input_paths import output_problem
 from extagg.errors import OutputError, QueryError
 
 __all__ = ["OUTPUT_FORMATS", "ResultWriter", "atomic_output", "output_format"]
@@ -61,21 +62,6 @@ def output_format(path: str, explicit: str | None = None) -> str:
             f"--output-format ({', '.join(OUTPUT_FORMATS)})"
         )
     return by_ext
-
-
-def output_problem(path: str, overwrite: bool) -> str | None:
-    """Why ``path`` cannot be the output (a device or pipe; a file there without
-    ``overwrite``), or ``None``."""
-    if path == "-" or not os.path.exists(path):
-        return None
-    if not os.path.isfile(os.path.realpath(path)):
-        return (
-            f"output {path} is not a regular file (a pipe, a device): the result is written to "
-            "a temporary file renamed over it; write to a file, or -o - for standard output"
-        )
-    if not overwrite:
-        return f"output {path} exists; pass --overwrite (overwrite=True) to replace it"
-    return None
 
 
 def _temp_beside(path: str) -> tuple[str, IO[bytes]]:

@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 
 from extagg._config import env_size, resolve_file_threads
+from extagg._input_paths import output_problem
 from extagg._interrupts import latched_interrupts, raise_if_interrupted
 from extagg._sysinfo import current_rss, peak_rss
 from extagg.errors import QueryError
@@ -32,7 +33,7 @@ from extagg.io.inputs import (
     text_blocks_held,
     unknown_column,
 )
-from extagg.io.output import ResultWriter, output_problem
+from extagg.io.output import ResultWriter
 from extagg.io.output import output_format as pick_output_format
 from extagg.io.where import ParsedExpression, parse_expression
 from extagg.memory import MemoryConsumer

@@ -308,7 +308,7 @@ def run_state_command(
     if fmt == "table":
         fmt = "text"
     if args.output:
-        from extagg.io.output import output_problem  # pyarrow: only when there is a file
+        from extagg._input_paths import output_problem
 
         problem = output_problem(args.output, getattr(args, "overwrite", False))
         if problem is not None:
