@@ -13,6 +13,18 @@ from extagg._interrupts import deferred_interrupts, latched_interrupts, raise_if
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 
+@pytest.fixture(autouse=True)
+def _python_sigint_handler():
+    """Each test starts from Python's own SIGINT handler, whatever the tests run before it in
+    this process left (under pytest-xdist a worker runs another subset before these: twice a
+    worker's handler was not Python's, and the latch, rightly, stood aside)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 class _SignalsInDel:
     """Sends SIGINT from ``__del__``, where Python prints the ``KeyboardInterrupt`` and drops
     it — as in llvmlite's ``ObjectRef.__del__`` while numba compiles on a cold cache."""
