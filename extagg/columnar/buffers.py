@@ -24,6 +24,9 @@ MAX_CHUNK_ROWS = 1 << 16
 MIN_CHUNK_ROWS = 1 << 10
 #: key bytes per spill batch beyond which a batch is cut short
 BATCH_VAR_BYTES = 1 << 20
+#: the fewest rows and key bytes a run batch is cut at when a merge limit sizes it
+MIN_RUN_ROWS = 16
+MIN_BATCH_VAR_BYTES = 1024
 #: gathering, encoding and compressing one batch holds about this many copies of it
 IO_COPIES = 3
 #: merge buffers per source, in batches: its pending rows (up to about one and a half), their
@@ -50,11 +53,14 @@ def plan_buffers(
     batch_size: int,
     chunk_rows: int | None = None,
     chunk_share: int = 64,
+    merge_limit: int | None = None,
 ) -> BufferPlan:
     """Size the buffers for ``max_memory``: a chunk's temporaries about ``1/chunk_share`` of it
     (1/64 next to a growing table; 1/8 for a partition's aggregator, which reads large
     batches), run batches small enough that a two-way merge fits in a sixteenth of it
-    (``columns``: input columns read; ``chunk_rows``: a fixed chunk size instead)."""
+    (``columns``: input columns read; ``chunk_rows``: a fixed chunk size instead), and in
+    ``merge_limit`` bytes if given (an aggregator merged beside others: ``count_distinct``'s
+    levels, each with a share of the budget)."""
     keys = layout.keys
     fixed = max(1, layout.fixed_row_bytes)
     per_row = keys.scratch_bytes(1, 0) + 16 * columns + 8
@@ -62,6 +68,12 @@ def plan_buffers(
     scratch = keys.scratch_bytes(rows, 0) + rows * (16 * columns + 8)
     run_rows = min(batch_size, max(64, max_memory // (32 * fixed * MERGE_COPIES)))
     batch_var_bytes = min(BATCH_VAR_BYTES, max(4096, max_memory // 64))
+    if merge_limit is not None:  # two read buffers of MERGE_COPIES batches within the limit
+        per_batch = merge_limit // (2 * MERGE_COPIES)
+        if keys.has_var:
+            batch_var_bytes = min(batch_var_bytes, max(MIN_BATCH_VAR_BYTES, per_batch // 2))
+            per_batch -= batch_var_bytes
+        run_rows = min(run_rows, max(MIN_RUN_ROWS, per_batch // fixed))
     var = batch_var_bytes if keys.has_var else 0
     io_bytes = IO_COPIES * (run_rows * fixed + var)
     return BufferPlan(rows, scratch, run_rows, batch_var_bytes, io_bytes)

@@ -494,9 +494,14 @@ class DistinctLevel:
         self._merge_limit: int | None = None
 
     def limit_merge_memory(self, nbytes: int) -> None:
-        """Its results' merge (the second level's, or each partition's) holds at most
-        ``nbytes`` of read buffers (see :meth:`HashAggregator.limit_merge_memory`)."""
+        """Its merges hold at most ``nbytes`` of read buffers each (see
+        :meth:`HashAggregator.limit_merge_memory`): the second level's, and in a partition's
+        level the first's, which runs while the other aggregates' results are being merged
+        (the top level's runs before: limited, its smaller run batches had made a query of
+        five ``count_distinct`` at 2 MiB three times slower)."""
         self._merge_limit = nbytes
+        if self.depth:
+            self.first.limit_merge_memory(nbytes)
         self.second.limit_merge_memory(nbytes)
 
     def share_spill_dirs(self, runs: RunSet[Any]) -> None:

@@ -341,7 +341,7 @@ class HashAggregator(Spillable[ColumnBlock]):
         max_memory = self.budget.max_memory
         plan = plan_buffers(
             st.layout, len(self._needed), max_memory, self.batch_size,
-            self._chunk_rows_arg, chunk_share,
+            self._chunk_rows_arg, chunk_share, st.merge_limit,
         )  # fmt: skip
         st.chunk_rows = plan.chunk_rows
         st.scratch = plan.scratch_bytes

@@ -505,3 +505,65 @@ def test_results_take_ordered_as_hash_aggregators_do() -> None:
         agg.update(batch)
         rows = {r["k"]: r["d"] for b in agg.results(ordered=False) for r in b.to_pylist()}
     assert rows == {1: 2, 2: 1}
+
+
+def _many_distinct_table(n: int, levels: int) -> pa.Table:
+    rng = np.random.default_rng(1)
+    names = np.array(["", "a", "B", "é", "z", "ab", "\U0001f600"], dtype=object)
+    cols = {
+        "sk": pa.array(names[rng.integers(0, len(names), n)]),
+        "fk": pa.array(rng.choice(np.array([-1.5, 0.0, 1.5, 2.5, np.inf]), n)),
+    }
+    for i in range(levels):
+        cols[f"c{i}"] = pa.array(rng.integers(0, n // (2 + i), n))
+    return pa.table(cols)
+
+
+def _check_many_distinct(got: pa.Table, table: pa.Table, levels: int) -> None:
+    rows = {(r["sk"], r["fk"]): r for r in got.to_pylist()}
+    data = table.to_pydict()
+    for i in range(levels):
+        want: dict = {}
+        for a, b, v in zip(data["sk"], data["fk"], data[f"c{i}"]):
+            want.setdefault((a, b), set()).add(v)
+        assert {k: rows[k][f"d{i}"] for k in want} == {k: len(v) for k, v in want.items()}
+    assert sum(r["n"] for r in rows.values()) == table.num_rows
+
+
+@pytest.mark.slow
+def test_eight_count_distinct_share_the_smallest_budget() -> None:
+    """Eight ``count_distinct`` beside a count and a string ``min`` at 1 MiB: nine streams
+    merged side by side by the join, each with a ninth of the budget, but their run batches
+    were sized for the whole budget (two read buffers of 96 KiB each, more than a share), and
+    a partition's first level merged with no limit at all while the join ran:
+    ``MemoryLimitError``. Run batches are now sized so two read buffers fit in the share."""
+    levels = 8
+    table = _many_distinct_table(60_000, levels)
+    aggs: dict = {f"d{i}": (f"c{i}", "count_distinct") for i in range(levels)}
+    aggs.update(n=("*", "count"), mn=("sk", "min"))
+    got = aggregate(table.to_batches(max_chunksize=8192), keys=["sk", "fk"], aggs=aggs,
+                    memory="1m", threads=1)  # fmt: skip
+    assert run_metrics(got).spill_count > 0
+    _check_many_distinct(got, table, levels)
+
+
+def test_kernels_warmed_beside_many_count_distinct_at_the_smallest_budget(tmp_path) -> None:
+    """``aggregate_files`` loads the query's kernels by folding, spilling and merging a few
+    rows with a second aggregator beside the run's own; with eight ``count_distinct`` at
+    1 MiB that throwaway merge did not fit beside the run's seventeen tables and the run failed
+    with ``MemoryLimitError`` before reading a row. The warm-up is best effort now."""
+    import pyarrow.parquet as pq
+
+    from extagg import aggregate_files
+
+    levels = 8
+    table = _many_distinct_table(20_000, levels)
+    src = tmp_path / "t.parquet"
+    pq.write_table(table, src, row_group_size=5_000)
+    aggs: dict = {f"d{i}": (f"c{i}", "count_distinct") for i in range(levels)}
+    aggs.update(n=("*", "count"), mn=("sk", "min"))
+    spill = tmp_path / "spill"
+    got = aggregate_files(src, by=["sk", "fk"], aggs=aggs, memory="1m", threads=1,
+                          spill_dirs=[str(spill)]).read_all()  # fmt: skip
+    _check_many_distinct(got, table, levels)
+    assert not [p for p in spill.rglob("*") if p.is_file()]
