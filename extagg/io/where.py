@@ -47,8 +47,8 @@ _TOKEN = re.compile(
         (?P<number>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)
       | (?P<string>'(?:[^']|'')*')
       | (?P<quoted>"(?:[^"]|"")*"|`[^`]*`)
-      | (?P<name>[A-Za-z_][A-Za-z0-9_.]*)
-      | (?P<op><=|>=|<>|!=|==|[=<>(),+\-*/])
+      | (?P<name>[^\W\d][\w.]*)
+      | (?P<op><=|>=|<>|!=|==|[=<>(),+\-*/%])
     )""",
     re.VERBOSE,
 )
@@ -343,8 +343,9 @@ class _Parser:
         number semantics once the input's types are known: an integer beside a decimal is
         a decimal (Arrow has no kernel for the pair: ``l_quantity < 24`` was refused), a
         decimal beside a float is a float; ``/`` divides (integers too: ``3 / 2`` is 1.5,
-        not 1) and a division by zero is null; floats compare with NaN equal to itself and
-        above every other number (Arrow follows IEEE: ``x != x`` kept NaN rows, ``x > 5``
+        not 1) and a division by zero is null, as is ``%`` by zero (``%``: the remainder of
+        the truncated division, with the dividend's sign); floats compare with NaN equal to
+        itself and above every other number (Arrow follows IEEE: ``x != x`` kept NaN rows, ``x > 5``
         dropped them, and ``max`` puts NaN last)."""
         if self._empty is None:
             return self.call(func, left, right, at=at)
@@ -374,7 +375,7 @@ class _Parser:
             right = self._as_float(right)
         elif pa.types.is_integer(left_type) and pa.types.is_integer(right_type):
             left, right = self._fit_unsigned(func, left, right)
-        if func is pc.divide:
+        if func is pc.divide or func is pc.remainder:
             right = self._null_if_zero(right)
         left_type, right_type = self.type_of(left), self.type_of(right)
         if func in _CHECKED:
@@ -631,9 +632,23 @@ class _Parser:
             return self.binary(_CMP[op], left, right, at)
         if self.take_word("is"):
             negate = self.take_word("not")
-            if not self.take_word("null"):
-                raise self.error("expected 'null' after 'is'")
-            test = self.call(pc.is_null, left)
+            truth = self.tok
+            if self.take_word("true", "false"):
+                # SQL's boolean test: never null (null is neither true nor false)
+                if self._empty is not None:
+                    typ = self.type_of(left)
+                    if not (pa.types.is_boolean(typ) or pa.types.is_null(typ)):
+                        raise self.error(f"'is {truth.word}' tests a boolean, not {typ}", truth)
+                value = self.constant(pa.scalar(truth.word == "true"))
+                test = self.call(
+                    pc.and_kleene,
+                    self.call(pc.is_valid, left),
+                    self.call(pc.equal, left, value, at=truth),
+                )
+            elif self.take_word("null"):
+                test = self.call(pc.is_null, left)
+            else:
+                raise self.error("expected 'null', 'true' or 'false' after 'is'")
             return self.call(pc.invert, test) if negate else test
         start = self.i
         negate = self.take_word("not")
@@ -695,10 +710,9 @@ class _Parser:
 
     def product(self) -> pc.Expression:
         left = self.unary()
-        while (at := self.tok) and (op := self.take_op("*", "/")) is not None:
+        while (at := self.tok) and (op := self.take_op("*", "/", "%")) is not None:
             right = self.unary()
-            func = pc.multiply_checked if op == "*" else pc.divide
-            left = self.binary(func, left, right, at)
+            left = self.binary(_PRODUCTS[op], left, right, at)
         return left
 
     def unary(self) -> pc.Expression:
@@ -765,7 +779,7 @@ class _Parser:
             if lit.kind != "string":
                 raise self.error(f"expected a quoted {word} after {word!r}")
             self.i += 1
-            text = lit.text[1:-1]
+            text = _iso_padded(lit.text[1:-1])
             try:
                 if word == "date":
                     return pa.scalar(dt.date.fromisoformat(text), pa.date32())
@@ -790,12 +804,35 @@ def _read_as(value: str | pa.Scalar, typ: pa.DataType) -> pa.Scalar | None:
         if not isinstance(when, dt.datetime):
             when = dt.datetime.combine(when, dt.time())
         return _timestamp(when, typ)
+    if pa.types.is_date(typ) or pa.types.is_timestamp(typ):
+        value = _iso_padded(value)
     try:
         return pa.scalar(value).cast(typ)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         if not pa.types.is_timestamp(typ):
             raise
     return _timestamp(dt.datetime.fromisoformat(value), typ)
+
+
+_LOOSE_ISO = re.compile(
+    r"(\d{4})-(\d{1,2})-(\d{1,2})(?:([ T])(\d{1,2}):(\d{1,2})(?::(\d{1,2}))?)?(.*)", re.DOTALL
+)
+
+
+def _iso_padded(text: str) -> str:
+    """A date or timestamp text with its one-digit fields padded (``2024-1-5 7:03`` ->
+    ``2024-01-05 07:03``): DuckDB and Spark read them, Python's and Arrow's ISO parsers do
+    not. Other text is returned as it is (and refused by the parser as before)."""
+    m = _LOOSE_ISO.fullmatch(text.strip())
+    if m is None:
+        return text
+    year, month, day, sep, hour, minute, second, rest = m.groups()
+    out = f"{year}-{int(month):02d}-{int(day):02d}"
+    if sep is not None:
+        out += f"{sep}{int(hour):02d}:{int(minute):02d}"
+        if second is not None:
+            out += f":{int(second):02d}"
+    return out + rest
 
 
 def _timestamp(when: dt.datetime, typ: pa.TimestampType) -> pa.Scalar:
@@ -819,6 +856,8 @@ def _timestamp(when: dt.datetime, typ: pa.TimestampType) -> pa.Scalar:
 _LOGICAL = (pc.invert, pc.and_kleene, pc.or_kleene)
 #: the comparisons (NaN is equal to itself and above every number in them)
 _ORDER = (pc.equal, pc.not_equal, pc.less, pc.less_equal, pc.greater, pc.greater_equal)
+#: ``*``, ``/`` and ``%``: ``/`` and ``%`` by zero are made null first (Spark's answer)
+_PRODUCTS = {"*": pc.multiply_checked, "/": pc.divide, "%": pc.remainder}
 #: decimal digits of the integers of a bit width
 _INT_DIGITS = {8: 3, 16: 5, 32: 10, 64: 19}
 

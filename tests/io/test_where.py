@@ -59,6 +59,15 @@ def kept(text: str) -> list[int | None]:
         ("b", [1, None]),
         ("\"i\" = 2 or `s` = 'a'", [1, 2]),
         ("I = 1 AND S = 'a'", []),  # column names are case-sensitive, keywords are not
+        # SQL's truth tests: never null
+        ("b is true", [1, None]),
+        ("b is not true", [2, 3]),
+        ("b IS FALSE", [2]),
+        ("b is not false", [1, 3, None]),
+        ("not b is true", [2, 3]),
+        # date and timestamp text without leading zeros (DuckDB, Spark)
+        ("d <= date '1998-9-2'", [1, 2]),
+        ("d > timestamp '1998-9-2 9:05'", [3]),
     ],
 )
 def test_expressions_filter_like_sql(text, expected):
@@ -421,6 +430,15 @@ NUMBERS = pa.table(
         ("i / k > 0", [1, 3, 5]),
         ("i / 0 is null", [1, 2, 3, 4, 5, 6]),
         ("q / 0 is null and f / 0 is null", [1, 2, 3, 4, 5, 6]),
+        # % is the remainder of the truncated division (the dividend's sign), null by zero
+        ("k % 2 = 1", [1, 5]),
+        ("k % 2 = -1", [2]),
+        ("i % k = 1", [1, 3]),
+        ("i % 0 is null and f % 0 is null and q % 0 is null", [1, 2, 3, 4, 5, 6]),
+        ("q % 1 = 0.25", [2]),
+        ("q % 1 = -0.5", [6]),
+        ("f % 1.5 = 0.5", [4]),
+        ("i % 4 * 2 = 2", [1, 5]),  # as * and /: left to right, before + -
         # NaN equals NaN and is above every number (Spark, DuckDB); -0.0 is 0.0, in 'in' too
         ("f = 0", [1, 2]),
         ("f in (0.0)", [1, 2]),
@@ -604,3 +622,22 @@ def test_literals_that_overflow_together_are_named_so(text):
     with pytest.raises(ExpressionError, match="integer overflow: the literals beside") as err:
         parse_expression(text).bind(SMALL.schema)
     assert err.value.position == 24
+
+
+def test_truth_tests_and_loose_dates_bind_to_the_types():
+    """``is [not] true/false``, ``%`` and dates without leading zeros were refused (DuckDB
+    and Spark take them); a truth test of a non-boolean is a usage error at its word."""
+    assert bound_kept("b is not false and d = '1998-1-1'") == [1]
+    assert bound_kept("d between '1998-9-2' and '1998-9-3'") == [2, 3]
+    with pytest.raises(ExpressionError) as info:
+        parse_expression("i is true").bind(TABLE.schema)
+    assert "'is true' tests a boolean, not int64" in str(info.value)
+    assert info.value.position == 5
+    with pytest.raises(ExpressionError, match="'%' does not apply to string and int64"):
+        parse_expression("s % 2 = 1").bind(TABLE.schema)
+
+
+def test_unquoted_column_names_may_be_any_letters():
+    table = pa.table({"i": [1, 2, 3], "größe": [5, 6, 7], "名前": ["a", "b", "c"]})
+    assert bound_kept("größe > 5 and 名前 != 'c'", table) == [2]
+    assert parse_expression("größe > 5 and 名前 != 'c'").columns == ["größe", "名前"]
