@@ -75,6 +75,17 @@ def _is_marker(name: str) -> bool:
     return name.startswith((".", "_")) or name.endswith(".crc")
 
 
+def output_directory_problem(path: str) -> str | None:
+    """``"output directory D does not exist"`` when ``path``'s folder is missing (checked
+    before a run reads its input, not after), or ``None``."""
+    if path == "-":
+        return None
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(folder):
+        return None
+    return f"output directory {folder} does not exist"
+
+
 def output_problem(path: str, overwrite: bool) -> str | None:
     """Why ``path`` cannot be the output (a device or pipe; a file there without
     ``overwrite``), or ``None``."""

@@ -228,6 +228,17 @@ def test_json_summary_is_written_atomically(tmp_path, data, capsys):
     assert f"directory {missing.parent} does not exist" in capsys.readouterr().err
 
 
+def test_a_missing_output_directory_is_a_usage_error_before_the_run(tmp_path, data, capsys):
+    """Found after the whole input was read and spilled (exit 1); now before the scan, as
+    the ``--json-summary`` folder is (exit 2)."""
+    src, _ = data
+    missing = tmp_path / "nowhere" / "o.csv"
+    assert main(["aggregate", str(src), *ARGS, "-o", str(missing), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert f"output directory {missing.parent} does not exist" in err
+    assert ".extagg-tmp" not in err
+
+
 def test_atomic_output_removes_its_temp_file_on_error(tmp_path):
     from extagg.io.output import atomic_output
 

@@ -10,6 +10,7 @@ metrics of a reader (complete once it has been read to the end).
 from __future__ import annotations
 
 import difflib
+import errno
 import logging
 import os
 import time
@@ -20,10 +21,10 @@ from typing import Any
 import pyarrow as pa
 
 from extagg._config import env_size, resolve_file_threads
-from extagg._input_paths import output_problem
+from extagg._input_paths import output_directory_problem, output_problem
 from extagg._interrupts import latched_interrupts, raise_if_interrupted
 from extagg._sysinfo import current_rss, peak_rss
-from extagg.errors import MemoryLimitError, QueryError
+from extagg.errors import MemoryLimitError, OutputError, QueryError
 from extagg.io.inputs import (
     TEXT_BLOCKS_AHEAD,
     TEXT_BLOCKS_HELD,
@@ -619,16 +620,21 @@ def aggregate_files(
             f"{f'; did you mean {close[0]!r}?' if close else ''} (options: "
             f"{', '.join(SCAN_OPTIONS)})"
         )
+    out = None if output is None else os.fspath(output)
+    fmt = None if out is None else pick_output_format(out, output_format)
+    if out is not None:  # before the input is read, not after
+        missing = output_directory_problem(out)
+        if missing is not None:
+            raise OutputError(missing, directory=os.path.dirname(os.path.abspath(out)),
+                              errno=errno.ENOENT)  # fmt: skip
+        problem = output_problem(out, overwrite)
+        if problem is not None:
+            raise QueryError(problem)
     query = plan_query(paths, by=by, aggs=aggs, where=where, having=having, memory=memory,
                        sort=sort, **options)  # fmt: skip
     callback, bar = _progress_callback(progress, query)
-    if output is None:
+    if out is None or fmt is None:
         return query.run(callback)
-    out = os.fspath(output)
-    fmt = pick_output_format(out, output_format)
-    problem = output_problem(out, overwrite)
-    if problem is not None:
-        raise QueryError(problem)
     try:
         with latched_interrupts():  # the whole run is here: a Ctrl-C lost in a __del__ counts
             reader = query.run(callback)
@@ -636,6 +642,9 @@ def aggregate_files(
                 for batch in reader:
                     writer.write(batch)
                 raise_if_interrupted()  # before the output appears under its name
+    except BaseException:
+        query.close()  # spill files and grant go now, not when the exception is collected
+        raise
     finally:
         if bar is not None:
             bar.close()

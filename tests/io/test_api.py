@@ -258,3 +258,40 @@ def test_a_reader_dropped_half_read_frees_its_files_and_grant_at_once(tmp_path, 
         assert mm.execution_memory_used == 0
     finally:
         gc.enable()
+
+
+def test_a_missing_output_directory_is_refused_before_the_input_is_read(tmp_path, monkeypatch):
+    """``output=`` in a folder that does not exist: the whole input was read and spilled
+    first, then ``OutputError``; it is checked before the scan now."""
+    import extagg.io.run as run_module
+
+    src = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"k": list(range(1000)), "v": [1.0] * 1000}), src)
+    monkeypatch.setattr(run_module, "plan_query", None)  # never reached
+    missing = tmp_path / "nowhere" / "out.parquet"
+    with pytest.raises(extagg.OutputError, match=f"output directory {missing.parent} does not"):
+        extagg.aggregate_files(src, by="k", aggs={"s": ("v", "sum")}, output=missing)
+    assert not missing.parent.exists()
+
+
+def test_an_output_that_fails_after_the_run_leaves_no_spill_file(tmp_path):
+    """A write that fails once the result is ready (no file can be made in ``/proc``): the
+    run's spill files and grant were left until the exception object was collected (in a
+    REPL's ``sys.last_exc``: for good). They are gone when the exception is raised."""
+    n = 40_000
+    src = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"k": list(range(n)), "v": [1.0] * n}), src, row_group_size=4_000)
+    spill = tmp_path / "spill"
+    with pytest.raises(extagg.OutputError, match="no file can be made in /proc"):
+        try:
+            extagg.aggregate_files(
+                src,
+                by="k",
+                aggs={"s": ("v", "sum")},
+                memory="1m",
+                spill_dirs=[str(spill)],
+                output="/proc/extagg-out.csv",
+            )
+        except extagg.OutputError:
+            assert spill.exists() and not [p for p in spill.rglob("*") if p.is_file()]
+            raise
