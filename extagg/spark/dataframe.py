@@ -190,7 +190,9 @@ class AggregationPlan:
                 o.partial = {f"{p}_v": (col, r.func)}
                 o.final = {f"{p}_v": (f"{p}_v", r.func)}
                 partial_fields.append(T.StructField(f"{p}_v", in_type))
-            final_fields.append(T.StructField(r.output, _result_type(r.func, in_type)))
+            # count is NOT NULL in Spark's result schema (a group has a count, 0 at least)
+            nullable = r.func != "count"
+            final_fields.append(T.StructField(r.output, _result_type(r.func, in_type), nullable))
             self.outputs.append(o)
         self.ordered = any(o.func in _ORDERED_FUNCS for o in self.outputs)
         if self.ordered:

@@ -126,6 +126,8 @@ def test_every_numeric_function_equals_spark(spark):
         if spark_field.name.endswith("_d") and spark_field.name.startswith(("sum", "min", "max")):
             continue  # decimals are read as doubles
         assert mine.dataType == spark_field.dataType, mine.name
+        # count is NOT NULL in Spark's schema (it was nullable: df.schema == ... was False)
+        assert mine.nullable == spark_field.nullable, mine.name
     assert_same(as_dict(ours, by), as_dict(theirs, by))
 
 
