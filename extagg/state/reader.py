@@ -18,7 +18,7 @@ from typing import Any
 
 from extagg.state import spark as spark_state
 from extagg.state.checkpoint import Checkpoint, Operator, OperatorMetadata
-from extagg.state.codec import decode_key, decode_value, decoding
+from extagg.state.codec import decode_key, decode_value, decoding, encode_value
 from extagg.state.errors import (
     CommittedBatchUnavailableError,
     StateFileNotFoundError,
@@ -443,7 +443,8 @@ def read_diff(
     """``(change_type, key, old_value, new_value, partition_id)`` rows of the keys whose value
     differs between the state after ``from_batch_id`` and after ``to_batch_id``
     (``added``/``removed``/``changed``). Both versions meet in one external map: bounded memory.
-    Works on both kinds of checkpoint."""
+    Values compare by their canonical encoding, not ``==``: an untouched NaN is unchanged, and
+    ``1`` → ``1.0`` (other stored bytes) is a change. Works on both kinds of checkpoint."""
     if path is not None and is_spark_checkpoint(path):
         return spark_state.read_diff(
             path, from_batch_id, to_batch_id, operator_id, store_name, memory=memory
@@ -458,13 +459,29 @@ def read_diff(
 
         aggregator = Aggregator(first_pair, merge_pair, merge_pair)
         with ExternalAppendOnlyMap(aggregator, memory, name="state-diff") as emap:
-            emap.insert_all(((r.partition_id, r.key), (r.value, None)) for r in old)
-            emap.insert_all(((r.partition_id, r.key), (None, r.value)) for r in new)
+            # each side boxed as (value,): None means absent, whatever the value is
+            emap.insert_all(((r.partition_id, r.key), ((r.value,), None)) for r in old)
+            emap.insert_all(((r.partition_id, r.key), (None, (r.value,))) for r in new)
             for (partition, key), (before, after) in emap.iterator():
-                if before == after:
-                    continue
-                kind = "added" if before is None else "removed" if after is None else "changed"
-                yield kind, key, before, after, partition
+                if before is not None and after is not None:
+                    if _same_encoding(before[0], after[0]):
+                        continue
+                    yield "changed", key, before[0], after[0], partition
+                elif before is None:
+                    yield "added", key, None, after[0], partition
+                else:
+                    yield "removed", key, before[0], None, partition
 
     types = {"change_type": "string", "partition_id": "int32"}
     return Rows(produce, spark_state.DIFF_FIELDS, types)
+
+
+def _same_encoding(before: Any, after: Any) -> bool:
+    """Whether two values store the same bytes: NaN is NaN, ``1`` is not ``1.0`` or ``True``.
+
+    Values outside the codec's types (pickled) fall back to ``==``: pickle bytes are not
+    canonical, so equal objects may pickle differently."""
+    try:
+        return encode_value(before) == encode_value(after)
+    except TypeError:
+        return bool(before == after)

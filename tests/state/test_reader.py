@@ -24,6 +24,7 @@ from extagg.state import (
     read_metadata,
     read_state,
 )
+from extagg.state.reader import read_diff
 
 from .conftest import commit_version
 
@@ -148,6 +149,23 @@ def test_change_feed_rows_are_the_differences_between_versions(checkpoint, built
             assert rebuilt == after
             changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
             assert changed <= {row.key for row in changes}
+
+
+def test_diff_compares_the_stored_bytes_not_python_equality(checkpoint, mm):
+    # == says NaN != NaN (an untouched NaN looked changed) and 1 == 1.0 (a real change of
+    # the stored value looked like none): the diff compares the canonical encodings instead
+    operator = checkpoint.operator(0, name="t", num_partitions=1)
+    provider = operator.provider(0, memory_manager=mm)
+    commit_version(provider, 0, {"nan": float("nan"), "n": 1, "b": 1, "t": (1, float("nan"))})
+    checkpoint.commit(0)
+    commit_version(provider, 1, {"n": 1.0, "b": True})  # equal under ==, other bytes
+    checkpoint.commit(1)
+    for batch in (0, 1):
+        assert list(read_diff(checkpoint.path, batch, batch)) == []
+    rows = sorted(tuple(row) for row in read_diff(checkpoint.path, 0, 1))
+    assert rows == [("changed", "b", 1, True, 0), ("changed", "n", 1, 1.0, 0)]
+    assert [type(row[3]) for row in rows] == [bool, float]
+    provider.close()
 
 
 @settings(max_examples=25)
