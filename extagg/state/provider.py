@@ -359,9 +359,10 @@ class StateStoreProvider:
         as ``ExternalAppendOnlyMap.iterator(ordered=True)`` yields them (``ValueError``
         otherwise). A key
         already stored becomes ``merge_combiners(stored, combiner)``; a new key stores
-        ``combiner``. Writes the delta of every touched key and, when more than
-        ``min_deltas_for_snapshot`` deltas would follow the last snapshot, a snapshot, in one
-        pass. The state is never held in memory. Returns the new version.
+        ``combiner``; a ``None`` combiner or merged value raises ``ValueError`` (as
+        :meth:`StateStore.put`), publishing nothing. Writes the delta of every touched key
+        and, when more than ``min_deltas_for_snapshot`` deltas would follow the last snapshot,
+        a snapshot, in one pass. The state is never held in memory. Returns the new version.
         """
         self._check_version(version)
         if not callable(merge_combiners):
@@ -382,7 +383,7 @@ class StateStoreProvider:
         )
         try:
             stats = stream_update(
-                old_records, pairs, merge_combiners, delta, snapshot, self.allow_pickle
+                old_records, pairs, merge_combiners, delta, snapshot, self.allow_pickle, repr(self)
             )
             if expected is not None:
                 self._remove_stale_snapshot(new_version)  # never let it outlive the new delta

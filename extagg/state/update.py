@@ -167,8 +167,10 @@ def record_batch_pairs(
         yield from zip(batch_keys, batch_values)
 
 
-def _encoder(allow_pickle: bool) -> Callable[[Any, Any], bytes]:
+def _encoder(allow_pickle: bool, owner: str) -> Callable[[Any, Any], bytes]:
     def encode(key: Any, value: Any) -> bytes:
+        if value is None:  # StateStore.put's rule (Spark's): the codec could, the store may not
+            raise ValueError(f"Cannot put a null value (key {key!r}) into {owner}")
         try:
             return encode_value(value, allow_pickle)
         except TypeError as exc:
@@ -184,10 +186,14 @@ def stream_update(
     delta: StateFileWriter,
     snapshot: StateFileWriter | None,
     allow_pickle: bool = False,
+    owner: str = "the state store",
 ) -> UpdateStats:
     """Merge sorted ``old_records`` with ``pairs``; write changes to ``delta`` and, when given,
-    the whole new version to ``snapshot``. The caller commits or cancels the writers."""
-    encode = _encoder(allow_pickle)
+    the whole new version to ``snapshot``. The caller commits or cancels the writers.
+
+    A ``None`` combiner (or merged value) raises ``ValueError`` naming the key and ``owner``, as
+    :meth:`StateStore.put` does: a stored None would read as an absent key."""
+    encode = _encoder(allow_pickle, owner)
     delta_write = delta.write
     snapshot_write = snapshot.write if snapshot is not None else None
     num_keys = encoded_bytes = changed = new = 0

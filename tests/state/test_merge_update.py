@@ -163,6 +163,26 @@ def test_repeated_keys_and_bad_items_are_rejected(provider):
     assert os.listdir(provider.directory) == []
 
 
+def test_a_none_value_is_refused_as_put_refuses_it(provider):
+    # the codec can encode None, but a stored None reads as an absent key (get(k, default)
+    # gives None, diff and remove lose it): Spark's and StateStore.put's "Cannot put a null value"
+    with pytest.raises(ValueError, match="Cannot put a null value") as put_error:
+        provider.get_store(0).put("k", None)
+    pairs = hash_ordered({i: i for i in range(20_000)})  # past the writer's buffer: a temp file
+    pairs[-1] = (pairs[-1][0], None)
+    with pytest.raises(ValueError, match="Cannot put a null value") as info:
+        provider.merge_update(0, pairs, add)
+    assert f"(key {pairs[-1][0]!r}) into StateStoreProvider[" in str(info.value)
+    assert type(info.value) is type(put_error.value)
+    assert os.listdir(provider.directory) == []
+    provider.merge_update(0, hash_ordered({"a": 1, "b": 2}), add)
+    with pytest.raises(ValueError, match=r"Cannot put a null value \(key 'a'\)"):
+        provider.merge_update(1, hash_ordered({"a": 5}), lambda old, new: None)
+    assert state_files(provider.directory) == ["1.delta"]
+    assert temp_files(provider.directory) == []
+    assert dict(provider.iter_version(1)) == {"a": 1, "b": 2}
+
+
 def test_a_failing_merge_function_writes_nothing(provider):
     provider.merge_update(0, hash_ordered({i: i for i in range(100)}), add)
 
