@@ -312,6 +312,10 @@ class StateStoreProvider:
                     f"state store files, cannot perform commit: {exc}"
                 ) from exc
             raise
+        if expected is not None:
+            # and again after: maintenance may have published a snapshot of the old delta
+            # between the removal and the rename (its own check can come before the rename)
+            self._remove_stale_snapshot(new_version)
         logger.info("Committed version %d for %r to file %s", new_version, self, stats.path)
         with self._lock:
             self._cache.invalidate_from(new_version)
@@ -388,6 +392,7 @@ class StateStoreProvider:
             if expected is not None:
                 self._remove_stale_snapshot(new_version)  # never let it outlive the new delta
             delta.commit(expected)
+            published = file_identity(self._path(new_version, DELTA))
         except BaseException as exc:
             delta.cancel()
             if snapshot is not None:
@@ -402,11 +407,18 @@ class StateStoreProvider:
             raise
         finally:
             old_records.close()
+        if snapshot is None and expected is not None:
+            # a re-commit without a snapshot due: none of the old version may outlive it (one
+            # maintenance published after the removal above, say)
+            self._remove_stale_snapshot(new_version)
         if snapshot is not None:
             # after the delta: the version is published by its delta alone; a snapshot that
-            # fails to commit is only a missed optimisation, which maintenance makes up for
+            # fails to commit is only a missed optimisation, which maintenance makes up for.
+            # Fenced on the delta just written: a writer re-committing the version meanwhile
+            # must not be shadowed by this snapshot.
+            delta_path = self._path(new_version, DELTA)
             try:
-                snapshot.commit()
+                self._publish_snapshot(snapshot, new_version, {delta_path: published})
             except Exception as exc:
                 snapshot.cancel()
                 logger.warning("Could not write snapshot %d for %r: %s", new_version, self, exc)
@@ -447,9 +459,11 @@ class StateStoreProvider:
         last = listing.latest_version
         if last == 0 or last in listing.snapshots:
             return
-        start, _paths = files_for_version(listing, last, repr(self))
+        start, paths = files_for_version(listing, last, repr(self))
         if last - start <= self.conf.min_deltas_for_snapshot:
             return
+        # the files it is built from, as read: a retried batch may rewrite them meanwhile
+        sources: dict[str, object] = {path: file_identity(path) for path in paths}
         writer = StateFileWriter(self._path(last, SNAPSHOT), SNAPSHOT, self.conf.compression)
         try:
             for key, value in open_version_with_fallback(
@@ -459,8 +473,36 @@ class StateStoreProvider:
         except BaseException:
             writer.cancel()
             raise
+        self._publish_snapshot(writer, last, sources)
+
+    def _publish_snapshot(
+        self, writer: StateFileWriter, version: int, sources: dict[str, object]
+    ) -> bool:
+        """Commit ``writer`` (``version``'s snapshot) only while the files it was built from
+        are the ones it read (``sources``: path -> :func:`file_identity`).
+
+        Checked before the rename, and again after it: a file replaced in between (a retried
+        batch re-committing the version) makes this remove the snapshot it published, so a
+        stale snapshot never outlives the check. A re-commit removes the snapshot itself after
+        publishing its delta, which covers a rename after this second check. Returns whether
+        the snapshot stayed."""
+        if any(file_identity(path) != seen for path, seen in sources.items()):
+            writer.cancel()
+            logger.info(
+                "Not writing snapshot %d for %r: its files changed while it was built",
+                version,
+                self,
+            )
+            return False
         stats = writer.commit()
-        logger.info("Wrote snapshot of version %d (%d keys) for %r", last, stats.records, self)
+        if any(file_identity(path) != seen for path, seen in sources.items()):
+            self._remove_stale_snapshot(version)
+            logger.info(
+                "Removed snapshot %d of %r: its files changed while it was published", version, self
+            )
+            return False
+        logger.info("Wrote snapshot of version %d (%d keys) for %r", version, stats.records, self)
+        return True
 
     def _cleanup(self) -> None:
         listing = self.list_files()

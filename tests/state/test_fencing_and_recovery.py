@@ -21,6 +21,7 @@ import pytest
 from extagg.errors import CorruptFileError
 from extagg.memory import UnifiedMemoryManager
 from extagg.state import Checkpoint, StateStoreConf, StateStoreProvider
+from extagg.state import files as files_module
 from extagg.state.errors import ConcurrentCommitError, StateStoreCommitError
 
 from .conftest import commit_version, state_files, temp_files
@@ -96,6 +97,66 @@ def test_a_retried_batch_still_replaces_its_version_but_two_retries_are_fenced(
     fresh = _provider(tmp_path)
     assert dict(fresh.get_read_store(2).items()) == {"k": 21}
     assert dict(b.get_read_store(2).items()) == {"k": 21}
+
+
+@pytest.mark.parametrize("moment", ["while building", "just before the rename"])
+@pytest.mark.parametrize("retry", ["get_store", "merge_update"])
+def test_maintenance_does_not_publish_a_snapshot_of_a_version_retried_meanwhile(
+    tmp_path: Path, monkeypatch, moment: str, retry: str
+) -> None:
+    # provider a's maintenance reads version 3 and writes 3.snapshot; meanwhile b retries
+    # batch 2, rewriting 3.delta: a's snapshot of the old 3.delta must not shadow the new one
+    a, b = _provider(tmp_path, min_deltas_for_snapshot=2), _provider(tmp_path)
+    for version in range(3):
+        commit_version(a, version, {"k": f"old{version}"})
+    hook = "write" if moment == "while building" else "commit"
+    original = getattr(files_module.StateFileWriter, hook)
+    retried = []
+
+    def interleaved(self, *args, **kwargs):
+        if self.kind == "snapshot" and not retried:
+            retried.append(True)
+            if retry == "get_store":
+                commit_version(b, 2, {"k": "retried"})
+            else:
+                b.merge_update(2, [("k", "retried")], lambda old, new: new)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(files_module.StateFileWriter, hook, interleaved)
+    a.do_maintenance()
+    monkeypatch.undo()
+    assert retried
+    assert "3.snapshot" not in state_files(tmp_path)
+    assert dict(_provider(tmp_path).get_read_store(3).items()) == {"k": "retried"}
+    assert dict(a.iter_version(3)) == {"k": "retried"}
+    a.do_maintenance()  # the next maintenance snapshots the new version
+    assert "3.snapshot" in state_files(tmp_path)
+    assert dict(_provider(tmp_path).iter_version(3)) == {"k": "retried"}
+
+
+def test_a_retried_batch_removes_a_snapshot_published_just_before_its_delta(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # the other order: maintenance's checks pass, the retry removes the (absent) snapshot, the
+    # snapshot is renamed in, then the retry publishes its delta: the retry removes it again
+    a, b = _provider(tmp_path, min_deltas_for_snapshot=2), _provider(tmp_path)
+    for version in range(3):
+        commit_version(a, version, {"k": f"old{version}"})
+    store = b.get_store(2)
+    store.put("k", "retried")
+    original = files_module.StateFileWriter.commit
+
+    def publish_then_snapshot(self, *args, **kwargs):
+        if self.kind == "delta":
+            a.do_maintenance()  # all of it between the retry's removal and its rename
+            assert "3.snapshot" in state_files(tmp_path)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(files_module.StateFileWriter, "commit", publish_then_snapshot)
+    store.commit()
+    monkeypatch.undo()
+    assert "3.snapshot" not in state_files(tmp_path)
+    assert dict(_provider(tmp_path).get_read_store(3).items()) == {"k": "retried"}
 
 
 RACER = textwrap.dedent(
