@@ -19,6 +19,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import closing
 from typing import Any
 
 from extagg.errors import CorruptFileError
@@ -44,6 +45,7 @@ from extagg.state.files import (
 from extagg.state.store import ReadStateStore, StateStore
 from extagg.state.streams import (
     LiveRecords,
+    VersionFiles,
     fallback_chain,
     files_for_version,
     missing_file_error,
@@ -202,11 +204,18 @@ class StateStoreProvider:
             mapping: dict[Any, Any] = {}
             encoded = 0
             allow_pickle = self.allow_pickle
+            files = VersionFiles(self.directory)
+            files.paths = list(paths)
+            key = b""
             try:
-                with decoding(self.directory):
-                    for key, value in open_version(paths, repr(self), self.conf.fan_in):
-                        mapping[decode_key(key)] = decode_value(value, allow_pickle)
-                        encoded += len(key) + len(value)
+                records = open_version(paths, repr(self), self.conf.fan_in)
+                try:
+                    with closing(records):
+                        for key, value in records:
+                            mapping[decode_key(key)] = decode_value(value, allow_pickle)
+                            encoded += len(key) + len(value)
+                except ValueError as exc:  # a record that cannot be decoded: name its file
+                    raise files.corrupt(exc, key) from None
             except CorruptFileError as exc:
                 chain = fallback_chain(listing, version, repr(self), from_version, skip, exc)
                 if chain is None:
@@ -254,18 +263,30 @@ class StateStoreProvider:
         self._check_version(version)
         listing = self.list_files()
         allow_pickle = self.allow_pickle
-        records = self._open_records(listing, version)
-        with decoding(self.directory):
-            try:
-                for key, value in records:
-                    yield decode_key(key), decode_value(value, allow_pickle)
-            finally:
-                records.close()
+        files = VersionFiles(self.directory)
+        records = self._open_records(listing, version, files)
+        key = b""
+        try:
+            for key, value in records:
+                yield decode_key(key), decode_value(value, allow_pickle)
+        except ValueError as exc:  # a record that cannot be decoded: name its file
+            raise files.corrupt(exc, key) from None
+        finally:
+            records.close()
 
-    def _open_records(self, listing: StateFileListing, version: int) -> LiveRecords:
-        """The live records of ``version``, its first one already read (a corrupt snapshot
-        passed over for an older chain when there is one)."""
-        return open_version_with_fallback(listing, version, repr(self), self.conf.fan_in)
+    def _open_records(
+        self, listing: StateFileListing, version: int, files: VersionFiles
+    ) -> LiveRecords:
+        """The live records of ``version``, its first one already read and decoded (a corrupt
+        snapshot passed over for an older chain when there is one); ``files`` gets the chain."""
+        return open_version_with_fallback(
+            listing,
+            version,
+            repr(self),
+            self.conf.fan_in,
+            allow_pickle=self.allow_pickle,
+            files=files,
+        )
 
     def _set_current(self, version: int, num_keys: int, encoded_bytes: int) -> None:
         with self._lock:
@@ -377,7 +398,8 @@ class StateStoreProvider:
         start, _paths = files_for_version(listing, version, repr(self))
         due = new_version - start > self.conf.min_deltas_for_snapshot
         due = due or new_version in listing.snapshots  # a re-commit replaces a stale snapshot
-        old_records = self._open_records(listing, version)
+        files = VersionFiles(self.directory)
+        old_records = self._open_records(listing, version, files)
         compression = self.conf.compression
         delta = StateFileWriter(self._path(new_version, DELTA), DELTA, compression)
         snapshot = (
@@ -387,7 +409,14 @@ class StateStoreProvider:
         )
         try:
             stats = stream_update(
-                old_records, pairs, merge_combiners, delta, snapshot, self.allow_pickle, repr(self)
+                old_records,
+                pairs,
+                merge_combiners,
+                delta,
+                snapshot,
+                self.allow_pickle,
+                repr(self),
+                files.corrupt,
             )
             if expected is not None:
                 self._remove_stale_snapshot(new_version)  # never let it outlive the new delta
@@ -467,7 +496,7 @@ class StateStoreProvider:
         writer = StateFileWriter(self._path(last, SNAPSHOT), SNAPSHOT, self.conf.compression)
         try:
             for key, value in open_version_with_fallback(
-                listing, last, repr(self), self.conf.fan_in
+                listing, last, repr(self), self.conf.fan_in, allow_pickle=self.allow_pickle
             ):
                 writer.write(key, value)
         except BaseException:

@@ -33,7 +33,12 @@ from extagg.state.options import (
 )
 from extagg.state.provider import DEFAULT_STORE_NAME
 from extagg.state.rows import ChangeRow, MetadataRow, Rows, StateRow
-from extagg.state.streams import files_for_version, open_version, open_version_with_fallback
+from extagg.state.streams import (
+    VersionFiles,
+    files_for_version,
+    open_version,
+    open_version_with_fallback,
+)
 
 __all__ = ["read_state", "read_change_feed", "read_metadata", "read_diff", "is_spark_checkpoint"]
 
@@ -273,14 +278,23 @@ def read_state(
     def produce() -> Iterator[StateRow]:
         for partition, listing, paths in plan:
             label = target.label(partition)
-            records = (
-                open_version_with_fallback(listing, version, label)  # past a corrupt snapshot
-                if paths is None
-                else open_version(paths, label)  # the snapshot asked for, or an error
-            )
-            with decoding(target.directory(partition)), closing(records):
-                for key, value in records:
-                    yield StateRow(decode_key(key), decode_value(value, allow_pickle), partition)
+            files = VersionFiles(listing.directory)
+            if paths is None:  # past a corrupt snapshot
+                records = open_version_with_fallback(
+                    listing, version, label, allow_pickle=allow_pickle, files=files
+                )
+            else:  # the snapshot asked for, or an error
+                files.paths = list(paths)
+                records = open_version(paths, label)
+            key = b""
+            try:
+                with closing(records):
+                    for key, value in records:
+                        yield StateRow(
+                            decode_key(key), decode_value(value, allow_pickle), partition
+                        )
+            except ValueError as exc:  # a record that cannot be decoded: name its file
+                raise files.corrupt(exc, key) from None
 
     return Rows(produce, StateRow._fields, _STATE_TYPES)
 

@@ -187,13 +187,26 @@ def stream_update(
     snapshot: StateFileWriter | None,
     allow_pickle: bool = False,
     owner: str = "the state store",
+    stored_error: Callable[[ValueError, bytes], Exception] | None = None,
 ) -> UpdateStats:
     """Merge sorted ``old_records`` with ``pairs``; write changes to ``delta`` and, when given,
     the whole new version to ``snapshot``. The caller commits or cancels the writers.
 
     A ``None`` combiner (or merged value) raises ``ValueError`` naming the key and ``owner``, as
-    :meth:`StateStore.put` does: a stored None would read as an absent key."""
+    :meth:`StateStore.put` does: a stored None would read as an absent key. A stored record
+    that cannot be decoded raises ``stored_error(error, encoded key)`` (the caller names the
+    file), not the codec's bare ``ValueError``."""
     encode = _encoder(allow_pickle, owner)
+
+    def decode_stored(key_bytes: bytes, value: bytes | None) -> Any:
+        """The stored key (``value`` None) or value of the record of ``key_bytes``."""
+        try:
+            return decode_key(key_bytes) if value is None else decode_value(value, allow_pickle)
+        except ValueError as exc:
+            if stored_error is None:
+                raise
+            raise stored_error(exc, key_bytes) from None
+
     delta_write = delta.write
     snapshot_write = snapshot.write if snapshot is not None else None
     num_keys = encoded_bytes = changed = new = 0
@@ -214,7 +227,7 @@ def stream_update(
         if len(group) == 1 and (not same or (len(same) == 1 and same[0][0] == group[0][1])):
             key, key_bytes, combiner = group[0]  # the common case: one key, stored or not
             if same:
-                combiner = merge_combiners(decode_value(same[0][1], allow_pickle), combiner)
+                combiner = merge_combiners(decode_stored(*same[0]), combiner)
             else:
                 new += 1
             value = encode(key, combiner)
@@ -226,7 +239,7 @@ def stream_update(
                 snapshot_write(key_bytes, value)
             continue
         delta_out, kept, group_new = _merge_group(
-            group, same, merge_combiners, encode, allow_pickle
+            group, same, merge_combiners, encode, decode_stored
         )
         new += group_new
         changed += len(delta_out)
@@ -251,9 +264,12 @@ def _merge_group(
     same: list[tuple[bytes, bytes]],
     merge_combiners: Callable[[Any, Any], Any],
     encode: Callable[[Any, Any], bytes],
-    allow_pickle: bool,
+    decode_stored: Callable[[bytes, bytes | None], Any],
 ) -> tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]], int]:
     """One hash group with several keys, or equal keys with different bytes.
+
+    ``decode_stored(key bytes, None)`` decodes a stored key, ``(key bytes, value bytes)`` its
+    value.
 
     Returns the sorted delta records, the sorted records of the new version, and the number of
     new keys.
@@ -272,7 +288,7 @@ def _merge_group(
                 match = index
                 break
             if stored_keys[index] is None:
-                stored_keys[index] = (decode_key(old_key),)
+                stored_keys[index] = (decode_stored(old_key, None),)
             if stored_keys[index][0] == key:
                 match = index
                 break
@@ -284,7 +300,7 @@ def _merge_group(
         else:
             matched[match] = True
             old_key, old_value = same[match]
-            value = encode(key, merge_combiners(decode_value(old_value, allow_pickle), combiner))
+            value = encode(key, merge_combiners(decode_stored(old_key, old_value), combiner))
             delta_out.append((key_bytes, value))
             kept.append((old_key, value))
     kept.extend(record for index, record in enumerate(same) if not matched[index])

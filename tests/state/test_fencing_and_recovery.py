@@ -20,9 +20,11 @@ import pytest
 
 from extagg.errors import CorruptFileError
 from extagg.memory import UnifiedMemoryManager
-from extagg.state import Checkpoint, StateStoreConf, StateStoreProvider
+from extagg.state import Checkpoint, StateStoreConf, StateStoreProvider, read_state
 from extagg.state import files as files_module
+from extagg.state.codec import encode_key, encode_value
 from extagg.state.errors import ConcurrentCommitError, StateStoreCommitError
+from extagg.state.files import DELTA, SNAPSHOT, StateFileReader, StateFileWriter
 
 from .conftest import commit_version, state_files, temp_files
 
@@ -224,13 +226,20 @@ def _history(directory: Path) -> tuple[StateStoreProvider, dict]:
 
 
 def _corrupt(path: Path, where: str) -> None:
+    if where == "first record":  # checksums fine, the value cannot be decoded (a foreign writer)
+        records = list(StateFileReader(path))
+        writer = StateFileWriter(path, SNAPSHOT if path.suffix == ".snapshot" else DELTA)
+        for index, (key, value) in enumerate(records):
+            writer.write(key, b"\x83" if index == 0 else value)
+        writer.commit()
+        return
     data = bytearray(path.read_bytes())
     index = 3 if where == "header" else len(data) - 6
     data[index] ^= 0xFF
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("where", ["header", "body"])
+@pytest.mark.parametrize("where", ["header", "body", "first record"])
 def test_a_corrupt_newest_snapshot_falls_back_to_an_older_one(
     tmp_path: Path, where: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -246,6 +255,44 @@ def test_a_corrupt_newest_snapshot_falls_back_to_an_older_one(
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings and all(str(bad) in w and "corrupt" in w for w in warnings)
     assert "the snapshot of version 3 and deltas 4..6" in warnings[0]
+
+
+@pytest.mark.parametrize("bad", ["key", "value"])
+def test_a_record_that_cannot_be_decoded_is_a_corrupt_file_error_naming_its_file(
+    tmp_path: Path, bad: str
+) -> None:
+    # checksums fine, the encoding not (a foreign or newer writer); in a merge of two files with
+    # equal hashes, and as the first record: every reader names the file, never the directory
+    from extagg.state.cli import main as state_main
+
+    checkpoint = Checkpoint(tmp_path / "ckpt")
+    operator = checkpoint.operator(0, num_partitions=1)
+    provider = operator.provider(0)
+    for batch in range(2):
+        commit_version(provider, batch, {5: f"v{batch}", "other": batch})
+        checkpoint.commit(batch)
+    provider.close()
+    delta = os.path.join(provider.directory, "2.delta")
+    prefix = encode_key(5)[:8]
+    writer = StateFileWriter(delta, DELTA)
+    if bad == "key":
+        writer.write(prefix + b"\x83\x00", encode_value("b"))  # unknown type tag 0x83
+    else:
+        writer.write(encode_key(5), b"\x83")
+    writer.commit()
+    readers = {
+        "read_state": lambda: list(read_state(checkpoint.path)),
+        "iter_version": lambda: list(operator.provider(0).iter_version(2)),
+        "get_read_store": lambda: operator.provider(0).get_read_store(2),
+        "merge_update": lambda: operator.provider(0).merge_update(2, [(5, "c")], add),
+    }
+    for name, read in readers.items():
+        with pytest.raises(CorruptFileError, match="0x83") as info:
+            read()
+        assert info.value.path == delta, name
+        assert prefix.hex() in str(info.value), name
+    assert state_main(["show", str(checkpoint.path)]) != 0
+    assert temp_files(provider.directory) == []
 
 
 def test_a_corrupt_snapshot_without_an_older_chain_is_still_an_error(tmp_path: Path) -> None:
