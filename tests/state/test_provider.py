@@ -413,6 +413,7 @@ def test_undecodable_records_raise_corrupt_file_error(tmp_path, mm):
         with StateStoreProvider(directory, memory_manager=mm) as provider:
             with pytest.raises(CorruptFileError, match=message) as info:
                 provider.get_store(1)
-            assert info.value.path == str(directory)
-            with pytest.raises(CorruptFileError, match=message):
+            assert info.value.path == str(directory / "1.delta")  # the file, not the dir
+            with pytest.raises(CorruptFileError, match=message) as info:
                 dict(provider.iter_version(1))
+            assert info.value.path == str(directory / "1.delta")
