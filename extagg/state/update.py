@@ -96,13 +96,16 @@ def hash_groups(
                 prefix = _pack_hash(key_hash)
                 group = [(key, prefix + encode_value(key), chunk[index][1])]
             else:
-                for other, _encoded, _combiner in group:
-                    if other == key:
+                encoded = prefix + encode_value(key)
+                for other, other_encoded, _combiner in group:
+                    # equal bytes too: two NaN objects (also inside tuples) are one stored key
+                    # though not ==, as in the store, whose keys are made canonical
+                    if other_encoded == encoded or other == key:
                         raise ValueError(
                             f"merge_update input repeats key {key!r} (at position "
                             f"{offset + index}); each key must appear once, combined"
                         )
-                group.append((key, prefix + encode_value(key), chunk[index][1]))
+                group.append((key, encoded, chunk[index][1]))
             previous_key = key
         offset += len(chunk)
     if group:
