@@ -133,20 +133,7 @@ class _Target:
 
 def _inferred_metadata(checkpoint: Checkpoint, operator_id: int) -> OperatorMetadata:
     """Metadata for an operator directory without a metadata file (Spark: warn, assume)."""
-    directory = os.path.join(checkpoint.state_dir, str(operator_id))
-    partitions = [int(name) for name in os.listdir(directory) if name.isdigit()]
-    stores = {DEFAULT_STORE_NAME}
-    for partition in partitions:
-        base = os.path.join(directory, str(partition))
-        stores.update(name for name in os.listdir(base) if os.path.isdir(os.path.join(base, name)))
-    logger.warning(
-        "Operator %d of %s has no metadata file; assuming %d partitions and stores %s",
-        operator_id,
-        checkpoint.path,
-        max(partitions, default=-1) + 1,
-        sorted(stores),
-    )
-    return OperatorMetadata(operator_id, "", max(partitions, default=-1) + 1, tuple(sorted(stores)))
+    return checkpoint.inferred_operator_metadata(operator_id)
 
 
 def resolve_target(

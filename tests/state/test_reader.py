@@ -340,6 +340,27 @@ def test_checkpoint_commit_requires_every_partition(checkpoint, mm):
         checkpoint.commit(-1)
 
 
+def test_checkpoint_commit_checks_an_operator_whose_metadata_is_lost(checkpoint, mm, caplog):
+    # the readers infer a lost _metadata from the partition folders; commit skipped such an
+    # operator and accepted a batch no partition wrote, which read_state then failed on
+    op = checkpoint.operator(0, name="x", num_partitions=1)
+    commit_version(op.provider(0, memory_manager=mm), 0, {"a": 1})
+    checkpoint.commit(0)
+    shutil.rmtree(os.path.dirname(checkpoint.metadata_path(0)))
+    assert [tuple(row) for row in read_state(checkpoint.path)] == [("a", 1, 0)]
+    with (
+        caplog.at_level(logging.WARNING, logger="extagg.state"),
+        pytest.raises(StateStoreError, match="partition 0 of operator 0") as info,
+    ):
+        checkpoint.commit(1)
+    assert "2.delta is missing" in str(info.value)
+    assert checkpoint.committed_batches() == [0]
+    assert any("no metadata file" in record.getMessage() for record in caplog.records)
+    commit_version(op.provider(0, memory_manager=mm), 1, {"a": 2})
+    checkpoint.commit(1)
+    assert [tuple(row) for row in read_state(checkpoint.path)] == [("a", 2, 0)]
+
+
 def test_a_partition_whose_files_are_lost_is_not_taken_for_one_without_state(checkpoint, mm):
     """Partition 2 never held state and reads as empty; partition 1's files gone (a bad copy)
     read as empty too, without a word, and the next batch could be committed."""
