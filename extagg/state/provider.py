@@ -42,10 +42,11 @@ from extagg.state.files import (
     list_state_files,
     remove_stale_temp_files,
 )
-from extagg.state.store import ReadStateStore, StateStore
+from extagg.state.store import ReadStateStore, RemovedKey, StateStore
 from extagg.state.streams import (
     LiveRecords,
     VersionFiles,
+    deletes_first,
     fallback_chain,
     files_for_version,
     missing_file_error,
@@ -239,7 +240,7 @@ class StateStoreProvider:
                 reader = StateFileReader(path, DELTA, label=repr(self))
             except FileNotFoundError:
                 raise missing_file_error(path, repr(self)) from None
-            for key_bytes, value_bytes in reader:
+            for key_bytes, value_bytes in deletes_first(reader):
                 with decoding(path):
                     key = decode_key(key_bytes)
                 old = (
@@ -591,7 +592,7 @@ def _apply(
     mapping = dict(base)
     for key, (_key_bytes, value_bytes, value) in changes.items():
         if value_bytes is None:
-            mapping.pop(key, None)
+            mapping.pop(key.key if isinstance(key, RemovedKey) else key, None)
         else:
             mapping[key] = value
     return mapping
@@ -599,8 +600,14 @@ def _apply(
 
 def _count_delta(base: dict[Any, Any], changes: dict[Any, tuple[bytes, bytes | None, Any]]) -> int:
     delta = 0
+    # stored keys removed and put again as equal keys with other bytes: one key out, and the
+    # equal key put is a new one
+    replaced = [key.key for key in changes if isinstance(key, RemovedKey)]
     for key, (_key_bytes, value_bytes, _value) in changes.items():
-        in_base = key in base
+        if isinstance(key, RemovedKey):
+            delta -= 1
+            continue
+        in_base = key in base and not any(key is other or key == other for other in replaced)
         if value_bytes is None and in_base:
             delta -= 1
         elif value_bytes is not None and not in_base:

@@ -35,6 +35,7 @@ from extagg.state.provider import DEFAULT_STORE_NAME
 from extagg.state.rows import ChangeRow, MetadataRow, Rows, StateRow
 from extagg.state.streams import (
     VersionFiles,
+    deletes_first,
     files_for_version,
     open_version,
     open_version_with_fallback,
@@ -377,7 +378,7 @@ def read_change_feed(
                         error_class="CANNOT_READ_STREAMING_STATE_FILE",
                     ) from None
                 with decoding(delta):
-                    for key, value in reader:
+                    for key, value in deletes_first(reader):
                         decoded = decode_key(key)
                         if value is None:
                             yield ChangeRow(batch, "delete", decoded, None, partition)

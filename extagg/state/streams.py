@@ -28,6 +28,7 @@ from extagg.state.files import SNAPSHOT, StateFileListing, StateFileReader, Stat
 __all__ = [
     "Record",
     "merge_records",
+    "deletes_first",
     "files_for_version",
     "open_version",
     "open_version_with_fallback",
@@ -58,7 +59,9 @@ def _replay_group(
 
     A key that cannot be decoded raises :class:`CorruptFileError` naming its source's file."""
     entries: list[list] = []  # [key object, key bytes, value bytes or None (deleted)]
-    for key_bytes, age, value in sorted(group, key=lambda item: item[1]):
+    # oldest first; in one file, deletes before puts (a batch that removed a key and put an
+    # equal one with other bytes: the new key object wins, whatever the bytes' order)
+    for key_bytes, age, value in sorted(group, key=lambda item: (item[1], item[2] is not None)):
         try:
             key = decode_key(key_bytes)
         except ValueError as exc:
@@ -75,6 +78,31 @@ def _replay_group(
         else:
             entries.append([key, key_bytes, value])
     return sorted((entry[1], entry[2]) for entry in entries if entry[2] is not None)
+
+
+def deletes_first(records: Iterable[Record]) -> Iterator[Record]:
+    """One file's records with, among those of one hash, the deletes first.
+
+    A batch that removed a stored key and put an equal key with other bytes (``True``, then
+    ``1``) writes the delete of the old bytes and the put of the new: replayed in this order,
+    the new key object replaces the old one, as in a dict, whatever the order of the bytes."""
+    pending: list[Record] = []
+    prefix = b""
+    for record in records:
+        if record[0][:8] != prefix:
+            if len(pending) > 1:
+                pending.sort(key=_is_put)
+            yield from pending
+            pending = []
+            prefix = record[0][:8]
+        pending.append(record)
+    if len(pending) > 1:
+        pending.sort(key=_is_put)
+    yield from pending
+
+
+def _is_put(record: Record) -> bool:
+    return record[1] is not None
 
 
 def merge_records(sources: Sequence[Iterable[Record]]) -> Iterator[tuple[bytes, bytes]]:
