@@ -337,7 +337,7 @@ class StateStoreProvider:
         if expected is not None:
             # and again after: maintenance may have published a snapshot of the old delta
             # between the removal and the rename (its own check can come before the rename)
-            self._remove_stale_snapshot(new_version)
+            self._remove_stale_snapshot_after_commit(new_version)
         logger.info("Committed version %d for %r to file %s", new_version, self, stats.path)
         with self._lock:
             self._cache.invalidate_from(new_version)
@@ -372,6 +372,20 @@ class StateStoreProvider:
             os.remove(self._path(version, SNAPSHOT))
         except FileNotFoundError:
             pass
+
+    def _remove_stale_snapshot_after_commit(self, version: int) -> None:
+        """:meth:`_remove_stale_snapshot` once the version is published: a failure is logged,
+        not raised, since the commit itself succeeded (its caller must not retry it)."""
+        try:
+            self._remove_stale_snapshot(version)
+        except OSError as exc:
+            logger.warning(
+                "Could not remove the snapshot of version %d of %r, which may predate its "
+                "re-committed delta: %s",
+                version,
+                self,
+                exc,
+            )
 
     def merge_update(
         self,
@@ -440,7 +454,7 @@ class StateStoreProvider:
         if snapshot is None and expected is not None:
             # a re-commit without a snapshot due: none of the old version may outlive it (one
             # maintenance published after the removal above, say)
-            self._remove_stale_snapshot(new_version)
+            self._remove_stale_snapshot_after_commit(new_version)
         if snapshot is not None:
             # after the delta: the version is published by its delta alone; a snapshot that
             # fails to commit is only a missed optimisation, which maintenance makes up for.
