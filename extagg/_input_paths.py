@@ -87,9 +87,20 @@ def output_directory_problem(path: str) -> str | None:
 
 
 def output_problem(path: str, overwrite: bool) -> str | None:
-    """Why ``path`` cannot be the output (a device or pipe; a file there without
-    ``overwrite``), or ``None``."""
-    if path == "-" or not os.path.exists(path):
+    """Why ``path`` cannot be the output (a missing directory; a directory, device or pipe; a
+    file there without ``overwrite``), or ``None``. Asked before anything is written, so the
+    message names the output, not the hidden temp file the write would have failed on."""
+    if path == "-":
+        return None
+    if os.path.isdir(path):
+        return (
+            f"output {path} is a directory: give a file name (in it, say), or -o - for "
+            "standard output"
+        )
+    if not os.path.exists(path):
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            return f"cannot write output {path}: its directory {folder} does not exist"
         return None
     if not os.path.isfile(os.path.realpath(path)):
         return (

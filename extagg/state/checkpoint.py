@@ -240,6 +240,28 @@ class Checkpoint:
         except FileNotFoundError:
             return None
 
+    def inferred_operator_metadata(self, operator_id: int) -> OperatorMetadata:
+        """Metadata for an operator directory without a metadata file (Spark: warn, assume):
+        as many partitions as its highest partition folder says, and the stores found."""
+        directory = os.path.join(self.state_dir, str(operator_id))
+        partitions = [int(name) for name in os.listdir(directory) if name.isdigit()]
+        stores = {DEFAULT_STORE_NAME}
+        for partition in partitions:
+            base = os.path.join(directory, str(partition))
+            stores.update(
+                name for name in os.listdir(base) if os.path.isdir(os.path.join(base, name))
+            )
+        logger.warning(
+            "Operator %d of %s has no metadata file; assuming %d partitions and stores %s",
+            operator_id,
+            self.path,
+            max(partitions, default=-1) + 1,
+            sorted(stores),
+        )
+        return OperatorMetadata(
+            operator_id, "", max(partitions, default=-1) + 1, tuple(sorted(stores))
+        )
+
     def operator(
         self,
         operator_id: int,
@@ -326,9 +348,11 @@ class Checkpoint:
         before = [b for b in self.committed_batches() if b < batch_id]
         held: dict[str, dict[str, list[int]]] = {}
         for operator_id in self.operator_ids():
-            metadata = self.operator_metadata(operator_id)
-            if metadata is None:
-                continue
+            # without its metadata file (lost), checked as the readers read it: from the
+            # partition folders, rather than not at all
+            metadata = self.operator_metadata(operator_id) or self.inferred_operator_metadata(
+                operator_id
+            )
             operator = Operator(self, metadata)
             for store in metadata.store_names:
                 had = self.partitions_with_state(before[-1], operator_id, store) if before else None

@@ -8,6 +8,7 @@ file written batch by batch, so a state larger than memory can be dumped.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime as dt
 import decimal
@@ -44,7 +45,11 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
         help="output format (default: table -- tab-separated text -- or the --output "
         "file's extension)",
     )
-    parser.add_argument("--output", "-o", help="write to this file instead of standard output")
+    parser.add_argument(
+        "--output",
+        "-o",
+        help="write to this file instead of standard output (-o -: standard output)",
+    )
     parser.add_argument(
         "--overwrite", action="store_true", help="replace an existing --output file"
     )
@@ -262,15 +267,26 @@ def _write_rows(rows: Rows[Any], fmt: str, out: TextIO, limit: int | None) -> in
     return count
 
 
-def _write_parquet(rows: Rows[Any], path: str, limit: int | None) -> int:
+def _write_parquet(
+    rows: Rows[Any], path: str, limit: int | None, stdout: TextIO | None = None
+) -> int:
+    """Write ``rows`` as Parquet to ``path`` (atomically), or to ``stdout``'s binary buffer
+    when ``path`` is ``-`` (as ``extagg aggregate -o - --output-format parquet`` does)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     limited = rows.limited(limit)
     writer = None
     count = 0
+    if path == "-":
+        binary = getattr(stdout if stdout is not None else sys.stdout, "buffer", None)
+        if binary is None:
+            raise ValueError("standard output takes no binary data here; give -o FILE")
+        target: Any = contextlib.nullcontext(binary)
+    else:
+        target = atomic_open(path)  # the file appears only complete
     try:
-        with atomic_open(path) as handle:  # the file appears only complete
+        with target as handle:
             try:
                 for batch in limited.iter_batches():
                     if writer is None:
@@ -285,6 +301,7 @@ def _write_parquet(rows: Rows[Any], path: str, limit: int | None) -> int:
             finally:
                 if writer is not None:
                     writer.close()
+            handle.flush()
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise TypeError(f"cannot write {path} as Parquet: {exc}") from None
     return count
@@ -307,7 +324,8 @@ def run_state_command(
         )
     if fmt == "table":
         fmt = "text"
-    if args.output:
+    to_stdout = args.output == "-"  # what the output errors suggest, as for `extagg aggregate`
+    if args.output and not to_stdout:
         from extagg._input_paths import output_problem
 
         problem = output_problem(args.output, getattr(args, "overwrite", False))
@@ -335,8 +353,8 @@ def run_state_command(
         if fmt == "parquet":
             if not args.output:
                 raise ValueError("--format parquet needs --output FILE")
-            _write_parquet(rows, args.output, args.limit)
-        elif args.output:
+            _write_parquet(rows, args.output, args.limit, stdout)
+        elif args.output and not to_stdout:
             with atomic_open(args.output) as raw:  # the file appears only complete
                 # a lone surrogate (str keys may hold one) escaped (\ud800), not an error mid-output
                 text = io.TextIOWrapper(

@@ -19,6 +19,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import closing
 from typing import Any
 
 from extagg.errors import CorruptFileError
@@ -41,9 +42,11 @@ from extagg.state.files import (
     list_state_files,
     remove_stale_temp_files,
 )
-from extagg.state.store import ReadStateStore, StateStore
+from extagg.state.store import ReadStateStore, RemovedKey, StateStore
 from extagg.state.streams import (
     LiveRecords,
+    VersionFiles,
+    deletes_first,
     fallback_chain,
     files_for_version,
     missing_file_error,
@@ -202,11 +205,18 @@ class StateStoreProvider:
             mapping: dict[Any, Any] = {}
             encoded = 0
             allow_pickle = self.allow_pickle
+            files = VersionFiles(self.directory)
+            files.paths = list(paths)
+            key = b""
             try:
-                with decoding(self.directory):
-                    for key, value in open_version(paths, repr(self), self.conf.fan_in):
-                        mapping[decode_key(key)] = decode_value(value, allow_pickle)
-                        encoded += len(key) + len(value)
+                records = open_version(paths, repr(self), self.conf.fan_in)
+                try:
+                    with closing(records):
+                        for key, value in records:
+                            mapping[decode_key(key)] = decode_value(value, allow_pickle)
+                            encoded += len(key) + len(value)
+                except ValueError as exc:  # a record that cannot be decoded: name its file
+                    raise files.corrupt(exc, key) from None
             except CorruptFileError as exc:
                 chain = fallback_chain(listing, version, repr(self), from_version, skip, exc)
                 if chain is None:
@@ -230,7 +240,7 @@ class StateStoreProvider:
                 reader = StateFileReader(path, DELTA, label=repr(self))
             except FileNotFoundError:
                 raise missing_file_error(path, repr(self)) from None
-            for key_bytes, value_bytes in reader:
+            for key_bytes, value_bytes in deletes_first(reader):
                 with decoding(path):
                     key = decode_key(key_bytes)
                 old = (
@@ -254,18 +264,30 @@ class StateStoreProvider:
         self._check_version(version)
         listing = self.list_files()
         allow_pickle = self.allow_pickle
-        records = self._open_records(listing, version)
-        with decoding(self.directory):
-            try:
-                for key, value in records:
-                    yield decode_key(key), decode_value(value, allow_pickle)
-            finally:
-                records.close()
+        files = VersionFiles(self.directory)
+        records = self._open_records(listing, version, files)
+        key = b""
+        try:
+            for key, value in records:
+                yield decode_key(key), decode_value(value, allow_pickle)
+        except ValueError as exc:  # a record that cannot be decoded: name its file
+            raise files.corrupt(exc, key) from None
+        finally:
+            records.close()
 
-    def _open_records(self, listing: StateFileListing, version: int) -> LiveRecords:
-        """The live records of ``version``, its first one already read (a corrupt snapshot
-        passed over for an older chain when there is one)."""
-        return open_version_with_fallback(listing, version, repr(self), self.conf.fan_in)
+    def _open_records(
+        self, listing: StateFileListing, version: int, files: VersionFiles
+    ) -> LiveRecords:
+        """The live records of ``version``, its first one already read and decoded (a corrupt
+        snapshot passed over for an older chain when there is one); ``files`` gets the chain."""
+        return open_version_with_fallback(
+            listing,
+            version,
+            repr(self),
+            self.conf.fan_in,
+            allow_pickle=self.allow_pickle,
+            files=files,
+        )
 
     def _set_current(self, version: int, num_keys: int, encoded_bytes: int) -> None:
         with self._lock:
@@ -312,6 +334,10 @@ class StateStoreProvider:
                     f"state store files, cannot perform commit: {exc}"
                 ) from exc
             raise
+        if expected is not None:
+            # and again after: maintenance may have published a snapshot of the old delta
+            # between the removal and the rename (its own check can come before the rename)
+            self._remove_stale_snapshot_after_commit(new_version)
         logger.info("Committed version %d for %r to file %s", new_version, self, stats.path)
         with self._lock:
             self._cache.invalidate_from(new_version)
@@ -347,6 +373,20 @@ class StateStoreProvider:
         except FileNotFoundError:
             pass
 
+    def _remove_stale_snapshot_after_commit(self, version: int) -> None:
+        """:meth:`_remove_stale_snapshot` once the version is published: a failure is logged,
+        not raised, since the commit itself succeeded (its caller must not retry it)."""
+        try:
+            self._remove_stale_snapshot(version)
+        except OSError as exc:
+            logger.warning(
+                "Could not remove the snapshot of version %d of %r, which may predate its "
+                "re-committed delta: %s",
+                version,
+                self,
+                exc,
+            )
+
     def merge_update(
         self,
         version: int,
@@ -359,9 +399,10 @@ class StateStoreProvider:
         as ``ExternalAppendOnlyMap.iterator(ordered=True)`` yields them (``ValueError``
         otherwise). A key
         already stored becomes ``merge_combiners(stored, combiner)``; a new key stores
-        ``combiner``. Writes the delta of every touched key and, when more than
-        ``min_deltas_for_snapshot`` deltas would follow the last snapshot, a snapshot, in one
-        pass. The state is never held in memory. Returns the new version.
+        ``combiner``; a ``None`` combiner or merged value raises ``ValueError`` (as
+        :meth:`StateStore.put`), publishing nothing. Writes the delta of every touched key
+        and, when more than ``min_deltas_for_snapshot`` deltas would follow the last snapshot,
+        a snapshot, in one pass. The state is never held in memory. Returns the new version.
         """
         self._check_version(version)
         if not callable(merge_combiners):
@@ -372,7 +413,8 @@ class StateStoreProvider:
         start, _paths = files_for_version(listing, version, repr(self))
         due = new_version - start > self.conf.min_deltas_for_snapshot
         due = due or new_version in listing.snapshots  # a re-commit replaces a stale snapshot
-        old_records = self._open_records(listing, version)
+        files = VersionFiles(self.directory)
+        old_records = self._open_records(listing, version, files)
         compression = self.conf.compression
         delta = StateFileWriter(self._path(new_version, DELTA), DELTA, compression)
         snapshot = (
@@ -382,11 +424,19 @@ class StateStoreProvider:
         )
         try:
             stats = stream_update(
-                old_records, pairs, merge_combiners, delta, snapshot, self.allow_pickle
+                old_records,
+                pairs,
+                merge_combiners,
+                delta,
+                snapshot,
+                self.allow_pickle,
+                repr(self),
+                files.corrupt,
             )
             if expected is not None:
                 self._remove_stale_snapshot(new_version)  # never let it outlive the new delta
             delta.commit(expected)
+            published = file_identity(self._path(new_version, DELTA))
         except BaseException as exc:
             delta.cancel()
             if snapshot is not None:
@@ -401,11 +451,18 @@ class StateStoreProvider:
             raise
         finally:
             old_records.close()
+        if snapshot is None and expected is not None:
+            # a re-commit without a snapshot due: none of the old version may outlive it (one
+            # maintenance published after the removal above, say)
+            self._remove_stale_snapshot_after_commit(new_version)
         if snapshot is not None:
             # after the delta: the version is published by its delta alone; a snapshot that
-            # fails to commit is only a missed optimisation, which maintenance makes up for
+            # fails to commit is only a missed optimisation, which maintenance makes up for.
+            # Fenced on the delta just written: a writer re-committing the version meanwhile
+            # must not be shadowed by this snapshot.
+            delta_path = self._path(new_version, DELTA)
             try:
-                snapshot.commit()
+                self._publish_snapshot(snapshot, new_version, {delta_path: published})
             except Exception as exc:
                 snapshot.cancel()
                 logger.warning("Could not write snapshot %d for %r: %s", new_version, self, exc)
@@ -446,20 +503,50 @@ class StateStoreProvider:
         last = listing.latest_version
         if last == 0 or last in listing.snapshots:
             return
-        start, _paths = files_for_version(listing, last, repr(self))
+        start, paths = files_for_version(listing, last, repr(self))
         if last - start <= self.conf.min_deltas_for_snapshot:
             return
+        # the files it is built from, as read: a retried batch may rewrite them meanwhile
+        sources: dict[str, object] = {path: file_identity(path) for path in paths}
         writer = StateFileWriter(self._path(last, SNAPSHOT), SNAPSHOT, self.conf.compression)
         try:
             for key, value in open_version_with_fallback(
-                listing, last, repr(self), self.conf.fan_in
+                listing, last, repr(self), self.conf.fan_in, allow_pickle=self.allow_pickle
             ):
                 writer.write(key, value)
         except BaseException:
             writer.cancel()
             raise
+        self._publish_snapshot(writer, last, sources)
+
+    def _publish_snapshot(
+        self, writer: StateFileWriter, version: int, sources: dict[str, object]
+    ) -> bool:
+        """Commit ``writer`` (``version``'s snapshot) only while the files it was built from
+        are the ones it read (``sources``: path -> :func:`file_identity`).
+
+        Checked before the rename, and again after it: a file replaced in between (a retried
+        batch re-committing the version) makes this remove the snapshot it published, so a
+        stale snapshot never outlives the check. A re-commit removes the snapshot itself after
+        publishing its delta, which covers a rename after this second check. Returns whether
+        the snapshot stayed."""
+        if any(file_identity(path) != seen for path, seen in sources.items()):
+            writer.cancel()
+            logger.info(
+                "Not writing snapshot %d for %r: its files changed while it was built",
+                version,
+                self,
+            )
+            return False
         stats = writer.commit()
-        logger.info("Wrote snapshot of version %d (%d keys) for %r", last, stats.records, self)
+        if any(file_identity(path) != seen for path, seen in sources.items()):
+            self._remove_stale_snapshot(version)
+            logger.info(
+                "Removed snapshot %d of %r: its files changed while it was published", version, self
+            )
+            return False
+        logger.info("Wrote snapshot of version %d (%d keys) for %r", version, stats.records, self)
+        return True
 
     def _cleanup(self) -> None:
         listing = self.list_files()
@@ -519,7 +606,7 @@ def _apply(
     mapping = dict(base)
     for key, (_key_bytes, value_bytes, value) in changes.items():
         if value_bytes is None:
-            mapping.pop(key, None)
+            mapping.pop(key.key if isinstance(key, RemovedKey) else key, None)
         else:
             mapping[key] = value
     return mapping
@@ -527,8 +614,14 @@ def _apply(
 
 def _count_delta(base: dict[Any, Any], changes: dict[Any, tuple[bytes, bytes | None, Any]]) -> int:
     delta = 0
+    # stored keys removed and put again as equal keys with other bytes: one key out, and the
+    # equal key put is a new one
+    replaced = [key.key for key in changes if isinstance(key, RemovedKey)]
     for key, (_key_bytes, value_bytes, _value) in changes.items():
-        in_base = key in base
+        if isinstance(key, RemovedKey):
+            delta -= 1
+            continue
+        in_base = key in base and not any(key is other or key == other for other in replaced)
         if value_bytes is None and in_base:
             delta -= 1
         elif value_bytes is not None and not in_base:

@@ -18,7 +18,7 @@ from typing import Any
 
 from extagg.state import spark as spark_state
 from extagg.state.checkpoint import Checkpoint, Operator, OperatorMetadata
-from extagg.state.codec import decode_key, decode_value, decoding
+from extagg.state.codec import decode_key, decode_value, decoding, encode_value
 from extagg.state.errors import (
     CommittedBatchUnavailableError,
     StateFileNotFoundError,
@@ -33,7 +33,13 @@ from extagg.state.options import (
 )
 from extagg.state.provider import DEFAULT_STORE_NAME
 from extagg.state.rows import ChangeRow, MetadataRow, Rows, StateRow
-from extagg.state.streams import files_for_version, open_version, open_version_with_fallback
+from extagg.state.streams import (
+    VersionFiles,
+    deletes_first,
+    files_for_version,
+    open_version,
+    open_version_with_fallback,
+)
 
 __all__ = ["read_state", "read_change_feed", "read_metadata", "read_diff", "is_spark_checkpoint"]
 
@@ -128,20 +134,7 @@ class _Target:
 
 def _inferred_metadata(checkpoint: Checkpoint, operator_id: int) -> OperatorMetadata:
     """Metadata for an operator directory without a metadata file (Spark: warn, assume)."""
-    directory = os.path.join(checkpoint.state_dir, str(operator_id))
-    partitions = [int(name) for name in os.listdir(directory) if name.isdigit()]
-    stores = {DEFAULT_STORE_NAME}
-    for partition in partitions:
-        base = os.path.join(directory, str(partition))
-        stores.update(name for name in os.listdir(base) if os.path.isdir(os.path.join(base, name)))
-    logger.warning(
-        "Operator %d of %s has no metadata file; assuming %d partitions and stores %s",
-        operator_id,
-        checkpoint.path,
-        max(partitions, default=-1) + 1,
-        sorted(stores),
-    )
-    return OperatorMetadata(operator_id, "", max(partitions, default=-1) + 1, tuple(sorted(stores)))
+    return checkpoint.inferred_operator_metadata(operator_id)
 
 
 def resolve_target(
@@ -273,14 +266,23 @@ def read_state(
     def produce() -> Iterator[StateRow]:
         for partition, listing, paths in plan:
             label = target.label(partition)
-            records = (
-                open_version_with_fallback(listing, version, label)  # past a corrupt snapshot
-                if paths is None
-                else open_version(paths, label)  # the snapshot asked for, or an error
-            )
-            with decoding(target.directory(partition)), closing(records):
-                for key, value in records:
-                    yield StateRow(decode_key(key), decode_value(value, allow_pickle), partition)
+            files = VersionFiles(listing.directory)
+            if paths is None:  # past a corrupt snapshot
+                records = open_version_with_fallback(
+                    listing, version, label, allow_pickle=allow_pickle, files=files
+                )
+            else:  # the snapshot asked for, or an error
+                files.paths = list(paths)
+                records = open_version(paths, label)
+            key = b""
+            try:
+                with closing(records):
+                    for key, value in records:
+                        yield StateRow(
+                            decode_key(key), decode_value(value, allow_pickle), partition
+                        )
+            except ValueError as exc:  # a record that cannot be decoded: name its file
+                raise files.corrupt(exc, key) from None
 
     return Rows(produce, StateRow._fields, _STATE_TYPES)
 
@@ -376,7 +378,7 @@ def read_change_feed(
                         error_class="CANNOT_READ_STREAMING_STATE_FILE",
                     ) from None
                 with decoding(delta):
-                    for key, value in reader:
+                    for key, value in deletes_first(reader):
                         decoded = decode_key(key)
                         if value is None:
                             yield ChangeRow(batch, "delete", decoded, None, partition)
@@ -443,7 +445,8 @@ def read_diff(
     """``(change_type, key, old_value, new_value, partition_id)`` rows of the keys whose value
     differs between the state after ``from_batch_id`` and after ``to_batch_id``
     (``added``/``removed``/``changed``). Both versions meet in one external map: bounded memory.
-    Works on both kinds of checkpoint."""
+    Values compare by their canonical encoding, not ``==``: an untouched NaN is unchanged, and
+    ``1`` → ``1.0`` (other stored bytes) is a change. Works on both kinds of checkpoint."""
     if path is not None and is_spark_checkpoint(path):
         return spark_state.read_diff(
             path, from_batch_id, to_batch_id, operator_id, store_name, memory=memory
@@ -458,13 +461,29 @@ def read_diff(
 
         aggregator = Aggregator(first_pair, merge_pair, merge_pair)
         with ExternalAppendOnlyMap(aggregator, memory, name="state-diff") as emap:
-            emap.insert_all(((r.partition_id, r.key), (r.value, None)) for r in old)
-            emap.insert_all(((r.partition_id, r.key), (None, r.value)) for r in new)
+            # each side boxed as (value,): None means absent, whatever the value is
+            emap.insert_all(((r.partition_id, r.key), ((r.value,), None)) for r in old)
+            emap.insert_all(((r.partition_id, r.key), (None, (r.value,))) for r in new)
             for (partition, key), (before, after) in emap.iterator():
-                if before == after:
-                    continue
-                kind = "added" if before is None else "removed" if after is None else "changed"
-                yield kind, key, before, after, partition
+                if before is not None and after is not None:
+                    if _same_encoding(before[0], after[0]):
+                        continue
+                    yield "changed", key, before[0], after[0], partition
+                elif before is None:
+                    yield "added", key, None, after[0], partition
+                else:
+                    yield "removed", key, before[0], None, partition
 
     types = {"change_type": "string", "partition_id": "int32"}
     return Rows(produce, spark_state.DIFF_FIELDS, types)
+
+
+def _same_encoding(before: Any, after: Any) -> bool:
+    """Whether two values store the same bytes: NaN is NaN, ``1`` is not ``1.0`` or ``True``.
+
+    Values outside the codec's types (pickled) fall back to ``==``: pickle bytes are not
+    canonical, so equal objects may pickle differently."""
+    try:
+        return encode_value(before) == encode_value(after)
+    except TypeError:
+        return bool(before == after)

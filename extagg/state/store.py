@@ -24,7 +24,7 @@ from extagg.state.errors import StateStoreError
 if TYPE_CHECKING:
     from extagg.state.cache import LoadedVersion
 
-__all__ = ["CommitChanges", "ReadStateStore", "StateStore", "StoreOwner"]
+__all__ = ["CommitChanges", "ReadStateStore", "RemovedKey", "StateStore", "StoreOwner"]
 
 #: ``(version, base mapping, changes, encoded bytes, expected identity of the new delta) -> new
 #: version``: writes a store's changes as ``version + 1``, fenced against a concurrent writer
@@ -50,6 +50,65 @@ class StoreOwner(Protocol):
 logger = logging.getLogger(__name__)
 
 _MISSING = object()
+
+
+class _KeyProbe:
+    """Finds the key object a dict holds for an equal key (``True`` for ``1``) in one lookup:
+    the dict compares its stored key with the probe, and the stored key's ``__eq__`` defers to
+    the probe's, which notes it."""
+
+    __slots__ = ("key", "found")
+
+    def __init__(self, key: Any) -> None:
+        self.key = key
+        self.found: Any = _MISSING
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        if self.key is other or self.key == other:  # `is`: the canonical NaN is not ==
+            self.found = other
+            return True
+        return False
+
+
+def _stored_key(mapping: dict[Any, Any], key: Any) -> Any:
+    """The key object ``mapping`` holds for ``key`` (``key`` itself if none is equal)."""
+    probe = _KeyProbe(key)
+    return probe.found if probe in mapping and probe.found is not _MISSING else key
+
+
+class RemovedKey:
+    """A change's dict key for the delete of a stored key that the batch then put again as an
+    equal key with other bytes (``remove(True)``, ``put(1, v)``): as in a dict, the new key
+    object replaces the old one, so the delta holds both records, the delete of the old bytes
+    and the put of the new. Equal only to another ``RemovedKey`` of the same bytes (never to a
+    key), so it never shadows one.
+
+    Parameters
+    ----------
+    key_bytes
+        The encoded key the delete is recorded with.
+    key
+        The key object removed (equal to the stored one).
+    """
+
+    __slots__ = ("key_bytes", "key")
+
+    def __init__(self, key_bytes: bytes, key: Any) -> None:
+        self.key_bytes = key_bytes
+        self.key = key
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RemovedKey):
+            return self.key_bytes == other.key_bytes
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.key_bytes)
+
+
 _SCALARS = (int, float, str, bytes, bool, type(None))
 
 UPDATING, COMMITTED, ABORTED = "UPDATING", "COMMITTED", "ABORTED"
@@ -212,6 +271,8 @@ class StateStore(ReadStateStore):
         self._expected_delta = expected_delta
         # key -> (encoded key, encoded value or None for a delete, value object or None)
         self._changes: dict[Any, tuple[bytes, bytes | None, Any]] = {}
+        #: how many :class:`RemovedKey` entries ``_changes`` holds (usually none)
+        self._replaced = 0
         self._size = len(self._base)
         self._bytes = loaded.encoded_bytes
         self._state = UPDATING
@@ -220,6 +281,8 @@ class StateStore(ReadStateStore):
         key = canonical_key(key)
         change = self._changes.get(key)
         if change is None:
+            if self._replaced and self._removed_entry(key) is not None:
+                return _MISSING  # its stored key was removed, and the key put since removed
             return self._base.get(key, _MISSING)
         return _MISSING if change[1] is None else change[2]
 
@@ -243,12 +306,21 @@ class StateStore(ReadStateStore):
         is in the base version; accounts the base entry's bytes on first touch."""
         change = self._changes.get(key)
         if change is not None:
-            return change[0], key in self._base
+            return change[0], key in self._base and self._removed_entry(key) is None
         old = self._base.get(key, _MISSING)
-        if old is _MISSING:
+        if old is _MISSING or self._removed_entry(key) is not None:  # (already accounted)
             return None, False
         self._bytes -= len(encode_key(key)) + len(encode_value(old, self._allow_pickle))
         return None, True
+
+    def _removed_entry(self, key: Any) -> RemovedKey | None:
+        """The recorded delete of the stored key equal to ``key``, if this batch removed it and
+        then put an equal key with other bytes (the stored key is then gone: ``key``'s entry
+        is the new key's alone)."""
+        if not self._replaced:
+            return None
+        entry = RemovedKey(encode_key(_stored_key(self._base, key)), key)
+        return entry if entry in self._changes else None
 
     def put(self, key: Hashable, value: Any) -> None:
         """Set ``key`` to ``value`` (encoded now; ``TypeError`` names an unsupported type)."""
@@ -260,7 +332,7 @@ class StateStore(ReadStateStore):
         encoded = encode_value(value, self._allow_pickle)
         if not _is_immutable(value):  # keep what was encoded, not what the caller may mutate
             value = decode_value(encoded, self._allow_pickle)
-        key_bytes, _in_base = self._touch(key)
+        key_bytes, in_base = self._touch(key)
         if self._lookup(key) is _MISSING:
             self._size += 1
         if key_bytes is None:
@@ -269,6 +341,17 @@ class StateStore(ReadStateStore):
             previous = self._changes[key]
             if previous[1] is not None:
                 self._bytes -= len(previous[0]) + len(previous[1])
+            elif in_base and key_bytes != new_key:
+                # removed, now put again as an equal key with other bytes: the new key object
+                # wins, as in a dict (del d[True]; d[1] = v holds 1): the delete stays, apart
+                # and before the put (in the delta too: deletes of one hash replay first)
+                del self._changes[key]
+                self._changes[RemovedKey(key_bytes, key)] = (key_bytes, None, None)
+                self._replaced += 1
+                key_bytes = new_key
+        if self._replaced and self._changes.pop(RemovedKey(key_bytes, key), None) is not None:
+            self._replaced -= 1  # the put has the stored key's bytes: it replaces the delete
+            self._changes.pop(key, None)  # and goes after the deletes kept
         self._changes[key] = (key_bytes, encoded, value)
         self._bytes += len(key_bytes) + len(encoded)
 
@@ -278,13 +361,13 @@ class StateStore(ReadStateStore):
         key = canonical_key(key)
         if self._lookup(key) is _MISSING:
             return
-        key_bytes, in_base = self._touch(key)
+        _key_bytes, in_base = self._touch(key)
         previous = self._changes.get(key)
         if previous is not None and previous[1] is not None:
             self._bytes -= len(previous[0]) + len(previous[1])
         self._size -= 1
-        if in_base:
-            self._changes[key] = (key_bytes or encode_key(key), None, None)
+        if in_base:  # the delete names the stored key's bytes (True's, for a remove(1))
+            self._changes[key] = (encode_key(_stored_key(self._base, key)), None, None)
         else:  # added in this batch only: nothing to record
             del self._changes[key]
 

@@ -21,19 +21,21 @@ from collections.abc import Collection, Generator, Iterable, Iterator, Sequence
 from extagg._config import DEFAULT_FAN_IN
 from extagg.errors import CorruptFileError
 from extagg.spill.tempdir import SpillDirs
-from extagg.state.codec import decode_key
+from extagg.state.codec import decode_key, decode_value
 from extagg.state.errors import StateFileNotFoundError, StateStoreError, UnexpectedVersionError
 from extagg.state.files import SNAPSHOT, StateFileListing, StateFileReader, StateFileWriter
 
 __all__ = [
     "Record",
     "merge_records",
+    "deletes_first",
     "files_for_version",
     "open_version",
     "open_version_with_fallback",
     "fallback_chain",
     "missing_file_error",
     "LiveRecords",
+    "VersionFiles",
 ]
 
 logger = logging.getLogger(__name__)
@@ -50,11 +52,23 @@ def _tagged(records: Iterable[Record], age: int) -> Iterator[tuple[bytes, int, b
         yield key, age, value
 
 
-def _replay_group(group: list[tuple[bytes, int, bytes | None]]) -> list[tuple[bytes, bytes]]:
-    """Resolve one hash group whose records differ in bytes: replay them as dict operations."""
+def _replay_group(
+    group: list[tuple[bytes, int, bytes | None]], sources: Sequence[Iterable[Record]]
+) -> list[tuple[bytes, bytes]]:
+    """Resolve one hash group whose records differ in bytes: replay them as dict operations.
+
+    A key that cannot be decoded raises :class:`CorruptFileError` naming its source's file."""
     entries: list[list] = []  # [key object, key bytes, value bytes or None (deleted)]
-    for key_bytes, _age, value in sorted(group, key=lambda item: item[1]):
-        key = decode_key(key_bytes)
+    # oldest first; in one file, deletes before puts (a batch that removed a key and put an
+    # equal one with other bytes: the new key object wins, whatever the bytes' order)
+    for key_bytes, age, value in sorted(group, key=lambda item: (item[1], item[2] is not None)):
+        try:
+            key = decode_key(key_bytes)
+        except ValueError as exc:
+            path = getattr(sources[age], "path", None)
+            if path is None:
+                raise
+            raise _undecodable(path, key_bytes, exc) from None
         for entry in entries:
             if entry[1] == key_bytes or entry[0] == key:
                 if value is not None and entry[2] is None:  # re-inserted: the new key object
@@ -64,6 +78,31 @@ def _replay_group(group: list[tuple[bytes, int, bytes | None]]) -> list[tuple[by
         else:
             entries.append([key, key_bytes, value])
     return sorted((entry[1], entry[2]) for entry in entries if entry[2] is not None)
+
+
+def deletes_first(records: Iterable[Record]) -> Iterator[Record]:
+    """One file's records with, among those of one hash, the deletes first.
+
+    A batch that removed a stored key and put an equal key with other bytes (``True``, then
+    ``1``) writes the delete of the old bytes and the put of the new: replayed in this order,
+    the new key object replaces the old one, as in a dict, whatever the order of the bytes."""
+    pending: list[Record] = []
+    prefix = b""
+    for record in records:
+        if record[0][:8] != prefix:
+            if len(pending) > 1:
+                pending.sort(key=_is_put)
+            yield from pending
+            pending = []
+            prefix = record[0][:8]
+        pending.append(record)
+    if len(pending) > 1:
+        pending.sort(key=_is_put)
+    yield from pending
+
+
+def _is_put(record: Record) -> bool:
+    return record[1] is not None
 
 
 def merge_records(sources: Sequence[Iterable[Record]]) -> Iterator[tuple[bytes, bytes]]:
@@ -88,7 +127,7 @@ def merge_records(sources: Sequence[Iterable[Record]]) -> Iterator[tuple[bytes, 
         if item[0][:8] != pending[0][:8]:
             if group:
                 group.append(pending)
-                yield from _resolve(group)
+                yield from _resolve(group, sources)
                 group = []
             elif pending[2] is not None:
                 yield pending[0], pending[2]
@@ -97,17 +136,59 @@ def merge_records(sources: Sequence[Iterable[Record]]) -> Iterator[tuple[bytes, 
         pending = item
     if group:
         group.append(pending)
-        yield from _resolve(group)
+        yield from _resolve(group, sources)
     elif pending[2] is not None:
         yield pending[0], pending[2]
 
 
-def _resolve(group: list[tuple[bytes, int, bytes | None]]) -> list[tuple[bytes, bytes]]:
+def _resolve(
+    group: list[tuple[bytes, int, bytes | None]], sources: Sequence[Iterable[Record]]
+) -> list[tuple[bytes, bytes]]:
     first = group[0][0]
     if all(item[0] == first for item in group):
         value = group[-1][2]  # sorted by (key, age): the newest record wins
         return [] if value is None else [(first, value)]
-    return _replay_group(group)
+    return _replay_group(group, sources)
+
+
+def _undecodable(path: str, key: bytes, exc: ValueError) -> CorruptFileError:
+    what = f"key hash 0x{key[:8].hex()}" if len(key) >= 8 else f"key {key.hex()}"
+    return CorruptFileError(path, None, f"the record with {what} cannot be decoded: {exc}")
+
+
+class VersionFiles:
+    """The files a version's stream reads (filled in when it opens them), to name the file a
+    record that cannot be decoded came from.
+
+    A merged stream does not say which file each record came from (that would cost every
+    record); after a decode error :meth:`corrupt` finds it by scanning the files, newest first,
+    for the record's key: the newest file holding a key is the one whose record was read.
+    """
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.paths: list[str] = []
+
+    def locate(self, key: bytes) -> str | None:
+        """The newest of :attr:`paths` holding a record of ``key`` (None: none readable does)."""
+        for path in reversed(self.paths):
+            try:
+                with StateFileReader(path) as reader:
+                    for record_key, _value in reader:
+                        if record_key >= key:
+                            if record_key == key:
+                                return path
+                            break
+            except (OSError, ValueError):  # unreadable itself: not the one to name
+                continue
+        return None
+
+    def corrupt(self, exc: ValueError, key: bytes) -> CorruptFileError:
+        """The error for ``exc``, met decoding the record of ``key`` (``exc`` itself when it is
+        already a :class:`CorruptFileError`)."""
+        if isinstance(exc, CorruptFileError):
+            return exc
+        return _undecodable(self.locate(key) or self.directory, key, exc)
 
 
 def missing_file_error(path: str, label: str, kind: str = "delta") -> StateFileNotFoundError:
@@ -249,19 +330,36 @@ def fallback_chain(
 
 
 def open_version_with_fallback(
-    listing: StateFileListing, version: int, label: str, fan_in: int = DEFAULT_FAN_IN
+    listing: StateFileListing,
+    version: int,
+    label: str,
+    fan_in: int = DEFAULT_FAN_IN,
+    *,
+    allow_pickle: bool = False,
+    files: VersionFiles | None = None,
 ) -> LiveRecords:
     """:func:`open_version` of the files that rebuild ``version``, its first record already
-    read: a snapshot whose header or first block is corrupt is passed over for an older chain
-    when one exists (with a warning), so one damaged snapshot does not make a version that its
-    deltas still hold unreadable. Damage found later in the stream raises, as rows have gone out.
+    read and decoded (a check; ``allow_pickle`` as the operator's): a snapshot whose header,
+    first block or first record is corrupt is passed over for an older chain when one exists
+    (with a warning), so one damaged snapshot does not make a version that its deltas still hold
+    unreadable. Damage found later in the stream raises, as rows have gone out. ``files``, when
+    given, receives the paths of the chain read.
     """
     skip: set[int] = set()
     _start, paths = files_for_version(listing, version, label)
+    if files is None:
+        files = VersionFiles(listing.directory)
     while True:
+        files.paths = list(paths)
         records = open_version(paths, label, fan_in)
         try:
             first = next(records, None)
+            if first is not None:
+                try:
+                    decode_key(first[0])
+                    decode_value(first[1], allow_pickle)
+                except ValueError as exc:
+                    raise files.corrupt(exc, first[0]) from None
         except CorruptFileError as exc:
             records.close()
             chain = fallback_chain(listing, version, label, 0, skip, exc)

@@ -96,13 +96,16 @@ def hash_groups(
                 prefix = _pack_hash(key_hash)
                 group = [(key, prefix + encode_value(key), chunk[index][1])]
             else:
-                for other, _encoded, _combiner in group:
-                    if other == key:
+                encoded = prefix + encode_value(key)
+                for other, other_encoded, _combiner in group:
+                    # equal bytes too: two NaN objects (also inside tuples) are one stored key
+                    # though not ==, as in the store, whose keys are made canonical
+                    if other_encoded == encoded or other == key:
                         raise ValueError(
                             f"merge_update input repeats key {key!r} (at position "
                             f"{offset + index}); each key must appear once, combined"
                         )
-                group.append((key, prefix + encode_value(key), chunk[index][1]))
+                group.append((key, encoded, chunk[index][1]))
             previous_key = key
         offset += len(chunk)
     if group:
@@ -167,8 +170,10 @@ def record_batch_pairs(
         yield from zip(batch_keys, batch_values)
 
 
-def _encoder(allow_pickle: bool) -> Callable[[Any, Any], bytes]:
+def _encoder(allow_pickle: bool, owner: str) -> Callable[[Any, Any], bytes]:
     def encode(key: Any, value: Any) -> bytes:
+        if value is None:  # StateStore.put's rule (Spark's): the codec could, the store may not
+            raise ValueError(f"Cannot put a null value (key {key!r}) into {owner}")
         try:
             return encode_value(value, allow_pickle)
         except TypeError as exc:
@@ -184,10 +189,27 @@ def stream_update(
     delta: StateFileWriter,
     snapshot: StateFileWriter | None,
     allow_pickle: bool = False,
+    owner: str = "the state store",
+    stored_error: Callable[[ValueError, bytes], Exception] | None = None,
 ) -> UpdateStats:
     """Merge sorted ``old_records`` with ``pairs``; write changes to ``delta`` and, when given,
-    the whole new version to ``snapshot``. The caller commits or cancels the writers."""
-    encode = _encoder(allow_pickle)
+    the whole new version to ``snapshot``. The caller commits or cancels the writers.
+
+    A ``None`` combiner (or merged value) raises ``ValueError`` naming the key and ``owner``, as
+    :meth:`StateStore.put` does: a stored None would read as an absent key. A stored record
+    that cannot be decoded raises ``stored_error(error, encoded key)`` (the caller names the
+    file), not the codec's bare ``ValueError``."""
+    encode = _encoder(allow_pickle, owner)
+
+    def decode_stored(key_bytes: bytes, value: bytes | None) -> Any:
+        """The stored key (``value`` None) or value of the record of ``key_bytes``."""
+        try:
+            return decode_key(key_bytes) if value is None else decode_value(value, allow_pickle)
+        except ValueError as exc:
+            if stored_error is None:
+                raise
+            raise stored_error(exc, key_bytes) from None
+
     delta_write = delta.write
     snapshot_write = snapshot.write if snapshot is not None else None
     num_keys = encoded_bytes = changed = new = 0
@@ -208,7 +230,7 @@ def stream_update(
         if len(group) == 1 and (not same or (len(same) == 1 and same[0][0] == group[0][1])):
             key, key_bytes, combiner = group[0]  # the common case: one key, stored or not
             if same:
-                combiner = merge_combiners(decode_value(same[0][1], allow_pickle), combiner)
+                combiner = merge_combiners(decode_stored(*same[0]), combiner)
             else:
                 new += 1
             value = encode(key, combiner)
@@ -220,7 +242,7 @@ def stream_update(
                 snapshot_write(key_bytes, value)
             continue
         delta_out, kept, group_new = _merge_group(
-            group, same, merge_combiners, encode, allow_pickle
+            group, same, merge_combiners, encode, decode_stored
         )
         new += group_new
         changed += len(delta_out)
@@ -245,9 +267,12 @@ def _merge_group(
     same: list[tuple[bytes, bytes]],
     merge_combiners: Callable[[Any, Any], Any],
     encode: Callable[[Any, Any], bytes],
-    allow_pickle: bool,
+    decode_stored: Callable[[bytes, bytes | None], Any],
 ) -> tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]], int]:
     """One hash group with several keys, or equal keys with different bytes.
+
+    ``decode_stored(key bytes, None)`` decodes a stored key, ``(key bytes, value bytes)`` its
+    value.
 
     Returns the sorted delta records, the sorted records of the new version, and the number of
     new keys.
@@ -266,7 +291,7 @@ def _merge_group(
                 match = index
                 break
             if stored_keys[index] is None:
-                stored_keys[index] = (decode_key(old_key),)
+                stored_keys[index] = (decode_stored(old_key, None),)
             if stored_keys[index][0] == key:
                 match = index
                 break
@@ -278,7 +303,7 @@ def _merge_group(
         else:
             matched[match] = True
             old_key, old_value = same[match]
-            value = encode(key, merge_combiners(decode_value(old_value, allow_pickle), combiner))
+            value = encode(key, merge_combiners(decode_stored(old_key, old_value), combiner))
             delta_out.append((key_bytes, value))
             kept.append((old_key, value))
     kept.extend(record for index, record in enumerate(same) if not matched[index])

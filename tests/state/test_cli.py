@@ -175,3 +175,69 @@ def test_a_lone_surrogate_key_is_printed_escaped_not_an_error_mid_output(checkpo
         target = tmp_path / f"s.{fmt}"
         status, _, err = run(["state", "show", checkpoint.path, "--format", fmt, "-o", str(target)])
         assert (status, err) == (0, "") and "\\ud800x" in target.read_text("utf-8")
+
+
+def test_dash_output_is_standard_output_for_every_command(path, tmp_path, monkeypatch):
+    """``-o -`` wrote a file named "-", though the output errors suggest it for standard
+    output (as ``extagg aggregate -o -`` means it)."""
+    monkeypatch.chdir(tmp_path)
+    commands = {
+        "show": ["state", "show", path],
+        "changes": ["state", "changes", path, "--start-batch-id", "0"],
+        "metadata": ["state", "metadata", path],
+        "diff": ["state", "diff", path, "--from-batch", "0", "--to-batch", "1"],
+    }
+    for name, argv in commands.items():
+        _, expected, _ = run([*argv, "--format", "jsonl"])
+        assert expected, name
+        status, out, err = run([*argv, "--format", "jsonl", "-o", "-"])
+        assert (status, err, out) == (0, "", expected), name
+    parser = argparse.ArgumentParser(prog="extagg")
+    add_state_subcommands(parser.add_subparsers(dest="command", required=True))
+    for argv in (
+        ["state", "export", path, "-o", "-"],
+        ["state", "show", path, "-o", "-", "--format", "parquet"],
+    ):
+        raw = io.BytesIO()
+        out = io.TextIOWrapper(raw, encoding="utf-8", newline="")
+        assert run_state_command(parser.parse_args(argv), stdout=out, stderr=io.StringIO()) == 0
+        table = pq.read_table(io.BytesIO(raw.getvalue()))
+        assert table.num_rows == 2 and "key" in table.column_names
+    assert "-" not in os.listdir(tmp_path)
+
+
+def test_output_into_a_missing_directory_or_onto_a_directory_is_named_plainly(
+    path, tmp_path, capsys
+):
+    """``-o no_such_dir/x.csv`` named the hidden temp file ('.x.csv.<host>-...tmp'), and an
+    existing directory was called "not a regular file (a pipe, a device)"; ``extagg state``
+    and ``extagg aggregate`` share the check, so they say the same."""
+    from extagg.cli import main as extagg_main
+
+    source = tmp_path / "in.csv"
+    source.write_text("a,b\n1,2\n")
+    missing = tmp_path / "no_such_dir" / "x.csv"
+    commands = {
+        "state": ["state", "show", path],
+        "aggregate": ["aggregate", str(source), "--by", "a", "--agg", "n=count(*)", "-q"],
+    }
+    for name, argv in commands.items():
+        assert extagg_main([*argv, "-o", str(missing)]) == 2, name
+        err = capsys.readouterr().err
+        assert f"output {missing}: its directory {missing.parent} does not exist" in err, name
+        assert ".tmp" not in err, name
+        assert (
+            extagg_main(
+                [
+                    *argv,
+                    "-o",
+                    str(tmp_path),
+                    "--output-format" if name == "aggregate" else "--format",
+                    "csv",
+                ]
+            )
+            == 2
+        ), name
+        err = capsys.readouterr().err
+        assert f"output {tmp_path} is a directory" in err and "a pipe" not in err, name
+    assert not missing.parent.exists()

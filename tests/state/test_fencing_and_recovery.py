@@ -20,8 +20,11 @@ import pytest
 
 from extagg.errors import CorruptFileError
 from extagg.memory import UnifiedMemoryManager
-from extagg.state import Checkpoint, StateStoreConf, StateStoreProvider
+from extagg.state import Checkpoint, StateStoreConf, StateStoreProvider, read_state
+from extagg.state import files as files_module
+from extagg.state.codec import encode_key, encode_value
 from extagg.state.errors import ConcurrentCommitError, StateStoreCommitError
+from extagg.state.files import DELTA, SNAPSHOT, StateFileReader, StateFileWriter
 
 from .conftest import commit_version, state_files, temp_files
 
@@ -98,6 +101,66 @@ def test_a_retried_batch_still_replaces_its_version_but_two_retries_are_fenced(
     assert dict(b.get_read_store(2).items()) == {"k": 21}
 
 
+@pytest.mark.parametrize("moment", ["while building", "just before the rename"])
+@pytest.mark.parametrize("retry", ["get_store", "merge_update"])
+def test_maintenance_does_not_publish_a_snapshot_of_a_version_retried_meanwhile(
+    tmp_path: Path, monkeypatch, moment: str, retry: str
+) -> None:
+    # provider a's maintenance reads version 3 and writes 3.snapshot; meanwhile b retries
+    # batch 2, rewriting 3.delta: a's snapshot of the old 3.delta must not shadow the new one
+    a, b = _provider(tmp_path, min_deltas_for_snapshot=2), _provider(tmp_path)
+    for version in range(3):
+        commit_version(a, version, {"k": f"old{version}"})
+    hook = "write" if moment == "while building" else "commit"
+    original = getattr(files_module.StateFileWriter, hook)
+    retried = []
+
+    def interleaved(self, *args, **kwargs):
+        if self.kind == "snapshot" and not retried:
+            retried.append(True)
+            if retry == "get_store":
+                commit_version(b, 2, {"k": "retried"})
+            else:
+                b.merge_update(2, [("k", "retried")], lambda old, new: new)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(files_module.StateFileWriter, hook, interleaved)
+    a.do_maintenance()
+    monkeypatch.undo()
+    assert retried
+    assert "3.snapshot" not in state_files(tmp_path)
+    assert dict(_provider(tmp_path).get_read_store(3).items()) == {"k": "retried"}
+    assert dict(a.iter_version(3)) == {"k": "retried"}
+    a.do_maintenance()  # the next maintenance snapshots the new version
+    assert "3.snapshot" in state_files(tmp_path)
+    assert dict(_provider(tmp_path).iter_version(3)) == {"k": "retried"}
+
+
+def test_a_retried_batch_removes_a_snapshot_published_just_before_its_delta(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # the other order: maintenance's checks pass, the retry removes the (absent) snapshot, the
+    # snapshot is renamed in, then the retry publishes its delta: the retry removes it again
+    a, b = _provider(tmp_path, min_deltas_for_snapshot=2), _provider(tmp_path)
+    for version in range(3):
+        commit_version(a, version, {"k": f"old{version}"})
+    store = b.get_store(2)
+    store.put("k", "retried")
+    original = files_module.StateFileWriter.commit
+
+    def publish_then_snapshot(self, *args, **kwargs):
+        if self.kind == "delta":
+            a.do_maintenance()  # all of it between the retry's removal and its rename
+            assert "3.snapshot" in state_files(tmp_path)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(files_module.StateFileWriter, "commit", publish_then_snapshot)
+    store.commit()
+    monkeypatch.undo()
+    assert "3.snapshot" not in state_files(tmp_path)
+    assert dict(_provider(tmp_path).get_read_store(3).items()) == {"k": "retried"}
+
+
 RACER = textwrap.dedent(
     """
     import os, sys, time
@@ -163,13 +226,20 @@ def _history(directory: Path) -> tuple[StateStoreProvider, dict]:
 
 
 def _corrupt(path: Path, where: str) -> None:
+    if where == "first record":  # checksums fine, the value cannot be decoded (a foreign writer)
+        records = list(StateFileReader(path))
+        writer = StateFileWriter(path, SNAPSHOT if path.suffix == ".snapshot" else DELTA)
+        for index, (key, value) in enumerate(records):
+            writer.write(key, b"\x83" if index == 0 else value)
+        writer.commit()
+        return
     data = bytearray(path.read_bytes())
     index = 3 if where == "header" else len(data) - 6
     data[index] ^= 0xFF
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("where", ["header", "body"])
+@pytest.mark.parametrize("where", ["header", "body", "first record"])
 def test_a_corrupt_newest_snapshot_falls_back_to_an_older_one(
     tmp_path: Path, where: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -185,6 +255,44 @@ def test_a_corrupt_newest_snapshot_falls_back_to_an_older_one(
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings and all(str(bad) in w and "corrupt" in w for w in warnings)
     assert "the snapshot of version 3 and deltas 4..6" in warnings[0]
+
+
+@pytest.mark.parametrize("bad", ["key", "value"])
+def test_a_record_that_cannot_be_decoded_is_a_corrupt_file_error_naming_its_file(
+    tmp_path: Path, bad: str
+) -> None:
+    # checksums fine, the encoding not (a foreign or newer writer); in a merge of two files with
+    # equal hashes, and as the first record: every reader names the file, never the directory
+    from extagg.state.cli import main as state_main
+
+    checkpoint = Checkpoint(tmp_path / "ckpt")
+    operator = checkpoint.operator(0, num_partitions=1)
+    provider = operator.provider(0)
+    for batch in range(2):
+        commit_version(provider, batch, {5: f"v{batch}", "other": batch})
+        checkpoint.commit(batch)
+    provider.close()
+    delta = os.path.join(provider.directory, "2.delta")
+    prefix = encode_key(5)[:8]
+    writer = StateFileWriter(delta, DELTA)
+    if bad == "key":
+        writer.write(prefix + b"\x83\x00", encode_value("b"))  # unknown type tag 0x83
+    else:
+        writer.write(encode_key(5), b"\x83")
+    writer.commit()
+    readers = {
+        "read_state": lambda: list(read_state(checkpoint.path)),
+        "iter_version": lambda: list(operator.provider(0).iter_version(2)),
+        "get_read_store": lambda: operator.provider(0).get_read_store(2),
+        "merge_update": lambda: operator.provider(0).merge_update(2, [(5, "c")], add),
+    }
+    for name, read in readers.items():
+        with pytest.raises(CorruptFileError, match="0x83") as info:
+            read()
+        assert info.value.path == delta, name
+        assert prefix.hex() in str(info.value), name
+    assert state_main(["show", str(checkpoint.path)]) != 0
+    assert temp_files(provider.directory) == []
 
 
 def test_a_corrupt_snapshot_without_an_older_chain_is_still_an_error(tmp_path: Path) -> None:

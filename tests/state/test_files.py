@@ -15,6 +15,7 @@ import zlib
 import pytest
 
 from extagg.errors import CorruptFileError
+from extagg.state import Checkpoint, StateStoreConf, read_state
 from extagg.state import atomic as state_files
 from extagg.state.codec import encode_key, encode_value
 from extagg.state.files import (
@@ -96,6 +97,53 @@ def test_every_flipped_bit_and_every_truncation_is_detected(tmp_path, compressio
         target.write_bytes(data[:size])
         with pytest.raises(CorruptFileError):
             list(StateFileReader(target))
+
+
+def test_an_uncompressed_file_is_checked_before_its_first_record(tmp_path):
+    # no LZ4 block checksums: a reader that stops early (show --limit 2) would get flipped
+    # values with no error if the body checksum were only checked at the end of the file
+    write(tmp_path / "1.delta", records(16, deletes_every=3), compression="none")
+    data = (tmp_path / "1.delta").read_bytes()
+    target = tmp_path / "x.delta"
+    for i in range(len(data)):
+        corrupted = bytearray(data)
+        corrupted[i] ^= 1 << (i % 8)
+        target.write_bytes(bytes(corrupted))
+        with pytest.raises(CorruptFileError) as info:
+            next(iter(StateFileReader(target)))
+        assert info.value.path == str(target)
+    for size in range(len(data)):
+        target.write_bytes(data[:size])
+        with pytest.raises(CorruptFileError):
+            next(iter(StateFileReader(target)))
+    target.write_bytes(data + b"\x00")
+    with pytest.raises(CorruptFileError, match="unexpected data after"):
+        next(iter(StateFileReader(target)))
+
+
+def test_the_first_rows_of_a_flipped_uncompressed_state_are_an_error(tmp_path):
+    checkpoint = Checkpoint(tmp_path / "cp")
+    provider = checkpoint.operator(0, num_partitions=1).provider(
+        0, conf=StateStoreConf(compression="none")
+    )
+    store = provider.get_store(0)
+    for i in range(1000):
+        store.put(f"key{i}", 1_000_000 + i)
+    store.commit()
+    checkpoint.commit(0)
+    _key, first_value, _partition = next(iter(read_state(checkpoint.path)))
+    delta = os.path.join(provider.directory, "1.delta")
+    with open(delta, "r+b") as handle:
+        data = handle.read()
+        at = data.index(first_value.to_bytes(8, "big")) + 7
+        handle.seek(at)
+        handle.write(bytes([data[at] ^ 0x40]))
+    with pytest.raises(CorruptFileError, match="body checksum mismatch") as info:
+        next(iter(read_state(checkpoint.path)))
+    assert info.value.path == delta
+    with pytest.raises(CorruptFileError):
+        next(iter(provider.iter_version(1)))
+    provider.close()
 
 
 @pytest.mark.parametrize(

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from extagg.errors import CorruptFileError
 from extagg.state import (
@@ -259,6 +262,114 @@ def test_equal_keys_of_different_types_are_one_key(provider, operator, conf, mm)
     fresh.close()
 
 
+def _typed(items) -> list:
+    return sorted((repr(key), type(key).__name__, value) for key, value in items)
+
+
+@pytest.mark.parametrize(
+    ("stored", "ops"),
+    [
+        (True, [("remove", 1), ("put", 1, "b")]),  # the new key's bytes sort after the old's
+        (1, [("remove", 1), ("put", True, "b")]),  # ... and before them
+        (1.0, [("remove", 1), ("put", 1, "b"), ("remove", 1.0), ("put", True, "c")]),
+        (True, [("put", 1, "x"), ("remove", 1), ("put", 1, "b")]),
+        (True, [("remove", True), ("put", 1.0, "b"), ("remove", 1), ("put", True, "c")]),
+        ((1, "t"), [("remove", (True, "t")), ("put", (1.0, "t"), "b")]),
+    ],
+)
+def test_a_key_removed_and_put_again_in_one_batch_is_the_new_key(tmp_path, mm, stored, ops):
+    """remove(1); put(1, "b") over a stored True kept the key object True: as in a dict, the
+    key put after the remove is the key held, in memory, in the files and in the change feed."""
+    from extagg.state import Checkpoint, read_change_feed, read_state
+
+    checkpoint = Checkpoint(tmp_path / "cp")
+    operator = checkpoint.operator(0, num_partitions=1)
+    provider = operator.provider(0, memory_manager=mm)
+    commit_version(provider, 0, {stored: "a", "other": 0})
+    checkpoint.commit(0)
+    replaying = operator.provider(0, memory_manager=mm)
+    replaying.get_read_store(1)  # cached: version 2 is replayed from its delta onto it
+    expected = {stored: "a", "other": 0}
+    store = provider.get_store(1)
+    for op, key, *value in ops:
+        if op == "remove":
+            store.remove(key)
+            del expected[key]
+        else:
+            store.put(key, value[0])
+            expected[key] = value[0]
+    assert _typed(store.items()) == _typed(expected.items())
+    store.commit()
+    checkpoint.commit(1)
+    fresh = operator.provider(0, memory_manager=mm)
+    want = _typed(expected.items())
+    assert _typed(provider.get_read_store(2).items()) == want  # the cached new version
+    assert _typed(fresh.get_read_store(2).items()) == want  # merged from the files
+    assert _typed(operator.provider(0, memory_manager=mm).iter_version(2)) == want
+    assert _typed(replaying.get_read_store(2).items()) == want  # cached base + delta
+    assert _typed((row.key, row.value) for row in read_state(checkpoint.path)) == want
+    replayed = {stored: "a", "other": 0}
+    for row in read_change_feed(checkpoint.path, 1, 1):
+        if row.change_type == "delete":
+            del replayed[row.key]
+        else:
+            replayed[row.key] = row.value
+    assert _typed(replayed.items()) == want
+    for p in (provider, replaying, fresh):
+        p.close()
+
+
+EQUAL_KEYS = [True, 1, 1.0, False, 0, 0.0, -0.0, (1, "t"), (True, "t"), (1.0, "t"), "s", math.nan]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    batches=st.lists(
+        st.lists(
+            st.tuples(st.sampled_from(EQUAL_KEYS), st.one_of(st.none(), st.integers(0, 9))),
+            max_size=8,
+        ),
+        min_size=1,
+        max_size=3,
+    )
+)
+def test_puts_and_removes_of_equal_keys_hold_what_a_dict_holds(tmp_path_factory, batches):
+    """Any mix of puts and removes (None: remove) of equal keys of other types in a batch: every
+    read path holds the dict's keys, their types included, and its size."""
+    from extagg.memory import UnifiedMemoryManager
+    from extagg.state import Checkpoint, read_state
+
+    mm = UnifiedMemoryManager("32m", wait_timeout=5)
+    checkpoint = Checkpoint(tmp_path_factory.mktemp("cp"))
+    operator = checkpoint.operator(0, num_partitions=1)
+    provider = operator.provider(0, memory_manager=mm)
+    expected: dict = {}
+    for batch, ops in enumerate(batches):
+        replaying = operator.provider(0, memory_manager=mm)
+        replaying.get_read_store(batch)  # cached: the new version is replayed onto it
+        store = provider.get_store(batch)
+        for key, value in ops:
+            if value is None:
+                store.remove(key)
+                expected.pop(key, None)
+            else:
+                store.put(key, value)
+                expected[key] = value
+        assert len(store) == len(expected)
+        store.commit()
+        checkpoint.commit(batch)
+        assert provider.metrics.num_keys == len(expected)
+        want = _typed(expected.items())
+        assert _typed(provider.get_read_store(batch + 1).items()) == want
+        assert _typed(replaying.get_read_store(batch + 1).items()) == want
+        fresh = operator.provider(0, memory_manager=mm)
+        assert _typed(fresh.get_read_store(batch + 1).items()) == want
+        assert _typed((r.key, r.value) for r in read_state(checkpoint.path)) == want
+        replaying.close()
+        fresh.close()
+    provider.close()
+
+
 def test_cache_keeps_at_most_max_versions_in_memory(operator, mm):
     provider = operator.provider(
         0, conf=StateStoreConf(max_versions_in_memory=2), memory_manager=mm
@@ -413,6 +524,7 @@ def test_undecodable_records_raise_corrupt_file_error(tmp_path, mm):
         with StateStoreProvider(directory, memory_manager=mm) as provider:
             with pytest.raises(CorruptFileError, match=message) as info:
                 provider.get_store(1)
-            assert info.value.path == str(directory)
-            with pytest.raises(CorruptFileError, match=message):
+            assert info.value.path == str(directory / "1.delta")  # the file, not the dir
+            with pytest.raises(CorruptFileError, match=message) as info:
                 dict(provider.iter_version(1))
+            assert info.value.path == str(directory / "1.delta")

@@ -24,6 +24,7 @@ from extagg.state import (
     read_metadata,
     read_state,
 )
+from extagg.state.reader import read_diff
 
 from .conftest import commit_version
 
@@ -148,6 +149,23 @@ def test_change_feed_rows_are_the_differences_between_versions(checkpoint, built
             assert rebuilt == after
             changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
             assert changed <= {row.key for row in changes}
+
+
+def test_diff_compares_the_stored_bytes_not_python_equality(checkpoint, mm):
+    # == says NaN != NaN (an untouched NaN looked changed) and 1 == 1.0 (a real change of
+    # the stored value looked like none): the diff compares the canonical encodings instead
+    operator = checkpoint.operator(0, name="t", num_partitions=1)
+    provider = operator.provider(0, memory_manager=mm)
+    commit_version(provider, 0, {"nan": float("nan"), "n": 1, "b": 1, "t": (1, float("nan"))})
+    checkpoint.commit(0)
+    commit_version(provider, 1, {"n": 1.0, "b": True})  # equal under ==, other bytes
+    checkpoint.commit(1)
+    for batch in (0, 1):
+        assert list(read_diff(checkpoint.path, batch, batch)) == []
+    rows = sorted(tuple(row) for row in read_diff(checkpoint.path, 0, 1))
+    assert rows == [("changed", "b", 1, True, 0), ("changed", "n", 1, 1.0, 0)]
+    assert [type(row[3]) for row in rows] == [bool, float]
+    provider.close()
 
 
 @settings(max_examples=25)
@@ -320,6 +338,27 @@ def test_checkpoint_commit_requires_every_partition(checkpoint, mm):
     assert checkpoint.committed_batches() == [0]
     with pytest.raises(ValueError, match="batch_id cannot be negative"):
         checkpoint.commit(-1)
+
+
+def test_checkpoint_commit_checks_an_operator_whose_metadata_is_lost(checkpoint, mm, caplog):
+    # the readers infer a lost _metadata from the partition folders; commit skipped such an
+    # operator and accepted a batch no partition wrote, which read_state then failed on
+    op = checkpoint.operator(0, name="x", num_partitions=1)
+    commit_version(op.provider(0, memory_manager=mm), 0, {"a": 1})
+    checkpoint.commit(0)
+    shutil.rmtree(os.path.dirname(checkpoint.metadata_path(0)))
+    assert [tuple(row) for row in read_state(checkpoint.path)] == [("a", 1, 0)]
+    with (
+        caplog.at_level(logging.WARNING, logger="extagg.state"),
+        pytest.raises(StateStoreError, match="partition 0 of operator 0") as info,
+    ):
+        checkpoint.commit(1)
+    assert "2.delta is missing" in str(info.value)
+    assert checkpoint.committed_batches() == [0]
+    assert any("no metadata file" in record.getMessage() for record in caplog.records)
+    commit_version(op.provider(0, memory_manager=mm), 1, {"a": 2})
+    checkpoint.commit(1)
+    assert [tuple(row) for row in read_state(checkpoint.path)] == [("a", 2, 0)]
 
 
 def test_a_partition_whose_files_are_lost_is_not_taken_for_one_without_state(checkpoint, mm):
