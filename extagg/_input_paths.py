@@ -76,14 +76,14 @@ def _is_marker(name: str) -> bool:
 
 
 def output_directory_problem(path: str) -> str | None:
-    """``"output directory D does not exist"`` when ``path``'s folder is missing (checked
-    before a run reads its input, not after), or ``None``."""
+    """Why ``path``'s folder cannot take the output (it does not exist), or ``None``: asked
+    before a run reads its input, not after."""
     if path == "-":
         return None
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(folder):
         return None
-    return f"output directory {folder} does not exist"
+    return f"cannot write output {path}: its directory {folder} does not exist"
 
 
 def output_problem(path: str, overwrite: bool) -> str | None:
@@ -98,10 +98,7 @@ def output_problem(path: str, overwrite: bool) -> str | None:
             "standard output"
         )
     if not os.path.exists(path):
-        folder = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(folder):
-            return f"cannot write output {path}: its directory {folder} does not exist"
-        return None
+        return output_directory_problem(path)
     if not os.path.isfile(os.path.realpath(path)):
         return (
             f"output {path} is not a regular file (a pipe, a device): the result is written to "

@@ -205,11 +205,11 @@ def _run_aggregate(args: argparse.Namespace) -> int:
         output = args.output
         fmt = None
         if output is not None:
-            from extagg._input_paths import output_directory_problem, output_problem
+            from extagg._input_paths import output_problem
             from extagg.io.output import output_format
 
             fmt = output_format(output, args.output_format)
-            problem = output_directory_problem(output) or output_problem(output, args.overwrite)
+            problem = output_problem(output, args.overwrite)
             if problem is not None:
                 raise QueryError(problem)
         if args.json_summary:

@@ -235,7 +235,7 @@ def test_a_missing_output_directory_is_a_usage_error_before_the_run(tmp_path, da
     missing = tmp_path / "nowhere" / "o.csv"
     assert main(["aggregate", str(src), *ARGS, "-o", str(missing), "-q"]) == 2
     err = capsys.readouterr().err
-    assert f"output directory {missing.parent} does not exist" in err
+    assert f"output {missing}: its directory {missing.parent} does not exist" in err
     assert ".extagg-tmp" not in err
 
 

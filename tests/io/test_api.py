@@ -269,7 +269,7 @@ def test_a_missing_output_directory_is_refused_before_the_input_is_read(tmp_path
     pq.write_table(pa.table({"k": list(range(1000)), "v": [1.0] * 1000}), src)
     monkeypatch.setattr(run_module, "plan_query", None)  # never reached
     missing = tmp_path / "nowhere" / "out.parquet"
-    with pytest.raises(extagg.OutputError, match=f"output directory {missing.parent} does not"):
+    with pytest.raises(extagg.OutputError, match=r"its directory .* does not exist"):
         extagg.aggregate_files(src, by="k", aggs={"s": ("v", "sum")}, output=missing)
     assert not missing.parent.exists()
 
