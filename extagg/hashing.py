@@ -166,6 +166,10 @@ def stable_hash(key: Any) -> int:
     )
 
 
+#: arrays of at most this many keys are hashed by :func:`stable_hash`, key by key
+SCALAR_HASH_MAX = 4
+
+
 def _fmix64_array(k: np.ndarray) -> np.ndarray:
     k = k ^ (k >> np.uint64(33))
     k = k * np.uint64(_C1)
@@ -182,6 +186,10 @@ def hash_array(values: np.ndarray) -> np.ndarray:
     """
     arr = np.asarray(values)
     kind = arr.dtype.kind
+    if arr.size <= SCALAR_HASH_MAX and kind in "iubf" and arr.ndim == 1:
+        # a few keys (``ExternalAppendOnlyMap.insert``'s one): hashed one by one, ~1 us
+        # each, where the vectorised form's NumPy calls and error states cost ~30 us
+        return np.array([stable_hash(v) for v in arr.tolist()], dtype=np.uint64)
     if kind in "iub":
         if kind == "u":
             bits = arr.astype(np.uint64, copy=False)

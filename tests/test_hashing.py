@@ -195,3 +195,26 @@ def test_hash_str_list_declines_other_keys():
     assert hk.hash_str_list(["\ud800", "é", ""]).tolist() == [
         stable_hash(s) for s in ["\ud800", "é", ""]
     ]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        np.array([-128, 0, 127], np.int8),
+        np.array([0, 2**64 - 1, 2**63], np.uint64),
+        np.array([-(2**63), 2**63 - 1, 5]),
+        np.array([True, False]),
+        np.array([0.0, -0.0, float("nan")]),
+        np.array([float("inf"), 2.0**63, 2.0**64, -(2.0**63)]),
+        np.array([1.5, float("nan"), -0.0, 7.0], np.float32),
+        np.array([1.5, 2.0], np.float16),
+    ],
+)
+def test_a_few_keys_hash_one_by_one_as_the_vectorised_form_does(values, monkeypatch):
+    """Arrays of up to ``SCALAR_HASH_MAX`` keys (a map's single ``insert``) are hashed key by
+    key (~30 us less a call): the same hashes as the vectorised form."""
+    import extagg.hashing as hashing
+
+    few = hash_array(values)
+    monkeypatch.setattr(hashing, "SCALAR_HASH_MAX", 0)
+    assert few.dtype == np.uint64 and few.tolist() == hash_array(values).tolist()
