@@ -19,7 +19,7 @@ from extagg.generic.aggregator import Aggregator
 from extagg.generic.external_map import ExternalAppendOnlyMap
 from extagg.hashing import stable_hash
 from extagg.memory import check_engine_budget
-from extagg.spark.settings import worker_budget
+from extagg.spark.settings import local_workers_run_this_python, worker_budget
 
 __all__ = [
     "combine_by_key",
@@ -209,6 +209,9 @@ def combine_by_key(
         str, bytes or tuples of these.
     """
     _require_rdd(rdd, "extagg.spark.combine_by_key")
+    # local workers run this interpreter (python3 from the PATH lacks extagg: every task of
+    # getting-started's example failed with "No module named 'extagg'" outside the venv)
+    local_workers_run_this_python(rdd.context)
     budget = (
         parse_size(memory, name="memory")
         if memory is not None

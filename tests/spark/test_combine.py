@@ -95,3 +95,19 @@ def test_a_budget_below_the_engines_minimum_fails_on_the_driver(spark_context):
     rdd = spark_context.parallelize([(1, 1)], 1)
     with pytest.raises(BudgetError, match=r"90% of it.*below the engines' working minimum"):
         combine_by_key(rdd, create, merge_value, merge_combiners, memory="1m")
+
+
+def test_local_workers_run_the_drivers_python(spark_context, monkeypatch):
+    """getting-started's example, run with the virtualenv's Python without activating it:
+    PySpark started the workers with ``python3`` from the PATH, which has no extagg, and
+    every task failed with ``No module named 'extagg'`` (``extagg.spark.aggregate`` and
+    ``install()`` pointed local workers at this interpreter; ``combine_by_key`` did not)."""
+    import operator
+    import sys
+
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    monkeypatch.setattr(spark_context, "pythonExec", "/nonexistent/python3")
+    rdd = spark_context.parallelize([(i % 10, 1) for i in range(1000)], 4)
+    counts = combine_by_key(rdd, lambda v: v, operator.add, operator.add, memory="64m")
+    assert spark_context.pythonExec == sys.executable
+    assert dict(counts.collect()) == {k: 100 for k in range(10)}
