@@ -46,7 +46,7 @@ from extagg.columnar.partition_files import (
     rotate_left,
 )
 from extagg.errors import ExtaggError, MemoryLimitError, UsageError
-from extagg.memory import MemoryConsumer, resolve_task_memory_manager
+from extagg.memory import MemoryConsumer, describe_holders, resolve_task_memory_manager
 from extagg.metrics import SpillMetrics
 from extagg.spill.blocks import ColumnBlock
 from extagg.spill.runfile import RunReader
@@ -260,10 +260,11 @@ class HeldBuffers(MemoryConsumer):
             need = nbytes - self.used
             granted = self.acquire_memory(need)
             if granted < need:
+                mm = self.task_memory_manager.memory_manager
                 raise MemoryLimitError(
                     f"{self.name}: {self.what} needs {format_size(nbytes)} of buffers but the "
                     f"memory manager granted {format_size(self.used)} (max_memory "
-                    f"{format_size(self.task_memory_manager.memory_manager.max_memory)})"
+                    f"{format_size(mm.max_memory)}; {describe_holders(mm)})"
                 )
         elif nbytes < self.used:
             self.free_memory(self.used - nbytes)
@@ -427,6 +428,9 @@ PARTITION_FIRST_GROUPS = 1 << 20
 MAX_ASIDE_BATCH_BYTES = 2 << 20
 #: rows of a batch hashed and set aside at a time (their temporaries held for them)
 GRACE_CHUNK_ROWS = 1 << 16
+#: the fewest rows set aside at a time before the buffers shrink (fewer only when rows are
+#: so wide that this many would take more than an eighth of the budget, or are refused)
+LEAST_CHUNK_ROWS = 256
 #: room for a chunk's temporaries that rows set aside keep while a merge feeds them
 PINNED_CHUNK_BYTES = 64 << 10
 
@@ -588,6 +592,7 @@ class DistinctLevel:
         self._aside = aside
         aside.metrics.spill_count += 1
         aside.pin()
+        self._limit_first_merge()
         try:
             for batch in first.results(ordered=False):  # its pairs so far, each once
                 aside.write_batch(batch)
@@ -596,12 +601,24 @@ class DistinctLevel:
             first.close()
         aside.metrics.records_read = 0  # the first level counted the input rows of those
 
+    def _limit_first_merge(self) -> None:
+        """Let the first level's merge hold at most half of the budget. A first level that
+        spilled merges its runs into what its rows feed, the second level or the rows set
+        aside, which need memory to start and to grow meanwhile; the merge's read buffers
+        cannot be spilled, and all of the budget they took left the second level none (a
+        global count_distinct of 146 k strings at 2 MiB, a level with ``force_spill_rows``,
+        one nested too deep to partition again: "needs ... to start, 0.0 B held")."""
+        half = self.first.budget.max_memory // 2
+        limit = half if self._merge_limit is None else min(half, self._merge_limit)
+        self.first.limit_merge_memory(limit)
+
     def finish_input(self) -> None:
         """No more input: the first level's groups folded into the second, or the rows set
         aside closed in their files."""
         if self._aside is not None:
             self._aside.finish()
             return
+        self._limit_first_merge()
         for batch in self.first.results(ordered=False):  # level two folds level one
             self.second.update(batch)
         self.first.close()
@@ -694,7 +711,8 @@ class _RowsAside(HeldBuffers):
         #: while the first level's pairs so far are moved here: its merge, which feeds them,
         #: may take all but the smallest buffers (all of them left no room to write its rows)
         self.pinned = False
-        #: the temporaries of the smallest chunk (256 rows) of the widest rows written yet
+        #: the temporaries of the smallest chunk (:data:`LEAST_CHUNK_ROWS` rows, fewer of
+        #: wide rows) of the widest rows written yet
         self._least_chunk_bytes = 0
 
     def spill(self, size: int, trigger: Any) -> int:
@@ -762,13 +780,22 @@ class _RowsAside(HeldBuffers):
                 )
         # a chunk's temporaries: the keys' words and hashes, the rows' order, a copy of the
         # rows at most; chunks of at most an eighth of the budget
+        # (rows of a few KB: fewer than LEAST_CHUNK_ROWS, down to one at a time, so that a
+        # chunk never asks for more than the budget: 256 rows of 5,000-byte values wanted
+        # 2.6 MiB of a 2 MiB budget)
         row_bytes = 2 * sum(c.nbytes() for c in cols.values()) // max(1, n) + 40
-        step = max(256, min(GRACE_CHUNK_ROWS, self.chunk_bytes // row_bytes))
-        self._least_chunk_bytes = max(self._least_chunk_bytes, row_bytes * 256)
+        least = max(1, min(LEAST_CHUNK_ROWS, self.chunk_bytes // row_bytes))
+        step = max(least, min(GRACE_CHUNK_ROWS, self.chunk_bytes // row_bytes))
+        self._least_chunk_bytes = max(self._least_chunk_bytes, row_bytes * least)
         while not self.try_hold(self.base_bytes + row_bytes * min(n, step)):
-            if step > 256:  # what others hold cannot be spilled (a merge, the join): less at once
+            if step > least:  # what others hold cannot be spilled (a merge, the join): less at once
                 step //= 2
-            elif not self.shrink_buffers():
+            elif self.shrink_buffers():
+                continue
+            elif step > 1:  # the smallest buffers refused too: fewer rows yet
+                step //= 2
+                least = step
+            else:
                 break  # the hold below raises MemoryLimitError, naming what it needed
         for start in range(0, n, step):
             stop = min(n, start + step)

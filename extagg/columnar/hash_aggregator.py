@@ -88,7 +88,13 @@ from extagg.columnar.state import TableState
 from extagg.columnar.threaded import ThreadedFold, partition_bits
 from extagg.columnar.var_states import MIN_VAR_ARENA, VarArena, chunk_stop
 from extagg.errors import MemoryLimitError, SpillError, UsageError
-from extagg.memory import ENGINE_MIN_BUDGET, Consumer, TaskMemoryManager, UnifiedMemoryManager
+from extagg.memory import (
+    ENGINE_MIN_BUDGET,
+    Consumer,
+    TaskMemoryManager,
+    UnifiedMemoryManager,
+    describe_holders,
+)
 from extagg.merge.heap import BlockSource, merge_in_passes
 from extagg.spill.blocks import ColumnBlock
 from extagg.spill.runfile import RunReader
@@ -391,7 +397,8 @@ class HashAggregator(Spillable[ColumnBlock]):
                     f"{format_size(self._table_bytes())}, chunk buffers of "
                     f"{format_size(st.scratch)}, an I/O batch of {format_size(st.io_bytes)}) "
                     f"but the memory manager granted less (max_memory "
-                    f"{format_size(self.budget.max_memory)}, {format_size(self.used)} held)"
+                    f"{format_size(self.budget.max_memory)}, {format_size(self.used)} held by "
+                    f"it; {describe_holders(self.task_memory_manager.memory_manager)})"
                 )
             k = st.layout.keys
             st.table = TypedHashTable(

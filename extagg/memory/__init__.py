@@ -7,14 +7,15 @@
 * :class:`MemoryStore` - cached blocks in storage memory with LRU eviction;
 * :func:`default_memory_manager` / :func:`task_memory_manager` - the process-wide manager and
   the current thread's task manager, used by every consumer not given its own;
-* :func:`report` / :func:`format_report` - snapshots for logs and the CLI.
+* :func:`report` / :func:`format_report` - snapshots for logs and the CLI;
+  :func:`describe_holders` - who holds the memory, for a refused grant's message.
 
 This layer knows nothing of maps or files.
 """
 
 from extagg.memory.consumer import MemoryConsumer
 from extagg.memory.pools import ExecutionMemoryPool, HelperTaskId, MemoryPool, StorageMemoryPool
-from extagg.memory.report import format_report, report
+from extagg.memory.report import describe_holders, format_report, report
 from extagg.memory.resolve import (
     ENGINE_MIN_BUDGET,
     check_engine_budget,
@@ -63,6 +64,7 @@ __all__ = [
     "check_engine_budget",
     "default_memory_budget",
     "default_memory_manager",
+    "describe_holders",
     "format_report",
     "machine_memory_limit",
     "report",

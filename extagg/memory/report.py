@@ -9,7 +9,7 @@ from extagg._config import format_size
 from extagg.memory.task import task_managers
 from extagg.memory.unified import UnifiedMemoryManager, default_memory_manager
 
-__all__ = ["report", "format_report"]
+__all__ = ["describe_holders", "report", "format_report"]
 
 
 def report(mm: UnifiedMemoryManager | None = None) -> dict[str, Any]:
@@ -34,6 +34,29 @@ def report(mm: UnifiedMemoryManager | None = None) -> dict[str, Any]:
     ]
     snapshot["consumers"] = consumers
     return snapshot
+
+
+def describe_holders(mm: UnifiedMemoryManager, most: int = 3) -> str:
+    """Who holds the execution memory of ``mm``: the ``most`` largest consumers, e.g.
+    ``"held by DistinctAggregator/cs.1 (2.0 MiB)"``, for a refused grant's error message (a
+    requester that holds nothing itself was starved by another consumer, which did not spill).
+
+    Parameters
+    ----------
+    mm
+        The memory manager.
+    most
+        How many consumers to name at most.
+    """
+    held = sorted(
+        ((consumer.used, consumer.name) for tmm in task_managers(mm) for consumer in tmm.consumers),
+        key=lambda item: -item[0],
+    )
+    named = [f"{name} ({_size(used)})" for used, name in held[:most] if used > 0]
+    if not named:
+        return "held by no consumer"
+    more = sum(1 for used, _name in held[most:] if used > 0)
+    return "held by " + ", ".join(named) + (f" and {more} more" if more else "")
 
 
 def format_report(snapshot: dict[str, Any]) -> str:

@@ -567,3 +567,125 @@ def test_kernels_warmed_beside_many_count_distinct_at_the_smallest_budget(tmp_pa
                           spill_dirs=[str(spill)]).read_all()  # fmt: skip
     _check_many_distinct(got, table, levels)
     assert not [p for p in spill.rglob("*") if p.is_file()]
+
+
+def _no_files(path) -> bool:
+    return not [p for p in path.rglob("*") if p.is_file()]
+
+
+@pytest.mark.parametrize("memory", ["1m", "2m", "4m"])
+def test_global_count_distincts_merge_and_count_at_small_budgets(tmp_path, memory) -> None:
+    """Two global ``count_distinct`` (no keys: their levels never partition), ~146 k distinct
+    strings and ints. A first level that spilled merged its runs into its second level with
+    read buffers for its whole fan-in, the whole budget, unspillable: the second could not
+    start (``cs.2 needs 128.0 KiB to start ... 0.0 B held``) at 2 MiB. The first level's
+    merge now holds at most half of the budget."""
+    rng = np.random.default_rng(13)
+    x = rng.integers(0, 300_000, 200_000)
+    table = pa.table({"s": [f"v{a}" for a in x], "i": x})
+    aggs = {"cs": ("s", "count_distinct"), "ci": ("i", "count_distinct")}
+    got = aggregate(table.to_batches(max_chunksize=20_000), keys=[], aggs=aggs, memory=memory,
+                    threads=1, spill_dirs=[str(tmp_path)])  # fmt: skip
+    assert run_metrics(got).spill_count > 0
+    distinct = len(np.unique(x))
+    assert got.to_pylist() == [{"cs": distinct, "ci": distinct}]
+    assert _no_files(tmp_path)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_global_count_distincts_from_files_at_the_smallest_budget(tmp_path, threads) -> None:
+    """The same through ``aggregate_files`` (the CLI's path), which failed at 1 and 2 MiB."""
+    import pyarrow.parquet as pq
+
+    from extagg import aggregate_files
+
+    rng = np.random.default_rng(13)
+    x = rng.integers(0, 300_000, 200_000)
+    src = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"s": [f"v{a}" for a in x], "i": x}), src, row_group_size=20_000)
+    aggs = {"cs": ("s", "count_distinct"), "ci": ("i", "count_distinct")}
+    spill = tmp_path / "spill"
+    got = aggregate_files(src, by=[], aggs=aggs, memory="1m", threads=threads,
+                          spill_dirs=[str(spill)]).read_all()  # fmt: skip
+    distinct = len(np.unique(x))
+    assert got.to_pylist() == [{"cs": distinct, "ci": distinct}]
+    assert _no_files(spill)
+
+
+def test_count_distinct_with_forced_spills_beside_a_sum(tmp_path) -> None:
+    """``force_spill_rows=100`` (a level never partitions then): each first level spilled
+    every 100 rows and merged its ~200 runs into the second level with all of the budget;
+    the second could not start at any budget (1-16 MiB)."""
+    rng = np.random.default_rng(0)
+    n = 20_000
+    table = pa.table({"k": rng.integers(0, 2000, n), "v": rng.integers(0, 100_000, n),
+                      "f": rng.integers(0, 9, n)})  # fmt: skip
+    aggs = {"cd": ("v", "count_distinct"), "s": ("f", "sum")}
+    got = aggregate(table, keys="k", aggs=aggs, memory="1m", threads=1, force_spill_rows=100,
+                    spill_dirs=[str(tmp_path)])  # fmt: skip
+    want = table.group_by("k").aggregate([("v", "count_distinct"), ("f", "sum")])
+    assert sorted(zip(got["k"].to_pylist(), got["cd"].to_pylist(), got["s"].to_pylist())) == (
+        sorted(zip(want["k"].to_pylist(), want["v_count_distinct"].to_pylist(),
+                   want["f_sum"].to_pylist()))
+    )  # fmt: skip
+    assert _no_files(tmp_path)
+
+
+def _check_distinct_by_k(got: pa.Table, table: pa.Table) -> None:
+    want = table.group_by("k").aggregate([("v", "count_distinct")])
+    assert sorted(zip(got["k"].to_pylist(), got["cd"].to_pylist())) == sorted(
+        zip(want["k"].to_pylist(), want["v_count_distinct"].to_pylist())
+    )
+
+
+@pytest.mark.parametrize("memory", ["1m", "2m"])
+def test_count_distinct_of_values_of_a_few_kb_sets_rows_aside(tmp_path, memory) -> None:
+    """2,000 values of 5,000 characters by 500 string keys: the rows set aside went in chunks
+    of 256 rows at least, whose temporaries (2.6 MiB) were more than the budget, and moving
+    the first level's pairs aside found its merge holding the rest (``MemoryLimitError`` at 1
+    and 2 MiB). Chunks of wide rows are now fewer rows, down to one."""
+    rng = np.random.default_rng(0)
+    n = 2000
+    keys = [f"k{x}" for x in rng.integers(0, n // 4, n)]
+    table = pa.table({"k": keys, "v": [f"{x:08d}".ljust(5000, "x") for x in rng.integers(0, n, n)]})
+    got = aggregate(table.to_batches(max_chunksize=1000), keys="k",
+                    aggs={"cd": ("v", "count_distinct")}, memory=memory, threads=1,
+                    spill_dirs=[str(tmp_path)])  # fmt: skip
+    assert run_metrics(got).spill_count > 0
+    _check_distinct_by_k(got, table)
+    assert _no_files(tmp_path)
+
+
+def test_count_distinct_of_long_strings_nested_three_levels_deep(tmp_path) -> None:
+    """400 values of 10-25 KB by 10 keys of 10-20 KB at 1 MiB: the rows went aside three
+    levels deep, and a level that deep (it cannot partition again) merged its first level
+    into its second with all of the budget (``p3.10.2 needs 162.7 KiB to start``)."""
+    rng = np.random.default_rng(3)
+    n, width = 400, 20_000
+    table = pa.table({"k": [f"k{rng.integers(0, 10)}" * (width // 2) for _ in range(n)],
+                      "v": [f"v{i}" * (width // 4) for i in range(n)]})  # fmt: skip
+    got = aggregate(table.to_batches(max_chunksize=3), keys="k",
+                    aggs={"cd": ("v", "count_distinct")}, memory="1m", threads=1,
+                    spill_dirs=[str(tmp_path)])  # fmt: skip
+    _check_distinct_by_k(got, table)
+    assert _no_files(tmp_path)
+
+
+def test_refused_start_names_who_holds_the_memory() -> None:
+    """A requester that holds nothing was starved by another consumer: the error names it."""
+    from extagg import MemoryLimitError
+    from extagg.memory import MemoryConsumer, UnifiedMemoryManager, task_memory_manager
+
+    class Hog(MemoryConsumer):
+        def spill(self, size: int, trigger: object) -> int:
+            return 0
+
+    mm = UnifiedMemoryManager("1m")
+    hog = Hog(task_memory_manager(mm), "hog")
+    assert hog.acquire_memory(mm.max_memory) == mm.max_memory
+    try:
+        agg = HashAggregator("k", {"n": ("*", "count")}, memory_manager=mm)
+        with agg, pytest.raises(MemoryLimitError, match=r"held by hog \(1024.0 KiB\)"):
+            agg.update(pa.table({"k": [1, 2, 3]}))
+    finally:
+        hog.close_memory()
