@@ -779,6 +779,26 @@ def test_a_mistyped_path_or_budget_fails_before_arrow_and_the_kernels_load(tmp_p
         assert words in done.stderr
 
 
+def _sigint_as_at_a_shell() -> None:
+    """A child's SIGINT as a shell starts it: delivered, default action (a test worker's own
+    may be blocked or ignored by what ran in it before, and a child inherits both)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.fixture
+def python_sigint():
+    """Python's own SIGINT handler, SIGINT unblocked, for a test that raises SIGINT in this
+    process (restored after)."""
+    unblocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
+
+
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXTAGG_")}
     env["EXTAGG_PROGRESS"] = "0"
@@ -857,7 +877,8 @@ def test_sigint_stops_and_leaves_no_files(tmp_path, fmt, signum):
         "n=count(*)", "--agg", "s=sum(v)", "--memory", "4m", "--spill-dir", str(spill),
         "--sort", "-o", str(out),
     ]  # fmt: skip
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=_env())
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=_env(),
+                            preexec_fn=_sigint_as_at_a_shell)  # fmt: skip
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
         if any(p.is_file() for p in spill.rglob("*")):
@@ -876,7 +897,9 @@ def test_sigint_stops_and_leaves_no_files(tmp_path, fmt, signum):
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-def test_ctrl_c_lost_while_kernels_compile_still_stops_the_run(tmp_path, monkeypatch, capsys):
+def test_ctrl_c_lost_while_kernels_compile_still_stops_the_run(
+    tmp_path, monkeypatch, capsys, python_sigint
+):
     """CI once sent SIGINT while numba compiled on a cold cache: the ``KeyboardInterrupt`` was
     raised in llvmlite's ``ObjectRef.__del__``, printed and dropped, and the command ran to the
     end, exit 0. Here the interrupt is lost the same way (in a ``__del__``) as the kernels load."""
@@ -903,7 +926,7 @@ def test_ctrl_c_lost_while_kernels_compile_still_stops_the_run(tmp_path, monkeyp
         "aggregate", str(src), "--by", "k", "--agg", "n=count(*)", "--memory", "1m",
         "--spill-dir", str(spill), "-o", str(out), "--quiet",
     ]  # fmt: skip
-    handler = signal.getsignal(signal.SIGINT)  # PySpark's, after the Spark tests
+    handler = signal.getsignal(signal.SIGINT)
     assert main(argv) == 130
     assert "interrupted" in capsys.readouterr().err
     assert not out.exists() and not [p for p in spill.rglob("*") if p.is_file()]
