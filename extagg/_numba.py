@@ -119,8 +119,9 @@ def _interrupts_held(compile_kernel: Callable[[Any], Any]) -> Callable[[Any], An
     So in the main thread (the only one signals reach) the compile runs in a thread of its
     own, which no interrupt can reach, while the main thread waits for it in short waits
     (:class:`~extagg._interrupts.compile_wait`): in a latched run (``extagg aggregate``,
-    ``aggregate_files``) a Ctrl-C there is raised at once and the run stops and cleans up,
-    elsewhere it is held back as before. The compile ends on its own (the command's process
+    ``aggregate_files``) a Ctrl-C there is raised at once and the run stops and cleans up;
+    elsewhere it is raised at once too unless an enclosing block holds it back (a chunk's
+    fold, to its end). The compile ends on its own (the command's process
     exits without waiting for it; a library caller's interpreter waits for it at exit, and a
     later call of the kernel waits for numba's compiler lock). Other threads compile in
     place: no interrupt reaches them."""
@@ -129,18 +130,23 @@ def _interrupts_held(compile_kernel: Callable[[Any], Any]) -> Callable[[Any], An
         if threading.current_thread() is not threading.main_thread():
             return compile_kernel(sig)
         outcome: list[Any] = []
+        finished = threading.Event()
 
         def work() -> None:
             try:
                 outcome.append((True, compile_kernel(sig)))
             except BaseException as exc:  # handed to the caller, raised there
                 outcome.append((False, exc))
+            finally:
+                finished.set()
 
-        worker = threading.Thread(target=work, name="extagg-compile")
-        worker.start()
+        threading.Thread(target=work, name="extagg-compile").start()
         with compile_wait():
-            while worker.is_alive():
-                worker.join(COMPILE_POLL_S)
+            # an Event, not Thread.join: Python 3.11's join, interrupted, could mark the
+            # thread stopped while it ran and release its state lock twice (a worker of the
+            # test suite died so under a stream of interrupts)
+            while not finished.wait(COMPILE_POLL_S):
+                pass
         done, value = outcome[0]
         if not done:
             raise value
