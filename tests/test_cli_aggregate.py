@@ -913,7 +913,8 @@ def test_ctrl_c_while_kernels_compile_on_a_cold_cache_stops_at_once(tmp_path):
            "n=count(*)", "--agg", "s=sum(v)", "--agg", "lo=min(u)", "--memory", "8m",
            "--spill-dir", str(spill), "-o", str(out)]  # fmt: skip
     env = dict(_env(), NUMBA_CACHE_DIR=str(cache))
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=_sigint_as_at_a_shell)  # fmt: skip
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
         if any(p.suffix == ".nbi" for p in cache.rglob("*")):  # one compiled, more to come

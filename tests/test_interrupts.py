@@ -15,14 +15,17 @@ pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptio
 
 @pytest.fixture(autouse=True)
 def _python_sigint_handler():
-    """Each test starts from Python's own SIGINT handler, whatever the tests run before it in
-    this process left (under pytest-xdist a worker runs another subset before these: twice a
-    worker's handler was not Python's, and the latch, rightly, stood aside)."""
+    """Each test starts from Python's own SIGINT handler, SIGINT unblocked, whatever the tests
+    run before it in this process left (under pytest-xdist a worker runs another subset before
+    these: twice a worker's handler was not Python's, and the latch, rightly, stood aside; once
+    a worker had SIGINT blocked, and a signal raised here was never delivered)."""
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 class _SignalsInDel:
