@@ -30,10 +30,19 @@ kernel is machine code linked into the JIT, and nothing of those registries is u
 or call it. Each kernel's cache is therefore a :class:`_KernelCache`, which loads without
 them and fills them (:func:`ensure_target`) only when a kernel is not in the cache and is
 about to be compiled — the compiler would fill them itself, but not with Ctrl-C held back.
+
+*Nor does it import the modules of numba's own implementations.* A cached kernel that calls
+``np.empty`` (most of them) names, in its pickled environments, the module of numba's
+implementation of it, ``numba.np.arrayobj``, which numba's loader imports to give that
+environment its globals: 0.18-0.5 s (it imports ``numba.cpython.charseq`` and ``unicode``
+with their hundreds of overloads), a fifth of a small query's start. An environment's
+globals serve object-mode code only, which these kernels never have (``njit``), so
+:class:`_KernelCache` gives an environment of a module not yet imported its name alone.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -42,6 +51,7 @@ from extagg._interrupts import compile_wait, deferred_interrupts
 
 with deferred_interrupts():
     import numba
+    from numba.core import environment as numba_environment
     from numba.core.caching import FunctionCache
     from numba.core.registry import cpu_target
     from numba.core.runtime import rtsys
@@ -87,16 +97,40 @@ def ensure_target() -> None:
         _target_ready.append(True)
 
 
+_rebuild_env = numba_environment._rebuild_env
+
+
+def _rebuild_env_without_import(modname: str | None, consts: Any, env_name: str) -> Any:
+    """numba's ``_rebuild_env`` (what unpickling a cached kernel's environment calls), with
+    the environment of a module not imported yet given only the module's name as globals,
+    instead of importing the module (see the module docstring)."""
+    if modname is None or modname in sys.modules:
+        return _rebuild_env(modname, consts, env_name)
+    env = numba_environment.lookup_environment(env_name)
+    if env is not None:
+        return env
+    env = numba_environment.Environment({"__name__": modname})
+    env.consts[:] = consts
+    env.env_name = env_name
+    numba_environment.Environment._memo[env_name] = env
+    return env
+
+
 class _KernelCache(FunctionCache):
     """numba's on-disk cache of one kernel, loading without the CPU target's registries
-    (``FunctionCache.load_overload`` fills them first); on a miss it fills them, since the
-    caller compiles next."""
+    (``FunctionCache.load_overload`` fills them first) and without importing the modules its
+    environments name; on a miss it fills the registries, since the caller compiles next."""
 
     def load_overload(self, sig: Any, target_context: Any) -> Any:
         _ensure_runtime(target_context)
         cres = None
         with self._guard_against_spurious_io_errors():
-            cres = self._load_overload(sig, target_context)
+            # numba loads under its compiler lock: no other load sees the swap
+            numba_environment._rebuild_env = _rebuild_env_without_import
+            try:
+                cres = self._load_overload(sig, target_context)
+            finally:
+                numba_environment._rebuild_env = _rebuild_env
         if cres is None:
             ensure_target()
         return cres
