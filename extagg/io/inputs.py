@@ -206,19 +206,25 @@ class InputScan:
         gate = _GatedStream(_text_stream(path), ahead=1)
         source = gate.arrow_stream()
 
+        # the keys as the scan types them (a first file's own guess may be null: a column
+        # empty in its first block) and as nulls where this file has none of them
+        types = {name: text.schema.field(name).type for name in columns}
+        convert = _convert_options(base.convert_options, types, include=columns)
+        convert.include_missing_columns = True
+
         def open_reader() -> Any:
             return pacsv.open_csv(
                 source,
                 read_options=_read_options(base.read_options, self.block_bytes),
                 parse_options=text.file_format.parse_options,
-                convert_options=_convert_options(base.convert_options, include=columns),
+                convert_options=convert,
             )
 
         reader = None
         try:
             reader = gate.call(open_reader)
             batch = gate.call(reader.read_next_batch, taken=True)
-        except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+        except (pa.ArrowException, OSError) as exc:
             # plain strings then; the scan itself reports what is wrong with the file
             log.debug("%s: no key sample (%s); keys read as strings", path, exc)
             return False

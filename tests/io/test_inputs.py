@@ -153,6 +153,29 @@ def test_schemas_are_unified(tmp_path):
     assert reader.schema.field("k").type == pa.int64()
 
 
+@pytest.mark.parametrize("first", ["lacks the key", "key empty in its first block"])
+def test_a_text_key_the_first_file_lacks_or_leaves_empty_reads_as_nulls_there(tmp_path, first):
+    """The CSV key sample (dictionary keys or not) is taken from the first file: one without
+    the key column, or with it empty throughout its first block (typed null there), failed
+    the run with Arrow's ``ArrowKeyError`` / ``ArrowNotImplementedError`` traceback."""
+    if first == "lacks the key":
+        (tmp_path / "a.csv").write_text("v\n1\n2\n")
+    else:
+        (tmp_path / "a.csv").write_text("region,v\n" + ",1\n" * 2 + "")
+    (tmp_path / "b.csv").write_text("region,v\n" + "".join(f"r{i % 3},10\n" for i in range(30)))
+    for paths in (str(tmp_path), [str(tmp_path / "b.csv"), str(tmp_path / "a.csv")]):
+        got = extagg.aggregate_files(
+            paths, by="region", aggs={"s": ("v", "sum"), "n": ("*", "count")}
+        ).read_all()
+        rows = {r["region"]: (r["s"], r["n"]) for r in got.to_pylist()}
+        assert rows == {
+            "r0": (100, 10),
+            "r1": (100, 10),
+            "r2": (100, 10),
+            None: (3 if first == "lacks the key" else 2, 2),
+        }
+
+
 def test_conflicting_schemas_name_both_files_and_the_column(tmp_path):
     pq.write_table(pa.table({"k": [1], "v": [1.0]}), tmp_path / "a.parquet")
     pq.write_table(pa.table({"k": [1], "v": ["text"]}), tmp_path / "b.parquet")
