@@ -40,7 +40,9 @@ def expand_input_paths(paths: Sequence[str]) -> list[tuple[str, str | None]]:
         if any(ch in path for ch in "*?["):
             # as in a directory: Spark's _SUCCESS and _committed_* markers, .crc side files
             every = sorted(glob.glob(path, recursive=True))
-            matches = [m for m in every if not _is_marker(os.path.basename(m))]
+            root = _glob_root(path)
+            asked = any(_is_marker(p) for p in os.path.relpath(path, root).split(os.sep)[:-1])
+            matches = [m for m in every if not _marked_below(m, root, asked)]
             if not matches:
                 what = "only marker files match" if every else "no file matches"
                 raise InputError(f"{what} {path!r}", path=path)
@@ -68,6 +70,28 @@ def expand_input_paths(paths: Sequence[str]) -> list[tuple[str, str | None]]:
     if not out:
         raise InputError("no input: give at least one file, glob or directory")
     return out
+
+
+def _glob_root(pattern: str) -> str:
+    """The directory a glob's wildcards start below (its literal leading components)."""
+    parts = pattern.split(os.sep)
+    literal = []
+    for part in parts[:-1]:
+        if any(ch in part for ch in "*?["):
+            break
+        literal.append(part)
+    return os.sep.join(literal) or ("/" if pattern.startswith(os.sep) else ".")
+
+
+def _marked_below(match: str, root: str, folders_asked: bool) -> bool:
+    """Whether a glob's match is, or lies in, a hidden or ``_`` folder or file below the glob's
+    literal part: ``data/**/*.csv`` skips ``data/_temporary/0/part.csv``, as a directory walk
+    does. Folders are not skipped where the pattern's own folders start so
+    (``folders_asked``: ``data/_tmp*/*.csv``), nor one its literal part names."""
+    parts = [p for p in os.path.relpath(match, root).split(os.sep) if p not in (".", "..")]
+    if folders_asked:
+        parts = parts[-1:]
+    return any(_is_marker(part) for part in parts)
 
 
 def _is_marker(name: str) -> bool:

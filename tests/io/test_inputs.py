@@ -342,6 +342,25 @@ def test_globs_skip_the_markers_spark_writes_as_directories_do(tmp_path):
         extagg.aggregate_files(str(out / "_SUCCESS"), aggs={"n": ("*", "count")})
 
 
+def test_globs_skip_hidden_and_underscore_folders_below_their_wildcards(tmp_path):
+    """``data/**/*.csv`` read ``data/_temporary/0/part.csv`` (a Spark job's unfinished output)
+    and the walk of ``data`` did not: both skip it now. Folders the pattern names (literally,
+    or by a wildcard that starts with ``_``) are read."""
+    data = tmp_path / "_data"
+    for folder, v in (("", 1), ("_temporary/0", 100), (".staging", 1000), ("_tmp1", 10)):
+        (data / folder).mkdir(parents=True, exist_ok=True)
+        (data / folder / "part.csv").write_text(f"k,v\na,{v}\n")
+    for given, total in (
+        (str(data / "**" / "*.csv"), 1),
+        (str(data), 1),
+        (str(data / "*.csv"), 1),
+        (str(data / "_tmp*" / "*.csv"), 10),
+        (str(data / "_temporary" / "*" / "*.csv"), 100),
+    ):
+        got = extagg.aggregate_files(given, aggs={"s": ("v", "sum")}).read_all()
+        assert got.to_pylist() == [{"s": total}], given
+
+
 def test_string_view_columns_are_read_as_strings(tmp_path):
     """Parquet files written by Rust tools (tpchgen-cli) hold string_view columns."""
     t = pa.table({"g": pa.array(["a", "b", "a", None], pa.string_view()), "v": [1, 2, 3, 4]})
