@@ -213,9 +213,7 @@ def _run_aggregate(args: argparse.Namespace) -> int:
             if problem is not None:
                 raise QueryError(problem)
         if args.json_summary:
-            folder = os.path.dirname(os.path.abspath(args.json_summary))
-            if not os.path.isdir(folder):
-                raise QueryError(f"--json-summary: directory {folder} does not exist")
+            _check_summary_path(args, output)
         query = plan_query(
             args.paths, by=by, aggs=aggs, where=args.where, having=args.having,
             memory=args.memory, spill_dirs=args.spill_dirs, sort=args.sort, format=args.format,
@@ -275,6 +273,25 @@ def _check_early(args: argparse.Namespace) -> None:
             raise QueryError(str(exc)) from None
 
 
+def _check_summary_path(args: argparse.Namespace, output: str | None) -> None:
+    """``--json-summary``'s file: as ``-o`` (an existing file needs ``--overwrite``, its
+    directory must exist), and neither the output nor an input (it replaced either, exit 0)."""
+    from extagg._input_paths import expand_input_paths, output_problem
+    from extagg.errors import QueryError
+
+    summary = args.json_summary
+    problem = output_problem(summary, args.overwrite)
+    if problem is not None:
+        raise QueryError(f"--json-summary: {problem}")
+    if not os.path.exists(summary):
+        return
+    if output not in (None, "-") and os.path.exists(output) and os.path.samefile(summary, output):
+        raise QueryError(f"--json-summary {summary} is the output (-o): give another file")
+    for path, _ in expand_input_paths(args.paths):
+        if os.path.samefile(summary, path):
+            raise QueryError(f"--json-summary {summary} is an input: give another file")
+
+
 def _column_types(text: str | None) -> Any:
     if not text:
         return None
@@ -295,6 +312,7 @@ def _execute(query: Any, args: argparse.Namespace, output: str | None, fmt: str 
 
     show_bar = not args.quiet and progress_enabled(True)
     bar = progress_bar(enabled=show_bar, leave=False, **bar_options(query.metrics))
+    summary_written = False
     try:
         reader = query.run(make_bar_callback(bar) if show_bar else None)
         if output is not None:
@@ -305,6 +323,11 @@ def _execute(query: Any, args: argparse.Namespace, output: str | None, fmt: str 
                 for batch in reader:
                     writer.write(batch)
                 raise_if_interrupted()  # before the output appears under its name
+                if args.json_summary and output != "-":
+                    # before the output is renamed into place: a summary that cannot be
+                    # written (a full disk, Ctrl-C) leaves the old output as it was
+                    _write_summary(args, output, query.metrics)
+                    summary_written = True
             if output == "-":
                 sys.stdout.flush()
         else:
@@ -315,13 +338,33 @@ def _execute(query: Any, args: argparse.Namespace, output: str | None, fmt: str 
     m = query.metrics
     if not args.quiet:
         print(m.summary(), file=sys.stderr)
-    if args.json_summary:
-        from extagg.io.output import atomic_output
+    if args.json_summary and not summary_written:
+        _write_summary(args, output, m)
 
-        info = {"paths": list(args.paths), "output": output, **m.as_dict()}
-        text = json.dumps(info, indent=2) + "\n"
-        with atomic_output(args.json_summary) as f:  # a reader never sees half a summary
+
+def _write_summary(args: argparse.Namespace, output: str | None, metrics: Any) -> None:
+    """``--json-summary``: the run's metrics as JSON, written whole or not at all."""
+    from extagg.errors import OutputError
+    from extagg.io.output import atomic_output
+
+    info = {"paths": list(args.paths), "output": output, **metrics.as_dict()}
+    text = json.dumps(info, indent=2) + "\n"
+    path = args.json_summary
+    try:
+        with atomic_output(path) as f:  # a reader never sees half a summary
             f.write(text.encode("utf-8"))
+    except OSError as exc:
+        if isinstance(exc, OutputError):
+            raise
+        folder = os.path.dirname(os.path.abspath(path))
+        code = getattr(exc, "errno", None)
+        reason = exc.strerror or str(exc)
+        if code == errno.ENOSPC:
+            reason = f"disk full ({reason})"
+        raise OutputError(
+            f"cannot write the summary {path}: {reason}", directory=folder,
+            bytes_needed=len(text), errno=code,
+        ) from exc  # fmt: skip
 
 
 def _print_table(reader: Any, limit: int) -> None:

@@ -220,12 +220,64 @@ def test_json_summary_is_written_atomically(tmp_path, data, capsys):
     summary = tmp_path / "summary.json"
     summary.write_text("old")
     argv = ["aggregate", str(src), *ARGS, "-o", str(tmp_path / "o.csv"), "-q"]
-    assert main([*argv, "--json-summary", str(summary)]) == 0
+    assert main([*argv, "--json-summary", str(summary), "--overwrite"]) == 0
     assert json.loads(summary.read_text())["finished"] is True
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp file
     missing = tmp_path / "nowhere" / "s.json"
     assert main([*argv, "--overwrite", "--json-summary", str(missing)]) == 2
     assert f"directory {missing.parent} does not exist" in capsys.readouterr().err
+
+
+def test_json_summary_replaces_no_file_unasked_and_never_an_input_or_the_output(
+    tmp_path, data, capsys
+):
+    """``--json-summary`` replaced any existing file, exit 0: the output it had just written
+    (``-o r.csv --json-summary r.csv``), the input, anything. It is checked as ``-o`` is now,
+    before the run, and never names the output or an input."""
+    src, _ = data
+    out = tmp_path / "o.csv"
+    other = tmp_path / "notes.txt"
+    other.write_text("keep")
+    argv = ["aggregate", str(src), *ARGS, "-o", str(out), "-q"]
+    assert main([*argv, "--json-summary", str(other)]) == 2
+    assert "--json-summary: output" in capsys.readouterr().err and other.read_text() == "keep"
+    assert not out.exists()  # refused before the run
+    assert main(argv) == 0
+    before = out.read_bytes()
+    for target, words in ((out, "is the output"), (src, "is an input")):
+        assert main([*argv, "--overwrite", "--json-summary", str(target)]) == 2
+        assert words in capsys.readouterr().err
+    assert out.read_bytes() == before and pq.read_table(src).num_rows > 0
+
+
+def test_a_summary_that_cannot_be_written_leaves_the_old_output(
+    tmp_path, data, capsys, monkeypatch
+):
+    """The output was renamed into place before the summary was written: a summary that then
+    failed (a full disk; Ctrl-C there) exited 1 (130) with the ``--overwrite``n output replaced.
+    The summary is written first now; the message names it."""
+    import extagg.io.output as output_module
+
+    src, _ = data
+    out = tmp_path / "o.csv"
+    out.write_text("old result")
+    real = output_module.atomic_output
+
+    def full_disk(path):
+        if str(path).endswith(".json"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path)
+
+    monkeypatch.setattr(output_module, "atomic_output", full_disk)
+    summary = tmp_path / "s.json"
+    argv = ["aggregate", str(src), *ARGS, "-o", str(out), "-q", "--overwrite"]
+    assert main([*argv, "--json-summary", str(summary)]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot write the summary {summary}: disk full" in err
+    assert out.read_text() == "old result" and sorted(os.listdir(tmp_path)) == [
+        "in.parquet",
+        "o.csv",
+    ]
 
 
 def test_a_missing_output_directory_is_a_usage_error_before_the_run(tmp_path, data, capsys):
