@@ -652,18 +652,26 @@ class HashAggregator(Spillable[ColumnBlock]):
             if nxt > pos:
                 self._fold(table, cols, gids, pos, nxt, n, seq0)
             pos = nxt
-            if status == TK.TABLE_FULL:
-                if not try_grow(st, table):
-                    self._spill_or_partition(table)
-                if self._partitions is not None:  # the rest of this chunk is routed too
-                    self.metrics.records_read += pos
-                    if pos < n:
-                        rest = {k: c.slice(pos, n) for k, c in cols.items()}
-                        self._update_chunk(rest, n - pos, enc.slice(pos, n))
-                    self.budget.trim()
-                    return
-            elif status == TK.ARENA_FULL:
-                grow_arena_or_spill(st, table, table.pending_var_bytes(enc.var_offsets, pos))
+            try:
+                if status == TK.TABLE_FULL:
+                    if not try_grow(st, table):
+                        self._spill_or_partition(table)
+                elif status == TK.ARENA_FULL:
+                    grow_arena_or_spill(st, table, table.pending_var_bytes(enc.var_offsets, pos))
+            except BaseException:
+                # a spill that failed (SpillError: disk full, a spill cap) leaves the rows
+                # folded so far in the table, and in the results: counted, so that a caller
+                # resuming from ``records_read`` neither skips nor repeats a row
+                self.metrics.records_read += pos
+                raise
+            if status == TK.TABLE_FULL and self._partitions is not None:
+                # the rest of this chunk is routed too
+                self.metrics.records_read += pos
+                if pos < n:
+                    rest = {k: c.slice(pos, n) for k, c in cols.items()}
+                    self._update_chunk(rest, n - pos, enc.slice(pos, n))
+                self.budget.trim()
+                return
         self.metrics.records_read += n
         st.rows_since_spill += n
         if var_bytes or self._partitions is not None:
