@@ -1,12 +1,26 @@
-"""Process memory figures for metrics, tests and benchmarks (measured, never used for decisions)."""
+"""Process memory figures for metrics, tests and benchmarks (measured, never used for
+decisions), and the PID namespace a process id means something in."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import psutil
 
-__all__ = ["current_rss", "peak_rss", "reset_peak_rss"]
+__all__ = ["current_rss", "peak_rss", "pid_namespace", "reset_peak_rss"]
+
+
+def pid_namespace() -> str:
+    """The inode number of this process's PID namespace (``/proc/self/ns/pid``), or ``""``
+    where there is none to read. Two containers sharing a host name (``--uts=host``,
+    Kubernetes ``hostNetwork``) and a disk have different ones: a pid seen in a file name
+    written from the other is not a process here, nor proof that its writer is gone."""
+    try:
+        link = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+    return "".join(ch for ch in link if ch.isdigit())
 
 
 def current_rss() -> int:

@@ -2,8 +2,10 @@
 
 Each process gets its own subdirectory ``extagg-<pid>-<start>-<host>`` in every spill directory
 (``<start>``: the process's start time in hundredths of a second since the epoch; ``<host>``: 8 hex
-digits of the host name's stable hash), so concurrent jobs on one machine never share files and a
-folder names the exact process that owns it. Directories come from the ``spill_dirs`` argument,
+digits of a stable hash of the host name and the PID namespace), so concurrent jobs on one machine
+never share files and a folder names the exact process that owns it — and a process judges only
+the folders of its own namespace (a container sharing the host name and the disk is "another
+host": its pids are not ours). Directories come from the ``spill_dirs`` argument,
 else ``EXTAGG_SPILL_DIR`` (several separated by ``os.pathsep``), else Spark's ``SPARK_LOCAL_DIRS``
 (so engines inside a Spark task spill where Spark does), else the system temp directory;
 files are handed out round-robin across them. Every file is tracked by the :class:`SpillDirs`
@@ -41,6 +43,7 @@ from pathlib import Path
 import psutil
 
 from extagg._config import default_spill_dirs, env_size
+from extagg._sysinfo import pid_namespace
 from extagg.errors import SpillError
 
 __all__ = [
@@ -74,7 +77,12 @@ _LEGACY_FOLDER_RE = re.compile(r"^extagg-(\d+)-([0-9a-f]{8})$")
 
 
 def _host_tag() -> str:
-    return f"{zlib.crc32(socket.gethostname().encode()):08x}"
+    """8 hex digits of the host name and the PID namespace (see the module docstring): a
+    process in another namespace of this host removed a live run's folder, its pid unknown
+    here."""
+    namespace = pid_namespace()
+    ident = socket.gethostname() + (f"/pid:{namespace}" if namespace else "")
+    return f"{zlib.crc32(ident.encode()):08x}"
 
 
 def _start_time(pid: int) -> int | None:

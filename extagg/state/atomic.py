@@ -27,6 +27,8 @@ import uuid
 from collections.abc import Iterator
 from typing import BinaryIO
 
+from extagg._sysinfo import pid_namespace
+
 __all__ = [
     "AtomicFile",
     "atomic_open",
@@ -40,7 +42,11 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _TEMP_SUFFIX = ".tmp"
-_HOST = socket.gethostname().replace(".", "_").replace("-", "_") or "host"
+#: this host and PID namespace, as temp file names give them: a writer in a container sharing
+#: the host name judged another's live temp files by pids that mean nothing here
+_HOST = (socket.gethostname().replace(".", "_").replace("-", "_") or "host") + (
+    f"_ns{pid_namespace()}" if pid_namespace() else ""
+)
 #: temp files older than this are removed even when their writer cannot be checked (other host)
 STALE_TEMP_SECONDS = 24 * 3600
 

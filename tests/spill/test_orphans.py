@@ -101,6 +101,36 @@ def test_pid_reuse_and_live_processes_are_told_apart(tmp_path: Path) -> None:
         sleeper.wait()
 
 
+def test_a_live_spiller_in_another_pid_namespace_keeps_its_folder(tmp_path: Path) -> None:
+    """A process in another PID namespace of this host (a container sharing the host name and
+    the disk) names its folder with pids that mean nothing here: its live folder was removed
+    as an orphan, and it died on "spill file does not exist"."""
+    import shutil
+
+    unshare = shutil.which("unshare")
+    probe = subprocess.run([unshare or "unshare", "--pid", "--fork", "--mount-proc", "true"],
+                           capture_output=True)  # fmt: skip
+    if unshare is None or probe.returncode != 0:
+        pytest.skip("no unshare --pid here (needs root)")
+    base = tmp_path / "spill"
+    namespaced = [unshare, "--pid", "--fork", "--mount-proc"]
+    proc = subprocess.Popen([*namespaced, sys.executable, "-c", SPILLER, str(base), "forever"])
+    try:
+        deadline = time.monotonic() + 60
+        while len(files_under(base)) < 3:
+            assert proc.poll() is None, "the spilling child died on its own"
+            assert time.monotonic() < deadline, "the child never spilled"
+            time.sleep(0.02)
+        theirs = _folders(base)
+        assert remove_orphans(base) == []
+        assert _folders(base) == theirs
+        time.sleep(0.5)
+        assert proc.poll() is None, "the child failed once its folder was judged"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_the_folder_is_created_with_the_first_file_and_goes_with_the_last(tmp_path: Path) -> None:
     dirs = SpillDirs([tmp_path / "s"])
     assert not (tmp_path / "s").exists()  # constructing a map creates nothing
