@@ -1115,31 +1115,52 @@ _TYPES = {
 def parse_type(text: str) -> pa.DataType:
     """An Arrow type from its name: ``int64``, ``string``, ``date32``, ``decimal(15,2)``,
     ``timestamp[ms]``, ..."""
-    t = text.strip().lower().replace(" ", "")
+    given = text.strip().replace(" ", "")
+    t = given.lower()
     if t in _TYPES:
         return _TYPES[t]
     m = re.fullmatch(r"decimal(?:128)?\((\d+),(\d+)\)", t)
     if m:
         return pa.decimal128(int(m.group(1)), int(m.group(2)))
-    m = re.fullmatch(r"timestamp\[(s|ms|us|ns)(?:,tz=(.+))?\]", t)
-    if m:
-        return pa.timestamp(m.group(1), tz=m.group(2))
+    m = re.fullmatch(r"timestamp\[(s|ms|us|ns)(?:,tz=(.+))?\]", given, flags=re.IGNORECASE)
+    if m:  # the zone as given: 'Europe/Paris', not 'europe/paris' (which nothing reads)
+        return pa.timestamp(m.group(1).lower(), tz=_time_zone(m.group(2), text))
     raise QueryError(
         f"unknown column type {text!r}; known: {', '.join(sorted(_TYPES))}, decimal(p,s), "
         "timestamp[unit]"
     )
 
 
+def _time_zone(zone: str | None, text: str) -> str | None:
+    """A timestamp type's zone, checked: an IANA name (``UTC``, ``Europe/Paris``) or a fixed
+    offset (``+02:00``); a misspelt one failed only when the result was written."""
+    if zone is None or re.fullmatch(r"[+-]\d\d:\d\d", zone):
+        return zone
+    import zoneinfo
+
+    try:
+        zoneinfo.ZoneInfo(zone)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise QueryError(
+            f"unknown time zone {zone!r} in column type {text!r}: give an IANA name such as "
+            "'UTC' or 'Europe/Paris', or an offset such as '+02:00'"
+        ) from None
+    return zone
+
+
 def parse_column_types(spec: str | None) -> dict[str, pa.DataType]:
-    """``"a=int64,b=decimal(15,2)"`` (or ``a:int64``) as a dict of Arrow types."""
+    """``"a=int64,b=decimal(15,2),t=timestamp[s,tz=UTC]"`` (or ``a:int64``) as a dict of Arrow
+    types (commas inside ``(...)`` and ``[...]`` belong to the type)."""
     out: dict[str, pa.DataType] = {}
     if not spec:
         return out
-    for part in re.split(r",(?![^()]*\))", spec):
+    for part in re.split(r",(?![^()\[\]]*[)\]])", spec):
         if not part.strip():
             continue
-        name, sep, typ = part.partition("=") if "=" in part else part.partition(":")
-        if not sep or not name.strip():
+        # name=type or name:type, whichever comes first ('t:timestamp[s,tz=UTC]' has both)
+        cut = min((i for i in (part.find("="), part.find(":")) if i >= 0), default=-1)
+        name, typ = part[:cut], part[cut + 1 :]
+        if cut < 0 or not name.strip():
             raise QueryError(f"column type {part!r} must look like name=type")
         out[name.strip()] = parse_type(typ)
     return out

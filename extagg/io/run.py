@@ -448,7 +448,7 @@ def plan_query(
     sort: bool = False,
     format: str | None = None,
     delimiter: str | None = None,
-    column_types: Mapping[str, Any] | None = None,
+    column_types: Mapping[str, Any] | str | None = None,
     schema: pa.Schema | None = None,
     header: bool = True,
     batch_rows: int = 65_536,
@@ -505,6 +505,10 @@ def plan_query(
     having_expr = _parse_where(having)
     needed = list(dict.fromkeys([*keys, *(r.column for r in requests if r.column)]))
     types = {}
+    if isinstance(column_types, str):  # as --column-types gives them: "a=int64,b=string"
+        from extagg.io.inputs import parse_column_types
+
+        column_types = parse_column_types(column_types)
     if column_types:
         from extagg.io.inputs import parse_type
 

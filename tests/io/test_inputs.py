@@ -216,6 +216,34 @@ def test_only_needed_columns_are_read(tmp_path, table):
     assert batch.schema.names == ["k", "v"]
 
 
+def test_timestamp_types_with_a_zone_are_given_as_written(tmp_path, capsys):
+    """``--column-types 't=timestamp[s,tz=UTC]'`` was cut at the comma inside ``[...]`` (exit
+    2), ``--schema 'k:string,t:timestamp[...tz=UTC]'`` at the ``=`` of ``tz=``, and a zone was
+    lowercased (``europe/paris``: the result then failed to be written or read back);
+    ``column_types`` given as a string raised ``AttributeError``."""
+    from extagg.cli import main
+
+    src = tmp_path / "t.csv"
+    src.write_text("k,t\na,2024-01-01 10:00:00+02:00\na,2024-01-01 09:30:00+02:00\n")
+    out = tmp_path / "o.parquet"
+    for option in (
+        ["--column-types", "t=timestamp[s,tz=Europe/Paris]"],
+        ["--schema", "k:string,t:timestamp[s, tz=Europe/Paris]"],
+    ):
+        argv = ["aggregate", str(src), "--by", "k", "--agg", "mx=max(t)", *option, "-q",
+                "-o", str(out), "--overwrite"]  # fmt: skip
+        assert main(argv) == 0, capsys.readouterr().err
+        got = pq.read_table(out)
+        assert got.schema.field("mx").type.tz == "Europe/Paris"  # Parquet stores s as ms
+        assert str(got.to_pylist()[0]["mx"]) == "2024-01-01 09:00:00+01:00"
+    result = extagg.aggregate_files(
+        str(src), by="k", aggs={"mx": ("t", "max")}, column_types="t=timestamp[ms,tz=+02:00]"
+    ).read_all()
+    assert result.schema.field("mx").type == pa.timestamp("ms", tz="+02:00")
+    assert main([*argv[:6], "--column-types", "t=timestamp[s,tz=Europe/Pariss]", "-q"]) == 2
+    assert "unknown time zone 'Europe/Pariss'" in capsys.readouterr().err
+
+
 def test_csv_types_delimiter_and_header_options(tmp_path):
     (tmp_path / "a.csv").write_text("id;price;name\n1;2.50;a\n1;0.25;b\n2;1.00;c\n")
     reader = extagg.aggregate_files(
