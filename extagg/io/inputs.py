@@ -400,7 +400,7 @@ def _csv_column_hint(reason: str, names: Sequence[str]) -> str:
 def _csv_header(path: str, delimiter: str) -> list[str]:
     """The names in a CSV file's first line (none if it cannot be read): for messages."""
     try:
-        with pa.input_stream(path, compression="detect") as stream:
+        with _text_stream(path) as stream:
             head = stream.read(1 << 16).decode("utf-8", "replace")
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError):
         return []
@@ -801,15 +801,18 @@ def sniff_delimiter(path: str) -> str:
     return found[0]
 
 
-def _is_zstd(path: str) -> bool:
-    return path.lower().endswith((".zst", ".zstd"))
+#: the codec of each compression suffix, matched in any case (``.CSV.GZ``)
+_CODECS = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".zstd": "zstd"}
 
 
 def _text_stream(path: str) -> Any:
-    """``path``'s bytes, decompressed if its extension says so (``.gz``, ``.bz2``, ``.zst``)."""
-    if _is_zstd(path):
-        return pa.CompressedInputStream(_LOCAL.open_input_stream(path, compression=None), "zstd")
-    return _LOCAL.open_input_stream(path, compression="detect")
+    """``path``'s bytes, decompressed if its extension says so (``.gz``, ``.bz2``, ``.zst``,
+    in any case: Arrow's own detection knows lower case only, and ``.CSV.GZ`` was parsed
+    compressed)."""
+    raw = _LOCAL.open_input_stream(path, compression=None)
+    name = path.lower()
+    codec = next((c for suffix, c in _CODECS.items() if name.endswith(suffix)), None)
+    return raw if codec is None else pa.CompressedInputStream(raw, codec)
 
 
 def _read_options(read: Any, block_bytes: int) -> Any:
@@ -1424,15 +1427,20 @@ def open_input(
 
 
 def _holds_no_text(path: str) -> bool:
-    """Whether a text file (decompressed) holds nothing but white space."""
+    """Whether a text file (decompressed) holds nothing but white space (read until its first
+    other byte: a blank file of more than 4 KiB was "Empty CSV file", exit 1)."""
     if _size(path) == 0:
         return True
     try:
         with _text_stream(path) as stream:
-            head = stream.read(1 << 12)
+            while True:
+                piece = stream.read(1 << 16)
+                if piece.strip():
+                    return False
+                if not piece:
+                    return True
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError):
         return False  # the reader says what is wrong with it
-    return len(head) < (1 << 12) and not head.strip()
 
 
 def _scan_of_nothing(

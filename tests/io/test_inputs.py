@@ -74,11 +74,16 @@ def test_every_format_matches_pandas(tmp_path, table, fmt):
 
 
 @pytest.mark.parametrize("fmt", ["csv", "jsonl"])
-@pytest.mark.parametrize("codec", ["gz", "bz2", "zst"])
+@pytest.mark.parametrize("codec", ["gz", "bz2", "zst", "GZ", "BZ2"])
 def test_compressed_text(tmp_path, table, fmt, codec):
+    """Suffixes in any case: ``.CSV.GZ`` was taken for CSV and parsed compressed."""
     path = tmp_path / f"data.{fmt}"
     write(table, path, fmt)
-    got = run(compress(path, codec))
+    packed = Path(compress(path, codec.lower()))
+    if codec.isupper():  # DATA.CSV.GZ, data.jsonl.BZ2
+        name = packed.name.upper() if fmt == "csv" else f"{path.name}.{codec}"
+        packed = packed.rename(packed.with_name(name))
+    got = run(str(packed))
     assert_same(
         as_dict(got, ["k"]) if False else as_dict(got, ["k", "s"]), reference(table, ["k", "s"])
     )
@@ -890,6 +895,7 @@ def test_empty_text_files_hold_no_rows(tmp_path, fmt):
     write(pa.table({"k": [1, 2, 1], "v": [1.0, 2.0, 3.0]}), tmp_path / f"a.{fmt}", fmt)
     (tmp_path / f"b.{fmt}").write_bytes(b"")
     (tmp_path / f"c.{fmt}").write_text("\n\n")
+    (tmp_path / f"e.{fmt}").write_text(" \n" * 5_000)  # more than 4 KiB: "Empty CSV file"
     (tmp_path / f"d.{fmt}.gz").write_bytes(gzip.compress(b""))
     aggs = {"s": ("v", "sum"), "n": ("*", "count")}
     got = extagg.aggregate_files(str(tmp_path), by="k", aggs=aggs).read_all().to_pylist()
