@@ -20,12 +20,6 @@ run) installs a handler that also *remembers* the signal, and the engines' batch
 :func:`raise_if_interrupted`, so a lost interrupt still stops the run at the next batch; the
 "Exception ignored" traceback Python would print for it is left out (the run reports the
 interrupt itself).
-
-A compile is the one long wait a block can hold: numba compiling the kernels on a cold cache
-takes seconds, inside the block that folds the first chunk. The compile runs in a thread of
-its own (``extagg._numba``), the main thread waiting for it inside :func:`compile_wait`; within
-a latched run — whose engines are closed and thrown away on Ctrl-C, so no chunk needs to be
-folded whole — a Ctrl-C during that wait is raised at once instead of at the block's end.
 """
 
 from __future__ import annotations
@@ -38,34 +32,12 @@ import threading
 from types import FrameType, TracebackType
 from typing import Any
 
-__all__ = ["compile_wait", "deferred_interrupts", "latched_interrupts", "raise_if_interrupted"]
+__all__ = ["deferred_interrupts", "latched_interrupts", "raise_if_interrupted"]
 
 _main_thread = threading.main_thread()
 _SIGINT = _signal.SIGINT
 #: set by :class:`latched_interrupts`' handler; cleared when the latch is left
 _interrupted = False
-#: whether a latched run is active (its engines are thrown away on Ctrl-C)
-_latched = False
-#: whether the main thread is waiting for a compile (:func:`compile_wait`)
-_compiling = False
-
-
-class compile_wait:
-    """Context manager around the main thread's wait for a compiling thread: within a
-    latched run, a Ctrl-C held back by a :class:`deferred_interrupts` block is raised at once
-    (see the module's docstring)."""
-
-    __slots__ = ("_outer",)
-
-    def __enter__(self) -> compile_wait:
-        global _compiling
-        self._outer = _compiling
-        _compiling = True
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        global _compiling
-        _compiling = self._outer
 
 
 def raise_if_interrupted() -> None:
@@ -103,7 +75,7 @@ class latched_interrupts:
         self._previous_hook(unraisable)
 
     def __enter__(self) -> latched_interrupts:
-        global _interrupted, _latched
+        global _interrupted
         if threading.current_thread() is not _main_thread:
             return self
         previous = _signal.getsignal(_SIGINT)
@@ -112,7 +84,6 @@ class latched_interrupts:
         ):
             return self  # ignored / default action / latched or deferred by an outer block
         _interrupted = False
-        _latched = True
         self._previous = previous
         _signal.signal(_SIGINT, self._latch)
         self._previous_hook = sys.unraisablehook
@@ -125,14 +96,13 @@ class latched_interrupts:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        global _interrupted, _latched
+        global _interrupted
         previous = self._previous
         if previous is None:
             return
         self._previous = None
         _signal.signal(_SIGINT, previous)
         _interrupted = False
-        _latched = False
         sys.unraisablehook, self._previous_hook = self._previous_hook, None
 
 
@@ -146,9 +116,6 @@ class deferred_interrupts:
         self._pending: tuple[int, FrameType | None] | None = None
 
     def _note(self, signum: int, frame: FrameType | None) -> None:
-        if _latched and _compiling and self._previous is not None:
-            self._previous(signum, frame)  # a latched run's compile: no wait (module docs)
-            return
         self._pending = (signum, frame)
 
     def __enter__(self) -> deferred_interrupts:

@@ -43,11 +43,10 @@ globals serve object-mode code only, which these kernels never have (``njit``), 
 from __future__ import annotations
 
 import sys
-import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from extagg._interrupts import compile_wait, deferred_interrupts
+from extagg._interrupts import deferred_interrupts
 
 with deferred_interrupts():
     import numba
@@ -136,55 +135,16 @@ class _KernelCache(FunctionCache):
         return cres
 
 
-#: seconds between two looks at a compiling thread (the latency of a Ctrl-C while it runs)
-COMPILE_POLL_S = 0.05
-
-
 def _interrupts_held(compile_kernel: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """A kernel's ``compile`` (what its first call with new types runs: load from the disk
-    cache, or compile), out of Ctrl-C's reach, and Ctrl-C answered at once all the same.
-
-    A ``KeyboardInterrupt`` must not land inside it: llvmlite frees an LLVM object, then
-    marks it freed, and an interrupt between the two left it to be freed again when
-    collected (the process aborted: "Fatal Python error: Aborted", a double free, seen with a
-    Ctrl-C while a cached kernel loaded); numba's registries are left half-filled. Held back
-    to the end of the compile, though, a Ctrl-C waited for it: 8-10 s with a cold cache
-    (several kernels compile as one), against the command's promise to stop within a second.
-    So in the main thread (the only one signals reach) the compile runs in a thread of its
-    own, which no interrupt can reach, while the main thread waits for it in short waits
-    (:class:`~extagg._interrupts.compile_wait`): in a latched run (``extagg aggregate``,
-    ``aggregate_files``) a Ctrl-C there is raised at once and the run stops and cleans up;
-    elsewhere it is raised at once too unless an enclosing block holds it back (a chunk's
-    fold, to its end). The compile ends on its own (the command's process
-    exits without waiting for it; a library caller's interpreter waits for it at exit, and a
-    later call of the kernel waits for numba's compiler lock). Other threads compile in
-    place: no interrupt reaches them."""
+    cache, or compile) with Ctrl-C held back to its end. llvmlite frees an LLVM object, then
+    marks it freed: a ``KeyboardInterrupt`` between the two left it to be freed again when
+    collected, and the process aborted ("Fatal Python error: Aborted", a double free) instead
+    of stopping cleanly; seen with a Ctrl-C while a cached kernel loaded."""
 
     def compile_held(sig: Any) -> Any:
-        if threading.current_thread() is not threading.main_thread():
+        with deferred_interrupts():
             return compile_kernel(sig)
-        outcome: list[Any] = []
-        finished = threading.Event()
-
-        def work() -> None:
-            try:
-                outcome.append((True, compile_kernel(sig)))
-            except BaseException as exc:  # handed to the caller, raised there
-                outcome.append((False, exc))
-            finally:
-                finished.set()
-
-        threading.Thread(target=work, name="extagg-compile").start()
-        with compile_wait():
-            # an Event, not Thread.join: Python 3.11's join, interrupted, could mark the
-            # thread stopped while it ran and release its state lock twice (a worker of the
-            # test suite died so under a stream of interrupts)
-            while not finished.wait(COMPILE_POLL_S):
-                pass
-        done, value = outcome[0]
-        if not done:
-            raise value
-        return value
 
     return compile_held
 

@@ -948,41 +948,6 @@ def test_sigint_stops_and_leaves_no_files(tmp_path, fmt, signum):
     print(f"stopped {stopped:.2f} s after SIGINT")
 
 
-@pytest.mark.slow
-def test_ctrl_c_while_kernels_compile_on_a_cold_cache_stops_at_once(tmp_path):
-    """With numba's cache empty (a fresh install), the first chunk's fold compiles the
-    query's kernels for 10-30 s, and the fold holds Ctrl-C back to its end (a chunk is folded
-    whole): a Ctrl-C waited 8-10 s, or more on a loaded machine. The compile now runs in a
-    thread of its own and the command stops at once."""
-    t = table(200_000, keys=50_000, seed=3)
-    src = tmp_path / "t.parquet"
-    pq.write_table(t, src, row_group_size=50_000)
-    spill = tmp_path / "spill"
-    spill.mkdir()
-    cache = tmp_path / "numba-cache"
-    out = tmp_path / "out.parquet"
-    cmd = [sys.executable, "-m", "extagg", "aggregate", str(src), "--by", "k,u", "--agg",
-           "n=count(*)", "--agg", "s=sum(v)", "--agg", "lo=min(u)", "--memory", "8m",
-           "--spill-dir", str(spill), "-o", str(out)]  # fmt: skip
-    env = dict(_env(), NUMBA_CACHE_DIR=str(cache))
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env,
-                            preexec_fn=_sigint_as_at_a_shell)  # fmt: skip
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and proc.poll() is None:
-        if any(p.suffix == ".nbi" for p in cache.rglob("*")):  # one compiled, more to come
-            break
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run ended before its kernels compiled"
-    proc.send_signal(signal.SIGINT)
-    sent = time.monotonic()
-    _, err = proc.communicate(timeout=120)
-    stopped = time.monotonic() - sent
-    assert proc.returncode == 130, err
-    assert "interrupted" in err and "Traceback" not in err
-    assert stopped < 3, f"stopped {stopped:.1f} s after SIGINT"
-    assert not out.exists() and not [p for p in spill.rglob("*") if p.is_file()]
-
-
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_ctrl_c_lost_while_kernels_compile_still_stops_the_run(
     tmp_path, monkeypatch, capsys, python_sigint
