@@ -428,7 +428,7 @@ def test_by_without_agg_gives_the_distinct_keys(tmp_path, capsys):
     want = set(zip(t.column("g").to_pylist(), t.column("k").to_pylist()))
     for extra in ([], ["--sort"]):
         out = tmp_path / f"distinct{len(extra)}.parquet"
-        summary = tmp_path / "s.json"
+        summary = tmp_path / f"s{len(extra)}.json"
         rc = main([
             "aggregate", str(src), "--by", "g,k", "--memory", "2m", "-o", str(out),
             "--json-summary", str(summary), "--spill-dir", str(tmp_path / "spill"), "-q", *extra,

@@ -113,7 +113,7 @@ def test_a_live_spiller_in_another_pid_namespace_keeps_its_folder(tmp_path: Path
     if unshare is None or probe.returncode != 0:
         pytest.skip("no unshare --pid here (needs root)")
     base = tmp_path / "spill"
-    namespaced = [unshare, "--pid", "--fork", "--mount-proc"]
+    namespaced = [unshare, "--pid", "--kill-child", "--mount-proc"]  # killed with unshare
     proc = subprocess.Popen([*namespaced, sys.executable, "-c", SPILLER, str(base), "forever"])
     try:
         deadline = time.monotonic() + 60
