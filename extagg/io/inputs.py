@@ -1293,16 +1293,27 @@ def open_input(
             "--column-types applies to CSV/TSV and JSON Lines only (Parquet and Arrow files "
             "carry their types)"
         )
-    if fmt == "csv" and not delimiter and header and files:
-        options["delimiter"] = sniff_delimiter(files[0][0])
     file_format = _file_format(fmt, options, names)
+    # each .csv file's own delimiter when none is given (as DuckDB's sniffer, per file): a
+    # ';' file beside ',' ones was read as one column, its values nulls
+    file_formats: dict[str, Any] = {}
+    if fmt == "csv" and not delimiter and header:
+        by_delimiter = {",": file_format}
+        for path, _base in files:
+            sep = sniff_delimiter(path)
+            if sep not in by_delimiter:
+                by_delimiter[sep] = _file_format(fmt, {**options, "delimiter": sep}, names)
+            file_formats[path] = by_delimiter[sep]
+
+    def format_of(path: str) -> Any:
+        return file_formats.get(path, file_format)
 
     # ---------------------------------------------------------------- schemas
     per_file: list[tuple[str, pa.Schema]] = []
     for path, _base in files:
         try:
             if fmt in ("csv", "tsv", "json"):
-                per_file.append((path, _text_schema(path, fmt, file_format)))
+                per_file.append((path, _text_schema(path, fmt, format_of(path))))
             elif fmt == "ipc" and is_ipc_stream(path):
                 with pa.OSFile(path, "rb") as source, pa.ipc.open_stream(source) as reader:
                     per_file.append((path, reader.schema))
@@ -1312,7 +1323,7 @@ def open_input(
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
             reason, hint = _row_of_file(reason, 0), _mixed_json_hint(reason)
             if fmt in ("csv", "tsv") and "CSV column #" in reason:
-                sep = options.get("delimiter") or ("\t" if fmt == "tsv" else ",")
+                sep = format_of(path).parse_options.delimiter
                 file_names = names or _csv_header(path, sep)
                 hint = _csv_column_hint(reason, file_names)
             raise InputError(f"cannot read {path} as {fmt}: {reason}{hint}", path=path) from exc
@@ -1392,7 +1403,7 @@ def open_input(
                 kwargs["partition_base_dir"] = base
             if fmt in ("csv", "tsv", "json"):
                 values = _folder_values(path, kwargs, list(hive)) if base is not None else {}
-                text = _TextFile(fmt, file_format, part_schema, values)
+                text = _TextFile(fmt, format_of(path), part_schema, values)
                 parts.append((path, None, fmt, {"text": text}))
                 continue
             if fmt == "ipc" and is_ipc_stream(path):

@@ -863,6 +863,20 @@ def test_csv_delimiter_read_off_a_header_without_commas(tmp_path, delimiter):
         extagg.aggregate_files(str(path), by="id", aggs={"n": ("*", "count")}, delimiter=",")
 
 
+def test_csv_delimiter_read_off_each_file(tmp_path):
+    """Each ``.csv`` file's delimiter is read off its own header: a ``;`` file beside a
+    ``,`` one (in either order) is read by its columns, not as one column of nulls."""
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    (folder / "a_comma.csv").write_text("k,v\na,1\nb,2\n")
+    (folder / "b_semi.csv").write_text("k;v\na;10\nb;20\nc;30\n")
+    want = [{"k": "a", "s": 11, "n": 2}, {"k": "b", "s": 22, "n": 2}, {"k": "c", "s": 30, "n": 1}]
+    aggs = {"s": ("v", "sum"), "n": ("*", "count")}
+    for paths in ([str(folder)], [str(folder / "b_semi.csv"), str(folder / "a_comma.csv")]):
+        got = extagg.aggregate_files(paths, by="k", aggs=aggs).read_all().to_pylist()
+        assert sorted(got, key=str) == want
+
+
 def test_json_field_null_in_the_first_block_is_typed_by_column_types(tmp_path):
     """A JSON Lines field that is null in every line of the first block (its type inferred as
     null) and numbers later: the error says which field and how to type it; with
