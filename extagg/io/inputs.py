@@ -899,6 +899,92 @@ def _text_schema(path: str, fmt: str, file_format: Any) -> pa.Schema:
         del reader
 
 
+#: an integer as CSV writes it (space around it is trimmed when parsed), and one written
+#: with a leading zero (not ``0`` alone)
+_INTEGER_LITERAL = r"^\s*[+-]?[0-9]+\s*$"
+_LEADING_ZERO = r"^\s*[+-]?0[0-9]"
+
+
+def _csv_types(
+    path: str, file_format: Any, inferred: pa.Schema, columns: Sequence[str],
+    options: dict[str, Any],
+) -> pa.Schema:  # fmt: skip
+    """The types of a CSV file's ``columns`` (those the query reads) fitted to what the sample
+    block ``inferred`` was inferred from, as DuckDB types them (Arrow's inference alone lost
+    values):
+
+    - integers past int64 (inferred ``float64``, which merged distinct ids):
+      ``decimal(38, 0)``, or ``string`` past 38 digits;
+    - integers written with a leading zero (``007``; inferred ``int64``, which made ``007``,
+      ``7`` and ``0007`` one key): ``string``.
+
+    A column typed with ``--column-types`` or ``--schema`` keeps its type. The values are
+    those of the same sample block, parsed again as strings (only the int64/float64 columns:
+    one more parse of the sample, for files that have such columns)."""
+    given = options.get("column_types") or {}
+    numbers: list[str] = []
+    for name in columns:
+        if name in given or len(inferred.get_all_field_indices(name)) != 1:
+            continue  # typed by the user; or not in this file, or twice (refused later)
+        t = inferred.field(name).type
+        if t in (pa.int64(), pa.float64()):
+            numbers.append(name)
+    if not numbers:
+        return inferred
+    texts = _csv_sample_texts(path, file_format, numbers)
+    if texts is None:
+        return inferred
+    import pyarrow.compute as pc
+
+    types: dict[str, pa.DataType] = {}
+    for name in numbers:
+        values = texts.column(name)  # an empty field is null, and nulls are skipped
+        if values.null_count == len(values):
+            continue
+        if inferred.field(name).type == pa.float64():
+            if not pc.all(pc.match_substring_regex(values, _INTEGER_LITERAL)).as_py():
+                continue  # a float (0.5, 1e3, nan): float64 it is
+            digits = pc.max(pc.binary_length(values)).as_py()  # an upper bound: one pass
+            if digits > 38:
+                digits = pc.max(
+                    pc.utf8_length(pc.replace_substring_regex(values, "[^0-9]", ""))
+                ).as_py()
+            types[name] = pa.decimal128(38, 0) if digits <= 38 else pa.string()
+        if pc.any(pc.match_substring_regex(values, _LEADING_ZERO)).as_py():
+            types[name] = pa.string()
+    if types:
+        log.info("%s: columns typed from their sample's text: %s", path, types)
+    return pa.schema(f.with_type(types[f.name]) if f.name in types else f for f in inferred)
+
+
+def _csv_sample_texts(path: str, file_format: Any, columns: Sequence[str]) -> pa.RecordBatch | None:
+    """The ``columns`` of a CSV file's first block (the sample its types are inferred from,
+    read as in :func:`_text_schema`) as strings, empty fields as nulls."""
+    import pyarrow.csv as pacsv
+
+    opts = file_format.default_fragment_scan_options
+    convert = _convert_options(
+        opts.convert_options, types={n: pa.string() for n in columns}, include=columns
+    )
+    gate = _GatedStream(_text_stream(path), ahead=1)
+    source = gate.arrow_stream()
+
+    def open_reader() -> Any:
+        return pacsv.open_csv(
+            source, read_options=opts.read_options, parse_options=file_format.parse_options,
+            convert_options=convert,
+        )  # fmt: skip
+
+    reader = None
+    try:
+        reader = gate.call(open_reader)
+        batch: pa.RecordBatch | None = gate.call(reader.read_next_batch, taken=True)
+        return batch
+    finally:
+        gate.close()  # before the reader goes (see _text_schema)
+        del reader
+
+
 class _FolderColumns:
     """The columns a hive folder's names give, as arrays of one repeated value, cut to each
     block's length from one array made long enough."""
@@ -1309,10 +1395,16 @@ def open_input(
         return file_formats.get(path, file_format)
 
     # ---------------------------------------------------------------- schemas
+    read_cols = list(dict.fromkeys([*needed, *filter_columns]))
     per_file: list[tuple[str, pa.Schema]] = []
     for path, _base in files:
         try:
-            if fmt in ("csv", "tsv", "json"):
+            if fmt in ("csv", "tsv"):
+                inferred = _text_schema(path, fmt, format_of(path))
+                per_file.append(
+                    (path, _csv_types(path, format_of(path), inferred, read_cols, options))
+                )
+            elif fmt == "json":
                 per_file.append((path, _text_schema(path, fmt, format_of(path))))
             elif fmt == "ipc" and is_ipc_stream(path):
                 with pa.OSFile(path, "rb") as source, pa.ipc.open_stream(source) as reader:
@@ -1343,7 +1435,6 @@ def open_input(
     for name in column_types or {}:  # a typo would leave the type it meant unused
         if name not in available:
             raise unknown_column(name, available, "column in --column-types")
-    read_cols = list(dict.fromkeys([*needed, *filter_columns]))
     for path, schema in per_file:
         twice = [n for n in read_cols if schema.get_all_field_indices(n)[1:]]
         if twice:

@@ -4,6 +4,7 @@ and files with different schemas; results against pandas."""
 from __future__ import annotations
 
 import bz2
+import decimal
 import gzip
 import json
 import os
@@ -875,6 +876,60 @@ def test_csv_delimiter_read_off_each_file(tmp_path):
     for paths in ([str(folder)], [str(folder / "b_semi.csv"), str(folder / "a_comma.csv")]):
         got = extagg.aggregate_files(paths, by="k", aggs=aggs).read_all().to_pylist()
         assert sorted(got, key=str) == want
+
+
+def test_csv_integers_past_int64_keep_every_digit(tmp_path):
+    """Integers past int64 (Arrow infers float64, which made ``...123`` and ``...124`` one
+    key) are read as ``decimal(38, 0)``, as DuckDB's HUGEINT; past 38 digits as strings;
+    a column of floats stays float64, and ``column_types`` is obeyed."""
+    path = tmp_path / "big.csv"
+    ids = ["12345678901234567890123", "12345678901234567890124", "9223372036854775808",
+           "18446744073709551615"]  # fmt: skip
+    path.write_text("id,f,v\n" + "".join(f"{i},{n}.5,{n}\n" for n, i in enumerate(ids, 1)))
+    result = extagg.aggregate_files(str(path), by="id", aggs={"s": ("v", "sum")}).read_all()
+    assert result.schema.field("id").type == pa.decimal128(38, 0)
+    assert sorted((str(r["id"]), r["s"]) for r in result.to_pylist()) == sorted(
+        zip(ids, [1, 2, 3, 4], strict=True)
+    )
+    aggs = {"n": ("id", "count_distinct"), "hi": ("id", "max"), "f": ("f", "sum")}
+    got = extagg.aggregate_files(str(path), aggs=aggs).read_all().to_pylist()
+    assert got == [{"n": 4, "hi": decimal.Decimal(ids[1]), "f": 12.0}]
+    got = extagg.aggregate_files(
+        str(path), aggs={"n": ("*", "count")}, where="id = 12345678901234567890124"
+    ).read_all()
+    assert got.to_pylist() == [{"n": 1}]
+    typed = extagg.aggregate_files(
+        str(path), by="id", aggs={"n": ("*", "count")}, column_types={"id": pa.float64()}
+    ).read_all()
+    assert typed.schema.field("id").type == pa.float64() and typed.num_rows == 3
+    longer = tmp_path / "longer.csv"
+    longer.write_text("id,v\n" + "9" * 39 + ",1\n-" + "9" * 39 + ",2\n")
+    result = extagg.aggregate_files(str(longer), by="id", aggs={"s": ("v", "sum")}).read_all()
+    assert result.schema.field("id").type == pa.string()
+    assert sorted(r["id"] for r in result.to_pylist()) == ["-" + "9" * 39, "9" * 39]
+
+
+def test_csv_integers_with_leading_zeros_are_strings(tmp_path):
+    """Ids written with a leading zero keep it (``007``, ``7`` and ``0007`` are three keys,
+    as in DuckDB, which reads them as VARCHAR; Arrow's int64 made them one key ``7``); a
+    lone ``0`` or a float such as ``0.5`` is no leading zero."""
+    path = tmp_path / "lz.csv"
+    path.write_text("id,n,x,v\n007,0,0.5,1\n7,1,1.5,2\n0007,10,-0.25,3\n08,0,00.5,4\n")
+    result = extagg.aggregate_files(str(path), by="id", aggs={"s": ("v", "sum")}).read_all()
+    assert result.schema.field("id").type == pa.string()
+    assert sorted((r["id"], r["s"]) for r in result.to_pylist()) == [
+        ("0007", 3), ("007", 1), ("08", 4), ("7", 2)
+    ]  # fmt: skip
+    got = extagg.aggregate_files(str(path), by="n", aggs={"x": ("x", "sum")}).read_all()
+    assert got.schema.field("n").type == pa.int64() and got.schema.field("x").type == pa.float64()
+    big = tmp_path / "big_lz.csv"  # past int64 too, with a leading zero: a string
+    big.write_text("id,v\n012345678901234567890123,1\n12345678901234567890123,2\n")
+    got = extagg.aggregate_files(str(big), by="id", aggs={"s": ("v", "sum")}).read_all()
+    assert got.schema.field("id").type == pa.string() and got.num_rows == 2
+    typed = extagg.aggregate_files(
+        str(path), by="id", aggs={"s": ("v", "sum")}, column_types={"id": pa.int64()}
+    ).read_all()
+    assert sorted(typed.to_pylist(), key=str) == [{"id": 7, "s": 6}, {"id": 8, "s": 4}]
 
 
 def test_json_field_null_in_the_first_block_is_typed_by_column_types(tmp_path):
