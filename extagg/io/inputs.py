@@ -899,6 +899,11 @@ def _text_schema(path: str, fmt: str, file_format: Any) -> pa.Schema:
         del reader
 
 
+#: what to do about a CSV file that is not UTF-8 (the error's last words)
+_NOT_UTF8_FIX = (
+    "extagg reads CSV as UTF-8: convert the file (e.g. iconv -f latin1 -t utf-8), or read a "
+    "column's bytes with --column-types NAME:binary"
+)
 #: an integer as CSV writes it (space around it is trimmed when parsed), and one written
 #: with a leading zero (not ``0`` alone)
 _INTEGER_LITERAL = r"^\s*[+-]?[0-9]+\s*$"
@@ -916,7 +921,9 @@ def _csv_types(
     - integers past int64 (inferred ``float64``, which merged distinct ids):
       ``decimal(38, 0)``, or ``string`` past 38 digits;
     - integers written with a leading zero (``007``; inferred ``int64``, which made ``007``,
-      ``7`` and ``0007`` one key): ``string``.
+      ``7`` and ``0007`` one key): ``string``;
+    - text that is not UTF-8 (inferred ``binary``, then output as base64): an
+      :class:`~extagg.errors.InputError` naming the file and the column.
 
     A column typed with ``--column-types`` or ``--schema`` keeps its type. The values are
     those of the same sample block, parsed again as strings (only the int64/float64 columns:
@@ -927,6 +934,12 @@ def _csv_types(
         if name in given or len(inferred.get_all_field_indices(name)) != 1:
             continue  # typed by the user; or not in this file, or twice (refused later)
         t = inferred.field(name).type
+        if t == pa.binary():
+            raise InputError(
+                f"cannot read {path}: column {name!r} holds text that is not UTF-8 (a byte "
+                f"that UTF-8 does not allow, e.g. Latin-1's é); {_NOT_UTF8_FIX}",
+                path=path,
+            )
         if t in (pa.int64(), pa.float64()):
             numbers.append(name)
     if not numbers:
@@ -1419,6 +1432,13 @@ def open_input(
                 file_names = names or _csv_header(path, sep)
                 hint = _csv_column_hint(reason, file_names)
             raise InputError(f"cannot read {path} as {fmt}: {reason}{hint}", path=path) from exc
+        except UnicodeDecodeError as exc:  # the column names of a header not in UTF-8
+            raise InputError(
+                f"cannot read {path} as {fmt}: its header is not UTF-8 text ({exc}); "
+                "extagg reads CSV as UTF-8: convert the file (e.g. iconv -f latin1 -t utf-8), "
+                "or name the columns with --schema (the header line is then skipped)",
+                path=path,
+            ) from exc
     hive: dict[str, pa.DataType] = {}
     for path, base in files:
         if base is None:

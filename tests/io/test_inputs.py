@@ -932,6 +932,40 @@ def test_csv_integers_with_leading_zeros_are_strings(tmp_path):
     assert sorted(typed.to_pylist(), key=str) == [{"id": 7, "s": 6}, {"id": 8, "s": 4}]
 
 
+def test_csv_that_is_not_utf8_is_an_error_naming_file_and_column(tmp_path):
+    """A Latin-1 CSV (Arrow infers its text columns as binary, which came out as base64, and
+    made every file's keys binary beside a UTF-8 file) stops the run naming the file and
+    the column; a column typed binary is read as its bytes."""
+    latin = tmp_path / "latin1.csv"
+    latin.write_bytes("k,v\nCafé,1\nCafé,2\n".encode("latin-1"))
+    utf8 = tmp_path / "utf8.csv"
+    utf8.write_text("k,v\nCafé,10\nTea,20\n", encoding="utf-8")
+    aggs = {"s": ("v", "sum")}
+    for paths in ([str(latin)], [str(utf8), str(latin)]):
+        with pytest.raises(
+            InputError, match=r"latin1\.csv: column 'k' holds text that is not UTF-8"
+        ):
+            extagg.aggregate_files(paths, by="k", aggs=aggs)
+    got = extagg.aggregate_files(str(latin), aggs=aggs).read_all()  # k not read: no error
+    assert got.to_pylist() == [{"s": 3}]
+    got = extagg.aggregate_files(
+        str(latin), by="k", aggs=aggs, column_types={"k": pa.binary()}
+    ).read_all()
+    assert got.to_pylist() == [{"k": "Café".encode("latin-1"), "s": 3}]
+
+
+def test_csv_header_that_is_not_utf8_names_the_file(tmp_path):
+    """A header that is not UTF-8 (Python's bare ``'utf-8' codec can't decode`` named no
+    file) is an :class:`InputError` naming the file; ``schema`` names the columns instead."""
+    path = tmp_path / "latin1_head.csv"
+    path.write_bytes("Région,v\nNord,1\nSud,2\n".encode("latin-1"))
+    with pytest.raises(InputError, match=r"latin1_head\.csv as csv: its header is not UTF-8"):
+        extagg.aggregate_files(str(path), aggs={"s": ("v", "sum")})
+    schema = pa.schema([("region", pa.string()), ("v", pa.int64())])
+    got = extagg.aggregate_files(str(path), aggs={"s": ("v", "sum")}, schema=schema).read_all()
+    assert got.to_pylist() == [{"s": 3}]
+
+
 def test_json_field_null_in_the_first_block_is_typed_by_column_types(tmp_path):
     """A JSON Lines field that is null in every line of the first block (its type inferred as
     null) and numbers later: the error says which field and how to type it; with
