@@ -966,6 +966,36 @@ def test_csv_header_that_is_not_utf8_names_the_file(tmp_path):
     assert got.to_pylist() == [{"s": 3}]
 
 
+def test_csv_encoding_reads_text_not_in_utf8(tmp_path):
+    """``encoding`` reads CSV text written in another encoding (a Latin-1 header and values,
+    over several blocks; UTF-16 with its ``;`` read off the header), as DuckDB's
+    ``encoding``; it applies to CSV/TSV only, and must name a codec."""
+    path = tmp_path / "latin1.csv"
+    rows = 60_000  # ~1.5 MB: two 1 MiB blocks under a 16 MiB budget
+    text = "Région,v\n" + "".join(f"Café{i % 7},{i}\n" for i in range(rows))
+    path.write_bytes(text.encode("latin-1"))
+    aggs = {"n": ("*", "count"), "s": ("v", "sum")}
+    got = extagg.aggregate_files(
+        str(path), by="Région", aggs=aggs, encoding="latin-1", memory="16m", sort=True
+    ).read_all()
+    want = [{"Région": f"Café{k}", "n": len(range(k, rows, 7)), "s": sum(range(k, rows, 7))}
+            for k in range(7)]  # fmt: skip
+    assert got.to_pylist() == want
+    utf16 = tmp_path / "utf16.csv"
+    utf16.write_text("k;v\nCafé;1\nCafé;2\nTea;3\n", encoding="utf-16")
+    got = extagg.aggregate_files(str(utf16), by="k", aggs=aggs, encoding="utf-16", sort=True)
+    assert got.read_all().to_pylist() == [
+        {"k": "Café", "n": 2, "s": 3},
+        {"k": "Tea", "n": 1, "s": 3},
+    ]
+    with pytest.raises(QueryError, match="unknown encoding 'nope'"):
+        extagg.aggregate_files(str(path), aggs=aggs, encoding="nope")
+    jsonl = tmp_path / "a.jsonl"
+    jsonl.write_text('{"v": 1}\n')
+    with pytest.raises(QueryError, match="--encoding applies to CSV/TSV only"):
+        extagg.aggregate_files(str(jsonl), aggs=aggs, encoding="latin-1")
+
+
 def test_json_field_null_in_the_first_block_is_typed_by_column_types(tmp_path):
     """A JSON Lines field that is null in every line of the first block (its type inferred as
     null) and numbers later: the error says which field and how to type it; with
