@@ -63,6 +63,10 @@ def add_aggregate_command(sub: Any) -> None:
         help="CSV and JSON Lines column types, e.g. 'id=int64,price=decimal(15,2)' (instead of "
         "those inferred from the first block)",
     )
+    p.add_argument(
+        "--encoding",
+        help="the encoding of CSV/TSV text not in UTF-8, e.g. latin-1, cp1252 (default: utf-8)",
+    )
     p.add_argument("--schema", help="all CSV columns in order, e.g. 'id:int64,name:string'")
     p.add_argument("--no-header", action="store_true", help="CSV files have no header line")
     p.add_argument("--spill-dir", action="append", dest="spill_dirs", help="spill directory")
@@ -219,6 +223,7 @@ def _run_aggregate(args: argparse.Namespace) -> int:
             memory=args.memory, spill_dirs=args.spill_dirs, sort=args.sort, format=args.format,
             delimiter=args.delimiter, column_types=_column_types(args.column_types),
             schema=_schema(args.schema), header=not args.no_header, threads=args.threads,
+            encoding=args.encoding,
         )  # fmt: skip
         _execute(query, args, output, fmt)
     except QueryError as exc:

@@ -280,6 +280,29 @@ def test_a_summary_that_cannot_be_written_leaves_the_old_output(
     ]
 
 
+def test_csv_not_in_utf8_is_an_input_error_naming_the_file(tmp_path, capsys):
+    """A Latin-1 CSV: a header that is not UTF-8 stopped the run with Python's bare
+    ``'utf-8' codec can't decode`` (no file named), and values that are not were read as
+    binary and written as base64, exit 0. Both are now input errors (exit 1) naming the
+    file (and the column); ``--encoding`` reads them."""
+    head = tmp_path / "latin1_head.csv"
+    head.write_bytes("Région,v\nNord,1\n".encode("latin-1"))
+    assert main(["aggregate", str(head), "--agg", "s=sum(v)", "-o", "-", "-q"]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot read {head} as csv: its header is not UTF-8 text" in err
+    values = tmp_path / "latin1.csv"
+    values.write_bytes("k,v\nCafé,1\n".encode("latin-1"))
+    argv = ["aggregate", str(values), "--by", "k", "--agg", "s=sum(v)", "-o", "-", "-q"]
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert f"cannot read {values}: column 'k' holds text that is not UTF-8" in err
+    assert "Q2Fm6Q==" not in out  # no base64 key
+    assert main([*argv, "--column-types", "k:binary"]) == 0
+    capsys.readouterr()
+    assert main([*argv, "--encoding", "latin-1"]) == 0
+    assert capsys.readouterr().out.splitlines() == ['"k","s"', '"Café",1']
+
+
 def test_a_missing_output_directory_is_a_usage_error_before_the_run(tmp_path, data, capsys):
     """Found after the whole input was read and spilled (exit 1); now before the scan, as
     the ``--json-summary`` folder is (exit 2)."""

@@ -203,7 +203,7 @@ class InputScan:
         # Python file ahead on its I/O thread when the query then failed (an unknown column)
         # aborted the process at exit now and then ("terminate called without an active
         # exception")
-        gate = _GatedStream(_text_stream(path), ahead=1)
+        gate = _GatedStream(_text_stream(path, text.encoding), ahead=1)
         source = gate.arrow_stream()
 
         # the keys as the scan types them (a first file's own guess may be null: a column
@@ -309,7 +309,7 @@ class InputScan:
         )
         parsed = pa.schema([f for f in schema if f.name not in text.folder_values])
         folder = _FolderColumns(text.folder_values, schema)
-        gate = _GatedStream(_text_stream(path), ahead=self.text_blocks_ahead)
+        gate = _GatedStream(_text_stream(path, text.encoding), ahead=self.text_blocks_ahead)
         try:
             source = gate.arrow_stream()
             reader = gate.call(lambda: _open_text(source, text, parsed, self.block_bytes))
@@ -397,10 +397,10 @@ def _csv_column_hint(reason: str, names: Sequence[str]) -> str:
     return ""
 
 
-def _csv_header(path: str, delimiter: str) -> list[str]:
+def _csv_header(path: str, delimiter: str, encoding: str | None = None) -> list[str]:
     """The names in a CSV file's first line (none if it cannot be read): for messages."""
     try:
-        with _text_stream(path) as stream:
+        with _text_stream(path, encoding) as stream:
             head = stream.read(1 << 16).decode("utf-8", "replace")
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError):
         return []
@@ -413,7 +413,7 @@ def _file_column_names(path: str, text: _TextFile | None) -> list[str]:
     if text is None:
         return []
     try:
-        return _text_schema(path, text.fmt, text.file_format).names
+        return _text_schema(path, text.fmt, text.file_format, text.encoding).names
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError):
         return []
 
@@ -759,6 +759,8 @@ class _TextFile:
     file_format: Any
     schema: pa.Schema
     folder_values: dict[str, Any]
+    #: the text's encoding when not UTF-8 (``--encoding``)
+    encoding: str | None = None
 
 
 #: delimiters a ``.csv`` file's header may use instead of a comma
@@ -782,13 +784,13 @@ def parse_delimiter(delimiter: str | None) -> str | None:
     return chosen
 
 
-def sniff_delimiter(path: str) -> str:
+def sniff_delimiter(path: str, encoding: str | None = None) -> str:
     """The delimiter of a ``.csv`` file given none: ``,`` unless its header line has no comma
     and exactly one of :data:`OTHER_DELIMITERS` (``;`` in the CSVs of locales whose decimal
     separator is a comma, as Excel writes them; ``|``; tabs). Read as DuckDB's sniffer would,
     but from the header only: a comma anywhere in it keeps the comma."""
     try:
-        with _text_stream(path) as stream:
+        with _text_stream(path, encoding) as stream:
             head = stream.read(1 << 16)
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError):
         return ","  # the reader says what is wrong with the file
@@ -805,14 +807,70 @@ def sniff_delimiter(path: str) -> str:
 _CODECS = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".zstd": "zstd"}
 
 
-def _text_stream(path: str) -> Any:
+def _text_stream(path: str, encoding: str | None = None) -> Any:
     """``path``'s bytes, decompressed if its extension says so (``.gz``, ``.bz2``, ``.zst``,
     in any case: Arrow's own detection knows lower case only, and ``.CSV.GZ`` was parsed
-    compressed)."""
+    compressed), as UTF-8 if they are text in another ``encoding`` (see
+    :class:`_Transcoded`)."""
     raw = _LOCAL.open_input_stream(path, compression=None)
     name = path.lower()
     codec = next((c for suffix, c in _CODECS.items() if name.endswith(suffix)), None)
-    return raw if codec is None else pa.CompressedInputStream(raw, codec)
+    if codec is not None:
+        raw = pa.CompressedInputStream(raw, codec)
+    if encoding is None or _is_utf8(encoding):
+        return raw
+    return _Transcoded(raw, encoding)
+
+
+def _is_utf8(encoding: str) -> bool:
+    """Whether ``encoding`` (a codec name, ``LookupError`` if none) is UTF-8."""
+    import codecs
+
+    return codecs.lookup(encoding).name == "utf-8"
+
+
+class _Transcoded:
+    """A stream of text in another encoding, read as UTF-8 (``--encoding``), converted by
+    Python's codec on the thread that reads. Arrow's own (``ReadOptions.encoding``) calls
+    the codec from Arrow's I/O thread, past the :class:`_GatedStream`: a scan left
+    unfinished then aborted the process at exit now and then ("terminate called without
+    an active exception"). A byte the encoding does not allow is an error of the read."""
+
+    def __init__(self, raw: Any, encoding: str) -> None:
+        import codecs
+
+        self._raw = raw
+        self._decoder = codecs.getincrementaldecoder(encoding)()
+        self._encoding = encoding
+        self._pending = b""
+        self._ended = False
+
+    def read(self, nbytes: int = -1) -> bytes:
+        """Up to ``nbytes`` bytes of UTF-8 (all that is left if negative)."""
+        while not self._ended and (nbytes < 0 or len(self._pending) < nbytes):
+            raw = self._raw.read(max(nbytes, 1 << 16))
+            self._ended = not raw
+            try:
+                text = self._decoder.decode(raw, final=self._ended)
+            except UnicodeDecodeError as exc:
+                raise OSError(f"not {self._encoding} text: {exc}") from None
+            self._pending += text.encode("utf-8")
+        if nbytes < 0:
+            nbytes = len(self._pending)
+        out, self._pending = self._pending[:nbytes], self._pending[nbytes:]
+        return out
+
+    def read_buffer(self, nbytes: int = -1) -> Any:
+        return pa.py_buffer(self.read(nbytes))
+
+    def close(self) -> None:
+        self._raw.close()
+
+    def __enter__(self) -> _Transcoded:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _read_options(read: Any, block_bytes: int) -> Any:
@@ -865,12 +923,12 @@ def _holds_struct(arrow_type: pa.DataType) -> bool:
     return False
 
 
-def _text_schema(path: str, fmt: str, file_format: Any) -> pa.Schema:
+def _text_schema(path: str, fmt: str, file_format: Any, encoding: str | None = None) -> pa.Schema:
     """The schema Arrow infers from the first block of a CSV/JSON file (its first
     ``block_size`` bytes, decompressed), read through a :class:`_GatedStream` that lets
     the reader have the next block only: ``file_format.inspect`` opens a reader that reads
     32 blocks ahead (~130 MiB for a 4 MiB sample, in the process's peak before the run)."""
-    gate = _GatedStream(_text_stream(path), ahead=1)
+    gate = _GatedStream(_text_stream(path, encoding), ahead=1)
     source = gate.arrow_stream()
     if fmt == "json":
         import pyarrow.json as pajson
@@ -896,6 +954,107 @@ def _text_schema(path: str, fmt: str, file_format: Any) -> pa.Schema:
         # the gate opens before the reader goes: a JSON reader's destructor waits for the
         # read its I/O thread has started, which waits for the gate
         gate.close()
+        del reader
+
+
+#: what to do about a CSV file that is not UTF-8 (the error's last words)
+_NOT_UTF8_FIX = (
+    "give its encoding (e.g. --encoding latin-1), or read a column's bytes with "
+    "--column-types NAME:binary"
+)
+#: an integer as CSV writes it (space around it is trimmed when parsed), and one written
+#: with a leading zero (not ``0`` alone)
+_INTEGER_LITERAL = r"^\s*[+-]?[0-9]+\s*$"
+_LEADING_ZERO = r"^\s*[+-]?0[0-9]"
+
+
+def _csv_types(
+    path: str, file_format: Any, inferred: pa.Schema, columns: Sequence[str],
+    options: dict[str, Any],
+) -> pa.Schema:  # fmt: skip
+    """The types of a CSV file's ``columns`` (those the query reads) fitted to what the sample
+    block ``inferred`` was inferred from, as DuckDB types them (Arrow's inference alone lost
+    values):
+
+    - integers past int64 (inferred ``float64``, which merged distinct ids):
+      ``decimal(38, 0)``, or ``string`` past 38 digits;
+    - integers written with a leading zero (``007``; inferred ``int64``, which made ``007``,
+      ``7`` and ``0007`` one key): ``string``;
+    - text that is not UTF-8 (inferred ``binary``, then output as base64): an
+      :class:`~extagg.errors.InputError` naming the file and the column.
+
+    A column typed with ``--column-types`` or ``--schema`` keeps its type. The values are
+    those of the same sample block, parsed again as strings (only the int64/float64 columns:
+    one more parse of the sample, for files that have such columns)."""
+    given = options.get("column_types") or {}
+    numbers: list[str] = []
+    for name in columns:
+        if name in given or len(inferred.get_all_field_indices(name)) != 1:
+            continue  # typed by the user; or not in this file, or twice (refused later)
+        t = inferred.field(name).type
+        if t == pa.binary():
+            raise InputError(
+                f"cannot read {path}: column {name!r} holds text that is not UTF-8 (a byte "
+                f"that UTF-8 does not allow, e.g. Latin-1's é); {_NOT_UTF8_FIX}",
+                path=path,
+            )
+        if t in (pa.int64(), pa.float64()):
+            numbers.append(name)
+    if not numbers:
+        return inferred
+    texts = _csv_sample_texts(path, file_format, numbers, options.get("encoding"))
+    if texts is None:
+        return inferred
+    import pyarrow.compute as pc
+
+    types: dict[str, pa.DataType] = {}
+    for name in numbers:
+        values = texts.column(name)  # an empty field is null, and nulls are skipped
+        if values.null_count == len(values):
+            continue
+        if inferred.field(name).type == pa.float64():
+            if not pc.all(pc.match_substring_regex(values, _INTEGER_LITERAL)).as_py():
+                continue  # a float (0.5, 1e3, nan): float64 it is
+            digits = pc.max(pc.binary_length(values)).as_py()  # an upper bound: one pass
+            if digits > 38:
+                digits = pc.max(
+                    pc.utf8_length(pc.replace_substring_regex(values, "[^0-9]", ""))
+                ).as_py()
+            types[name] = pa.decimal128(38, 0) if digits <= 38 else pa.string()
+        if pc.any(pc.match_substring_regex(values, _LEADING_ZERO)).as_py():
+            types[name] = pa.string()
+    if types:
+        log.info("%s: columns typed from their sample's text: %s", path, types)
+    return pa.schema(f.with_type(types[f.name]) if f.name in types else f for f in inferred)
+
+
+def _csv_sample_texts(
+    path: str, file_format: Any, columns: Sequence[str], encoding: str | None = None
+) -> pa.RecordBatch | None:
+    """The ``columns`` of a CSV file's first block (the sample its types are inferred from,
+    read as in :func:`_text_schema`) as strings, empty fields as nulls."""
+    import pyarrow.csv as pacsv
+
+    opts = file_format.default_fragment_scan_options
+    convert = _convert_options(
+        opts.convert_options, types={n: pa.string() for n in columns}, include=columns
+    )
+    gate = _GatedStream(_text_stream(path, encoding), ahead=1)
+    source = gate.arrow_stream()
+
+    def open_reader() -> Any:
+        return pacsv.open_csv(
+            source, read_options=opts.read_options, parse_options=file_format.parse_options,
+            convert_options=convert,
+        )  # fmt: skip
+
+    reader = None
+    try:
+        reader = gate.call(open_reader)
+        batch: pa.RecordBatch | None = gate.call(reader.read_next_batch, taken=True)
+        return batch
+    finally:
+        gate.close()  # before the reader goes (see _text_schema)
         del reader
 
 
@@ -1227,11 +1386,13 @@ def open_input(
     schema: pa.Schema | None = None,
     header: bool = True,
     sample_bytes: int = 1 << 22,
+    encoding: str | None = None,
     bind_filter: Callable[[pa.Schema], Any] | None = None,
 ) -> InputScan:
     """Resolve ``paths`` and plan a scan of the ``needed`` columns (see the module docstring).
 
-    CSV column types are inferred from the first ``sample_bytes`` of each file.
+    CSV column types are inferred from the first ``sample_bytes`` of each file. ``encoding``
+    (a Python codec name) is that of CSV/TSV text not in UTF-8.
     ``bind_filter(schema)``, given the types of the columns read (the filter's among them)
     before any row group is pruned, returns ``filter`` fitted to them, or raises.
 
@@ -1262,10 +1423,17 @@ def open_input(
         if len(found) > 1:
             raise QueryError(f"the inputs mix formats {found}; aggregate one format at a time")
         fmt = found[0]
+    if encoding is not None:
+        if fmt not in ("csv", "tsv"):
+            raise QueryError("--encoding applies to CSV/TSV only (JSON Lines are UTF-8)")
+        try:
+            _is_utf8(encoding)
+        except LookupError:
+            raise QueryError(f"unknown encoding {encoding!r} (e.g. latin-1, cp1252)") from None
     if fmt in ("csv", "tsv", "json"):
         # an empty text file holds no rows (log rotation leaves many): Arrow's readers refuse
         # it ("Empty CSV file", "Empty JSON stream"), which stopped the whole run
-        empty = {f for f, _ in files if _holds_no_text(f)}
+        empty = {f for f, _ in files if _holds_no_text(f, encoding)}
         if empty:
             log.info("input: %d empty file(s) skipped, e.g. %s", len(empty), min(empty))
             if len(empty) == len(files):
@@ -1274,7 +1442,7 @@ def open_input(
     delimiter = parse_delimiter(delimiter)
     options: dict[str, Any] = {
         "delimiter": delimiter, "column_types": dict(column_types or {}),
-        "block_size": sample_bytes,
+        "block_size": sample_bytes, "encoding": encoding,
     }  # fmt: skip
     names = None
     if schema is not None:
@@ -1293,16 +1461,33 @@ def open_input(
             "--column-types applies to CSV/TSV and JSON Lines only (Parquet and Arrow files "
             "carry their types)"
         )
-    if fmt == "csv" and not delimiter and header and files:
-        options["delimiter"] = sniff_delimiter(files[0][0])
     file_format = _file_format(fmt, options, names)
+    # each .csv file's own delimiter when none is given (as DuckDB's sniffer, per file): a
+    # ';' file beside ',' ones was read as one column, its values nulls
+    file_formats: dict[str, Any] = {}
+    if fmt == "csv" and not delimiter and header:
+        by_delimiter = {",": file_format}
+        for path, _base in files:
+            sep = sniff_delimiter(path, encoding)
+            if sep not in by_delimiter:
+                by_delimiter[sep] = _file_format(fmt, {**options, "delimiter": sep}, names)
+            file_formats[path] = by_delimiter[sep]
+
+    def format_of(path: str) -> Any:
+        return file_formats.get(path, file_format)
 
     # ---------------------------------------------------------------- schemas
+    read_cols = list(dict.fromkeys([*needed, *filter_columns]))
     per_file: list[tuple[str, pa.Schema]] = []
     for path, _base in files:
         try:
-            if fmt in ("csv", "tsv", "json"):
-                per_file.append((path, _text_schema(path, fmt, file_format)))
+            if fmt in ("csv", "tsv"):
+                inferred = _text_schema(path, fmt, format_of(path), encoding)
+                per_file.append(
+                    (path, _csv_types(path, format_of(path), inferred, read_cols, options))
+                )
+            elif fmt == "json":
+                per_file.append((path, _text_schema(path, fmt, format_of(path))))
             elif fmt == "ipc" and is_ipc_stream(path):
                 with pa.OSFile(path, "rb") as source, pa.ipc.open_stream(source) as reader:
                     per_file.append((path, reader.schema))
@@ -1312,10 +1497,17 @@ def open_input(
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
             reason, hint = _row_of_file(reason, 0), _mixed_json_hint(reason)
             if fmt in ("csv", "tsv") and "CSV column #" in reason:
-                sep = options.get("delimiter") or ("\t" if fmt == "tsv" else ",")
-                file_names = names or _csv_header(path, sep)
+                sep = format_of(path).parse_options.delimiter
+                file_names = names or _csv_header(path, sep, encoding)
                 hint = _csv_column_hint(reason, file_names)
             raise InputError(f"cannot read {path} as {fmt}: {reason}{hint}", path=path) from exc
+        except UnicodeDecodeError as exc:  # the column names of a header not in UTF-8
+            raise InputError(
+                f"cannot read {path} as {fmt}: its header is not UTF-8 text ({exc}); "
+                "give its encoding (e.g. --encoding latin-1), or name the columns with --schema "
+                "(the header line is then skipped)",
+                path=path,
+            ) from exc
     hive: dict[str, pa.DataType] = {}
     for path, base in files:
         if base is None:
@@ -1332,7 +1524,6 @@ def open_input(
     for name in column_types or {}:  # a typo would leave the type it meant unused
         if name not in available:
             raise unknown_column(name, available, "column in --column-types")
-    read_cols = list(dict.fromkeys([*needed, *filter_columns]))
     for path, schema in per_file:
         twice = [n for n in read_cols if schema.get_all_field_indices(n)[1:]]
         if twice:
@@ -1392,7 +1583,7 @@ def open_input(
                 kwargs["partition_base_dir"] = base
             if fmt in ("csv", "tsv", "json"):
                 values = _folder_values(path, kwargs, list(hive)) if base is not None else {}
-                text = _TextFile(fmt, file_format, part_schema, values)
+                text = _TextFile(fmt, format_of(path), part_schema, values, encoding)
                 parts.append((path, None, fmt, {"text": text}))
                 continue
             if fmt == "ipc" and is_ipc_stream(path):
@@ -1426,13 +1617,13 @@ def open_input(
     return scan
 
 
-def _holds_no_text(path: str) -> bool:
+def _holds_no_text(path: str, encoding: str | None = None) -> bool:
     """Whether a text file (decompressed) holds nothing but white space (read until its first
     other byte: a blank file of more than 4 KiB was "Empty CSV file", exit 1)."""
     if _size(path) == 0:
         return True
     try:
-        with _text_stream(path) as stream:
+        with _text_stream(path, encoding) as stream:
             while True:
                 piece = stream.read(1 << 16)
                 if piece.strip():

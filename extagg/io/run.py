@@ -431,7 +431,7 @@ def _parse_where(text: str | None) -> ParsedExpression | None:
 #: the keyword options of :func:`aggregate_files` that shape the scan and the aggregation
 SCAN_OPTIONS = (
     "format", "delimiter", "column_types", "schema", "header", "batch_rows", "spill_dirs",
-    "memory_manager", "threads",
+    "memory_manager", "threads", "encoding",
 )  # fmt: skip
 
 
@@ -453,6 +453,7 @@ def plan_query(
     header: bool = True,
     batch_rows: int = 65_536,
     threads: int | None = None,
+    encoding: str | None = None,
 ) -> FileQuery:
     """Check a query and plan its scan (see :func:`aggregate_files`); reads no data rows."""
     from extagg._config import parse_size
@@ -520,7 +521,8 @@ def plan_query(
         paths, needed, filter=None if where_expr is None else where_expr.expression,
         filter_columns=[] if where_expr is None else where_expr.columns, format=format,
         delimiter=delimiter, column_types=types, schema=schema, header=header,
-        sample_bytes=sample, bind_filter=None if where_expr is None else where_expr.bind,
+        sample_bytes=sample, encoding=encoding,
+        bind_filter=None if where_expr is None else where_expr.bind,
     )  # fmt: skip
     scan.batch_rows = batch_rows
     if where_expr is not None:
@@ -593,7 +595,8 @@ def aggregate_files(
         :class:`~extagg.metrics.RunMetrics`.
     **options
         Shape the scan: ``format``, ``delimiter``, ``column_types``, ``schema``, ``header``,
-        ``spill_dirs``, ``memory_manager``; ``threads`` for the aggregation (see
+        ``encoding`` (of CSV/TSV text not in UTF-8, e.g. ``"latin-1"``), ``spill_dirs``,
+        ``memory_manager``; ``threads`` for the aggregation (see
         :class:`~extagg.columnar.HashAggregator`).
 
     Returns

@@ -4,6 +4,7 @@ and files with different schemas; results against pandas."""
 from __future__ import annotations
 
 import bz2
+import decimal
 import gzip
 import json
 import os
@@ -861,6 +862,138 @@ def test_csv_delimiter_read_off_a_header_without_commas(tmp_path, delimiter):
     assert got.to_pylist() == [{"c": 2, "n": 1}]
     with pytest.raises(InputError, match=r"semi\.csv as csv: CSV parse error: Expected 1 columns"):
         extagg.aggregate_files(str(path), by="id", aggs={"n": ("*", "count")}, delimiter=",")
+
+
+def test_csv_delimiter_read_off_each_file(tmp_path):
+    """Each ``.csv`` file's delimiter is read off its own header: a ``;`` file beside a
+    ``,`` one (in either order) is read by its columns, not as one column of nulls."""
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    (folder / "a_comma.csv").write_text("k,v\na,1\nb,2\n")
+    (folder / "b_semi.csv").write_text("k;v\na;10\nb;20\nc;30\n")
+    want = [{"k": "a", "s": 11, "n": 2}, {"k": "b", "s": 22, "n": 2}, {"k": "c", "s": 30, "n": 1}]
+    aggs = {"s": ("v", "sum"), "n": ("*", "count")}
+    for paths in ([str(folder)], [str(folder / "b_semi.csv"), str(folder / "a_comma.csv")]):
+        got = extagg.aggregate_files(paths, by="k", aggs=aggs).read_all().to_pylist()
+        assert sorted(got, key=str) == want
+
+
+def test_csv_integers_past_int64_keep_every_digit(tmp_path):
+    """Integers past int64 (Arrow infers float64, which made ``...123`` and ``...124`` one
+    key) are read as ``decimal(38, 0)``, as DuckDB's HUGEINT; past 38 digits as strings;
+    a column of floats stays float64, and ``column_types`` is obeyed."""
+    path = tmp_path / "big.csv"
+    ids = ["12345678901234567890123", "12345678901234567890124", "9223372036854775808",
+           "18446744073709551615"]  # fmt: skip
+    path.write_text("id,f,v\n" + "".join(f"{i},{n}.5,{n}\n" for n, i in enumerate(ids, 1)))
+    result = extagg.aggregate_files(str(path), by="id", aggs={"s": ("v", "sum")}).read_all()
+    assert result.schema.field("id").type == pa.decimal128(38, 0)
+    assert sorted((str(r["id"]), r["s"]) for r in result.to_pylist()) == sorted(
+        zip(ids, [1, 2, 3, 4], strict=True)
+    )
+    aggs = {"n": ("id", "count_distinct"), "hi": ("id", "max"), "f": ("f", "sum")}
+    got = extagg.aggregate_files(str(path), aggs=aggs).read_all().to_pylist()
+    assert got == [{"n": 4, "hi": decimal.Decimal(ids[1]), "f": 12.0}]
+    got = extagg.aggregate_files(
+        str(path), aggs={"n": ("*", "count")}, where="id = 12345678901234567890124"
+    ).read_all()
+    assert got.to_pylist() == [{"n": 1}]
+    typed = extagg.aggregate_files(
+        str(path), by="id", aggs={"n": ("*", "count")}, column_types={"id": pa.float64()}
+    ).read_all()
+    assert typed.schema.field("id").type == pa.float64() and typed.num_rows == 3
+    longer = tmp_path / "longer.csv"
+    longer.write_text("id,v\n" + "9" * 39 + ",1\n-" + "9" * 39 + ",2\n")
+    result = extagg.aggregate_files(str(longer), by="id", aggs={"s": ("v", "sum")}).read_all()
+    assert result.schema.field("id").type == pa.string()
+    assert sorted(r["id"] for r in result.to_pylist()) == ["-" + "9" * 39, "9" * 39]
+
+
+def test_csv_integers_with_leading_zeros_are_strings(tmp_path):
+    """Ids written with a leading zero keep it (``007``, ``7`` and ``0007`` are three keys,
+    as in DuckDB, which reads them as VARCHAR; Arrow's int64 made them one key ``7``); a
+    lone ``0`` or a float such as ``0.5`` is no leading zero."""
+    path = tmp_path / "lz.csv"
+    path.write_text("id,n,x,v\n007,0,0.5,1\n7,1,1.5,2\n0007,10,-0.25,3\n08,0,00.5,4\n")
+    result = extagg.aggregate_files(str(path), by="id", aggs={"s": ("v", "sum")}).read_all()
+    assert result.schema.field("id").type == pa.string()
+    assert sorted((r["id"], r["s"]) for r in result.to_pylist()) == [
+        ("0007", 3), ("007", 1), ("08", 4), ("7", 2)
+    ]  # fmt: skip
+    got = extagg.aggregate_files(str(path), by="n", aggs={"x": ("x", "sum")}).read_all()
+    assert got.schema.field("n").type == pa.int64() and got.schema.field("x").type == pa.float64()
+    big = tmp_path / "big_lz.csv"  # past int64 too, with a leading zero: a string
+    big.write_text("id,v\n012345678901234567890123,1\n12345678901234567890123,2\n")
+    got = extagg.aggregate_files(str(big), by="id", aggs={"s": ("v", "sum")}).read_all()
+    assert got.schema.field("id").type == pa.string() and got.num_rows == 2
+    typed = extagg.aggregate_files(
+        str(path), by="id", aggs={"s": ("v", "sum")}, column_types={"id": pa.int64()}
+    ).read_all()
+    assert sorted(typed.to_pylist(), key=str) == [{"id": 7, "s": 6}, {"id": 8, "s": 4}]
+
+
+def test_csv_that_is_not_utf8_is_an_error_naming_file_and_column(tmp_path):
+    """A Latin-1 CSV (Arrow infers its text columns as binary, which came out as base64, and
+    made every file's keys binary beside a UTF-8 file) stops the run naming the file and
+    the column; a column typed binary is read as its bytes."""
+    latin = tmp_path / "latin1.csv"
+    latin.write_bytes("k,v\nCafé,1\nCafé,2\n".encode("latin-1"))
+    utf8 = tmp_path / "utf8.csv"
+    utf8.write_text("k,v\nCafé,10\nTea,20\n", encoding="utf-8")
+    aggs = {"s": ("v", "sum")}
+    for paths in ([str(latin)], [str(utf8), str(latin)]):
+        with pytest.raises(
+            InputError, match=r"latin1\.csv: column 'k' holds text that is not UTF-8"
+        ):
+            extagg.aggregate_files(paths, by="k", aggs=aggs)
+    got = extagg.aggregate_files(str(latin), aggs=aggs).read_all()  # k not read: no error
+    assert got.to_pylist() == [{"s": 3}]
+    got = extagg.aggregate_files(
+        str(latin), by="k", aggs=aggs, column_types={"k": pa.binary()}
+    ).read_all()
+    assert got.to_pylist() == [{"k": "Café".encode("latin-1"), "s": 3}]
+
+
+def test_csv_header_that_is_not_utf8_names_the_file(tmp_path):
+    """A header that is not UTF-8 (Python's bare ``'utf-8' codec can't decode`` named no
+    file) is an :class:`InputError` naming the file; ``schema`` names the columns instead."""
+    path = tmp_path / "latin1_head.csv"
+    path.write_bytes("Région,v\nNord,1\nSud,2\n".encode("latin-1"))
+    with pytest.raises(InputError, match=r"latin1_head\.csv as csv: its header is not UTF-8"):
+        extagg.aggregate_files(str(path), aggs={"s": ("v", "sum")})
+    schema = pa.schema([("region", pa.string()), ("v", pa.int64())])
+    got = extagg.aggregate_files(str(path), aggs={"s": ("v", "sum")}, schema=schema).read_all()
+    assert got.to_pylist() == [{"s": 3}]
+
+
+def test_csv_encoding_reads_text_not_in_utf8(tmp_path):
+    """``encoding`` reads CSV text written in another encoding (a Latin-1 header and values,
+    over several blocks; UTF-16 with its ``;`` read off the header), as DuckDB's
+    ``encoding``; it applies to CSV/TSV only, and must name a codec."""
+    path = tmp_path / "latin1.csv"
+    rows = 60_000  # ~1.5 MB: two 1 MiB blocks under a 16 MiB budget
+    text = "Région,v\n" + "".join(f"Café{i % 7},{i}\n" for i in range(rows))
+    path.write_bytes(text.encode("latin-1"))
+    aggs = {"n": ("*", "count"), "s": ("v", "sum")}
+    got = extagg.aggregate_files(
+        str(path), by="Région", aggs=aggs, encoding="latin-1", memory="16m", sort=True
+    ).read_all()
+    want = [{"Région": f"Café{k}", "n": len(range(k, rows, 7)), "s": sum(range(k, rows, 7))}
+            for k in range(7)]  # fmt: skip
+    assert got.to_pylist() == want
+    utf16 = tmp_path / "utf16.csv"
+    utf16.write_text("k;v\nCafé;1\nCafé;2\nTea;3\n", encoding="utf-16")
+    got = extagg.aggregate_files(str(utf16), by="k", aggs=aggs, encoding="utf-16", sort=True)
+    assert got.read_all().to_pylist() == [
+        {"k": "Café", "n": 2, "s": 3},
+        {"k": "Tea", "n": 1, "s": 3},
+    ]
+    with pytest.raises(QueryError, match="unknown encoding 'nope'"):
+        extagg.aggregate_files(str(path), aggs=aggs, encoding="nope")
+    jsonl = tmp_path / "a.jsonl"
+    jsonl.write_text('{"v": 1}\n')
+    with pytest.raises(QueryError, match="--encoding applies to CSV/TSV only"):
+        extagg.aggregate_files(str(jsonl), aggs=aggs, encoding="latin-1")
 
 
 def test_json_field_null_in_the_first_block_is_typed_by_column_types(tmp_path):
