@@ -342,9 +342,11 @@ class SpillDirs:
             return list(self._files)
 
     def remove(self, path: str) -> None:
-        """Delete ``path`` (if it exists) and stop tracking it."""
-        with self._lock:
-            tracked = self._files.pop(path, None) is not None
+        """Delete ``path`` (if it exists) and stop tracking it.
+
+        Deleted first, untracked after: a Ctrl-C between the two (a merge deleting the runs
+        it has read) leaves a tracked name that :meth:`cleanup` deletes again, not an
+        untracked file left on disk (seen under a stream of interrupts)."""
         forget_run_id(path)
         try:
             os.unlink(path)
@@ -352,6 +354,8 @@ class SpillDirs:
             pass
         except OSError as exc:  # pragma: no cover - depends on the filesystem
             log.warning("Error deleting spill file %s: %s", path, exc)
+        with self._lock:
+            tracked = self._files.pop(path, None) is not None
         if tracked:
             _release_subdir(os.path.dirname(path))
 
