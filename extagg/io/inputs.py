@@ -934,7 +934,8 @@ def _text_schema(path: str, fmt: str, file_format: Any, encoding: str | None = N
         import pyarrow.json as pajson
 
         def open_reader() -> Any:
-            return pajson.open_json(source)
+            read = file_format.default_fragment_scan_options.read_options
+            return pajson.open_json(source, read_options=read)
     else:
         import pyarrow.csv as pacsv
 
@@ -1355,7 +1356,11 @@ def _file_format(fmt: str, options: dict[str, Any], column_names: list[str] | No
         parse = pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True)
         return ds.CsvFileFormat(parse_options=parse, read_options=read, convert_options=convert)
     if fmt == "json":
-        return ds.JsonFileFormat()
+        import pyarrow.json as pajson
+
+        # types inferred from a sample as large as CSV's (Arrow's default block is 1 MiB)
+        sample = pajson.ReadOptions(block_size=options.get("block_size", 1 << 22))
+        return ds.JsonFileFormat(read_options=sample)
     if fmt == "ipc":
         return ds.IpcFileFormat()
     return ds.ParquetFileFormat()

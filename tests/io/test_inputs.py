@@ -996,6 +996,21 @@ def test_csv_encoding_reads_text_not_in_utf8(tmp_path):
         extagg.aggregate_files(str(jsonl), aggs=aggs, encoding="latin-1")
 
 
+def test_json_types_are_inferred_from_a_sample_as_large_as_csvs(tmp_path):
+    """JSON Lines types came from Arrow's default 1 MiB block, not the 4 MiB sample the docs
+    give for text: a field null for its first 1.4 MB failed ("null in the first block"),
+    where the same data as CSV worked."""
+    path = tmp_path / "late.jsonl"
+    with open(path, "w") as f:
+        f.writelines(json.dumps({"k": f"k{i % 4}", "v": None}) + "\n" for i in range(60_000))
+        f.writelines(json.dumps({"k": f"k{i % 4}", "v": i}) + "\n" for i in range(1_000))
+    assert path.stat().st_size > 1 << 20
+    got = extagg.aggregate_files(str(path), by="k", aggs={"s": ("v", "sum")}).read_all()
+    assert {r["k"]: r["s"] for r in got.to_pylist()} == {
+        f"k{j}": sum(range(j, 1_000, 4)) for j in range(4)
+    }
+
+
 def test_json_field_null_in_the_first_block_is_typed_by_column_types(tmp_path):
     """A JSON Lines field that is null in every line of the first block (its type inferred as
     null) and numbers later: the error says which field and how to type it; with
