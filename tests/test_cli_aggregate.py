@@ -314,6 +314,31 @@ def test_a_missing_output_directory_is_a_usage_error_before_the_run(tmp_path, da
     assert ".extagg-tmp" not in err
 
 
+def test_temp_files_of_writers_killed_outright_are_removed_by_the_next_write(tmp_path, data):
+    """``kill -9`` (or the OOM killer) mid-write left ``.o.csv.XXXX.extagg-tmp`` beside the
+    output for good; a temp file names its writer now, and the next write of that output
+    removes those whose writer is gone (not a live one's, not another host's)."""
+    from extagg.spill.tempdir import process_dir_name
+
+    src, _ = data
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    dead = process_dir_name(child.pid)
+    child.kill()
+    child.wait()
+    live = process_dir_name()
+    pid, start, host = dead.split("-")[1:]
+    other_host = f"extagg-{pid}-{start}-{int(host, 16) ^ 1:08x}"
+    names = {who: f".o.csv.{owner}.k3x9q1.extagg-tmp"
+             for who, owner in (("dead", dead), ("live", live), ("other", other_host))}  # fmt: skip
+    names["other output"] = f".p.csv.{dead}.k3x9q1.extagg-tmp"
+    for name in names.values():
+        (tmp_path / name).write_bytes(b"partial")
+    out = tmp_path / "o.csv"
+    assert main(["aggregate", str(src), *ARGS, "-o", str(out), "-q"]) == 0
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".extagg-tmp"))
+    assert left == sorted(names[k] for k in ("live", "other", "other output"))
+
+
 def test_atomic_output_removes_its_temp_file_on_error(tmp_path):
     from extagg.io.output import atomic_output
 

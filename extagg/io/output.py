@@ -14,8 +14,10 @@ import datetime as dt
 import decimal
 import errno as errno_mod
 import json
+import logging
 import math
 import os
+import re
 import stat
 import sys
 import tempfile
@@ -27,6 +29,9 @@ import pyarrow.compute as pc
 
 from extagg._input_paths import output_problem
 from extagg.errors import OutputError, QueryError
+from extagg.spill.tempdir import owner_gone, process_dir_name
+
+log = logging.getLogger(__name__)
 
 __all__ = ["OUTPUT_FORMATS", "ResultWriter", "atomic_output", "output_format"]
 
@@ -70,8 +75,10 @@ def _temp_beside(path: str) -> tuple[str, IO[bytes]]:
     ``open()`` would give under the umask (``mkstemp`` makes it 0600, which the rename kept:
     outputs only their writer could read)."""
     directory = os.path.dirname(os.path.abspath(path))
+    name = os.path.basename(path)
+    _remove_stale_temps(directory, name)
     fd, tmp = tempfile.mkstemp(
-        prefix=f".{os.path.basename(path)}.", suffix=".extagg-tmp", dir=directory
+        prefix=f".{name}.{process_dir_name()}.", suffix=_TEMP_SUFFIX, dir=directory
     )
     try:
         mode = stat.S_IMODE(os.stat(path).st_mode)
@@ -82,6 +89,28 @@ def _temp_beside(path: str) -> tuple[str, IO[bytes]]:
     except OSError:  # pragma: no cover - filesystems without modes
         pass
     return tmp, os.fdopen(fd, "wb")
+
+
+_TEMP_SUFFIX = ".extagg-tmp"
+#: a temp file's name: ``.<output name>.<writer process, as its spill folder>.<random>``
+_TEMP_NAME = re.compile(r"^\.(.+)\.(extagg-\d+-\d+-[0-9a-f]{8})\.[^.]+\.extagg-tmp$")
+
+
+def _remove_stale_temps(directory: str, name: str) -> None:
+    """Remove the temp files of output ``name`` whose writer is gone (killed with ``kill -9``
+    or by the OOM killer mid-write: they stayed beside the output for good). A live writer's,
+    another host's or another PID namespace's are left alone."""
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return
+    for entry in entries:
+        match = _TEMP_NAME.match(entry)
+        if match is None or match[1] != name or not owner_gone(match[2]):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(directory, entry))
+            log.info("removed %s, left by a writer that is gone", os.path.join(directory, entry))
 
 
 def _umask() -> int:

@@ -52,6 +52,7 @@ __all__ = [
     "note_run_id",
     "expected_run_id",
     "forget_run_id",
+    "owner_gone",
     "process_dir_name",
     "remove_orphans",
     "remove_process_dirs",
@@ -116,6 +117,13 @@ def _is_orphan(name: str, host: str) -> bool:
         return actual is None or abs(actual - start) > 1
     legacy = _LEGACY_FOLDER_RE.match(name)
     return legacy is not None and not psutil.pid_exists(int(legacy[1]))
+
+
+def owner_gone(name: str) -> bool:
+    """Whether the process a :func:`process_dir_name` names (``extagg-<pid>-<start>-<host>``)
+    is gone: of this host and PID namespace, and no longer running (its pid free, or reused
+    by a process that started at another time). Others' are never judged gone."""
+    return _is_orphan(name, _host_tag())
 
 
 def remove_orphans(base: str | os.PathLike[str]) -> list[str]:
