@@ -64,6 +64,12 @@ def add_aggregate_command(sub: Any) -> None:
         "those inferred from the first block)",
     )
     p.add_argument(
+        "--quote",
+        default='"',
+        help="the CSV/TSV quote character (default \"), or 'none' for text that quotes "
+        "nothing (TSV as databases and Unix tools write it)",
+    )
+    p.add_argument(
         "--encoding",
         help="the encoding of CSV/TSV text not in UTF-8, e.g. latin-1, cp1252 (default: utf-8)",
     )
@@ -223,7 +229,7 @@ def _run_aggregate(args: argparse.Namespace) -> int:
             memory=args.memory, spill_dirs=args.spill_dirs, sort=args.sort, format=args.format,
             delimiter=args.delimiter, column_types=_column_types(args.column_types),
             schema=_schema(args.schema), header=not args.no_header, threads=args.threads,
-            encoding=args.encoding,
+            encoding=args.encoding, quote=args.quote,
         )  # fmt: skip
         _execute(query, args, output, fmt)
     except QueryError as exc:

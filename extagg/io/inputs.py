@@ -784,6 +784,22 @@ def parse_delimiter(delimiter: str | None) -> str | None:
     return chosen
 
 
+def parse_quote(quote: str | None, fmt: str) -> str | bool:
+    """``--quote``: the character CSV fields are quoted with (``"`` by default), or ``none``
+    (``''``, ``None``) for text that quotes nothing — TSV as databases and Unix tools write
+    it, where a value may begin with ``"`` (with quoting, such a value swallowed the lines
+    after it up to the next ``"``). ``False`` in Arrow's terms for none."""
+    if quote is None or quote == "" or str(quote).lower() == "none":
+        return False
+    if quote == '"':
+        return quote
+    if fmt not in ("csv", "tsv"):
+        raise QueryError("--quote applies to CSV/TSV only")
+    if len(quote) != 1 or quote in ("\n", "\r"):
+        raise QueryError(f"--quote must be one character or 'none', got {quote!r}")
+    return quote
+
+
 def sniff_delimiter(path: str, encoding: str | None = None) -> str:
     """The delimiter of a ``.csv`` file given none: ``,`` unless its header line has no comma
     and exactly one of :data:`OTHER_DELIMITERS` (``;`` in the CSVs of locales whose decimal
@@ -1353,7 +1369,10 @@ def _file_format(fmt: str, options: dict[str, Any], column_names: list[str] | No
         # a quoted value may hold a newline (a comment, an address): without this a block
         # boundary inside one ended the run ("CSV parser got out of sync with chunker"); the
         # streaming reader parses one block at a time, at the same speed either way
-        parse = pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True)
+        quote = options.get("quote", '"')
+        parse = pacsv.ParseOptions(
+            delimiter=delimiter, newlines_in_values=quote is not False, quote_char=quote
+        )
         return ds.CsvFileFormat(parse_options=parse, read_options=read, convert_options=convert)
     if fmt == "json":
         import pyarrow.json as pajson
@@ -1392,6 +1411,7 @@ def open_input(
     header: bool = True,
     sample_bytes: int = 1 << 22,
     encoding: str | None = None,
+    quote: str | None = '"',
     bind_filter: Callable[[pa.Schema], Any] | None = None,
 ) -> InputScan:
     """Resolve ``paths`` and plan a scan of the ``needed`` columns (see the module docstring).
@@ -1447,7 +1467,7 @@ def open_input(
     delimiter = parse_delimiter(delimiter)
     options: dict[str, Any] = {
         "delimiter": delimiter, "column_types": dict(column_types or {}),
-        "block_size": sample_bytes, "encoding": encoding,
+        "block_size": sample_bytes, "encoding": encoding, "quote": parse_quote(quote, fmt),
     }  # fmt: skip
     names = None
     if schema is not None:

@@ -431,7 +431,7 @@ def _parse_where(text: str | None) -> ParsedExpression | None:
 #: the keyword options of :func:`aggregate_files` that shape the scan and the aggregation
 SCAN_OPTIONS = (
     "format", "delimiter", "column_types", "schema", "header", "batch_rows", "spill_dirs",
-    "memory_manager", "threads", "encoding",
+    "memory_manager", "threads", "encoding", "quote",
 )  # fmt: skip
 
 
@@ -454,6 +454,7 @@ def plan_query(
     batch_rows: int = 65_536,
     threads: int | None = None,
     encoding: str | None = None,
+    quote: str | None = '"',
 ) -> FileQuery:
     """Check a query and plan its scan (see :func:`aggregate_files`); reads no data rows."""
     from extagg._config import parse_size
@@ -520,7 +521,7 @@ def plan_query(
     scan = open_input(
         paths, needed, filter=None if where_expr is None else where_expr.expression,
         filter_columns=[] if where_expr is None else where_expr.columns, format=format,
-        delimiter=delimiter, column_types=types, schema=schema, header=header,
+        delimiter=delimiter, column_types=types, schema=schema, header=header, quote=quote,
         sample_bytes=sample, encoding=encoding,
         bind_filter=None if where_expr is None else where_expr.bind,
     )  # fmt: skip
@@ -595,7 +596,8 @@ def aggregate_files(
         :class:`~extagg.metrics.RunMetrics`.
     **options
         Shape the scan: ``format``, ``delimiter``, ``column_types``, ``schema``, ``header``,
-        ``encoding`` (of CSV/TSV text not in UTF-8, e.g. ``"latin-1"``), ``spill_dirs``,
+        ``encoding`` (of CSV/TSV text not in UTF-8, e.g. ``"latin-1"``), ``quote`` (the
+        CSV/TSV quote character, ``'"'``; ``None`` for text that quotes nothing), ``spill_dirs``,
         ``memory_manager``; ``threads`` for the aggregation (see
         :class:`~extagg.columnar.HashAggregator`).
 
