@@ -353,9 +353,10 @@ def test_temp_files_of_a_killed_metadata_write_go_on_the_next_open(tmp_path: Pat
 
 
 def _host() -> str:
-    import socket
+    """This host (and PID namespace) as state temp file names give it."""
+    from extagg.state import atomic
 
-    return socket.gethostname().replace(".", "_").replace("-", "_") or "host"
+    return atomic._HOST
 
 
 # ------------------------------------------------------------------ NaN keys
