@@ -269,11 +269,19 @@ def _reader_of_stdout_left(exc: BaseException) -> bool:
 
 def _check_early(args: argparse.Namespace) -> None:
     """The checks that need no pyarrow: the input paths exist (a runtime error, as when
-    read), the budget is a size the engines can run in (a usage error)."""
+    read), the budget is a size the engines can run in and the settings from the environment
+    are readable (usage errors: a bad ``EXTAGG_MAX_SPILL_BYTES`` failed at the first spill)."""
+    from extagg._config import env_size
     from extagg._input_paths import expand_input_paths
     from extagg.errors import QueryError
+    from extagg.memory.unified import resolve_wait_timeout
 
     expand_input_paths(args.paths)
+    try:
+        env_size("EXTAGG_MAX_SPILL_BYTES")
+        resolve_wait_timeout(None)
+    except (TypeError, ValueError) as exc:
+        raise QueryError(str(exc)) from None
     if args.memory is not None:
         from extagg._config import parse_size
         from extagg.memory import check_engine_budget

@@ -572,6 +572,21 @@ def test_a_bad_memory_variable_is_a_usage_error(data, value, monkeypatch, capsys
     assert "EXTAGG_MEMORY" in capsys.readouterr().err or value == "100k"
 
 
+@pytest.mark.parametrize(
+    "variable, value",
+    [("EXTAGG_MAX_SPILL_BYTES", "12q"), ("EXTAGG_MAX_SPILL_BYTES", "-1"),
+     ("EXTAGG_MEMORY_WAIT_TIMEOUT", "soon"), ("EXTAGG_MEMORY_WAIT_TIMEOUT", "0")],
+)  # fmt: skip
+def test_a_bad_setting_in_the_environment_is_a_usage_error(data, variable, value, monkeypatch,
+                                                           capsys):  # fmt: skip
+    """A bad ``EXTAGG_MAX_SPILL_BYTES`` or ``EXTAGG_MEMORY_WAIT_TIMEOUT`` exited 1, as a
+    runtime failure, where a bad ``EXTAGG_MEMORY`` or ``--memory`` exits 2."""
+    monkeypatch.setenv(variable, value)
+    src, _ = data
+    assert main(["aggregate", str(src), "--by", "k", "--agg", "n=count(*)", "-q"]) == 2
+    assert variable in capsys.readouterr().err
+
+
 def test_quoted_values_take_the_column_type_and_aggs_may_be_texts(data):
     """``u >= '25'`` reads the text as ``u``'s type, in the row-group pruning too (Arrow's
     pruning failed on ``u in ('1')``); ``aggs`` may be the ``--agg`` texts."""

@@ -14,6 +14,12 @@ Result types follow Spark SQL: ``count`` is ``int64``; ``sum`` of integers or bo
 ``var``/``std`` are ``float64``; ``min``, ``max``, ``first`` and ``last`` keep the input type.
 A group with no non-null input gets a null (``var``/``std`` need two values,
 ``var_pop``/``std_pop`` one).
+
+``var_state`` (accepted by :class:`~extagg.columnar.HashAggregator`, not a user's function) is
+a variance's mergeable state as one value — the ``(count, mean, M2)`` of its numbers, or the
+Chan merge of such values — so that a two-stage aggregation (PySpark's partial and final
+stages) combines variances as exactly as one table does: sums of ``x²`` cancel catastrophically
+when a group's mean is large against its spread.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from extagg.columnar import _kernels
-from extagg.columnar.columns import Column, decimal_array, is_decimal64
+from extagg.columnar.columns import Column, decimal_array, is_decimal64, to_column
 from extagg.columnar.var_states import VarArena
 from extagg.errors import QueryError, SumOverflowError
 
@@ -43,7 +49,12 @@ __all__ = [
     "StateField",
     "SumOverflowError",
     "VAR_FUNCTIONS",
+    "VAR_STATE",
+    "VAR_STATE_DTYPE",
     "is_var_spec",
+    "finish_var_states",
+    "pack_var_states",
+    "unpack_var_states",
     "merge_var",
     "NO_AGGREGATES",
     "agg_mapping",
@@ -78,6 +89,10 @@ ALIASES = {
     "size": "count",  # of every row, as pandas' size: count(*) whatever the column
 }
 """Other accepted spellings (SQL and pandas names) → canonical function name."""
+#: a variance's mergeable state (see the module docstring), for two-stage aggregation
+VAR_STATE = "var_state"
+#: one ``var_state`` value: 24 bytes, little-endian
+VAR_STATE_DTYPE = np.dtype([("n", "<i8"), ("mean", "<f8"), ("m2", "<f8")])
 _NUMERIC = ("int", "uint", "float", "bool", "decimal")
 _ORDERED = ("int", "uint", "float", "bool", "temporal", "decimal")
 _ALL = (*_ORDERED, "string", "binary")
@@ -89,6 +104,7 @@ _ACCEPTS = {
     "var_pop": _NUMERIC,
     "std": _NUMERIC,
     "std_pop": _NUMERIC,
+    VAR_STATE: (*_NUMERIC, "binary"),
 }
 _I64 = np.dtype(np.int64)
 _U64 = np.dtype(np.uint64)
@@ -183,10 +199,12 @@ def agg_mapping(aggs: Any) -> Any:
     return aggs
 
 
-def parse_aggs(aggs: Mapping[str, Any], distinct: bool = False) -> list[AggregateRequest]:
+def parse_aggs(
+    aggs: Mapping[str, Any], distinct: bool = False, states: bool = False
+) -> list[AggregateRequest]:
     """Check ``{output: (column, function)}`` and canonicalise the function names
-    (``distinct``: accept :data:`DISTINCT_FUNCTIONS` too); :data:`NO_AGGREGATES` is the one
-    empty ``aggs`` accepted."""
+    (``distinct``: accept :data:`DISTINCT_FUNCTIONS` too; ``states``: :data:`VAR_STATE`);
+    :data:`NO_AGGREGATES` is the one empty ``aggs`` accepted."""
     if aggs is NO_AGGREGATES:
         return []
     if not isinstance(aggs, Mapping) or not aggs:
@@ -211,7 +229,8 @@ def parse_aggs(aggs: Mapping[str, Any], distinct: bool = False) -> list[Aggregat
                 f"aggregate {output!r}: {func} is a two-level group-by that HashAggregator does "
                 "not do alone; use extagg.aggregate() or extagg.columnar.DistinctAggregator"
             )
-        if name not in FUNCTIONS and name not in DISTINCT_FUNCTIONS:
+        known = name in FUNCTIONS or name in DISTINCT_FUNCTIONS
+        if not known and not (states and name == VAR_STATE):
             names = sorted((*FUNCTIONS, *DISTINCT_FUNCTIONS, *ALIASES))
             close = difflib.get_close_matches(func.lower(), names, n=1, cutoff=0.6)
             hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -337,8 +356,10 @@ def _layout(
         if kind == "float":
             return "mean_float", (*fsum, count), pa.float64()
         return ("mean_uint" if big_unsigned else "mean_int"), (*sum128, count), pa.float64()
-    if func in ("var", "var_pop", "std", "std_pop"):
+    if func in ("var", "var_pop", "std", "std_pop", VAR_STATE):
         welford = (count, StateField("mean", _F64, 0.0), StateField("m2", _F64, 0.0))
+        if func == VAR_STATE:
+            return VAR_STATE, welford, pa.binary()
         return "var", welford, pa.float64()
     assert value_dtype is not None
     if func in ("min", "max"):
@@ -377,8 +398,12 @@ def update(
     if family.endswith("_var"):
         _update_var(spec, states, gids, column, valid, seq_base, kernels, arena)
         return
+    if family == VAR_STATE and column.kind == "binary":
+        rows, n, mean, m2 = unpack_var_states(column, valid, spec.output)
+        kernels.merge_var(gids if rows is None else gids[rows], n, mean, m2, *states)
+        return
     values = column.values
-    if column.kind == "decimal" and family == "var":
+    if column.kind == "decimal" and family in ("var", VAR_STATE):
         values = decimal_floats(column)
     if family.endswith("_dec128") and not family.startswith(("sum", "mean")):
         base = family[: -len("_dec128")]
@@ -407,7 +432,7 @@ def update(
     elif family in ("last", "last_non_null"):
         skip = family == "last_non_null"
         kernels.last_update(gids, values, valid, seq_base, skip, *states)
-    elif family == "var":
+    elif family in ("var", VAR_STATE):
         kernels.var_update(gids, values, valid, *states)
     else:  # pragma: no cover - resolve() only makes the families above
         raise AssertionError(family)
@@ -751,7 +776,7 @@ def merge(
         kernels.merge_first(out_gid, *src, *dst)
     elif family in ("last", "last_non_null"):
         kernels.merge_last(out_gid, *src, *dst)
-    elif family == "var":
+    elif family in ("var", VAR_STATE):
         kernels.merge_var(out_gid, *src, *dst)
     else:  # pragma: no cover
         raise AssertionError(family)
@@ -969,12 +994,76 @@ def finalize(spec: AggregateSpec, states: Sequence[Any]) -> pa.Array:
         return _typed(v, spec.output_type, (seq < 0) | null)
     if family == "var":
         n, _mean, m2 = states
-        sample = spec.func in ("var", "std")
-        divisor = n - 1 if sample else n
-        with np.errstate(invalid="ignore", divide="ignore"):
-            result = np.maximum(m2, 0.0) / divisor
-        if spec.func.startswith("std"):
-            with np.errstate(invalid="ignore"):
-                result = np.sqrt(result)
-        return _typed(result, pa.float64(), n <= (1 if sample else 0))
+        return _variance(spec.func, n, m2)
+    if family == VAR_STATE:
+        return pack_var_states(*states)
     raise AssertionError(family)  # pragma: no cover
+
+
+def _variance(func: str, n: np.ndarray, m2: np.ndarray) -> pa.Array:
+    """``func`` (var, var_pop, std, std_pop) of the moments ``n`` and ``m2``: null where
+    there are too few values, NaN where one was NaN or infinite (as Spark's)."""
+    sample = func in ("var", "std")
+    divisor = n - 1 if sample else n
+    with np.errstate(invalid="ignore", divide="ignore"):
+        result = np.maximum(m2, 0.0) / divisor
+    if func.startswith("std"):
+        with np.errstate(invalid="ignore"):
+            result = np.sqrt(result)
+    return _typed(result, pa.float64(), n <= (1 if sample else 0))
+
+
+def finish_var_states(states: pa.Array, func: str) -> pa.Array:
+    """``func`` (var, var_pop, std, std_pop) of each ``var_state`` value of ``states``
+    (a null state: no value, a null result)."""
+    column = to_column(func, states)
+    valid = np.ones(len(states), dtype=np.bool_) if column.valid is None else column.valid
+    rows, n_valid, _mean, m2_valid = unpack_var_states(column, valid, func)
+    n = np.zeros(len(states), dtype=np.int64)
+    m2 = np.zeros(len(states), dtype=np.float64)
+    n[rows], m2[rows] = n_valid, m2_valid
+    return _variance(ALIASES.get(func, func), n, m2)
+
+
+def pack_var_states(n: np.ndarray, mean: np.ndarray, m2: np.ndarray) -> pa.Array:
+    """``var_state`` values (binary, 24 bytes each; null where ``n`` is 0) of the moments
+    ``n`` (count), ``mean`` and ``m2`` (sum of squared deviations from the mean)."""
+    rows = len(n)
+    packed = np.empty(rows, dtype=VAR_STATE_DTYPE)
+    packed["n"], packed["mean"], packed["m2"] = n, mean, m2
+    empty = np.asarray(n) == 0
+    size = VAR_STATE_DTYPE.itemsize
+    offsets = np.arange(0, (rows + 1) * size, size, dtype=np.int32)
+    validity = None
+    nulls = int(empty.sum())
+    if nulls:
+        validity = pa.py_buffer(np.packbits(~empty, bitorder="little"))
+    return pa.Array.from_buffers(
+        pa.binary(), rows, [validity, pa.py_buffer(offsets), pa.py_buffer(packed)], null_count=nulls
+    )
+
+
+def unpack_var_states(
+    column: Column, valid: np.ndarray, output: str = "var_state"
+) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, np.ndarray]:
+    """The moments of a binary column of ``var_state`` values: ``(rows, n, mean, m2)``,
+    ``rows`` the indexes of the non-null values (None: all). A value that is not 24 bytes
+    is a ``ValueError`` naming ``output`` and the column."""
+    assert column.offsets is not None and column.data is not None
+    offsets, data = column.offsets, column.data
+    size = VAR_STATE_DTYPE.itemsize
+    rows = np.flatnonzero(valid) if len(valid) else None
+    starts = offsets[:-1] if rows is None else offsets[rows]
+    lengths = np.diff(offsets) if rows is None else offsets[rows + 1] - starts
+    if len(lengths) and (lengths != size).any():
+        bad = int(np.flatnonzero(lengths != size)[0])
+        raise ValueError(
+            f"aggregate {output!r}: column {column.name!r} holds a value of "
+            f"{int(lengths[bad])} bytes where a {VAR_STATE} of {size} bytes was expected"
+        )
+    if len(starts) and int(starts[-1]) - int(starts[0]) == size * (len(starts) - 1):
+        first = int(starts[0])  # contiguous: a view, no copy
+        packed = data[first : first + size * len(starts)].view(VAR_STATE_DTYPE)
+    else:
+        packed = data[starts[:, None] + np.arange(size)].reshape(-1).view(VAR_STATE_DTYPE)
+    return rows, packed["n"].copy(), packed["mean"].copy(), packed["m2"].copy()

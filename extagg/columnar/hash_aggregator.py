@@ -223,7 +223,7 @@ class HashAggregator(Spillable[ColumnBlock]):
             raise ValueError(f"key columns must be distinct, got {self.keys}")
         if aggs is F.NO_AGGREGATES and not self.keys:
             raise TypeError("an aggregator with no aggregate needs keys")
-        self._requests = F.parse_aggs(aggs)
+        self._requests = F.parse_aggs(aggs, states=True)
         self._aggs = aggs if aggs is F.NO_AGGREGATES else dict(aggs)  # the children's
         #: whether input rows may be set aside and aggregated later (first/last need row order)
         self._order_free = not any(r.func.startswith(("first", "last")) for r in self._requests)

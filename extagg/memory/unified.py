@@ -43,6 +43,7 @@ __all__ = [
     "set_default_memory_manager",
     "DEFAULT_WAIT_TIMEOUT",
     "WAIT_TIMEOUT_ENV",
+    "resolve_wait_timeout",
 ]
 
 logger = logging.getLogger(__name__)
@@ -97,7 +98,7 @@ class UnifiedMemoryManager:
     ) -> None:
         self._max_memory = cap_to_machine(parse_size(max_memory, name="max_memory"))
         self._storage_fraction = _check_fraction(storage_fraction)
-        self._wait_timeout = _resolve_wait_timeout(wait_timeout)
+        self._wait_timeout = resolve_wait_timeout(wait_timeout)
         self._storage_region_size = int(self._max_memory * self._storage_fraction)
         self._lock = threading.RLock()
         self._condition = threading.Condition(self._lock)
@@ -452,7 +453,7 @@ def _check_fraction(storage_fraction: float) -> float:
     return float(storage_fraction)
 
 
-def _resolve_wait_timeout(wait_timeout: float | None) -> float:
+def resolve_wait_timeout(wait_timeout: float | None) -> float:
     """Explicit argument > ``EXTAGG_MEMORY_WAIT_TIMEOUT`` > 120 s."""
     source = "wait_timeout"
     if wait_timeout is None:

@@ -3,23 +3,20 @@
 ``aggregate(df, by, aggs)`` runs the columnar engine (:class:`extagg.HashAggregator`) twice:
 
 1. each input partition is folded into *partial states* in a ``mapInArrow`` — ``sum`` and
-   ``count`` for ``mean``; ``count``, ``sum`` and ``q = m2 + sum²/n`` (the within-partition
-   squared deviations plus the partition's share of the squared mean) for ``var``/``std``;
-   the partition's own first/last value for ``first``/``last`` (tagged with the partition
-   index so the final merge sees partitions in order);
+   ``count`` for ``mean``; the ``(count, mean, M2)`` moments for ``var``/``std`` (one binary
+   ``var_state`` value, :data:`extagg.columnar.functions.VAR_STATE`); the partition's own
+   first/last value for ``first``/``last`` (tagged with the partition index so the final merge
+   sees partitions in order);
 2. the partial rows are shuffled on the keys (``repartition``) and merged in a second
-   ``mapInArrow``: sums of sums and counts, min of mins, first of firsts, ...; then finished
-   (``mean = sum / n``, ``var = (Q − S²/N) / (N − 1)``, ...).
+   ``mapInArrow``: sums of sums and counts, min of mins, first of firsts, moments by Chan's
+   formula (as Spark's own ``CentralMomentAgg`` merges them), ...; then finished
+   (``mean = sum / n``, ``var = M2 / (N − 1)``, ...).
 
 Function names are those of :mod:`extagg.columnar.functions` (``count``, ``sum``, ``mean``/
 ``avg``, ``min``, ``max``, ``first``, ``last``, ``first_non_null``, ``last_non_null``, ``var``,
 ``var_pop``, ``std``, ``std_pop`` and aliases). Result types follow Spark SQL. Decimal inputs
 are read as doubles. Float keys are normalised as Spark's ``groupBy`` does (``-0.0`` is
 ``0.0``, every NaN one group).
-
-Precision note: ``var``/``std`` merge partitions with ``Q − S²/N``, which loses digits when a
-group's mean is huge against its spread (relative error ≈ 1e-16 · mean² / variance); Spark's
-own merge (Chan's formula) does not.
 """
 
 from __future__ import annotations
@@ -36,7 +33,14 @@ import pyarrow.compute as pc
 from extagg._config import parse_size
 from extagg.columnar import HashAggregator
 from extagg.columnar.columns import column_kind, to_column
-from extagg.columnar.functions import agg_mapping, mean_half_up, parse_aggs, resolve
+from extagg.columnar.functions import (
+    VAR_STATE,
+    agg_mapping,
+    finish_var_states,
+    mean_half_up,
+    parse_aggs,
+    resolve,
+)
 from extagg.errors import SumOverflowError
 from extagg.spark.merger import report_spill
 from extagg.spark.settings import local_workers_run_this_python, worker_budget
@@ -171,7 +175,11 @@ class AggregationPlan:
                 o.partial = {f"{p}_s": (col, "sum")}
                 o.final = {f"{p}_s": (f"{p}_s", "sum")}
                 partial_fields.append(T.StructField(f"{p}_s", _result_type("sum", in_type)))
-            elif r.func == "mean" or r.func in _VAR_FUNCS:
+            elif r.func in _VAR_FUNCS:
+                o.partial = {f"{p}_m": (col, VAR_STATE)}
+                o.final = {f"{p}_m": (f"{p}_m", VAR_STATE)}
+                partial_fields.append(T.StructField(f"{p}_m", T.BinaryType()))
+            elif r.func == "mean":
                 summed, sum_type = col, _result_type("sum", in_type)
                 if isinstance(sum_type, T.LongType):
                     summed, sum_type = f"{p}_x", T.DoubleType()
@@ -182,10 +190,6 @@ class AggregationPlan:
                     T.StructField(f"{p}_s", sum_type),
                     T.StructField(f"{p}_n", T.LongType()),
                 ]
-                if r.func in _VAR_FUNCS:
-                    o.partial[f"{p}_vp"] = (col, "var_pop")  # turned into q after the partial
-                    o.final[f"{p}_q"] = (f"{p}_q", "sum")
-                    partial_fields.append(T.StructField(f"{p}_q", T.DoubleType()))
             else:  # min, max, first, last, first_non_null, last_non_null
                 o.partial = {f"{p}_v": (col, r.func)}
                 o.final = {f"{p}_v": (f"{p}_v", r.func)}
@@ -259,7 +263,7 @@ class AggregationPlan:
         partition = _partition_id() if self.ordered else None
         if self.float_inputs:
             batches = map(self._with_float_inputs, batches)
-        yield from self._run(batches, aggs, target, lambda b: self._finish_partial(b, partition))
+        yield from self._run(batches, aggs, target, lambda b: self._with_partition(b, partition))
 
     def _with_float_inputs(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """``batch`` with the integer columns a mean/var/std sums as doubles beside it (past
@@ -317,16 +321,8 @@ class AggregationPlan:
                 message = message.replace(repr(state), repr(o.output))
         return message
 
-    def _finish_partial(self, batch: pa.RecordBatch, partition: int | None) -> dict[str, pa.Array]:
+    def _with_partition(self, batch: pa.RecordBatch, partition: int | None) -> dict[str, pa.Array]:
         columns = {name: batch.column(name) for name in batch.schema.names}
-        for o in self.outputs:
-            if o.func in _VAR_FUNCS:
-                p = f"__{o.output}"
-                n = pc.cast(columns[f"{p}_n"], pa.float64())
-                s = pc.cast(columns[f"{p}_s"], pa.float64(), safe=False)  # past 2^53: rounded
-                m2 = pc.multiply(pc.fill_null(columns.pop(f"{p}_vp"), 0.0), n)
-                share = pc.if_else(pc.greater(n, 0), pc.divide(pc.multiply(s, s), n), 0.0)
-                columns[f"{p}_q"] = pc.add(pc.fill_null(m2, 0.0), pc.fill_null(share, 0.0))
         if partition is not None:
             columns[PARTITION_COLUMN] = pa.array([partition] * batch.num_rows, pa.int32())
         return columns
@@ -341,25 +337,12 @@ class AggregationPlan:
                 columns[o.output] = batch.column(f"{p}_s")
             elif o.func == "mean" and pa.types.is_duration(batch.schema.field(f"{p}_s").type):
                 columns[o.output] = _duration_mean(batch.column(f"{p}_s"), batch.column(f"{p}_n"))
-            elif o.func == "mean" or o.func in _VAR_FUNCS:
+            elif o.func == "mean":
                 n = pc.cast(pc.fill_null(batch.column(f"{p}_n"), 0), pa.float64())
                 s = pc.cast(batch.column(f"{p}_s"), pa.float64(), safe=False)  # as Spark's avg
-                if o.func == "mean":
-                    columns[o.output] = pc.if_else(pc.greater(n, 0), pc.divide(s, n), None)
-                    continue
-                q = batch.column(f"{p}_q")
-                m2 = pc.max_element_wise(
-                    pc.subtract(
-                        q, pc.if_else(pc.greater(n, 0), pc.divide(pc.multiply(s, s), n), 0.0)
-                    ),
-                    0.0,
-                )
-                # NaN / inf inputs make the moments NaN, as Spark's are
-                m2 = pc.if_else(pc.is_nan(q), q, m2)
-                sample = o.func in ("var", "std")
-                denom = pc.subtract(n, 1.0) if sample else n
-                var = pc.if_else(pc.greater(denom, 0), pc.divide(m2, denom), None)
-                columns[o.output] = pc.sqrt(var) if o.func.startswith("std") else var
+                columns[o.output] = pc.if_else(pc.greater(n, 0), pc.divide(s, n), None)
+            elif o.func in _VAR_FUNCS:
+                columns[o.output] = finish_var_states(batch.column(f"{p}_m"), o.func)
             else:
                 columns[o.output] = batch.column(f"{p}_v")
         return columns

@@ -19,11 +19,13 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import struct
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from extagg._config import parse_size
+from extagg.columnar.functions import VAR_STATE
 from extagg.errors import SumOverflowError
 from extagg.generic.aggregator import Aggregator
 from extagg.generic.external_map import ExternalAppendOnlyMap
@@ -68,6 +70,31 @@ def _max(a: Any, b: Any) -> Any:
     return b if a is None else a if b is None else max(a, b)
 
 
+_VAR_STATE = struct.Struct("<qdd")  # extagg.columnar.functions.VAR_STATE_DTYPE
+
+
+def _merge_moments(a: bytes | None, b: bytes | None) -> bytes | None:
+    """Chan's merge of two packed ``(count, mean, M2)`` variance states (None: no value)."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    (na, ma, qa), (nb, mb, qb) = _VAR_STATE.unpack(a), _VAR_STATE.unpack(b)
+    n = na + nb
+    delta = mb - ma
+    return _VAR_STATE.pack(n, ma + delta * nb / n, qa + qb + delta * delta * (na * nb / n))
+
+
+def _finish_moments(func: str, state: bytes | None) -> float | None:
+    """``func`` (var, var_pop, std, std_pop) of a packed variance state, as the engine's."""
+    n, _mean, m2 = _VAR_STATE.unpack(state) if state is not None else (0, 0.0, 0.0)
+    denom = n - 1 if func in ("var", "std") else n
+    if denom <= 0:
+        return None
+    var = max(m2, 0.0) / denom if not math.isnan(m2) else m2
+    return math.sqrt(var) if func.startswith("std") else var
+
+
 def _older(a: Any, b: Any) -> Any:
     return a
 
@@ -92,6 +119,7 @@ _MERGE: dict[str, Callable[[Any, Any], Any]] = {
     "last": _newer,
     "first_non_null": _older_non_null,
     "last_non_null": _newer_non_null,
+    VAR_STATE: _merge_moments,
 }
 
 
@@ -167,7 +195,8 @@ class StatefulAggregate:
         try:
             width = len(self.by)
             for row in states_df.toLocalIterator():
-                values = tuple(row)
+                # a binary state (variance moments) comes as a bytearray: stored as bytes
+                values = tuple(bytes(v) if isinstance(v, bytearray) else v for v in row)
                 key = values[0] if width == 1 else values[:width]
                 emap.insert(key, values[width:])
             version = provider.merge_update(
@@ -240,18 +269,11 @@ def finish_states(plan: AggregationPlan, rows: Any) -> dict[Any, dict[str, Any]]
                 values[o.output] = state[f"{p}_n"] or 0
             elif o.func == "sum":
                 values[o.output] = state[f"{p}_s"]
-            elif o.func == "mean" or o.func.startswith(("var", "std")):
+            elif o.func == "mean":
                 n, s = state[f"{p}_n"] or 0, state[f"{p}_s"]
-                if o.func == "mean":
-                    values[o.output] = s / n if n else None
-                    continue
-                q = state[f"{p}_q"]
-                m2 = max(q - (s * s / n if n else 0.0), 0.0) if not math.isnan(q) else q
-                denom = n - 1 if o.func in ("var", "std") else n
-                var = m2 / denom if denom > 0 else None
-                values[o.output] = (
-                    math.sqrt(var) if var is not None and o.func.startswith("std") else var
-                )
+                values[o.output] = s / n if n else None
+            elif o.func.startswith(("var", "std")):
+                values[o.output] = _finish_moments(o.func, state[f"{p}_m"])
             else:
                 values[o.output] = state[f"{p}_v"]
         out[key] = values

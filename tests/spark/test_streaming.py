@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -53,3 +54,27 @@ def test_a_running_sum_leaving_int64_is_an_overflow_error(tmp_path, spark):
         running(one, 2)
     assert Checkpoint(state).last_committed_batch() == 1
     assert running.results(one.schema)["o"] == {"s": 2 * value, "m": float(value)}
+
+
+def test_running_deviation_of_values_with_a_large_mean_is_exact(tmp_path, spark):
+    """The state kept ``Σx²``-like moments merged as ``Q − S²/N``: epoch seconds (mean 1.7e9,
+    spread of minutes) lost every digit. The moments are merged by Chan's formula now."""
+    import random
+    import statistics
+
+    from extagg.spark import StatefulAggregate
+
+    rng = random.Random(3)
+    batches = [[("k", 1.7e9 + rng.uniform(0, 600)) for _ in range(200)] for _ in range(3)]
+    batches.append([("lone", 1.7e9)])  # one value: no sample deviation, a zero population one
+    running = StatefulAggregate(
+        ["k"], {"sd": ("t", "std"), "vp": ("t", "var_pop")}, str(tmp_path / "state")
+    )
+    schema = "k string, t double"
+    for batch_id, rows in enumerate(batches):
+        running(spark.createDataFrame(rows, schema).repartition(2), batch_id)
+    values = [t for rows in batches[:3] for _, t in rows]
+    got = running.results(spark.createDataFrame(batches[0], schema).schema)
+    assert math.isclose(got["k"]["sd"], statistics.stdev(values), rel_tol=1e-9)
+    assert math.isclose(got["k"]["vp"], statistics.pvariance(values), rel_tol=1e-9)
+    assert got["lone"] == {"sd": None, "vp": 0.0}
