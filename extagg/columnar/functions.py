@@ -52,6 +52,7 @@ __all__ = [
     "VAR_STATE",
     "VAR_STATE_DTYPE",
     "is_var_spec",
+    "divide_decimal",
     "finish_var_states",
     "pack_var_states",
     "unpack_var_states",
@@ -878,7 +879,32 @@ def _check_digits(
 def _decimal_mean(spec: AggregateSpec, words: Sequence[np.ndarray], n: np.ndarray) -> pa.Array:
     """``sum / n`` at the result scale, rounded half up (away from zero on ties, as Spark)."""
     assert spec.arrow_type is not None  # a decimal input column
-    shift = spec.output_type.scale - spec.arrow_type.scale
+    what = f"aggregate {spec.output!r}: mean of column {spec.column!r} ({spec.arrow_type})"
+    return _divide_half_up(words, n, spec.arrow_type.scale, spec.output_type, what)
+
+
+def divide_decimal(total: pa.Array, n: np.ndarray, out_type: pa.DataType, what: str) -> pa.Array:
+    """``total / n`` (a decimal128 array of sums, their counts) as ``out_type``, exact and
+    rounded half up: the mean of summed partial states, as the engine's own ``mean`` of a
+    decimal (a two-stage aggregation's final step). ``what`` names the mean in an overflow."""
+    if isinstance(total, pa.ChunkedArray):
+        total = total.combine_chunks()
+    rows = len(total)
+    words = np.frombuffer(total.buffers()[1], dtype=np.int64)
+    words = words[2 * total.offset : 2 * (total.offset + rows)].reshape(rows, 2)
+    n = np.asarray(n, dtype=np.int64)
+    if total.null_count:
+        n = np.where(total.is_null().to_numpy(zero_copy_only=False), 0, n)
+    lo, hi = words[:, 0].view(np.uint64).copy(), words[:, 1].copy()
+    return _divide_half_up((lo, hi), n, total.type.scale, out_type, what)
+
+
+def _divide_half_up(
+    words: Sequence[np.ndarray], n: np.ndarray, in_scale: int, out_type: pa.DataType, what: str
+) -> pa.Array:
+    """Sums (128- or 192-bit ``words``, at ``in_scale``) over ``n`` as ``out_type``, rounded
+    half up; a quotient past its precision is a :class:`SumOverflowError` (``what``)."""
+    shift = out_type.scale - in_scale
     factor = 10**shift
     m = len(n)
     q_lo = np.zeros(m, dtype=np.int64)
@@ -904,7 +930,7 @@ def _decimal_mean(spec: AggregateSpec, words: Sequence[np.ndarray], n: np.ndarra
     slow = np.flatnonzero(~fast & ~empty)
     if len(slow):
         q_lo = q_lo.copy()
-        digits_limit = 10**spec.output_type.precision
+        digits_limit = 10**out_type.precision
         for r, total in zip(slow.tolist(), _words_to_ints(words, slow)):
             count = int(n[r])
             q, rem = divmod(abs(total) * factor, count)
@@ -912,15 +938,13 @@ def _decimal_mean(spec: AggregateSpec, words: Sequence[np.ndarray], n: np.ndarra
             q = -q if total < 0 else q
             if abs(q) >= digits_limit:
                 raise SumOverflowError(
-                    f"decimal overflow in aggregate {spec.output!r}: mean of column "
-                    f"{spec.column!r} ({spec.arrow_type}) has more than "
-                    f"{spec.output_type.precision} digits at scale {spec.output_type.scale} "
-                    f"(result type {spec.output_type})",
+                    f"decimal overflow in {what}: the mean has more than {out_type.precision} "
+                    f"digits at scale {out_type.scale} (result type {out_type})",
                     r,
                 )
             q_lo[r] = np.uint64(q & 0xFFFFFFFFFFFFFFFF).view(np.int64)
             q_hi[r] = q >> 64
-    return decimal_array(spec.output_type, q_lo, q_hi, empty)
+    return decimal_array(out_type, q_lo, q_hi, empty)
 
 
 def _typed(values: np.ndarray, arrow_type: pa.DataType, mask: np.ndarray) -> pa.Array:

@@ -14,13 +14,15 @@
 
 Function names are those of :mod:`extagg.columnar.functions` (``count``, ``sum``, ``mean``/
 ``avg``, ``min``, ``max``, ``first``, ``last``, ``first_non_null``, ``last_non_null``, ``var``,
-``var_pop``, ``std``, ``std_pop`` and aliases). Result types follow Spark SQL. Decimal inputs
-are read as doubles. Float keys are normalised as Spark's ``groupBy`` does (``-0.0`` is
-``0.0``, every NaN one group).
+``var_pop``, ``std``, ``std_pop`` and aliases). Result types follow Spark SQL: decimals are
+keys and values as they are, ``sum`` of ``decimal(p, s)`` an exact ``decimal(p + 10, s)`` and
+``avg`` an exact ``decimal(p + 4, s + 4)`` rounded half up (each capped at 38). Float keys are
+normalised as Spark's ``groupBy`` does (``-0.0`` is ``0.0``, every NaN one group).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +38,7 @@ from extagg.columnar.columns import column_kind, to_column
 from extagg.columnar.functions import (
     VAR_STATE,
     agg_mapping,
+    divide_decimal,
     finish_var_states,
     mean_half_up,
     parse_aggs,
@@ -83,6 +86,11 @@ def _result_type(func: str, input_type: Any) -> Any:
         return T.LongType()
     if isinstance(input_type, T.DayTimeIntervalType) and func in ("sum", "mean"):
         return input_type if func == "sum" else T.DayTimeIntervalType()  # as Spark's own
+    if isinstance(input_type, T.DecimalType) and func in ("sum", "mean"):
+        p, s = input_type.precision, input_type.scale
+        if func == "sum":
+            return T.DecimalType(min(38, p + 10), s)
+        return T.DecimalType(min(38, p + 4), min(38, s + 4))
     if func == "sum":
         if isinstance(input_type, (T.ByteType, T.ShortType, T.IntegerType, T.LongType)):
             return T.LongType()
@@ -163,7 +171,7 @@ class AggregationPlan:
         partial_fields = [fields[c] for c in self.by]
         final_fields = [fields[c] for c in self.by]
         for r in requests:
-            in_type = None if r.column is None else _input_type(fields[r.column].dataType)
+            in_type = None if r.column is None else fields[r.column].dataType
             o = _Output(r.output, r.func, r.column)
             col = r.column or "*"
             p = f"__{r.output}"
@@ -204,11 +212,6 @@ class AggregationPlan:
         self.partial_schema = T.StructType(partial_fields)
         self.state_schema = T.StructType([f for f in partial_fields if f.name != PARTITION_COLUMN])
         self.final_schema = T.StructType(final_fields)
-        self.decimal_columns = [
-            c
-            for c in {*self.by, *(o.column for o in self.outputs if o.column)}
-            if isinstance(fields[c].dataType, T.DecimalType)
-        ]
         self.float_keys = [
             c for c in self.by if isinstance(fields[c].dataType, (T.FloatType, T.DoubleType))
         ]
@@ -228,7 +231,7 @@ class AggregationPlan:
         for r in requests:
             if r.column is None:
                 continue
-            arrow_type = self._arrow_type(r.column, _input_type(fields[r.column].dataType))
+            arrow_type = self._arrow_type(r.column, fields[r.column].dataType)
             if column_kind(arrow_type) is None:
                 raise TypeError(
                     f"aggregate {r.output!r}: {r.func}({r.column!r}) is not supported for column "
@@ -305,13 +308,34 @@ class AggregationPlan:
                 for out in agg.results():
                     columns = finish(out)
                     yield pa.RecordBatch.from_arrays(
-                        [columns[f.name].cast(f.type) for f in target], schema=target
+                        [self._fit(columns[f.name], f) for f in target], schema=target
                     )
             except SumOverflowError as exc:  # named by the user's outputs, not the states'
                 raise SumOverflowError(self._public_names(str(exc)), exc.row) from exc
             report_spill(agg.metrics)
             if agg.metrics.spill_count:
                 log.info("extagg.spark.aggregate stage: %s", agg.metrics.summary())
+
+    @functools.cached_property
+    def _final_arrow(self) -> pa.Schema:
+        return self._arrow(self.final_schema)
+
+    def _fit(self, column: pa.Array, target: pa.Field) -> pa.Array:
+        """``column`` as ``target``'s type: a decimal sum of summed partial sums past the
+        precision of Spark's sum (``decimal(p + 10, s)``) is a :class:`SumOverflowError`
+        (Spark's ARITHMETIC_OVERFLOW), named by the output it is for."""
+        try:
+            return column.cast(target.type)
+        except pa.ArrowInvalid:
+            if not pa.types.is_decimal(target.type):
+                raise
+            raise SumOverflowError(
+                self._public_names(
+                    f"decimal overflow in aggregate {target.name!r}: the sum has more than "
+                    f"{target.type.precision} digits (result type {target.type}, as Spark's "
+                    "sum of a decimal)"
+                )
+            ) from None
 
     def _public_names(self, message: str) -> str:
         """``message`` with the partial and final state columns (``'__s_s'``) named by the
@@ -337,6 +361,11 @@ class AggregationPlan:
                 columns[o.output] = batch.column(f"{p}_s")
             elif o.func == "mean" and pa.types.is_duration(batch.schema.field(f"{p}_s").type):
                 columns[o.output] = _duration_mean(batch.column(f"{p}_s"), batch.column(f"{p}_n"))
+            elif o.func == "mean" and pa.types.is_decimal(batch.schema.field(f"{p}_s").type):
+                count = pc.fill_null(batch.column(f"{p}_n"), 0).to_numpy(zero_copy_only=False)
+                out_type = self._final_arrow.field(o.output).type
+                what = f"aggregate {o.output!r}: mean of column {o.column!r}"
+                columns[o.output] = divide_decimal(batch.column(f"{p}_s"), count, out_type, what)
             elif o.func == "mean":
                 n = pc.cast(pc.fill_null(batch.column(f"{p}_n"), 0), pa.float64())
                 s = pc.cast(batch.column(f"{p}_s"), pa.float64(), safe=False)  # as Spark's avg
@@ -355,11 +384,6 @@ def _duration_mean(total: pa.Array, count: pa.Array) -> pa.Array:
     n = pc.fill_null(count, 0).to_numpy(zero_copy_only=False)
     means = mean_half_up(sums.view(np.uint64), sums >> np.int64(63), n)
     return pa.array(means, type=pa.int64(), mask=n == 0).cast(total.type)
-
-
-def _input_type(data_type: Any) -> Any:
-    T = _spark_types()
-    return T.DoubleType() if isinstance(data_type, T.DecimalType) else data_type
 
 
 def _partition_id() -> int:
@@ -395,8 +419,6 @@ def _budget(df: Any, memory: int | str | None) -> int:
 def _prepare(df: Any, plan: AggregationPlan) -> Any:
     from pyspark.sql import functions as F
 
-    for c in plan.decimal_columns:
-        df = df.withColumn(c, F.col(c).cast("double"))
     for c in plan.float_keys:  # Spark's groupBy normalisation: -0.0 is 0.0
         df = df.withColumn(c, F.when(F.col(c) == 0, F.lit(0.0)).otherwise(F.col(c)))
     return df
@@ -545,17 +567,38 @@ def _map(
     if engine == "arrow":
         return df.mapInArrow(fn, schema)
     if engine == "pandas":
-        return df.mapInPandas(_pandas_stage(fn, schema), schema)
+        return df.mapInPandas(_pandas_stage(fn, _decimal_types(df.schema)), schema)
     raise ValueError(f"engine must be 'arrow' or 'pandas', got {engine!r}")
 
 
+def _decimal_types(schema: Any) -> dict[str, pa.DataType]:
+    """The Arrow types of the decimal columns of a Spark ``schema``."""
+    T = _spark_types()
+    return {
+        f.name: pa.decimal128(f.dataType.precision, f.dataType.scale)
+        for f in schema.fields
+        if isinstance(f.dataType, T.DecimalType)
+    }
+
+
 def _pandas_stage(
-    fn: Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]], schema: Any
+    fn: Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+    decimals: Mapping[str, pa.DataType],
 ) -> Callable[[Iterable[Any]], Iterator[Any]]:
-    """The ``mapInPandas`` form of a stage: pandas frames ↔ Arrow batches around ``fn``."""
+    """The ``mapInPandas`` form of a stage: pandas frames ↔ Arrow batches around ``fn``.
+    ``decimals``: the declared types of the decimal columns (pandas holds ``Decimal``
+    objects, from which Arrow would infer each frame's own precision and scale)."""
+
+    def to_batch(frame: Any) -> pa.RecordBatch:
+        batch = pa.RecordBatch.from_pandas(frame, preserve_index=False)
+        for name, arrow_type in decimals.items():
+            i = batch.schema.get_field_index(name)
+            if i >= 0 and batch.schema.field(i).type != arrow_type:
+                batch = batch.set_column(i, name, batch.column(i).cast(arrow_type))
+        return batch
 
     def run(frames: Iterable[Any]) -> Iterator[Any]:
-        batches = (pa.RecordBatch.from_pandas(frame, preserve_index=False) for frame in frames)
+        batches = (to_batch(frame) for frame in frames)
         for out in fn(batches):
             yield out.to_pandas()
 

@@ -181,6 +181,7 @@ class StatefulAggregate:
                 f"has committed only up to batch {last}: the Spark checkpoint and the state "
                 "checkpoint do not belong together"
             )
+        batch_df = _decimals_as_doubles(batch_df)
         partial_df, plan = partial_aggregate(batch_df, self.by, self.aggs, memory=self.memory)
         self._plan = plan
         states_df = final_aggregate(partial_df, plan, keep_states=True)
@@ -211,13 +212,39 @@ class StatefulAggregate:
     # ------------------------------------------------------------------ reading
     def state_columns(self, schema: Any) -> list[str]:
         """The state column names for a stream of ``schema``."""
-        plan = AggregationPlan(schema, self.by, self.aggs, 1)
+        plan = AggregationPlan(_state_schema(schema), self.by, self.aggs, 1)
         return [name for o in plan.outputs for name in o.final]
 
     def results(self, schema: Any, batch_id: int | None = None) -> dict[Any, dict[str, Any]]:
         """``key → {output: value}`` of the committed state (default: the last batch)."""
-        plan = AggregationPlan(schema, self.by, self.aggs, 1)
+        plan = AggregationPlan(_state_schema(schema), self.by, self.aggs, 1)
         return finish_states(plan, read_state(self.checkpoint.path, batch_id=batch_id))
+
+
+def _state_schema(schema: Any) -> Any:
+    """``schema`` with its decimal columns as doubles: the state store keeps numbers, strings
+    and bytes, so a stream's decimals are aggregated as doubles (``extagg.spark.aggregate``
+    keeps them exact)."""
+    from pyspark.sql import types as T
+
+    return T.StructType(
+        [
+            T.StructField(f.name, T.DoubleType(), f.nullable)
+            if isinstance(f.dataType, T.DecimalType)
+            else f
+            for f in schema.fields
+        ]
+    )
+
+
+def _decimals_as_doubles(df: Any) -> Any:
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    for f in df.schema.fields:
+        if isinstance(f.dataType, T.DecimalType):
+            df = df.withColumn(f.name, F.col(f.name).cast("double"))
+    return df
 
 
 def _identity(value: Any) -> Any:

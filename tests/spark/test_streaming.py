@@ -78,3 +78,21 @@ def test_running_deviation_of_values_with_a_large_mean_is_exact(tmp_path, spark)
     assert math.isclose(got["k"]["sd"], statistics.stdev(values), rel_tol=1e-9)
     assert math.isclose(got["k"]["vp"], statistics.pvariance(values), rel_tol=1e-9)
     assert got["lone"] == {"sd": None, "vp": 0.0}
+
+
+def test_a_stream_of_decimals_keeps_doubles_in_its_state(tmp_path, spark):
+    """``extagg.spark.aggregate`` keeps decimals exact; the state store holds numbers, so a
+    stream's decimal columns are aggregated as doubles (as before)."""
+    from decimal import Decimal
+
+    from extagg.spark import StatefulAggregate
+
+    schema = "k decimal(10,0), v decimal(10,2)"
+    running = StatefulAggregate(
+        ["k"], {"s": ("v", "sum"), "m": ("v", "mean")}, str(tmp_path / "state")
+    )
+    batches = [[(Decimal(7), Decimal("1.25"))], [(Decimal(7), Decimal("2.50"))]]
+    for batch_id, rows in enumerate(batches):
+        running(spark.createDataFrame(rows, schema), batch_id)
+    got = running.results(spark.createDataFrame(batches[0], schema).schema)
+    assert got == {7.0: {"s": 3.75, "m": 1.875}}
