@@ -97,7 +97,7 @@ class DistinctAggregator:
         **options: Any,
     ) -> None:
         self.keys = [keys] if isinstance(keys, str) else list(keys)
-        requests = F.parse_aggs(aggs, distinct=True)
+        requests = F.parse_aggs(aggs, distinct=True, states=True)
         self._outputs = [r.output for r in requests]
         clash = set(self._outputs) & set(self.keys)
         if clash:
@@ -168,6 +168,22 @@ class DistinctAggregator:
             raise UsageError("update() after results() or close()")
         if self._plain is not None:
             self._plain.update(batch)
+        for level in self._levels:
+            level.update(batch)
+
+    def update_plain(self, batch: Any) -> None:
+        """Fold a batch into the plain aggregates only; with :meth:`update_distinct`, two
+        inputs of the same groups (PySpark's partial states, and the partitions' distinct
+        values: ``extagg.spark.aggregate``'s final stage)."""
+        if self._state != "open":
+            raise UsageError("update_plain() after results() or close()")
+        if self._plain is not None:
+            self._plain.update(batch)
+
+    def update_distinct(self, batch: Any) -> None:
+        """Fold a batch into the ``count_distinct`` levels only (see :meth:`update_plain`)."""
+        if self._state != "open":
+            raise UsageError("update_distinct() after results() or close()")
         for level in self._levels:
             level.update(batch)
 

@@ -14,7 +14,10 @@
 
 Function names are those of :mod:`extagg.columnar.functions` (``count``, ``sum``, ``mean``/
 ``avg``, ``min``, ``max``, ``first``, ``last``, ``first_non_null``, ``last_non_null``, ``var``,
-``var_pop``, ``std``, ``std_pop`` and aliases). Result types follow Spark SQL: decimals are
+``var_pop``, ``std``, ``std_pop`` and aliases), and ``count_distinct``: each partition's
+distinct (keys, value) pairs are partial rows of their own kind (:data:`ROW_KIND_COLUMN`), which
+the final stage counts with a :class:`~extagg.columnar.distinct.DistinctAggregator` beside the
+merged states. Result types follow Spark SQL: decimals are
 keys and values as they are, ``sum`` of ``decimal(p, s)`` an exact ``decimal(p + 10, s)`` and
 ``avg`` an exact ``decimal(p + 4, s + 4)`` rounded half up (each capped at 38). Float keys are
 normalised as Spark's ``groupBy`` does (``-0.0`` is ``0.0``, every NaN one group).
@@ -35,7 +38,9 @@ import pyarrow.compute as pc
 from extagg._config import parse_size
 from extagg.columnar import HashAggregator
 from extagg.columnar.columns import column_kind, to_column
+from extagg.columnar.distinct import DistinctAggregator
 from extagg.columnar.functions import (
+    NO_AGGREGATES,
     VAR_STATE,
     agg_mapping,
     divide_decimal,
@@ -45,6 +50,7 @@ from extagg.columnar.functions import (
     resolve,
 )
 from extagg.errors import SumOverflowError
+from extagg.memory import resolve_task_memory_manager
 from extagg.spark.merger import report_spill
 from extagg.spark.settings import local_workers_run_this_python, worker_budget
 
@@ -58,6 +64,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 PARTITION_COLUMN = "__extagg_partition"
+#: with ``count_distinct``: 0 for a row of partial states, ``k`` for a distinct (keys, value)
+#: pair of the ``k``-th ``count_distinct``
+ROW_KIND_COLUMN = "__extagg_row"
 _ORDERED_FUNCS = ("first", "last", "first_non_null", "last_non_null")
 _VAR_FUNCS = ("var", "var_pop", "std", "std_pop")
 
@@ -73,6 +82,18 @@ class _Output:
     final: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class _Distinct:
+    """A ``count_distinct``: its pairs' value column in the partial rows (``state``), the
+    input column they are grouped by in the partial stage (``source``: the column itself, or
+    its copy with ``-0.0`` as ``0.0`` for floats)."""
+
+    output: str
+    column: str
+    state: str
+    source: str
+
+
 def _spark_types() -> Any:
     from pyspark.sql import types
 
@@ -82,7 +103,7 @@ def _spark_types() -> Any:
 def _result_type(func: str, input_type: Any) -> Any:
     """The Spark SQL type of ``func(column)`` (``input_type`` None for ``count(*)``)."""
     T = _spark_types()
-    if func == "count":
+    if func in ("count", "count_distinct"):
         return T.LongType()
     if isinstance(input_type, T.DayTimeIntervalType) and func in ("sum", "mean"):
         return input_type if func == "sum" else T.DayTimeIntervalType()  # as Spark's own
@@ -151,7 +172,7 @@ class AggregationPlan:
         self.timezone = timezone
         fields = {f.name: f for f in schema.fields}
         missing = [c for c in self.by if c not in fields]
-        requests = parse_aggs(agg_mapping(aggs))
+        requests = parse_aggs(agg_mapping(aggs), distinct=True)
         clash = sorted({r.output for r in requests} & set(self.by))
         if clash:
             raise ValueError(
@@ -168,6 +189,8 @@ class AggregationPlan:
         #: state column -> integer input column a mean/var/std sums as doubles, as Spark's
         #: ``avg`` does (its int64 sum overflowed where Spark answers: 2^62 + 2^62 + 7)
         self.float_inputs: dict[str, str] = {}
+        #: the count_distinct outputs, in order (their pairs' row kind is the index + 1)
+        self.distinct: list[_Distinct] = []
         partial_fields = [fields[c] for c in self.by]
         final_fields = [fields[c] for c in self.by]
         for r in requests:
@@ -175,7 +198,13 @@ class AggregationPlan:
             o = _Output(r.output, r.func, r.column)
             col = r.column or "*"
             p = f"__{r.output}"
-            if r.func == "count":
+            if r.func == "count_distinct":
+                assert r.column is not None
+                floating = isinstance(in_type, (T.FloatType, T.DoubleType))
+                source = f"{p}_d" if floating else r.column  # floats: -0.0 is 0.0 (_prepare)
+                self.distinct.append(_Distinct(r.output, r.column, f"{p}_d", source))
+                partial_fields.append(T.StructField(f"{p}_d", in_type))
+            elif r.func == "count":
                 o.partial = {f"{p}_n": (col, "count")}
                 o.final = {f"{p}_n": (f"{p}_n", "sum")}
                 partial_fields.append(T.StructField(f"{p}_n", T.LongType()))
@@ -203,14 +232,17 @@ class AggregationPlan:
                 o.final = {f"{p}_v": (f"{p}_v", r.func)}
                 partial_fields.append(T.StructField(f"{p}_v", in_type))
             # count is NOT NULL in Spark's result schema (a group has a count, 0 at least)
-            nullable = r.func != "count"
+            nullable = r.func not in ("count", "count_distinct")
             final_fields.append(T.StructField(r.output, _result_type(r.func, in_type), nullable))
             self.outputs.append(o)
         self.ordered = any(o.func in _ORDERED_FUNCS for o in self.outputs)
         if self.ordered:
             partial_fields.append(T.StructField(PARTITION_COLUMN, T.IntegerType()))
+        if self.distinct:
+            partial_fields.append(T.StructField(ROW_KIND_COLUMN, T.IntegerType(), False))
         self.partial_schema = T.StructType(partial_fields)
-        self.state_schema = T.StructType([f for f in partial_fields if f.name != PARTITION_COLUMN])
+        extra = {PARTITION_COLUMN, ROW_KIND_COLUMN, *(d.state for d in self.distinct)}
+        self.state_schema = T.StructType([f for f in partial_fields if f.name not in extra])
         self.final_schema = T.StructType(final_fields)
         self.float_keys = [
             c for c in self.by if isinstance(fields[c].dataType, (T.FloatType, T.DoubleType))
@@ -237,7 +269,8 @@ class AggregationPlan:
                     f"aggregate {r.output!r}: {r.func}({r.column!r}) is not supported for column "
                     f"{r.column!r} of type {fields[r.column].dataType.simpleString()}"
                 )
-            resolve(r, to_column(r.column, pa.array([], arrow_type)))  # TypeError if refused
+            if r.func != "count_distinct":  # its values are keys: any kind above
+                resolve(r, to_column(r.column, pa.array([], arrow_type)))  # TypeError if refused
 
     def _arrow_type(self, name: str, data_type: Any) -> pa.DataType:
         T = _spark_types()
@@ -266,7 +299,73 @@ class AggregationPlan:
         partition = _partition_id() if self.ordered else None
         if self.float_inputs:
             batches = map(self._with_float_inputs, batches)
-        yield from self._run(batches, aggs, target, lambda b: self._with_partition(b, partition))
+        if not self.distinct:
+            agg = self._aggregator(aggs)
+            finish = functools.partial(self._with_partition, partition=partition)
+            yield from self._run(agg, batches, target, finish)
+            return
+        yield from self._partial_with_pairs(batches, aggs, target, partition)
+
+    def _aggregator(self, aggs: Mapping[str, Any], **options: Any) -> Any:
+        """A stage's aggregator of ``aggs`` by the keys (``options``: ``keys`` instead, a
+        ``memory_manager`` to share), on one thread: Spark already runs a task per core."""
+        if any(spec[1] == "count_distinct" for spec in aggs.values()):
+            return DistinctAggregator(self.by, aggs, memory=self.memory, threads=1,
+                                      force_spill_rows=self.force_spill_rows)  # fmt: skip
+        return HashAggregator(
+            options.pop("keys", self.by), aggs, force_spill_rows=self.force_spill_rows,
+            threads=1, **({"memory": self.memory} | options),
+        )  # fmt: skip
+
+    def _partial_with_pairs(
+        self,
+        batches: Iterable[pa.RecordBatch],
+        aggs: Mapping[str, Any],
+        target: pa.Schema,
+        partition: int | None,
+    ) -> Iterator[pa.RecordBatch]:
+        """The partial states (row kind 0), then each ``count_distinct``'s distinct (keys,
+        value) pairs of the partition (row kind ``k``): one budget shared by their
+        aggregators, read one after the other."""
+        tmm = resolve_task_memory_manager(self.memory, None)
+        plain = None
+        pairs: list[Any] = []
+        try:
+            plain = self._aggregator(aggs, memory_manager=tmm, memory=None) if aggs else None
+            for d in self.distinct:
+                keys = self.by if d.source in self.by else [*self.by, d.source]
+                pairs.append(
+                    self._aggregator(NO_AGGREGATES, keys=keys, memory_manager=tmm, memory=None)
+                )
+            for batch in batches:
+                if batch.num_rows:
+                    for agg in [plain, *pairs]:
+                        if agg is not None:
+                            agg.update(batch)
+            if plain is not None:
+                yield from self._run(plain, (), target, self._rows_of_kind(0, partition))
+            for kind, (d, agg) in enumerate(zip(self.distinct, pairs, strict=True), 1):
+                rows = self._rows_of_kind(kind, partition, {d.state: d.source})
+                yield from self._run(agg, (), target, rows)
+        finally:
+            for agg in [plain, *pairs]:
+                if agg is not None:
+                    agg.close()
+
+    def _rows_of_kind(
+        self, kind: int, partition: int | None, renamed: Mapping[str, str] | None = None
+    ) -> Callable[[pa.RecordBatch], dict[str, pa.Array]]:
+        """The partial rows of ``kind`` from an aggregator's output batch: its columns (a
+        ``count_distinct``'s value under its partial name), the row kind, nulls for the rest."""
+
+        def finish(batch: pa.RecordBatch) -> dict[str, pa.Array]:
+            columns = self._with_partition(batch, partition)
+            for name, source in (renamed or {}).items():
+                columns[name] = batch.column(source)
+            columns[ROW_KIND_COLUMN] = pa.array(np.full(batch.num_rows, kind, np.int32))
+            return columns
+
+        return finish
 
     def _with_float_inputs(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """``batch`` with the integer columns a mean/var/std sums as doubles beside it (past
@@ -278,29 +377,58 @@ class AggregationPlan:
 
     def final(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Merge shuffled partial states into the results."""
-        aggs = {k: v for o in self.outputs for k, v in o.final.items()}
+        aggs: dict[str, tuple[str, str]] = {k: v for o in self.outputs for k, v in o.final.items()}
+        aggs |= {d.output: (d.state, "count_distinct") for d in self.distinct}
         target = self._arrow(self.final_schema)
-        yield from self._run(batches, aggs, target, self._finish_final)
+        agg = self._aggregator(aggs)
+        if self.distinct:
+            batches = self._routed(agg, batches)
+        yield from self._run(agg, batches, target, self._finish_final)
+
+    def _routed(self, agg: Any, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """Feed partial rows to ``agg`` (a ``DistinctAggregator``): the states to its plain
+        aggregator, the pairs to its ``count_distinct`` levels; yields nothing."""
+        for batch in batches:
+            kind = batch.column(ROW_KIND_COLUMN)
+            states = pc.equal(kind, 0)
+            if pc.any(states).as_py():
+                agg.update_plain(batch.filter(states))
+            if not pc.all(states).as_py():
+                agg.update_distinct(batch.filter(pc.invert(states)))
+        yield from ()
 
     def final_states(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Merge shuffled partial states into one state row per group (not finished)."""
+        self.check_states_kept()
         aggs = {k: v for o in self.outputs for k, v in o.final.items()}
         target = self._arrow(self.state_schema)
         yield from self._run(
-            batches, aggs, target, lambda b: {n: b.column(n) for n in b.schema.names}
+            self._aggregator(aggs),
+            batches,
+            target,
+            lambda b: {n: b.column(n) for n in b.schema.names},
         )
+
+    def check_states_kept(self) -> None:
+        """Refuse to keep merged states of a ``count_distinct``: its state is the set of its
+        values, which a running aggregate cannot keep between batches."""
+        if self.distinct:
+            names = ", ".join(repr(d.output) for d in self.distinct)
+            raise ValueError(
+                f"count_distinct ({names}) has no mergeable state to keep between batches (it "
+                "would be the set of its values): compute it with extagg.spark.aggregate"
+            )
 
     def _run(
         self,
+        agg: Any,
         batches: Iterable[pa.RecordBatch],
-        aggs: dict[str, tuple[str, str]],
         target: pa.Schema,
         finish: Callable[[pa.RecordBatch], dict[str, pa.Array]],
     ) -> Iterator[pa.RecordBatch]:
-        # one thread: Spark already runs a task per core
-        with HashAggregator(
-            self.by, aggs, memory=self.memory, force_spill_rows=self.force_spill_rows, threads=1
-        ) as agg:
+        """Fold ``batches`` into ``agg`` (a ``HashAggregator`` or ``DistinctAggregator``) and
+        yield its results, each turned by ``finish`` into the columns of ``target``."""
+        with agg:
             try:
                 for batch in batches:
                     if batch.num_rows:
@@ -308,13 +436,18 @@ class AggregationPlan:
                 for out in agg.results():
                     columns = finish(out)
                     yield pa.RecordBatch.from_arrays(
-                        [self._fit(columns[f.name], f) for f in target], schema=target
+                        [self._column(columns, f, out.num_rows) for f in target], schema=target
                     )
             except SumOverflowError as exc:  # named by the user's outputs, not the states'
                 raise SumOverflowError(self._public_names(str(exc)), exc.row) from exc
             report_spill(agg.metrics)
             if agg.metrics.spill_count:
                 log.info("extagg.spark.aggregate stage: %s", agg.metrics.summary())
+
+    def _column(self, columns: Mapping[str, pa.Array], target: pa.Field, rows: int) -> pa.Array:
+        if target.name not in columns:  # a partial row's columns of the other row kinds
+            return pa.nulls(rows, target.type)
+        return self._fit(columns[target.name], target)
 
     @functools.cached_property
     def _final_arrow(self) -> pa.Schema:
@@ -357,6 +490,8 @@ class AggregationPlan:
             p = f"__{o.output}"
             if o.func == "count":
                 columns[o.output] = pc.fill_null(batch.column(f"{p}_n"), 0)
+            elif o.func == "count_distinct":
+                columns[o.output] = batch.column(o.output)
             elif o.func == "sum":
                 columns[o.output] = batch.column(f"{p}_s")
             elif o.func == "mean" and pa.types.is_duration(batch.schema.field(f"{p}_s").type):
@@ -421,6 +556,10 @@ def _prepare(df: Any, plan: AggregationPlan) -> Any:
 
     for c in plan.float_keys:  # Spark's groupBy normalisation: -0.0 is 0.0
         df = df.withColumn(c, F.when(F.col(c) == 0, F.lit(0.0)).otherwise(F.col(c)))
+    for d in plan.distinct:  # and its count(DISTINCT x)'s: a copy, the other aggregates' as is
+        if d.source != d.column:
+            x = F.col(d.column)
+            df = df.withColumn(d.source, F.when(x == 0, F.lit(0.0)).otherwise(x))
     return df
 
 
@@ -510,6 +649,7 @@ def final_aggregate(
     if plan.ordered:
         shuffled = shuffled.sortWithinPartitions(PARTITION_COLUMN)
     if keep_states:
+        plan.check_states_kept()
         return _map(shuffled, plan.final_states, plan.state_schema, engine)
     return _map(shuffled, plan.final, plan.final_schema, engine)
 

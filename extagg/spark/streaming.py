@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from extagg._config import parse_size
+from extagg.columnar.distinct import has_distinct
 from extagg.columnar.functions import VAR_STATE
 from extagg.errors import SumOverflowError
 from extagg.generic.aggregator import Aggregator
@@ -161,6 +162,13 @@ class StatefulAggregate:
     ) -> None:
         self.by = [by] if isinstance(by, str) else list(by)
         self.aggs = dict(aggs)
+        distinct = [o for o, spec in self.aggs.items() if has_distinct({o: spec})]
+        if distinct:
+            raise ValueError(
+                f"count_distinct ({', '.join(map(repr, distinct))}) has no mergeable state to "
+                "keep between batches (it would be the set of its values): compute it with "
+                "extagg.spark.aggregate"
+            )
         self.checkpoint = Checkpoint(checkpoint)
         self.memory = None if memory is None else parse_size(memory, name="memory")
         self.operator_id = operator_id

@@ -378,3 +378,44 @@ def test_a_decimal_sum_past_38_digits_across_partitions_names_the_output(spark):
         es.aggregate(df, ["k"], {"total": ("v", "sum")}).collect()
     text = str(info.value)
     assert "decimal overflow in aggregate 'total'" in text and "__total" not in text, text[-2000:]
+
+
+@pytest.mark.parametrize("engine", ["arrow", "pandas"])
+def test_count_distinct_beside_other_aggregates_equals_spark(spark, engine):
+    """``count_distinct`` was refused ("use extagg.aggregate()"): each partition's distinct
+    (keys, value) pairs travel beside its partial states and the final stage counts them in
+    bounded memory; nulls are not counted, ``-0.0`` is ``0.0`` and NaNs are one value."""
+    from pyspark.sql import functions as F
+
+    rng = random.Random(8)
+    nan = float("nan") if engine == "arrow" else 3.5  # pandas: NaN is null
+    data = [
+        (
+            None if i % 31 == 0 else f"k{rng.randrange(25)}",
+            None if i % 7 == 0 else rng.randrange(60),
+            rng.choice([0.0, -0.0, nan, 1.5, None, 2.5]),
+            None if i % 5 == 0 else f"u{rng.randrange(400)}",
+        )
+        for i in range(4000)
+    ]
+    df = spark.createDataFrame(data, "k string, x int, f double, u string").repartition(3)
+    aggs = {"n": ("*", "count"), "ux": ("x", "count_distinct"), "first_x": ("x", "first"),
+            "uf": ("f", "nunique"), "uu": ("u", "count_distinct"), "sx": ("x", "sum"),
+            "uk": ("k", "count_distinct")}  # fmt: skip
+    ours = es.aggregate(df, ["k"], aggs, engine=engine, force_spill_rows=300, memory="8m")
+    theirs = df.groupBy("k").agg(
+        F.count("*").alias("n"), F.countDistinct("x").alias("ux"), F.first("x").alias("first_x"),
+        F.countDistinct("f").alias("uf"), F.countDistinct("u").alias("uu"),
+        F.sum("x").alias("sx"), F.countDistinct("k").alias("uk"),
+    )  # fmt: skip
+    assert ours.schema == theirs.schema
+    got, expected = as_dict(ours, ["k"]), as_dict(theirs, ["k"])
+    for row in expected.values():
+        row.pop("first_x")  # which row is first is the shuffle's choice
+    for row in got.values():
+        row.pop("first_x")
+    assert got == expected
+    only = es.aggregate(df, ["k"], {"uu": ("u", "count_distinct")}, force_spill_rows=300)
+    assert {k: r["uu"] for k, r in as_dict(only, ["k"]).items()} == {
+        k: r["uu"] for k, r in expected.items()
+    }

@@ -96,3 +96,11 @@ def test_a_stream_of_decimals_keeps_doubles_in_its_state(tmp_path, spark):
         running(spark.createDataFrame(rows, schema), batch_id)
     got = running.results(spark.createDataFrame(batches[0], schema).schema)
     assert got == {7.0: {"s": 3.75, "m": 1.875}}
+
+
+def test_a_running_count_distinct_is_refused_at_once(tmp_path):
+    """Its state would be the set of values: refused when made, not in batch 0's worker."""
+    from extagg.spark import StatefulAggregate
+
+    with pytest.raises(ValueError, match=r"count_distinct \('u'\) has no mergeable state"):
+        StatefulAggregate(["k"], {"u": ("x", "nunique")}, str(tmp_path / "state"))
