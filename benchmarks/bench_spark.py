@@ -243,6 +243,8 @@ def print_table(rows: list[dict[str, Any]], fixed: dict[str, int], budget_mib: f
 
 
 def dataframe_part(spark: Any, n: int, keys: int, partitions: int) -> list[dict[str, Any]]:
+    """``extagg.spark.aggregate`` against ``df.groupBy().agg()``: the common functions, then
+    var/std of values with a large mean, exact decimal sum/avg and ``count_distinct``."""
     from pyspark.sql import functions as F
 
     import extagg.spark as es
@@ -251,30 +253,64 @@ def dataframe_part(spark: Any, n: int, keys: int, partitions: int) -> list[dict[
         (F.col("id") * 40503 % keys).alias("k"),
         (F.col("id") % 1000).alias("v"),
         (F.col("id") % 97 / 7.0).alias("x"),
+        (F.lit(1.7e9) + F.col("id") % 601).alias("t"),  # epoch seconds: a large mean
+        (F.col("id") % 100003 / 100).cast("decimal(12,2)").alias("d"),
+        (F.col("id") % 997).alias("u"),
     )
     df = df.cache()
     df.count()
-    aggs = {"n": ("*", "count"), "s": ("v", "sum"), "m": ("x", "mean"), "mx": ("v", "max")}
-    exprs = [F.count(F.lit(1)).alias("n"), F.sum("v").alias("s"), F.avg("x").alias("m"),
-             F.max("v").alias("mx")]  # fmt: skip
-    results, rows = {}, []
-    for label, make in (
-        ("df.groupBy().agg()", lambda: df.groupBy("k").agg(*exprs)),
-        ("extagg.spark.aggregate", lambda: es.aggregate(df, ["k"], aggs)),
-    ):
-        row: dict[str, Any] = {"call": label}
-        with RssSampler() as rss:
-            start = time.perf_counter()
-            try:
-                results[label] = make().select(F.sum(F.hash("k", "n", "s", "mx"))).first()[0]
-            except Exception as exc:
-                row["error"] = f"{type(exc).__name__}: {_short(exc)}"
-            row["wall_s"] = round(time.perf_counter() - start, 2)
-        row["worker_peak_rss_mib"] = round(rss.peak / 2**20, 1)
-        rows.append(row)
-        print(row, flush=True)
-    if len(results) == 2 and len(set(results.values())) != 1:
-        print(f"DataFrame answers differ: {results}")
+    cases = {
+        "count, sum, mean, max": (
+            {"n": ("*", "count"), "s": ("v", "sum"), "m": ("x", "mean"), "mx": ("v", "max")},
+            [F.count(F.lit(1)).alias("n"), F.sum("v").alias("s"), F.avg("x").alias("m"),
+             F.max("v").alias("mx")],
+            ["n", "s", "mx"],
+        ),
+        "std, var_pop": (
+            {"sd": ("t", "std"), "vp": ("t", "var_pop")},
+            [F.stddev("t").alias("sd"), F.var_pop("t").alias("vp")],
+            [],
+        ),
+        "decimal sum, avg": (
+            {"s": ("d", "sum"), "m": ("d", "mean")},
+            [F.sum("d").alias("s"), F.avg("d").alias("m")],
+            ["s", "m"],
+        ),
+        "count_distinct, count": (
+            {"u": ("u", "count_distinct"), "n": ("*", "count")},
+            [F.countDistinct("u").alias("u"), F.count(F.lit(1)).alias("n")],
+            ["u", "n"],
+        ),
+    }  # fmt: skip
+    rows = []
+    for case, (aggs, exprs, exact) in cases.items():
+        results: dict[str, Any] = {}
+        for label, make in (
+            ("df.groupBy().agg()", lambda: df.groupBy("k").agg(*exprs)),  # noqa: B023
+            ("extagg.spark.aggregate", lambda: es.aggregate(df, ["k"], aggs)),  # noqa: B023
+        ):
+            row: dict[str, Any] = {"call": label, "functions": case}
+            with RssSampler() as rss:
+                start = time.perf_counter()
+                try:
+                    out = make()
+                    # exact columns hashed; floats summed (their last bits may differ)
+                    floats = [c for c in aggs if c not in exact]
+                    results[label] = out.select(
+                        F.sum(F.hash("k", *exact)), *(F.sum(c) for c in floats)
+                    ).first()
+                except Exception as exc:
+                    row["error"] = f"{type(exc).__name__}: {_short(exc)}"
+                row["wall_s"] = round(time.perf_counter() - start, 2)
+            row["worker_peak_rss_mib"] = round(rss.peak / 2**20, 1)
+            rows.append(row)
+            print(row, flush=True)
+        if len(results) == 2:
+            a, b = results.values()
+            same = a[0] == b[0] and all(
+                abs(x - y) <= 1e-9 * max(abs(x), abs(y)) for x, y in zip(a[1:], b[1:], strict=True)
+            )
+            print(f"{case}: answers {'equal' if same else 'DIFFER: ' + str(results)}", flush=True)
     df.unpersist()
     return rows
 
