@@ -122,9 +122,19 @@ def _sort_keys(keys: Sequence[str]) -> list[tuple[str, str]]:
     return [(k, "ascending") for k in keys]
 
 
+def _sort_indices(table: pa.Table, keys: Sequence[str]) -> pa.Array:
+    """The row order of ``table`` by ``keys``; half floats are compared as ``float32`` (the
+    same order; Arrow's sort has no kernel for them: a ``--sort`` by one raised
+    ``ArrowNotImplementedError: halffloat``)."""
+    columns = {k: table.column(k) for k in keys}
+    for k, column in columns.items():
+        if pa.types.is_float16(column.type):
+            columns[k] = column.cast(pa.float32())
+    return pc.sort_indices(pa.table(columns), sort_keys=_sort_keys(keys))
+
+
 def _sorted(table: pa.Table, keys: Sequence[str]) -> pa.Table:
-    idx = pc.sort_indices(table, sort_keys=_sort_keys(keys))
-    return table.take(idx)
+    return table.take(_sort_indices(table, keys))
 
 
 def external_sort(
@@ -338,12 +348,12 @@ def _merge_files(
             yield from _sorted(carry, keys).to_batches(max_chunksize=rows)
             return
         bounds = pa.concat_tables([last_row[i] for i in live])
-        first = pc.sort_indices(bounds, sort_keys=_sort_keys(keys))
+        first = _sort_indices(bounds, keys)
         owner = live[first[0].as_py()]
         bound = last_row[owner]
         assert bound is not None
         combined = pa.concat_tables([carry, bound]).combine_chunks()
-        order = pc.sort_indices(combined, sort_keys=_sort_keys(keys))
+        order = _sort_indices(combined, keys)
         order_np = order.to_numpy()
         sentinel = combined.num_rows - 1  # stable sort: the real row comes before its copy
         cut = int((order_np == sentinel).nonzero()[0][0])
