@@ -306,16 +306,21 @@ class AggregationPlan:
             return
         yield from self._partial_with_pairs(batches, aggs, target, partition)
 
-    def _aggregator(self, aggs: Mapping[str, Any], **options: Any) -> Any:
-        """A stage's aggregator of ``aggs`` by the keys (``options``: ``keys`` instead, a
-        ``memory_manager`` to share), on one thread: Spark already runs a task per core."""
+    def _aggregator(
+        self,
+        aggs: Mapping[str, Any],
+        keys: Sequence[str] | None = None,
+        memory_manager: Any = None,
+    ) -> Any:
+        """A stage's aggregator of ``aggs`` by ``keys`` (default the plan's), with the plan's
+        budget or a share of ``memory_manager``'s, on one thread: Spark already runs a task
+        per core."""
+        memory = None if memory_manager is not None else self.memory
+        options = {"memory": memory, "memory_manager": memory_manager, "threads": 1,
+                   "force_spill_rows": self.force_spill_rows}  # fmt: skip
         if any(spec[1] == "count_distinct" for spec in aggs.values()):
-            return DistinctAggregator(self.by, aggs, memory=self.memory, threads=1,
-                                      force_spill_rows=self.force_spill_rows)  # fmt: skip
-        return HashAggregator(
-            options.pop("keys", self.by), aggs, force_spill_rows=self.force_spill_rows,
-            threads=1, **({"memory": self.memory} | options),
-        )  # fmt: skip
+            return DistinctAggregator(self.by, aggs, **options)
+        return HashAggregator(keys or self.by, aggs, **options)
 
     def _partial_with_pairs(
         self,
@@ -331,12 +336,10 @@ class AggregationPlan:
         plain = None
         pairs: list[Any] = []
         try:
-            plain = self._aggregator(aggs, memory_manager=tmm, memory=None) if aggs else None
+            plain = self._aggregator(aggs, memory_manager=tmm) if aggs else None
             for d in self.distinct:
                 keys = self.by if d.source in self.by else [*self.by, d.source]
-                pairs.append(
-                    self._aggregator(NO_AGGREGATES, keys=keys, memory_manager=tmm, memory=None)
-                )
+                pairs.append(self._aggregator(NO_AGGREGATES, keys=keys, memory_manager=tmm))
             for batch in batches:
                 if batch.num_rows:
                     for agg in [plain, *pairs]:
@@ -381,21 +384,8 @@ class AggregationPlan:
         aggs |= {d.output: (d.state, "count_distinct") for d in self.distinct}
         target = self._arrow(self.final_schema)
         agg = self._aggregator(aggs)
-        if self.distinct:
-            batches = self._routed(agg, batches)
-        yield from self._run(agg, batches, target, self._finish_final)
-
-    def _routed(self, agg: Any, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        """Feed partial rows to ``agg`` (a ``DistinctAggregator``): the states to its plain
-        aggregator, the pairs to its ``count_distinct`` levels; yields nothing."""
-        for batch in batches:
-            kind = batch.column(ROW_KIND_COLUMN)
-            states = pc.equal(kind, 0)
-            if pc.any(states).as_py():
-                agg.update_plain(batch.filter(states))
-            if not pc.all(states).as_py():
-                agg.update_distinct(batch.filter(pc.invert(states)))
-        yield from ()
+        feed = functools.partial(_route, agg) if self.distinct else None
+        yield from self._run(agg, batches, target, self._finish_final, feed)
 
     def final_states(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Merge shuffled partial states into one state row per group (not finished)."""
@@ -425,14 +415,17 @@ class AggregationPlan:
         batches: Iterable[pa.RecordBatch],
         target: pa.Schema,
         finish: Callable[[pa.RecordBatch], dict[str, pa.Array]],
+        feed: Callable[[pa.RecordBatch], None] | None = None,
     ) -> Iterator[pa.RecordBatch]:
-        """Fold ``batches`` into ``agg`` (a ``HashAggregator`` or ``DistinctAggregator``) and
-        yield its results, each turned by ``finish`` into the columns of ``target``."""
+        """Fold ``batches`` into ``agg`` (a ``HashAggregator`` or ``DistinctAggregator``; by
+        ``feed`` if given, else ``agg.update``) and yield its results, each turned by
+        ``finish`` into the columns of ``target``."""
+        update = feed or agg.update
         with agg:
             try:
                 for batch in batches:
                     if batch.num_rows:
-                        agg.update(batch)
+                        update(batch)
                 for out in agg.results():
                     columns = finish(out)
                     yield pa.RecordBatch.from_arrays(
@@ -510,6 +503,16 @@ class AggregationPlan:
             else:
                 columns[o.output] = batch.column(f"{p}_v")
         return columns
+
+
+def _route(agg: Any, batch: pa.RecordBatch) -> None:
+    """Feed partial rows to ``agg`` (a ``DistinctAggregator``): the states to its plain
+    aggregates, the distinct pairs to its ``count_distinct`` levels."""
+    states = pc.equal(batch.column(ROW_KIND_COLUMN), 0)
+    if pc.any(states).as_py():
+        agg.update_plain(batch.filter(states))
+    if not pc.all(states).as_py():
+        agg.update_distinct(batch.filter(pc.invert(states)))
 
 
 def _duration_mean(total: pa.Array, count: pa.Array) -> pa.Array:
