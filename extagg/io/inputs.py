@@ -1481,11 +1481,6 @@ def open_input(
         raise QueryError("files without a header need --schema to name their columns")
     if fmt not in ("csv", "tsv") and (delimiter or not header):
         raise QueryError("--delimiter and --no-header apply to CSV/TSV only")
-    if fmt not in ("csv", "tsv", "json") and column_types:
-        raise QueryError(
-            "--column-types applies to CSV/TSV and JSON Lines only (Parquet and Arrow files "
-            "carry their types)"
-        )
     file_format = _file_format(fmt, options, names)
     # each .csv file's own delimiter when none is given (as DuckDB's sniffer, per file): a
     # ';' file beside ',' ones was read as one column, its values nulls
@@ -1534,6 +1529,7 @@ def open_input(
                 path=path,
             ) from exc
     hive: dict[str, pa.DataType] = {}
+    folder_values: dict[str, set[str]] = {}
     for path, base in files:
         if base is None:
             continue
@@ -1542,6 +1538,12 @@ def open_input(
             m = _HIVE.match(part)
             if m:
                 hive.setdefault(m.group(1), pa.string())
+                folder_values.setdefault(m.group(1), set()).add(m.group(2))
+    if fmt not in ("csv", "tsv", "json") and set(column_types or {}) - set(hive):
+        raise QueryError(
+            "--column-types applies to CSV/TSV and JSON Lines only, and to hive folder columns "
+            "(Parquet and Arrow files carry their types)"
+        )
     available = list(dict.fromkeys([n for _, s in per_file for n in s.names] + list(hive)))
     for name in [*needed, *filter_columns]:
         if name not in available:
@@ -1569,23 +1571,13 @@ def open_input(
             fields.append(pa.field(name, json_types[name]))
             continue
         fields.append(_unify_column(name, per_file))
-    # hive partition columns: let Arrow infer their types from the directory names
+    # hive folder columns: typed from every folder's value (as Spark and DuckDB do), or as given
     groups: dict[str | None, list[str]] = {}
     for path, base in files:
         groups.setdefault(base, []).append(path)
-    partitionings: dict[str | None, Any] = {}
-    for base, group in groups.items():
-        if base is None:
-            continue
-        factory = ds.HivePartitioning.discover(infer_dictionary=False)
-        discovery = ds.FileSystemFactoryOptions(partition_base_dir=base)
-        discovery.partitioning_factory = factory
-        probe = ds.FileSystemDatasetFactory(_LOCAL, group, file_format, discovery)
-        # the folder names' types only: no file is opened (an IPC stream could not be)
-        for f in probe.inspect(fragments=0):
-            if f.name in hive:
-                hive[f.name] = f.type
-        partitionings[base] = factory
+    for name in hive:
+        given = (column_types or {}).get(name)
+        hive[name] = given if given is not None else folder_column_type(folder_values[name])
     fields += [pa.field(n, hive[n]) for n in read_cols if n in hive]
     unified = pa.schema(fields)
     if filter is not None and bind_filter is not None:
@@ -1692,6 +1684,53 @@ class _IpcStream:
 
     schema: pa.Schema
     folder_values: dict[str, Any]
+
+
+#: the folder name Hive and Spark give a null partition value
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+_FOLDER_INT = re.compile(r"^-?(0|[1-9][0-9]*)$")
+_FOLDER_FLOAT = re.compile(r"^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?$")
+_FOLDER_DATE = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
+_FOLDER_TIMESTAMP = re.compile(
+    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[ T][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,6})?)?$"
+)
+
+
+def folder_column_type(raw_values: Iterator[str] | set[str] | list[str]) -> pa.DataType:
+    """The type of a hive folder column, from the values its folder names give (URL-encoded,
+    as written; the null marker ignored), inferred as Spark infers partition columns: int32
+    when every value fits, else int64, else float64 (integers and decimals mixed), else date32
+    (``YYYY-MM-DD``), else timestamp[us] (``YYYY-MM-DD HH:MM[:SS[.ffffff]]``), else string.
+
+    Unlike Spark, a number written with leading zeros or a plus sign (``zip=01234``) keeps the
+    column a string: read as an integer it would lose its digits."""
+    from datetime import date, datetime
+    from urllib.parse import unquote
+
+    values = {unquote(v) for v in raw_values} - {HIVE_NULL}
+    if not values:
+        return pa.string()
+    if all(_FOLDER_INT.match(v) for v in values):
+        numbers = [int(v) for v in values]
+        if all(-(2**31) <= n < 2**31 for n in numbers):
+            return pa.int32()
+        if all(-(2**63) <= n < 2**63 for n in numbers):
+            return pa.int64()
+        return pa.string()
+    if all(_FOLDER_FLOAT.match(v) for v in values):
+        return pa.float64()
+
+    def all_parse(pattern: re.Pattern[str], parse: Callable[[str], Any]) -> bool:
+        try:
+            return all(pattern.match(v) and parse(v) for v in values)
+        except ValueError:  # 2024-02-30
+            return False
+
+    if all_parse(_FOLDER_DATE, date.fromisoformat):
+        return pa.date32()
+    if all_parse(_FOLDER_TIMESTAMP, datetime.fromisoformat):
+        return pa.timestamp("us")
+    return pa.string()
 
 
 def _folder_values(path: str, kwargs: dict[str, Any], names: list[str]) -> dict[str, Any]:

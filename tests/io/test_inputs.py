@@ -1199,3 +1199,68 @@ def test_quoted_crlf_values_survive_every_block_boundary(tmp_path):
         assert sorted(got.to_pylist(), key=str) == [
             {"note": note, "n": 66_667}, {"note": "plain", "n": 133_333}
         ]  # fmt: skip
+
+
+def test_folder_column_types_are_inferred_as_spark_infers_them():
+    """Folder names give int32, then int64, then float64, date32, timestamp[us], else string;
+    a number with leading zeros (a zip code) keeps the column a string, as does a mix."""
+    from extagg.io.inputs import folder_column_type as typed
+
+    assert typed({"1", "-7", "__HIVE_DEFAULT_PARTITION__"}) == pa.int32()
+    assert typed({"1", "3000000000"}) == pa.int64()
+    assert typed({"1", str(2**64)}) == pa.string()
+    assert typed({"1", "1.5", "2e3"}) == pa.float64()
+    assert typed({"2024-01-31", "2023-12-01"}) == pa.date32()
+    assert typed({"2024-01-31 10%3A11%3A12", "2024-01-31T00:00:00.5"}) == pa.timestamp("us")
+    for strings in ({"01234", "20000"}, {"+5"}, {"2024-02-30"}, {"1", "x"}, {"nan"}, set()):
+        assert typed(strings) == pa.string(), strings
+    assert typed({"__HIVE_DEFAULT_PARTITION__"}) == pa.string()
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv", "jsonl", "arrows"])
+def test_dated_hive_folders_are_dates_and_filtered_by_date(tmp_path, fmt):
+    """``dt=2024-01-02`` folders give a date column (was a string: ``dt >= date '…'`` was a
+    type error), ``n=3000000000`` an int64, ``p=1.5`` a float64, ``zip=01234`` a string with
+    its zero; a null folder is null; the filter on the folder keys selects whole folders."""
+    rows = [
+        ("2024-01-01", "3000000000", "1.5", "01234"),
+        ("2024-01-02", "1", "2", "20000"),
+        ("2024-01-03", "__HIVE_DEFAULT_PARTITION__", "2.5", "01234"),
+        ("2024-01-03", "2", "__HIVE_DEFAULT_PARTITION__", "99999"),
+    ]
+    for i, (dt, n, p, z) in enumerate(rows):
+        folder = tmp_path / "hive" / f"dt={dt}" / f"n={n}" / f"p={p}" / f"zip={z}"
+        folder.mkdir(parents=True)
+        write(pa.table({"v": pa.array([i + 1] * 10, pa.int64())}), folder / f"f.{fmt}", fmt)
+    got = extagg.aggregate_files(
+        str(tmp_path / "hive"), by=["dt", "n", "p", "zip"], aggs={"s": ("v", "sum")}, sort=True,
+        memory="8m",
+    ).read_all()  # fmt: skip
+    assert [got.schema.field(c).type for c in ("dt", "n", "p", "zip")] == [
+        pa.date32(), pa.int64(), pa.float64(), pa.string(),
+    ]  # fmt: skip
+    from datetime import date
+
+    assert got.to_pylist() == [
+        {"dt": date(2024, 1, 1), "n": 3000000000, "p": 1.5, "zip": "01234", "s": 10},
+        {"dt": date(2024, 1, 2), "n": 1, "p": 2.0, "zip": "20000", "s": 20},
+        {"dt": date(2024, 1, 3), "n": 2, "p": None, "zip": "99999", "s": 40},
+        {"dt": date(2024, 1, 3), "n": None, "p": 2.5, "zip": "01234", "s": 30},
+    ]
+    got = extagg.aggregate_files(
+        str(tmp_path / "hive"), by=["zip"], aggs={"s": ("v", "sum")}, sort=True,
+        where="dt >= date '2024-01-02' and zip <> '99999'",
+    ).read_all()  # fmt: skip
+    assert got.to_pylist() == [{"zip": "01234", "s": 30}, {"zip": "20000", "s": 20}]
+    # a type given for a folder column wins, in any format; a file's column is refused
+    got = extagg.aggregate_files(
+        str(tmp_path / "hive"), by=["dt"], aggs={"s": ("v", "sum")}, sort=True,
+        column_types={"dt": pa.string()},
+    ).read_all()  # fmt: skip
+    assert got.column("dt").to_pylist() == ["2024-01-01", "2024-01-02", "2024-01-03"]
+    if fmt in ("parquet", "arrows"):
+        with pytest.raises(QueryError, match="column-types applies to CSV"):
+            extagg.aggregate_files(
+                str(tmp_path / "hive"), by=["dt"], aggs={"s": ("v", "sum")},
+                column_types={"v": pa.string()},
+            )  # fmt: skip
