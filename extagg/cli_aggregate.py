@@ -49,7 +49,7 @@ def add_aggregate_command(sub: Any) -> None:
     p.add_argument("--having", help="filter on result columns, e.g. 'n > 10'")
     p.add_argument("--memory", help="memory budget, e.g. 256m, 2g (default: EXTAGG_MEMORY/auto)")
     p.add_argument("-o", "--output", help="output file (.parquet .csv .jsonl .arrow), - for CSV")
-    p.add_argument("--output-format", help="parquet, csv, jsonl or ipc (default: extension)")
+    p.add_argument("--output-format", help="parquet, csv, tsv, jsonl or ipc (default: extension)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
     p.add_argument("--sort", action="store_true", help="sort results by the keys")
     p.add_argument("--format", help="input format: parquet, csv, tsv, json, ipc")

@@ -68,6 +68,8 @@ def read_any(path: Path) -> pa.Table:
         return pq.read_table(path)
     if suffix == ".csv":
         return pacsv.read_csv(path)
+    if suffix == ".tsv":
+        return pacsv.read_csv(path, parse_options=pacsv.ParseOptions(delimiter="\t"))
     if suffix == ".arrow":
         with pa.ipc.open_file(path) as f:
             return f.read_all()
@@ -127,7 +129,7 @@ def test_string_key_with_string_min_max_first_last(tmp_path, by, capsys):
     assert have == want
 
 
-@pytest.mark.parametrize("ext", ["parquet", "csv", "jsonl", "arrow"])
+@pytest.mark.parametrize("ext", ["parquet", "csv", "tsv", "jsonl", "arrow"])
 def test_every_output_format(tmp_path, data, ext, capsys):
     src, t = data
     out = tmp_path / f"out.{ext}"
@@ -645,22 +647,24 @@ def test_text_outputs_take_binary_values_and_non_finite_floats(tmp_path, capsys)
         src,
     )  # fmt: skip
     aggs = ["--agg", "mx=max(blob)", "--agg", "s=sum(f)", "--sort", "-q"]
-    for ext in ("csv", "jsonl"):
+    for ext in ("csv", "tsv", "jsonl"):
         out = tmp_path / f"o.{ext}"
         assert main(["aggregate", str(src), "--by", "k", *aggs, "-o", str(out)]) == 0, (
             capsys.readouterr().err
         )
-        if ext == "csv":
+        if ext in ("csv", "tsv"):
             read = pacsv.ConvertOptions(strings_can_be_null=True)
-            rows = pacsv.read_csv(out, convert_options=read).to_pylist()
+            parse = pacsv.ParseOptions(delimiter="," if ext == "csv" else "\t")
+            rows = pacsv.read_csv(out, parse_options=parse, convert_options=read).to_pylist()
         else:
             rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
         got = {r["k"]: (r["mx"], r["s"]) for r in rows}
         assert base64.b64decode(got["a"][0]) == b"\x01" and got["c"][0] is None
         assert base64.b64decode(got["b"][0]) == b"x"
-        if ext == "csv":
+        if ext in ("csv", "tsv"):
             assert got["a"][1] == float("inf")  # nan: pyarrow reads it as null, so by text
-            assert out.read_text(encoding="utf-8").splitlines()[2] == '"b","eA==",nan'
+            line = out.read_text(encoding="utf-8").splitlines()[2]
+            assert line == '"b","eA==",nan'.replace(",", "," if ext == "csv" else "\t")
         else:
             assert (got["a"][1], got["b"][1], got["c"][1]) == ("Infinity", "NaN", "-Infinity")
 

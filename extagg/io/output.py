@@ -35,11 +35,13 @@ log = logging.getLogger(__name__)
 
 __all__ = ["OUTPUT_FORMATS", "ResultWriter", "atomic_output", "output_format"]
 
-OUTPUT_FORMATS = ("parquet", "csv", "jsonl", "ipc")
+OUTPUT_FORMATS = ("parquet", "csv", "tsv", "jsonl", "ipc")
 _EXT = {
     ".parquet": "parquet",
     ".pq": "parquet",
     ".csv": "csv",
+    ".tsv": "tsv",
+    ".tab": "tsv",
     ".jsonl": "jsonl",
     ".ndjson": "jsonl",
     ".json": "jsonl",
@@ -413,10 +415,13 @@ class ResultWriter:
                     sink, self.schema, compression="zstd", use_dictionary=text or False,
                     write_batch_size=PARQUET_WRITE_BATCH_ROWS,
                 )  # fmt: skip
-            elif self.fmt == "csv":
+            elif self.fmt in ("csv", "tsv"):
                 import pyarrow.csv as pacsv
 
-                self._writer = pacsv.CSVWriter(sink, _text_schema(self.schema))
+                options = pacsv.WriteOptions(delimiter="\t" if self.fmt == "tsv" else ",")
+                self._writer = pacsv.CSVWriter(
+                    sink, _text_schema(self.schema), write_options=options
+                )
             elif self.fmt == "ipc":
                 self._writer = pa.ipc.new_file(sink, self.schema)
 
@@ -465,7 +470,7 @@ class ResultWriter:
                 ).encode("utf-8")
                 self._file.write(lines)
                 nbytes = len(lines)
-            elif self.fmt == "csv":
+            elif self.fmt in ("csv", "tsv"):
                 self._writer.write_batch(_binary_as_base64(batch))
             elif self.fmt == "parquet":
                 self._group.append(batch)
