@@ -327,9 +327,7 @@ class InputScan:
                 if not len(schema):  # count(*) alone: no column, the rows (Arrow parsed all)
                     block = block.select([])
                 elif block.schema != schema:
-                    block = pa.RecordBatch.from_arrays(
-                        [_as_type(block.column(f.name), f.type) for f in schema], schema=schema
-                    )
+                    block = _block_as(block, schema, rows_before - block.num_rows, text.fmt)
                 step = max(1, self.batch_rows)
                 for start in range(0, block.num_rows, step):
                     yield block.slice(start, step), None
@@ -595,6 +593,34 @@ def _small_dictionaries(
         else:
             out.append(name)
     return out
+
+
+def _block_as(
+    block: pa.RecordBatch, schema: pa.Schema, rows_before: int, fmt: str
+) -> pa.RecordBatch:
+    """A parsed text block's columns cast to the scan's ``schema``; a value that does not
+    convert (JSON text read as a date or a timestamp) is an error naming the column, its
+    type, the value and its row (``rows_before`` the block's first)."""
+    columns = []
+    for f in schema:
+        try:
+            columns.append(_as_type(block.column(f.name), f.type))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            where = f": {exc}"
+            values = block.column(f.name)
+            for i in range(len(values) if pa.types.is_string(values.type) else 0):
+                try:
+                    values.slice(i, 1).cast(f.type)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                    value = values[i].as_py()
+                    shown = value if len(value) <= 80 else value[:77] + "..."
+                    where = f": {shown!r} in data row {rows_before + i + 1} of the file"
+                    break
+            kind = "JSON" if fmt == "json" else "CSV"
+            raise pa.ArrowInvalid(
+                f"Failed to convert {kind} column {f.name!r} to {f.type}{where}"
+            ) from exc
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 def _as_type(arr: pa.Array, to: pa.DataType) -> pa.Array:
@@ -910,11 +936,15 @@ def _open_text(source: Any, text: _TextFile, schema: pa.Schema, block_bytes: int
         # an object column that first appears after the block its type was inferred from (a
         # max or count_distinct of the objects then silently wrong): "infer" fails there
         nested = any(_holds_struct(f.type) for f in schema)
+        # dates and times are parsed from their text by a cast (see _json_temporal_types):
+        # Arrow's JSON reader reads no date32, and read into a timestamp without a zone, a
+        # value with an offset ("…+02:00") was silently moved to UTC
+        as_text = pa.schema(f.with_type(pa.string()) if _is_temporal(f.type) else f for f in schema)
         return pajson.open_json(
             source,
             read_options=pajson.ReadOptions(block_size=block_bytes),
             parse_options=pajson.ParseOptions(
-                explicit_schema=schema, unexpected_field_behavior="infer" if nested else "ignore"
+                explicit_schema=as_text, unexpected_field_behavior="infer" if nested else "ignore"
             ),
         )
     import pyarrow.csv as pacsv
@@ -971,6 +1001,119 @@ def _text_schema(path: str, fmt: str, file_format: Any, encoding: str | None = N
         # the gate opens before the reader goes: a JSON reader's destructor waits for the
         # read its I/O thread has started, which waits for the gate
         gate.close()
+        del reader
+
+
+def _is_temporal(arrow_type: pa.DataType) -> bool:
+    return (
+        pa.types.is_timestamp(arrow_type)
+        or pa.types.is_date(arrow_type)
+        or (pa.types.is_time(arrow_type))
+    )
+
+
+#: JSON text a date or a timestamp is read from (ISO 8601), its zone apart
+_JSON_DATE = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"
+_JSON_TIMESTAMP = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,9})?)?)?"
+_JSON_ZONE = r"(Z|[+-][0-9]{2}:?[0-9]{2})$"
+
+
+def _json_temporal_types(
+    path: str, file_format: Any, inferred: pa.Schema, columns: Sequence[str],
+    options: dict[str, Any],
+) -> pa.Schema:  # fmt: skip
+    """The types of a JSON Lines file's text ``columns`` that hold dates or timestamps, from
+    the sample block's values (as CSV's inference types them; Arrow's JSON inference typed
+    ``2024-01-01`` as ``timestamp[s]``, left a timestamp with a fraction of a second a
+    string, and moved one with an offset to UTC in a timestamp without a zone):
+
+    - every value ``YYYY-MM-DD``: ``date32``;
+    - every value a timestamp with an offset (``Z``, ``+02:00``): ``timestamp[unit, UTC]``;
+    - every value a timestamp (or a date) without one: ``timestamp[unit]``;
+    - offsets on some values only: ``string`` (the instants and the wall times cannot be
+      ordered together).
+
+    ``unit`` is ``s``, or ``us`` (``ns`` past six digits) when a value has a fraction of a
+    second. A column typed with ``--column-types`` keeps its type."""
+    given = options.get("column_types") or {}
+    candidates = [
+        name
+        for name in columns
+        if name not in given
+        and len(inferred.get_all_field_indices(name)) == 1
+        and (inferred.field(name).type == pa.string() or _is_temporal(inferred.field(name).type))
+    ]
+    if not candidates:
+        return inferred
+    texts = _json_sample_texts(path, file_format, candidates)
+    if texts is None:
+        return inferred
+    import pyarrow.compute as pc
+
+    types: dict[str, pa.DataType] = {}
+    for name in candidates:
+        values = texts.column(name).drop_null()
+        if not len(values):
+            continue
+        was = inferred.field(name).type
+
+        def every(pattern: str, column: pa.Array = values) -> bool:
+            return bool(pc.all(pc.match_substring_regex(column, pattern)).as_py())
+
+        if every(_JSON_DATE):
+            try:
+                values.cast(pa.date32())
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # 2024-02-30
+                continue
+            types[name] = pa.date32()
+            continue
+        if not every(_JSON_TIMESTAMP):
+            if was != pa.string():
+                types[name] = pa.string()
+            continue
+        zoned = pc.match_substring_regex(values, _JSON_ZONE)
+        if not (pc.all(zoned).as_py() or not pc.any(zoned).as_py()):
+            types[name] = pa.string()  # offsets on some values only
+            continue
+        digits = pc.replace_substring_regex(values, r"^[^.]*\.?([0-9]*).*$", r"\1")
+        fraction = pc.max(pc.utf8_length(digits)).as_py()
+        unit = "s" if not fraction else "us" if fraction <= 6 else "ns"
+        typ = pa.timestamp(unit, "UTC") if pc.all(zoned).as_py() else pa.timestamp(unit)
+        try:
+            values.cast(typ)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # 25:00, or a year 0
+            types[name] = pa.string()
+            continue
+        if typ != was:
+            types[name] = typ
+    if types:
+        log.info("%s: columns typed from their sample's text: %s", path, types)
+    return pa.schema(f.with_type(types[f.name]) if f.name in types else f for f in inferred)
+
+
+def _json_sample_texts(
+    path: str, file_format: Any, columns: Sequence[str]
+) -> pa.RecordBatch | None:
+    """The ``columns`` of a JSON Lines file's first block (the sample its types are inferred
+    from, read as in :func:`_text_schema`) as strings."""
+    import pyarrow.json as pajson
+
+    read = file_format.default_fragment_scan_options.read_options
+    parse = pajson.ParseOptions(
+        explicit_schema=pa.schema([(n, pa.string()) for n in columns]),
+        unexpected_field_behavior="ignore",
+    )
+    gate = _GatedStream(_text_stream(path), ahead=1)
+    source = gate.arrow_stream()
+    reader = None
+    try:
+        reader = gate.call(lambda: pajson.open_json(source, read_options=read, parse_options=parse))
+        batch: pa.RecordBatch | None = gate.call(reader.read_next_batch, taken=True)
+        return batch
+    except pa.ArrowInvalid:  # a value that is not a string (a number beside "2024-…")
+        return None
+    finally:
+        gate.close()  # before the reader goes (see _text_schema)
         del reader
 
 
@@ -1507,7 +1650,13 @@ def open_input(
                     (path, _csv_types(path, format_of(path), inferred, read_cols, options))
                 )
             elif fmt == "json":
-                per_file.append((path, _text_schema(path, fmt, format_of(path))))
+                inferred = _text_schema(path, fmt, format_of(path))
+                per_file.append(
+                    (
+                        path,
+                        _json_temporal_types(path, format_of(path), inferred, read_cols, options),
+                    )
+                )
             elif fmt == "ipc" and is_ipc_stream(path):
                 with pa.OSFile(path, "rb") as source, pa.ipc.open_stream(source) as reader:
                     per_file.append((path, reader.schema))

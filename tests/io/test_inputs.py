@@ -1264,3 +1264,50 @@ def test_dated_hive_folders_are_dates_and_filtered_by_date(tmp_path, fmt):
                 str(tmp_path / "hive"), by=["dt"], aggs={"s": ("v", "sum")},
                 column_types={"v": pa.string()},
             )  # fmt: skip
+
+
+def test_json_lines_dates_and_timestamps_are_typed_from_their_text(tmp_path):
+    """JSON Lines dates are ``date32`` (Arrow's inference made them ``timestamp[s]``),
+    timestamps with a fraction are timestamps (they were strings), timestamps with offsets
+    are instants in UTC (they were moved to UTC in a column without a zone, beside wall times
+    left as they were), offsets on some values only leave a string; a later value that does
+    not parse names the column, the value and its row."""
+    from datetime import date, datetime, timezone
+
+    columns = {
+        "k": [1, 1, 2],
+        "d": ["2024-03-01", "2024-02-29", None],
+        "z": ["2024-01-01T10:00:00.5+02:00", "2024-01-01T09:00:00Z", "2024-01-01T00:00:00-0130"],
+        "w": ["2024-01-01 10:00:00", "2024-01-01T09:30:00.25", None],
+        "m": ["2024-01-01T10:00:00+02:00", "2024-01-01 09:00:00", None],
+    }
+    lines = [dict(zip(columns, row)) for row in zip(*columns.values())]
+    src = tmp_path / "t.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    aggs = {c + "_lo": (c, "min") for c in "dzwm"}
+    got = extagg.aggregate_files(str(src), by="k", aggs=aggs, sort=True).read_all()
+    assert [got.schema.field(c + "_lo").type for c in "dzwm"] == [
+        pa.date32(), pa.timestamp("us", "UTC"), pa.timestamp("us"), pa.string(),
+    ]  # fmt: skip
+    utc = timezone.utc
+    assert got.to_pylist() == [
+        {
+            "k": 1, "d_lo": date(2024, 2, 29), "z_lo": datetime(2024, 1, 1, 8, 0, 0, 500000, utc),
+            "w_lo": datetime(2024, 1, 1, 9, 30, 0, 250000), "m_lo": "2024-01-01 09:00:00",
+        },
+        {
+            "k": 2, "d_lo": None, "z_lo": datetime(2024, 1, 1, 1, 30, tzinfo=utc), "w_lo": None,
+            "m_lo": None,
+        },
+    ]  # fmt: skip
+    # a type given is read from the text as well (date32 was "changed from number to string")
+    got = extagg.aggregate_files(
+        str(src), by="k", aggs={"lo": ("d", "min")}, column_types={"d": pa.date32()}, sort=True,
+    ).read_all()  # fmt: skip
+    assert got.to_pylist() == [{"k": 1, "lo": date(2024, 2, 29)}, {"k": 2, "lo": None}]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"w": "2024-01-01 10:00:00"}\n' * 50_000 + '{"w": "soon"}\n')  # 1.4 MB
+    with pytest.raises(InputError, match=r"'w' to timestamp\[s\]: 'soon' in data row 50001 "):
+        extagg.aggregate_files(
+            str(bad), by="w", aggs={"n": ("*", "count")}, memory="16m"
+        ).read_all()
