@@ -749,6 +749,16 @@ class _Parser:
 
     def column(self, name: str, pos: int) -> pc.Expression:
         self.columns.setdefault(name, pos)
+        schema = None if self._empty is None else self._empty.schema
+        if (
+            schema is not None
+            and name in schema.names
+            and pa.types.is_float16(schema.field(name).type)
+        ):
+            # Arrow's compute has no half-float kernels: compared as float32 (the same values
+            # and order)
+            as_float32 = pc.field(name).cast(pa.float32())
+            return self.made(as_float32, lambda b: b.column(name).cast(pa.float32()))
         return self.made(pc.field(name), lambda b: b.column(name))
 
     def literal_value(self) -> object:
