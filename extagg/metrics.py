@@ -125,6 +125,9 @@ class RunMetrics:
         Number of input files.
     row_groups_read, row_groups_total
         Parquet row groups read, of all row groups (the rest were skipped by ``where``).
+    files_skipped
+        Parquet files whose hive folder names ``where`` excludes: left out unopened (their
+        row groups are not in ``row_groups_total``).
     groups
         Distinct groups aggregated.
     rows_out
@@ -158,6 +161,7 @@ class RunMetrics:
     files: int = 0
     row_groups_read: int = 0
     row_groups_total: int = 0
+    files_skipped: int = 0
     groups: int = 0
     rows_out: int = 0
     spill_count: int = 0
@@ -186,11 +190,13 @@ class RunMetrics:
         """The end-of-run paragraph the CLI prints on stderr."""
         fixed = min(self.rss_fixed_bytes, self.peak_rss_bytes)
         data = self.peak_rss_bytes - fixed
-        rg = (
-            f" ({self.row_groups_read} of {self.row_groups_total} Parquet row groups)"
-            if self.row_groups_total
-            else ""
-        )
+        notes = []
+        if self.row_groups_total:
+            notes.append(f"{self.row_groups_read} of {self.row_groups_total} Parquet row groups")
+        if self.files_skipped:
+            notes.append(f"{self.files_skipped:,} files skipped by their folder names")
+        rg = f" ({'; '.join(notes)})" if notes else ""
+
         return (
             f"Read {self.rows_read:,} rows ({format_size(self.bytes_read)} in {self.files} "
             f"file(s){rg}) into {self.groups:,} groups ({self.rows_out:,} rows out) in "

@@ -87,7 +87,7 @@ class FileQuery:
         self.sort = sort
         self.metrics = RunMetrics(
             files=len(scan.files), bytes_total=scan.total_bytes, rows_total=scan.total_rows,
-            row_groups_total=scan.row_groups_total,
+            row_groups_total=scan.row_groups_total, files_skipped=scan.files_skipped,
         )  # fmt: skip
         self._agg: Any = None
         # weak: the streams' frames hold this query, which must not keep them alive in turn

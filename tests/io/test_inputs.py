@@ -1311,3 +1311,77 @@ def test_json_lines_dates_and_timestamps_are_typed_from_their_text(tmp_path):
         extagg.aggregate_files(
             str(bad), by="w", aggs={"n": ("*", "count")}, memory="16m"
         ).read_all()
+
+
+def _small_files(root, days=40, files_per_day=5, rows=7):
+    """A hive folder per day, several small Parquet files in each (a streaming job's output)."""
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    tables = []
+    for day in range(days):
+        folder = root / f"day={day}"
+        folder.mkdir(parents=True)
+        for i in range(files_per_day):
+            t = pa.table({
+                "k": pa.array(rng.integers(0, 13, rows)),
+                "v": pa.array(rng.integers(-50, 50, rows)),
+                "s": pa.array([f"f{day}-{i}-{j}" for j in range(rows)]),
+            })  # fmt: skip
+            pq.write_table(t, folder / f"part-{i}.parquet", row_group_size=4)
+            tables.append(t.append_column("day", pa.array([day] * rows)))
+    return pa.concat_tables(tables)
+
+
+def test_many_small_files_are_folded_in_few_batches_in_order(tmp_path, monkeypatch):
+    """200 files of 7 rows (400 row groups) were folded a row group at a time (~0.5 ms of
+    fixed cost each: 6 120 such files took 15 s); small batches are now gathered, in order
+    (first/last unchanged), and the answers are those of batches folded one by one."""
+    from extagg.columnar.hash_aggregator import HashAggregator
+    from extagg.io import inputs
+
+    table = _small_files(tmp_path / "t")
+    aggs = {"n": ("*", "count"), "s": ("v", "sum"), "f": ("s", "first"), "l": ("s", "last"),
+            "lo": ("v", "min")}  # fmt: skip
+    calls = []
+    update = HashAggregator.update
+
+    def counted(self, batch):
+        calls.append(batch.num_rows)
+        return update(self, batch)
+
+    monkeypatch.setattr(HashAggregator, "update", counted)
+    got = extagg.aggregate_files(str(tmp_path / "t"), by=["k"], aggs=aggs, sort=True).read_all()
+    gathered = len(calls)
+    monkeypatch.setattr(inputs, "COALESCE_DIVISOR", 1 << 40)  # every batch as it comes
+    calls.clear()
+    one_by_one = extagg.aggregate_files(
+        str(tmp_path / "t"), by=["k"], aggs=aggs, sort=True
+    ).read_all()
+    assert len(calls) >= 400 > 10 >= gathered
+    assert got.equals(one_by_one)
+    want = table.to_pandas().groupby("k").v.agg(["count", "sum", "min"])
+    assert {r["k"]: (r["n"], r["s"], r["lo"]) for r in got.to_pylist()} == {
+        k: tuple(int(x) for x in row) for k, row in want.iterrows()
+    }
+
+
+def test_files_whose_folders_the_filter_excludes_are_not_read(tmp_path):
+    """A filter on folder columns leaves out the files of the other folders before their
+    footers are read: the rows read and row groups are those of the kept folders only, and
+    the summary says how many files were skipped."""
+    table = _small_files(tmp_path / "t", days=30, files_per_day=3)
+    reader = extagg.aggregate_files(
+        str(tmp_path / "t"), by=["day"], aggs={"n": ("*", "count"), "s": ("v", "sum")},
+        where="day >= 25 and day <> 27", sort=True,
+    )  # fmt: skip
+    got = reader.read_all()
+    kept = table.filter(pa.compute.field("day") >= 25).filter(pa.compute.field("day") != 27)
+    want = kept.group_by("day").aggregate([("v", "count"), ("v", "sum")]).sort_by("day")
+    assert got.column("day").to_pylist() == want.column("day").to_pylist()
+    assert got.column("s").to_pylist() == want.column("v_sum").to_pylist()
+    metrics = extagg.run_metrics(reader)
+    assert metrics.rows_read == kept.num_rows == 4 * 3 * 7
+    assert metrics.files_skipped == 26 * 3
+    assert metrics.row_groups_total == metrics.row_groups_read == 4 * 3 * 2
+    assert "78 files skipped by their folder names" in metrics.summary()
