@@ -885,13 +885,14 @@ def sniff_delimiter(path: str, encoding: str | None = None) -> str:
     """The delimiter of a ``.csv`` file given none: ``,`` unless its header line has no comma
     and exactly one of :data:`OTHER_DELIMITERS` (``;`` in the CSVs of locales whose decimal
     separator is a comma, as Excel writes them; ``|``; tabs). Read as DuckDB's sniffer would,
-    but from the header only: a comma anywhere in it keeps the comma."""
+    but from the header only: a comma anywhere in it (outside quoted names) keeps the comma."""
     try:
         with _text_stream(path, encoding) as stream:
             head = stream.read(1 << 16)
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError):
         return ","  # the reader says what is wrong with the file
     line = head.split(b"\n", 1)[0].decode("utf-8", "replace").lstrip("\ufeff")
+    line = re.sub(r'"[^"]*"', "", line)  # a quoted name's own commas ("name, full"|v)
     found = [d for d in OTHER_DELIMITERS if d in line]
     if "," in line or len(found) != 1:
         return ","
@@ -1180,7 +1181,7 @@ _NOT_UTF8_FIX = (
 #: an integer as CSV writes it (space around it is trimmed when parsed), and one written
 #: with a leading zero (not ``0`` alone)
 _INTEGER_LITERAL = r"^\s*[+-]?[0-9]+\s*$"
-_LEADING_ZERO = r"^\s*[+-]?0[0-9]"
+_LEADING_ZERO = r"^\s*([+-]?0[0-9]|\+)"
 
 
 def _csv_types(
@@ -1774,7 +1775,12 @@ def open_input(
         if name in json_types:
             fields.append(pa.field(name, json_types[name]))
             continue
-        fields.append(_unify_column(name, per_file))
+        unified_field = _unify_column(name, per_file)
+        if fmt in ("csv", "tsv") and unified_field.type == pa.null():
+            # empty in every file's sample: text, as DuckDB reads it (a null column failed on
+            # the first value past the sample, "CSV conversion error to null")
+            unified_field = unified_field.with_type(pa.string())
+        fields.append(unified_field)
     # hive folder columns: typed from every folder's value (as Spark and DuckDB do), or as given
     groups: dict[str | None, list[str]] = {}
     for path, base in files:
@@ -1847,14 +1853,18 @@ def open_input(
 
 
 def _holds_no_text(path: str, encoding: str | None = None) -> bool:
-    """Whether a text file (decompressed) holds nothing but white space (read until its first
-    other byte: a blank file of more than 4 KiB was "Empty CSV file", exit 1)."""
+    """Whether a text file (decompressed) holds nothing but white space, after a UTF-8 byte
+    order mark if it starts with one (read until its first other byte: a blank file of more
+    than 4 KiB, or one of a BOM alone, was "Empty CSV file", exit 1)."""
     if _size(path) == 0:
         return True
     try:
         with _text_stream(path, encoding) as stream:
+            first = True
             while True:
                 piece = stream.read(1 << 16)
+                if first:
+                    piece, first = piece.removeprefix(b"\xef\xbb\xbf"), False
                 if piece.strip():
                     return False
                 if not piece:

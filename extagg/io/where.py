@@ -17,7 +17,9 @@ Grammar (keywords are case-insensitive)::
                | true | false | null | column | "quoted column" | `quoted column` | "(" expr ")"
 
 ``cmp`` is one of ``= == != <> < <= > >=``; a ``like`` pattern takes SQL's ``%`` (any
-characters) and ``_`` (one character), ``ilike`` ignores case. A syntax error raises
+characters) and ``_`` (one character), ``ilike`` ignores case; ``\\%``, ``\\_`` and ``\\\\``
+are the characters themselves, a backslash before anything else is a backslash (see
+:func:`like_regex`). A syntax error raises
 :class:`~extagg.errors.ExpressionError`, whose message shows the expression with a caret.
 Once the input's column types are known, :meth:`ParsedExpression.bind` parses it again
 against them: an operator whose operands do not fit (``int_col = 'x'``) is an
@@ -679,8 +681,13 @@ class _Parser:
                 raise self.error(
                     f"expected a quoted pattern after {at.text!r}", self.toks[self.i - 1]
                 )
-            test = self.call(pc.match_like, left, pattern=pattern,
-                             ignore_case=at.word == "ilike", at=at)  # fmt: skip
+            ignore_case = at.word == "ilike"
+            if "\\" in pattern:  # Arrow's own escapes differ between like and ilike
+                test = self.call(pc.match_substring_regex, left, pattern=like_regex(pattern),
+                                 ignore_case=ignore_case, at=at)  # fmt: skip
+            else:
+                test = self.call(pc.match_like, left, pattern=pattern, ignore_case=ignore_case,
+                                 at=at)  # fmt: skip
             return self.call(pc.invert, test) if negate else test
         if self.take_word("between"):
             low = self.sum_()
@@ -994,6 +1001,26 @@ def _value_set(values: Iterable[object]) -> pa.Array:
         return pa.array(vals)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise ValueError(f"the values of 'in (...)' do not share one type: {exc}") from None
+
+
+def like_regex(pattern: str) -> str:
+    """A ``like`` pattern as an anchored RE2 regex: ``%`` any characters (newlines
+    included), ``_`` one; a backslash before ``%``, ``_`` or a backslash makes that character
+    literal (``'100\\%'``, as Spark's default escape), and before any other character is a
+    backslash itself (``'C:\\temp%'`` finds Windows paths, as in DuckDB). Arrow's
+    ``match_like`` took ``\\t`` for ``t``, and with ``ignore_case`` for a tab."""
+    out = ["(?s)^"]
+    i = 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\" and i + 1 < len(pattern) and pattern[i + 1] in "%_\\":
+            out.append(re.escape(pattern[i + 1]))
+            i += 2
+            continue
+        out.append(".*" if ch == "%" else "." if ch == "_" else re.escape(ch))
+        i += 1
+    out.append("$")
+    return "".join(out)
 
 
 def parse_expression(text: str) -> ParsedExpression:

@@ -1385,3 +1385,33 @@ def test_files_whose_folders_the_filter_excludes_are_not_read(tmp_path):
     assert metrics.files_skipped == 26 * 3
     assert metrics.row_groups_total == metrics.row_groups_read == 4 * 3 * 2
     assert "78 files skipped by their folder names" in metrics.summary()
+
+
+def test_csv_text_that_looked_like_numbers_or_nothing(tmp_path):
+    """Phone numbers written with a plus sign were read as numbers (``+441234567890`` and
+    ``441234567890`` one key, the plus gone); a file of a byte order mark alone stopped the run
+    ("Empty CSV file") where blank files are skipped; a column empty in the whole sample was
+    typed null and failed on its first value past it; a quoted header name's comma made a
+    ``|`` file one column. DuckDB's answers in each case."""
+    phones = tmp_path / "phones" / "a.csv"
+    phones.parent.mkdir()
+    phones.write_text("phone,v\n+441234567890,1\n441234567890,2\n+15551234567,3\n")
+    (tmp_path / "phones" / "b.csv").write_bytes(b"\xef\xbb\xbf")
+    got = extagg.aggregate_files(
+        str(tmp_path / "phones"), by="phone", aggs={"s": ("v", "sum")}, sort=True
+    ).read_all()  # fmt: skip
+    assert got.to_pylist() == [
+        {"phone": "+15551234567", "s": 3}, {"phone": "+441234567890", "s": 1},
+        {"phone": "441234567890", "s": 2},
+    ]  # fmt: skip
+    late = tmp_path / "late.csv"
+    late.write_text("k,s\n" + "1,\n" * 60_000 + "2,x0\n2,x1\n")  # past a 1 MiB sample
+    got = extagg.aggregate_files(
+        str(late), by="s", aggs={"n": ("*", "count")}, memory="16m", sort=True
+    ).read_all()  # fmt: skip
+    assert got.schema.field("s").type == pa.string()
+    assert got.to_pylist() == [{"s": "x0", "n": 1}, {"s": "x1", "n": 1}, {"s": None, "n": 60_000}]
+    piped = tmp_path / "piped.csv"
+    piped.write_text('"name, full"|v\n"Doe, J"|1\n"Roe, K"|2\n')
+    got = extagg.aggregate_files(str(piped), by="name, full", aggs={"s": ("v", "sum")}).read_all()
+    assert sorted(got.column("name, full").to_pylist()) == ["Doe, J", "Roe, K"]

@@ -344,6 +344,32 @@ def test_like_and_ilike_patterns(text, expected):
     assert bound_kept(text) == expected
 
 
+PATHS = pa.table({"p": ["C:\\temp\\a.txt", "C:temp", "100\\x", "100%", "a_b", "axb", "x\\y"]})
+
+
+@pytest.mark.parametrize(
+    ("pattern", "expected"),
+    [
+        ("C:\\temp\\a.txt", ["C:\\temp\\a.txt"]),  # a backslash before a letter is itself
+        ("C:\\TEMP%", ["C:\\temp\\a.txt"]),
+        ("100\\x", ["100\\x"]),
+        ("100\\%", ["100%"]),  # an escaped % or _ is the character
+        ("a\\_b", ["a_b"]),
+        ("a_b", ["a_b", "axb"]),
+        ("%\\\\%", ["C:\\temp\\a.txt", "100\\x", "x\\y"]),  # \\ is one backslash
+    ],
+)
+def test_like_patterns_with_backslashes_are_the_same_for_ilike(pattern, expected):
+    """Arrow's ``match_like`` read ``'C:\\temp\\a.txt'`` as ``C:tempa.txt`` (no match), and
+    with ``ignore_case`` took ``\\t`` for a tab (``ilike 'C:\\temp%'`` matched ``C:temp``)."""
+    for op in ("like", "ilike"):
+        if op == "like" and pattern != pattern.lower() and "TEMP" in pattern:
+            continue
+        expr = parse_expression(f"p {op} '{pattern}'").bind(PATHS.schema)
+        got = ds.dataset(PATHS).to_table(filter=expr).column("p").to_pylist()
+        assert got == expected, (op, pattern)
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
