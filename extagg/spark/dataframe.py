@@ -184,6 +184,17 @@ class AggregationPlan:
             raise ValueError(
                 f"columns {sorted(set(missing))} are not in the DataFrame (it has {list(fields)})"
             )
+        #: the input columns the stages read: the rest are not sent to the workers
+        self.columns_read = list(
+            dict.fromkeys([*self.by, *(r.column for r in requests if r.column is not None)])
+        )
+        dotted = [c for c in [*self.columns_read, *(r.output for r in requests)] if "." in c]
+        if dotted:
+            raise ValueError(
+                f"column name(s) {dotted} hold a dot, which PySpark's mapInArrow/mapInPandas "
+                "read as a struct's field (UNRESOLVED_COLUMN); rename them first, e.g. "
+                f"df.withColumnRenamed({dotted[0]!r}, {dotted[0].replace('.', '_')!r})"
+            )
         self._check_types(fields, requests)
         self.outputs: list[_Output] = []
         #: state column -> integer input column a mean/var/std sums as doubles, as Spark's
@@ -555,8 +566,11 @@ def _budget(df: Any, memory: int | str | None) -> int:
 
 
 def _prepare(df: Any, plan: AggregationPlan) -> Any:
+    """The columns the stages read (a column they do not, of a type PySpark's Arrow
+    conversion cannot take or with a dot in its name, failed the job), floats normalised."""
     from pyspark.sql import functions as F
 
+    df = df.select(*(F.col("`" + c.replace("`", "``") + "`") for c in plan.columns_read))
     for c in plan.float_keys:  # Spark's groupBy normalisation: -0.0 is 0.0
         df = df.withColumn(c, F.when(F.col(c) == 0, F.lit(0.0)).otherwise(F.col(c)))
     for d in plan.distinct:  # and its count(DISTINCT x)'s: a copy, the other aggregates' as is
@@ -710,7 +724,9 @@ def _map(
     if engine == "arrow":
         return df.mapInArrow(fn, schema)
     if engine == "pandas":
-        return df.mapInPandas(_pandas_stage(fn, _decimal_types(df.schema)), schema)
+        timezone = df.sparkSession.conf.get("spark.sql.session.timeZone", None) or "UTC"
+        stage = _pandas_stage(fn, _decimal_types(df.schema), _timestamps(df.schema), timezone)
+        return df.mapInPandas(stage, schema)
     raise ValueError(f"engine must be 'arrow' or 'pandas', got {engine!r}")
 
 
@@ -724,13 +740,25 @@ def _decimal_types(schema: Any) -> dict[str, pa.DataType]:
     }
 
 
+def _timestamps(schema: Any) -> list[str]:
+    """The names of a Spark ``schema``'s ``timestamp`` columns (not ``timestamp_ntz``)."""
+    T = _spark_types()
+    return [f.name for f in schema.fields if isinstance(f.dataType, T.TimestampType)]
+
+
 def _pandas_stage(
     fn: Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]],
     decimals: Mapping[str, pa.DataType],
+    timestamps: Sequence[str] = (),
+    timezone: str = "UTC",
 ) -> Callable[[Iterable[Any]], Iterator[Any]]:
     """The ``mapInPandas`` form of a stage: pandas frames ↔ Arrow batches around ``fn``.
     ``decimals``: the declared types of the decimal columns (pandas holds ``Decimal``
-    objects, from which Arrow would infer each frame's own precision and scale)."""
+    objects, from which Arrow would infer each frame's own precision and scale).
+    ``timestamps``: the ``timestamp`` columns, which pandas holds as wall times of the
+    session's ``timezone`` without a zone: made instants again (read as UTC, every stage
+    moved them by the zone's offset: 8 hours in New York's summer after two stages), an
+    ambiguous wall time as standard time, as PySpark's own conversion does."""
 
     def to_batch(frame: Any) -> pa.RecordBatch:
         batch = pa.RecordBatch.from_pandas(frame, preserve_index=False)
@@ -738,6 +766,16 @@ def _pandas_stage(
             i = batch.schema.get_field_index(name)
             if i >= 0 and batch.schema.field(i).type != arrow_type:
                 batch = batch.set_column(i, name, batch.column(i).cast(arrow_type))
+        for name in timestamps:
+            i = batch.schema.get_field_index(name)
+            column = batch.column(i) if i >= 0 else None
+            if column is not None and pa.types.is_timestamp(column.type) and not column.type.tz:
+                import pyarrow.compute as pc
+
+                local = pc.assume_timezone(
+                    column, timezone, ambiguous="latest", nonexistent="latest"
+                )
+                batch = batch.set_column(i, name, local.cast(pa.timestamp(column.type.unit, "UTC")))
         return batch
 
     def run(frames: Iterable[Any]) -> Iterator[Any]:

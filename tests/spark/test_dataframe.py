@@ -419,3 +419,51 @@ def test_count_distinct_beside_other_aggregates_equals_spark(spark, engine):
     assert {k: r["uu"] for k, r in as_dict(only, ["k"]).items()} == {
         k: r["uu"] for k, r in expected.items()
     }
+
+
+def test_pandas_engine_timestamps_in_a_session_time_zone(spark):
+    """``engine="pandas"`` in a session zone other than UTC moved every timestamp by the zone's
+    offset at each stage (pandas holds the session's wall times without a zone, read back as
+    UTC): keys and max 8 hours early in New York's summer. Equal to Spark's now, DST edges in."""
+    data = [
+        (dt.datetime(2024, 11, 3, 1, 30), 1), (dt.datetime(2024, 6, 1, 12, 0), 1),
+        (dt.datetime(2024, 3, 10, 3, 30), 2), (dt.datetime(1999, 12, 31, 23, 59, 59), 2),
+        (None, 2),
+    ]  # fmt: skip
+    before = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "America/New_York")
+    try:
+        df = spark.createDataFrame(data, "t timestamp, g int").repartition(2)
+        queries = [
+            (["t"], {"n": ("*", "count")}),
+            (["g"], {"mx": ("t", "max"), "lo": ("t", "min")}),
+        ]
+        for by, aggs in queries:
+            ours = es.aggregate(df, by, aggs, memory="8m", engine="pandas")
+            assert sorted(ours.collect(), key=str) == sorted(
+                spark_agg(df, by, aggs).collect(), key=str
+            )
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", before)
+
+
+def test_only_the_columns_read_go_to_the_workers(spark):
+    """A column the aggregation does not read — of a type PySpark's Arrow conversion cannot
+    take (a year-month interval: ``KeyError: 21`` in the worker), or with a dot in its name
+    (``UNRESOLVED_COLUMN``) — no longer fails the job; a dotted name it reads is refused at
+    the call, saying what to do."""
+    from pyspark.sql import functions as F
+
+    df = spark.sql(
+        "select * from values ('a', 1, interval '1-2' year to month, 0), "
+        "('b', 2, interval '0-1' year to month, 0), ('a', 3, null, 1) as t(k, v, ym, `x.y`)"
+    )
+    ours = es.aggregate(df, "k", {"s": ("v", "sum")}, memory="8m")
+    assert sorted(map(tuple, ours.collect())) == [("a", 4), ("b", 2)]
+    with pytest.raises(ValueError, match=r"\['x.y'\] hold a dot.*withColumnRenamed"):
+        es.aggregate(df, "k", {"s": ("x.y", "sum")})
+    renamed = df.withColumnRenamed("x.y", "x_y")
+    ours = es.aggregate(renamed, "k", {"s": ("x_y", "sum")}, memory="8m")
+    assert sorted(map(tuple, ours.collect())) == sorted(
+        map(tuple, renamed.groupBy("k").agg(F.sum("x_y").alias("s")).collect())
+    )
