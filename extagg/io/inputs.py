@@ -658,8 +658,17 @@ def _block_as(
     type, the value and its row (``rows_before`` the block's first)."""
     columns = []
     for f in schema:
+        column = block.column(f.name)
+        if pa.types.is_string(column.type) and not (
+            pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+            or pa.types.is_dictionary(f.type) or pa.types.is_binary(f.type)
+        ):  # fmt: skip
+            import pyarrow.compute as pc
+
+            # a quoted empty field of a number (or JSON date) column is a null
+            column = pc.if_else(pc.equal(column, ""), pa.scalar(None, column.type), column)
         try:
-            columns.append(_as_type(block.column(f.name), f.type))
+            columns.append(_as_type(column, f.type))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             where = f": {exc}"
             values = block.column(f.name)
@@ -842,6 +851,8 @@ class _TextFile:
     folder_values: dict[str, Any]
     #: the text's encoding when not UTF-8 (``--encoding``)
     encoding: str | None = None
+    #: columns parsed as text and cast (their quoted empty fields as nulls: see _csv_types)
+    as_text: frozenset[str] = frozenset()
 
 
 #: delimiters a ``.csv`` file's header may use instead of a comma
@@ -1006,9 +1017,8 @@ def _open_text(source: Any, text: _TextFile, schema: pa.Schema, block_bytes: int
     import pyarrow.csv as pacsv
 
     base = text.file_format.default_fragment_scan_options
-    convert = _convert_options(
-        base.convert_options, types={f.name: f.type for f in schema}, include=schema.names
-    )
+    types = {f.name: pa.string() if f.name in text.as_text else f.type for f in schema}
+    convert = _convert_options(base.convert_options, types=types, include=schema.names)
     convert.include_missing_columns = True
     return pacsv.open_csv(
         source, read_options=_read_options(base.read_options, block_bytes),
@@ -1182,11 +1192,13 @@ _NOT_UTF8_FIX = (
 #: with a leading zero (not ``0`` alone)
 _INTEGER_LITERAL = r"^\s*[+-]?[0-9]+\s*$"
 _LEADING_ZERO = r"^\s*([+-]?0[0-9]|\+)"
+#: a number as CSV writes it (what Arrow's inference reads as int64 or float64)
+_NUMBER = r"^\s*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\s*$"
 
 
 def _csv_types(
     path: str, file_format: Any, inferred: pa.Schema, columns: Sequence[str],
-    options: dict[str, Any],
+    options: dict[str, Any], quoted_empty: set[str] | None = None,
 ) -> pa.Schema:  # fmt: skip
     """The types of a CSV file's ``columns`` (those the query reads) fitted to what the sample
     block ``inferred`` was inferred from, as DuckDB types them (Arrow's inference alone lost
@@ -1197,11 +1209,16 @@ def _csv_types(
     - integers written with a leading zero (``007``; inferred ``int64``, which made ``007``,
       ``7`` and ``0007`` one key): ``string``;
     - text that is not UTF-8 (inferred ``binary``, then output as base64): an
-      :class:`~extagg.errors.InputError` naming the file and the column.
+      :class:`~extagg.errors.InputError` naming the file and the column;
+    - numbers beside quoted empty fields (``"10.5"``, ``""``: a file that quotes every field;
+      inferred ``string``, so nothing could sum it): numbers, ``""`` a null there (as in Spark
+      and DuckDB; in a text column it stays the empty string). Such columns are added to
+      ``quoted_empty``: they are parsed as text and cast, ``""`` as null
+      (see :func:`_block_as`).
 
     A column typed with ``--column-types`` or ``--schema`` keeps its type. The values are
-    those of the same sample block, parsed again as strings (only the int64/float64 columns:
-    one more parse of the sample, for files that have such columns)."""
+    those of the same sample block, parsed again as strings (only the number and text
+    columns: one more parse of the sample, for files that have such columns)."""
     given = options.get("column_types") or {}
     numbers: list[str] = []
     for name in columns:
@@ -1214,7 +1231,7 @@ def _csv_types(
                 f"that UTF-8 does not allow, e.g. Latin-1's é); {_NOT_UTF8_FIX}",
                 path=path,
             )
-        if t in (pa.int64(), pa.float64()):
+        if t in (pa.int64(), pa.float64(), pa.string()):
             numbers.append(name)
     if not numbers:
         return inferred
@@ -1227,6 +1244,26 @@ def _csv_types(
     for name in numbers:
         values = texts.column(name)  # an empty field is null, and nulls are skipped
         if values.null_count == len(values):
+            continue
+        if inferred.field(name).type == pa.string():
+            # only a quoted empty field reads as '' here (an empty one is null)
+            empty = pc.equal(values, "")
+            if not pc.any(empty).as_py():
+                continue
+            values = pc.filter(values, pc.invert(empty))
+            if not len(values) or not pc.all(pc.match_substring_regex(values, _NUMBER)).as_py():
+                continue
+            if pc.any(pc.match_substring_regex(values, _LEADING_ZERO)).as_py():
+                continue  # ids with their zeros: text
+            integers = pc.all(pc.match_substring_regex(values, _INTEGER_LITERAL)).as_py()
+            try:
+                typed = pa.int64() if integers else pa.float64()
+                values.cast(typed)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # past int64
+                continue
+            types[name] = typed
+            if quoted_empty is not None:
+                quoted_empty.add(name)
             continue
         if inferred.field(name).type == pa.float64():
             if not pc.all(pc.match_substring_regex(values, _INTEGER_LITERAL)).as_py():
@@ -1698,13 +1735,15 @@ def open_input(
     # ---------------------------------------------------------------- schemas
     read_cols = list(dict.fromkeys([*needed, *filter_columns]))
     per_file: list[tuple[str, pa.Schema]] = []
+    #: each CSV file's number columns that hold quoted empty fields (see _csv_types)
+    quoted_empty: dict[str, set[str]] = {}
     for path, _base in files:
         try:
             if fmt in ("csv", "tsv"):
                 inferred = _text_schema(path, fmt, format_of(path), encoding)
-                per_file.append(
-                    (path, _csv_types(path, format_of(path), inferred, read_cols, options))
-                )
+                empties = quoted_empty.setdefault(path, set())
+                typed = _csv_types(path, format_of(path), inferred, read_cols, options, empties)
+                per_file.append((path, typed))
             elif fmt == "json":
                 inferred = _text_schema(path, fmt, format_of(path))
                 per_file.append(
@@ -1810,7 +1849,8 @@ def open_input(
                 kwargs["partition_base_dir"] = base
             if fmt in ("csv", "tsv", "json"):
                 values = _folder_values(path, kwargs, list(hive)) if base is not None else {}
-                text = _TextFile(fmt, format_of(path), part_schema, values, encoding)
+                text = _TextFile(fmt, format_of(path), part_schema, values, encoding,
+                                 frozenset(quoted_empty.get(path, ())))  # fmt: skip
                 parts.append((path, None, fmt, {"text": text}))
                 continue
             if fmt == "ipc" and is_ipc_stream(path):

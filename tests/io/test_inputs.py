@@ -1415,3 +1415,37 @@ def test_csv_text_that_looked_like_numbers_or_nothing(tmp_path):
     piped.write_text('"name, full"|v\n"Doe, J"|1\n"Roe, K"|2\n')
     got = extagg.aggregate_files(str(piped), by="name, full", aggs={"s": ("v", "sum")}).read_all()
     assert sorted(got.column("name, full").to_pylist()) == ["Doe, J", "Roe, K"]
+
+
+def test_a_csv_that_quotes_every_field_has_number_columns(tmp_path):
+    """A file that quotes every field (Python's ``csv.QUOTE_ALL``, many exporters) with a
+    quoted empty field ``""`` in a number column read it as text: ``max`` compared strings
+    ("9.5" > "10.5"), ``sum`` was refused and ``--column-types x:float64`` failed on ``''``.
+    Such a column is a number column, ``""`` a null there (Spark, DuckDB); in a text column
+    ``""`` stays the empty string. Past the sample too (blocks of a 2 MiB budget)."""
+    import csv
+
+    src = tmp_path / "quoted.csv"
+    with open(src, "w", newline="") as f:
+        w = csv.writer(f, quoting=csv.QUOTE_ALL)
+        w.writerow(["k", "x", "n", "t"])
+        for i in range(40_000):
+            w.writerow(["a" if i % 2 else "", "" if i % 3 == 0 else f"{i % 100}.5",
+                        "" if i % 5 == 0 else i, "" if i % 7 == 0 else "w"])  # fmt: skip
+    got = extagg.aggregate_files(
+        str(src), by="k",
+        aggs={"mx": ("x", "max"), "cx": ("x", "count"), "sn": ("n", "sum"), "ct": ("t", "count"),
+              "lo": ("t", "min")},
+        sort=True, memory="2m",
+    ).read_all()  # fmt: skip
+    assert got.schema.field("mx").type == pa.float64()
+    assert got.schema.field("sn").type == pa.int64()
+    want = {}
+    for k in ("", "a"):
+        rows = [i for i in range(40_000) if (i % 2 == 1) == (k == "a")]
+        want[k] = {
+            "k": k, "mx": max(i % 100 + 0.5 for i in rows if i % 3),
+            "cx": sum(1 for i in rows if i % 3), "sn": sum(i for i in rows if i % 5),
+            "ct": len(rows), "lo": "",
+        }  # fmt: skip
+    assert got.to_pylist() == [want[""], want["a"]]
