@@ -36,7 +36,10 @@ def add_aggregate_command(sub: Any) -> None:
         "Results come in hash order of the keys unless --sort is given.",
     )
     p.add_argument("paths", nargs="+", help="files, globs or directories (hive key=value dirs)")
-    p.add_argument("--by", action="append", default=[], help="key columns, comma separated")
+    p.add_argument(
+        "--by", action="append", default=[],
+        help='key columns, comma separated; quote a name with spaces or commas: \'" name",x\'',
+    )  # fmt: skip
     p.add_argument(
         "--agg",
         action="append",
@@ -193,12 +196,52 @@ def run_aggregate(args: argparse.Namespace) -> int:
         return _run_aggregate(args)
 
 
+def split_names(text: str) -> list[str]:
+    """The column names of a ``--by`` list: separated by commas, space around them dropped; a
+    name in double quotes or backticks is taken as written (``" name"``, ``"name, full"``; a
+    doubled quote inside is one), as ``--agg`` and ``--where`` read quoted names."""
+    from extagg.errors import QueryError
+
+    names: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        while i < n and text[i] in " \t,":
+            i += 1
+        if i >= n:
+            break
+        if text[i] in '"`':
+            quote, i, name = text[i], i + 1, []
+            while True:
+                if i >= n:
+                    raise QueryError(f"unterminated {quote} in --by {text!r}")
+                if text[i] == quote:
+                    if i + 1 < n and text[i + 1] == quote:
+                        name.append(quote)
+                        i += 2
+                        continue
+                    i += 1
+                    break
+                name.append(text[i])
+                i += 1
+            names.append("".join(name))
+            while i < n and text[i] in " \t":
+                i += 1
+            if i < n and text[i] != ",":
+                raise QueryError(f"expected ',' after a quoted name in --by {text!r}")
+        else:
+            end = text.find(",", i)
+            end = n if end < 0 else end
+            names.append(text[i:end].strip())
+            i = end
+    return names
+
+
 def _run_aggregate(args: argparse.Namespace) -> int:
     from extagg.errors import QueryError
 
     query = None
     try:
-        by = [k.strip() for group in args.by for k in group.split(",") if k.strip()]
+        by = [name for group in args.by for name in split_names(group)]
         if not args.agg and not by:
             raise QueryError(
                 "give --by (its distinct values) or at least one --agg, e.g. --agg 'n=count(*)'"

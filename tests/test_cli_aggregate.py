@@ -1237,3 +1237,26 @@ def test_a_device_output_and_a_file_as_spill_dir_are_named_first(tmp_path, data,
     err = capsys.readouterr().err
     assert "cannot write /proc/extagg-out.csv: no file can be made in /proc" in err
     assert "extagg-tmp" not in err
+
+
+def test_by_takes_quoted_names_with_spaces_and_commas(tmp_path, capsys):
+    """A header ``id, name, amount`` names its columns ``" name"``, ``" amount"``: ``--agg``
+    and ``--where`` could quote them, ``--by`` stripped the spaces (and split a name holding a
+    comma), so no key could name them. Quoted names are taken as written."""
+    from extagg.cli_aggregate import split_names
+    from extagg.errors import QueryError
+
+    assert split_names(' a , "b, c",`d``e` ,') == ["a", "b, c", "d`e"]
+    with pytest.raises(QueryError, match="unterminated"):
+        split_names('"abc')
+    src = tmp_path / "spaced.csv"
+    src.write_text("id, name, amount\n1, bob, 10\n2, ann, 20\n3, bob, 5\n")
+    out = tmp_path / "o.parquet"
+    argv = ["aggregate", str(src), "--by", '" name"', "--agg", 's=sum(" amount")', "-o", str(out),
+            "-q"]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    assert sorted(map(tuple, (r.values() for r in pq.read_table(out).to_pylist()))) == [
+        (" ann", 20), (" bob", 15),
+    ]  # fmt: skip
+    assert main(["aggregate", str(src), "--by", "name", "--agg", "n=count(*)", "-q"]) == 2
+    assert """did you mean ' name'? (quote it: " name")""" in capsys.readouterr().err

@@ -1623,6 +1623,9 @@ def _file_format(fmt: str, options: dict[str, Any], column_names: list[str] | No
 
 def _closest(name: str, choices: Sequence[str]) -> str:
     same = [c for c in choices if c.lower() == name.lower()]  # another case: YEAR for year
+    spaced = [c for c in choices if c.strip() == name.strip() and c != name]
+    if spaced:  # a header "id, name": quoted, the name keeps its space
+        return f"; did you mean {spaced[0]!r}? (quote it: \"{spaced[0]}\")"
     best = same or difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
     return f"; did you mean {best[0]!r}?" if best else ""
 
