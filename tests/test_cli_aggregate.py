@@ -1260,3 +1260,19 @@ def test_by_takes_quoted_names_with_spaces_and_commas(tmp_path, capsys):
     ]  # fmt: skip
     assert main(["aggregate", str(src), "--by", "name", "--agg", "n=count(*)", "-q"]) == 2
     assert """did you mean ' name'? (quote it: " name")""" in capsys.readouterr().err
+
+
+def test_a_record_longer_than_a_text_block_says_what_would_read_it(tmp_path, capsys):
+    """A record longer than the blocks text is parsed in stops the run (exit 1) saying so; a
+    larger --memory helps only below the largest block (4 MiB): past it the message said to
+    raise --memory, which never helped."""
+    src = tmp_path / "long.csv"
+    src.write_text("k,t\n" + "a,z\n" * 30_000 + 'a,"' + "x" * (1 << 20) + '"\nb,y\n')
+    assert main(["aggregate", str(src), "--by", "k", "--memory", "8m", "-q", "-o", "-"]) == 1
+    assert "a larger --memory reads larger blocks" in capsys.readouterr().err
+    assert main(["aggregate", str(src), "--by", "k", "--memory", "64m", "-q", "-o", "-"]) == 0
+    capsys.readouterr()
+    src.write_text('k,t\na,"' + "x" * (9 << 20) + '"\nb,y\n')  # past two blocks
+    assert main(["aggregate", str(src), "--by", "k", "-q", "-o", "-"]) == 1
+    err = capsys.readouterr().err
+    assert "longer than 4 MiB, the largest block, cannot be read" in err and str(src) in err

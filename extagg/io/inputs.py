@@ -84,6 +84,8 @@ TEXT_BLOCKS_AHEAD = 4
 #: (measured in Arrow's pool on TPC-H lineitem CSV, four ahead: 6 blocks with one parsing
 #: thread, 11 with two; see ``_ScanMemory`` in :mod:`extagg.io.run`)
 TEXT_BLOCKS_HELD = 3 * TEXT_BLOCKS_AHEAD
+#: the largest block of CSV/JSON text parsed at once (a record must fit in one)
+MAX_TEXT_BLOCK_BYTES = 1 << 22
 
 
 def text_blocks_held(ahead: int) -> int:
@@ -111,7 +113,7 @@ class InputScan:
     #: overlaps the aggregation); fragments (row groups, text files) are read one at a time
     readahead: int = 1
     #: bytes of CSV/JSON text parsed at once (one block becomes one batch)
-    block_bytes: int = 1 << 22
+    block_bytes: int = MAX_TEXT_BLOCK_BYTES
     #: CSV/JSON blocks read ahead of the parsed batches taken (fewer under a tiny budget);
     #: the scan then holds up to :func:`text_blocks_held` blocks
     text_blocks_ahead: int = TEXT_BLOCKS_AHEAD
@@ -374,13 +376,24 @@ class InputScan:
                 "line holds another; give it with --column-types NAME:TYPE)"
             )
         if "straddl" in reason or "increase block size" in reason:
-            size = f"{self.block_bytes / (1 << 20):.3g} MiB"
-            hint = (
-                f" (a line longer than the {size} blocks text files are read in under this "
-                "budget: each record must fit in one; a larger --memory reads larger blocks)"
-            )
-            reason = reason.replace(" (try to increase block size?)", "")
+            reason, hint = _long_record(reason, self.block_bytes, "1/48")
         return InputError(f"cannot read {path}: {reason}{hint}", path=path)
+
+
+def _long_record(reason: str, block_bytes: int, share: str) -> tuple[str, str]:
+    """Arrow's error for a record that spans more blocks than its reader takes
+    (``straddling object ... (try to increase block size?)``), and what would read it."""
+    size = f"{block_bytes / (1 << 20):.3g} MiB"
+    larger = (
+        f"a larger --memory reads larger blocks ({share} of it, up to 4 MiB)"
+        if block_bytes < MAX_TEXT_BLOCK_BYTES
+        else "a record longer than 4 MiB, the largest block, cannot be read"
+    )
+    hint = (
+        f" (a line longer than the {size} blocks text is read in under this budget: each "
+        f"record must fit in one; {larger})"
+    )
+    return reason.replace(" (try to increase block size?)", ""), hint
 
 
 def _csv_column_hint(reason: str, names: Sequence[str]) -> str:
@@ -1625,7 +1638,7 @@ def _closest(name: str, choices: Sequence[str]) -> str:
     same = [c for c in choices if c.lower() == name.lower()]  # another case: YEAR for year
     spaced = [c for c in choices if c.strip() == name.strip() and c != name]
     if spaced:  # a header "id, name": quoted, the name keeps its space
-        return f"; did you mean {spaced[0]!r}? (quote it: \"{spaced[0]}\")"
+        return f'; did you mean {spaced[0]!r}? (quote it: "{spaced[0]}")'
     best = same or difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
     return f"; did you mean {best[0]!r}?" if best else ""
 
@@ -1763,6 +1776,8 @@ def open_input(
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
             reason, hint = _row_of_file(reason, 0), _mixed_json_hint(reason)
+            if "straddl" in reason or "increase block size" in reason:  # the sample's block
+                reason, hint = _long_record(reason, sample_bytes, "1/16")
             if fmt in ("csv", "tsv") and "CSV column #" in reason:
                 sep = format_of(path).parse_options.delimiter
                 file_names = names or _csv_header(path, sep, encoding)
