@@ -1084,11 +1084,8 @@ def _text_schema(path: str, fmt: str, file_format: Any, encoding: str | None = N
 
 
 def _is_temporal(arrow_type: pa.DataType) -> bool:
-    return (
-        pa.types.is_timestamp(arrow_type)
-        or pa.types.is_date(arrow_type)
-        or (pa.types.is_time(arrow_type))
-    )
+    """A date or a timestamp (JSON text cast to it; Arrow casts no text to a time)."""
+    return pa.types.is_timestamp(arrow_type) or pa.types.is_date32(arrow_type)
 
 
 #: JSON text a date or a timestamp is read from (ISO 8601), its zone apart
