@@ -196,7 +196,6 @@ class RunMetrics:
         if self.files_skipped:
             notes.append(f"{self.files_skipped:,} files skipped by their folder names")
         rg = f" ({'; '.join(notes)})" if notes else ""
-
         return (
             f"Read {self.rows_read:,} rows ({format_size(self.bytes_read)} in {self.files} "
             f"file(s){rg}) into {self.groups:,} groups ({self.rows_out:,} rows out) in "
