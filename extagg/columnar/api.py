@@ -131,7 +131,14 @@ def aggregate(
     probe: Any = source
     batches: Iterable[Any] = [source]
     if not is_batch(source) and not is_dataset(source):  # the first batch shows the types
-        it = iter(source)
+        try:
+            it = iter(source)
+        except TypeError:
+            raise TypeError(
+                "aggregate()'s source must be a pyarrow RecordBatch, Table, RecordBatchReader "
+                "or Dataset, a pandas DataFrame, a dict of NumPy arrays, or an iterable of "
+                f"them; not {type(source).__module__}.{type(source).__qualname__}"
+            ) from None
         probe = next(it, None)
         if probe is None and isinstance(source, pa.RecordBatchReader):
             probe = source.schema.empty_table()  # no rows, but the types of the result

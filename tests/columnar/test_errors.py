@@ -150,3 +150,12 @@ def test_bad_options() -> None:
         HashAggregator("k", AGG, memory="lots")
     with pytest.raises(ValueError, match="distinct"):
         HashAggregator(["k", "k"], AGG, memory="8m")
+
+
+@pytest.mark.parametrize("source", [None, 42])
+def test_a_source_that_is_no_table_nor_iterable_is_named(source):
+    """``aggregate(None, ...)`` was Python's bare "'NoneType' object is not iterable"."""
+    import extagg
+
+    with pytest.raises(TypeError, match=r"aggregate\(\)'s source must be .* not builtins\."):
+        extagg.aggregate(source, "k", {"n": ("*", "count")})
