@@ -1179,18 +1179,12 @@ def _json_sample_texts(
         explicit_schema=pa.schema([(n, pa.string()) for n in columns]),
         unexpected_field_behavior="ignore",
     )
-    gate = _GatedStream(_text_stream(path), ahead=1)
-    source = gate.arrow_stream()
-    reader = None
     try:
-        reader = gate.call(lambda: pajson.open_json(source, read_options=read, parse_options=parse))
-        batch: pa.RecordBatch | None = gate.call(reader.read_next_batch, taken=True)
-        return batch
+        return _first_block(
+            path, lambda source: pajson.open_json(source, read_options=read, parse_options=parse)
+        )
     except pa.ArrowInvalid:  # a value that is not a string (a number beside "2024-…")
         return None
-    finally:
-        gate.close()  # before the reader goes (see _text_schema)
-        del reader
 
 
 #: what to do about a CSV file that is not UTF-8 (the error's last words)
@@ -1302,18 +1296,26 @@ def _csv_sample_texts(
     convert = _convert_options(
         opts.convert_options, types={n: pa.string() for n in columns}, include=columns
     )
-    gate = _GatedStream(_text_stream(path, encoding), ahead=1)
-    source = gate.arrow_stream()
 
-    def open_reader() -> Any:
+    def open_reader(source: Any) -> Any:
         return pacsv.open_csv(
             source, read_options=opts.read_options, parse_options=file_format.parse_options,
             convert_options=convert,
         )  # fmt: skip
 
+    return _first_block(path, open_reader, encoding)
+
+
+def _first_block(
+    path: str, open_reader: Callable[[Any], Any], encoding: str | None = None
+) -> pa.RecordBatch | None:
+    """The first batch of the reader ``open_reader(source)`` makes of a text file's bytes,
+    read through a :class:`_GatedStream` that lets it have one block (see :func:`_text_schema`)."""
+    gate = _GatedStream(_text_stream(path, encoding), ahead=1)
+    source = gate.arrow_stream()
     reader = None
     try:
-        reader = gate.call(open_reader)
+        reader = gate.call(lambda: open_reader(source))
         batch: pa.RecordBatch | None = gate.call(reader.read_next_batch, taken=True)
         return batch
     finally:
