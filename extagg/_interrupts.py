@@ -20,6 +20,15 @@ run) installs a handler that also *remembers* the signal, and the engines' batch
 :func:`raise_if_interrupted`, so a lost interrupt still stops the run at the next batch; the
 "Exception ignored" traceback Python would print for it is left out (the run reports the
 interrupt itself).
+
+A held block can last long: numba compiling a query's kernels on a cold cache (the first run
+after an install) takes 6-30 s, mostly in LLVM's C code, where Python runs no signal handler,
+and an interrupt must not land inside it (llvmlite can free an object twice and abort the
+process). A process that is the command line's own calls :func:`stop_process_on_interrupt`:
+a thread of its own wakes at once on SIGINT/SIGTERM/SIGHUP (``signal.set_wakeup_fd``), and if
+a thread is compiling then (:func:`compiling`) it calls ``stop``, which removes the run's files
+and leaves with ``os._exit`` — the compiler is not interrupted, nothing is freed twice. A
+library caller's process is never left so: its Ctrl-C waits for the compile.
 """
 
 from __future__ import annotations
@@ -27,17 +36,73 @@ from __future__ import annotations
 # the C functions under ``signal``: ``signal.signal``/``getsignal`` wrap every handler in an
 # enum conversion that costs ~20x the call itself, and a block is entered per chunk of records
 import _signal  # type: ignore[import-not-found,unused-ignore]
+import contextlib
+import os
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from types import FrameType, TracebackType
 from typing import Any
 
-__all__ = ["deferred_interrupts", "latched_interrupts", "raise_if_interrupted"]
+__all__ = [
+    "compiling",
+    "deferred_interrupts",
+    "latched_interrupts",
+    "raise_if_interrupted",
+    "stop_process_on_interrupt",
+]
 
 _main_thread = threading.main_thread()
 _SIGINT = _signal.SIGINT
 #: set by :class:`latched_interrupts`' handler; cleared when the latch is left
 _interrupted = False
+#: the threads compiling (or loading) kernels now, by ident: how deep (a kernel's compile
+#: compiles the kernels it calls)
+_compiling: dict[int, int] = {}
+#: the signals that stop the command line (SIGTERM and SIGHUP as Ctrl-C does)
+_STOPPING = frozenset(
+    number for number in (getattr(_signal, name, None) for name in ("SIGINT", "SIGTERM", "SIGHUP"))
+    if number is not None
+)  # fmt: skip
+
+
+def stop_process_on_interrupt(stop: Callable[[int], None]) -> None:
+    """Call ``stop(signal number)`` from a thread of its own, at once, when SIGINT, SIGTERM or
+    SIGHUP arrives while a thread compiles kernels (see the module's docstring); otherwise
+    the signal takes its usual way. ``stop`` must not return: it removes the run's files and
+    leaves with ``os._exit``. For a process that is the command line's own (it takes the
+    process's one wakeup file descriptor); call it from the main thread."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    _signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+
+    def watch() -> None:
+        while True:
+            try:
+                signals = os.read(read_fd, 64)
+            except OSError:  # pragma: no cover - the pipe closed
+                return
+            if not signals:  # pragma: no cover
+                return
+            if _compiling:
+                for signum in signals:
+                    if signum in _STOPPING:
+                        stop(signum)
+
+    threading.Thread(target=watch, name="extagg-interrupts", daemon=True).start()
+
+
+@contextlib.contextmanager
+def compiling() -> Iterator[None]:
+    """Mark the calling thread as compiling (or loading) kernels for the block."""
+    ident = threading.get_ident()
+    _compiling[ident] = _compiling.get(ident, 0) + 1
+    try:
+        yield
+    finally:
+        depth = _compiling.pop(ident) - 1
+        if depth:
+            _compiling[ident] = depth
 
 
 def raise_if_interrupted() -> None:

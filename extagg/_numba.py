@@ -46,7 +46,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from extagg._interrupts import deferred_interrupts
+from extagg._interrupts import compiling, deferred_interrupts
 
 with deferred_interrupts():
     import numba
@@ -140,10 +140,11 @@ def _interrupts_held(compile_kernel: Callable[[Any], Any]) -> Callable[[Any], An
     cache, or compile) with Ctrl-C held back to its end. llvmlite frees an LLVM object, then
     marks it freed: a ``KeyboardInterrupt`` between the two left it to be freed again when
     collected, and the process aborted ("Fatal Python error: Aborted", a double free) instead
-    of stopping cleanly; seen with a Ctrl-C while a cached kernel loaded."""
+    of stopping cleanly; seen with a Ctrl-C while a cached kernel loaded. The command line
+    does not wait for a cold compile's end: it leaves at once (``_interrupts.compiling``)."""
 
     def compile_held(sig: Any) -> Any:
-        with deferred_interrupts():
+        with deferred_interrupts(), compiling():
             return compile_kernel(sig)
 
     return compile_held

@@ -140,6 +140,7 @@ def run() -> None:
 
     keep_freed_heap_for_reuse()
     stopped_by = _stop_on_termination()
+    _leave_at_once_while_compiling()
     try:
         code = main()
     except SystemExit as exc:  # argparse: --help, usage errors
@@ -154,7 +155,7 @@ def run() -> None:
     if code == 130 or stopped_by:
         from extagg.spill.tempdir import remove_process_dirs
 
-        remove_process_dirs()
+        remove_process_dirs(leaving=True)
     else:
         atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
@@ -163,6 +164,33 @@ def run() -> None:
         except (OSError, ValueError):  # a reader that left; a closed stream
             pass
     os._exit(code)
+
+
+def _leave_at_once_while_compiling() -> None:
+    """A Ctrl-C (or SIGTERM/SIGHUP) while kernels compile on a cold cache — the first run
+    after an install compiles the query's kernels for 6-30 s, out of an interrupt's reach —
+    stops the command at once all the same: the spill folders and the partial output are
+    removed and the process leaves with ``os._exit`` (``_interrupts.compiling``). Elsewhere
+    the interrupt takes its usual way (the run stops at the next batch and cleans up)."""
+    import os
+
+    from extagg._interrupts import stop_process_on_interrupt
+
+    def leave(signum: int) -> None:
+        from extagg.spill.tempdir import remove_process_dirs
+
+        remove_process_dirs(leaving=True)
+        output = sys.modules.get("extagg.io.output")  # loaded if an output is being written
+        if output is not None:
+            output.remove_unfinished_outputs()
+        try:
+            print("extagg: interrupted; spill files and partial output removed", file=sys.stderr)
+            sys.stderr.flush()
+        except (OSError, ValueError):  # a closed stderr
+            pass
+        os._exit(128 + signum)
+
+    stop_process_on_interrupt(leave)
 
 
 def _stop_on_termination() -> list[int]:

@@ -858,6 +858,23 @@ def test_output_through_a_symlink_replaces_its_target_and_a_pipe_is_refused(tmp_
     assert fifo.is_fifo() and not [p for p in tmp_path.iterdir() if "extagg-tmp" in p.name]
 
 
+def test_unfinished_outputs_are_removed_when_the_command_leaves_at_once(tmp_path):
+    """The command leaves with ``os._exit`` on a Ctrl-C while kernels compile (no writer's
+    ``abort`` runs): the temp files of outputs still being written are removed, the
+    finished ones are not."""
+    from extagg.io.output import ResultWriter, remove_unfinished_outputs
+
+    t = pa.table({"k": [1, 2, 3]})
+    with ResultWriter(str(tmp_path / "done.csv"), "csv", t.schema) as writer:
+        writer.write(t.to_batches()[0])
+    unfinished = ResultWriter(str(tmp_path / "partial.parquet"), "parquet", t.schema)
+    unfinished.write(t.to_batches()[0])
+    assert len([p for p in tmp_path.iterdir() if "extagg-tmp" in p.name]) == 1
+    remove_unfinished_outputs()
+    assert [p.name for p in tmp_path.iterdir()] == ["done.csv"]
+    unfinished.abort()  # nothing left to remove: no error
+
+
 def test_parquet_pages_of_many_distinct_strings_do_not_follow_the_batches(tmp_path):
     """A text column of many distinct values (a dictionary that outgrows its page): the
     Parquet writer's pages followed the result batches' lengths past 4096 rows, so 1 M string
@@ -1058,6 +1075,43 @@ def test_sigint_stops_and_leaves_no_files(tmp_path, fmt, signum):
     assert not [p for p in spill.rglob("*") if p.is_file()]
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"big.{fmt}", "spill"]
     print(f"stopped {stopped:.2f} s after SIGINT")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_while_kernels_compile_on_a_cold_cache_stops_at_once(tmp_path, signum):
+    """With numba's cache empty (a fresh install), the first chunk's fold compiles the
+    query's kernels for 6-30 s, out of an interrupt's reach (llvmlite can free an object
+    twice if one lands inside): a Ctrl-C waited for the compile's end. The command now
+    removes its files and leaves at once."""
+    t = table(200_000, keys=50_000, seed=3)
+    src = tmp_path / "t.parquet"
+    pq.write_table(t, src, row_group_size=50_000)
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    cache = tmp_path / "numba-cache"
+    out = tmp_path / "out.parquet"
+    cmd = [sys.executable, "-m", "extagg", "aggregate", str(src), "--by", "k,u", "--agg",
+           "n=count(*)", "--agg", "s=sum(v)", "--agg", "lo=min(u)", "--memory", "8m",
+           "--spill-dir", str(spill), "-o", str(out)]  # fmt: skip
+    env = dict(_env(), NUMBA_CACHE_DIR=str(cache))
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=_sigint_as_at_a_shell)  # fmt: skip
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if any(p.suffix == ".nbi" for p in cache.rglob("*")):  # one compiled, more to come
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before its kernels compiled"
+    proc.send_signal(signum)
+    sent = time.monotonic()
+    _, err = proc.communicate(timeout=120)
+    stopped = time.monotonic() - sent
+    assert proc.returncode == 128 + signum, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert stopped < 3, f"stopped {stopped:.1f} s after the signal"
+    assert not out.exists() and not [p for p in spill.rglob("*") if p.is_file()]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["numba-cache", "spill", "t.parquet"]
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")

@@ -100,3 +100,53 @@ def test_the_latch_leaves_an_application_handler_to_decide():
         assert signal.getsignal(signal.SIGINT) is cancel_jobs_then_raise
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_compiling_marks_the_thread_until_its_outermost_compile_ends():
+    """A kernel's compile compiles the kernels it calls (nested blocks): the thread stays
+    marked until the outer one ends. A set of threads unmarked it when the first callee was
+    done, and a Ctrl-C in the seconds after waited for the whole compile."""
+    from extagg import _interrupts
+
+    assert not _interrupts._compiling
+    with _interrupts.compiling():
+        with _interrupts.compiling():
+            pass
+        assert _interrupts._compiling
+    assert not _interrupts._compiling
+
+
+_STOP_WHILE_COMPILING = """
+import os, signal, time
+from extagg._interrupts import compiling, stop_process_on_interrupt
+
+def stop(signum):
+    print("stopped by", signum, flush=True)
+    os._exit(128 + signum)
+
+signal.signal(signal.SIGTERM, lambda signum, frame: print("the usual way", flush=True))
+stop_process_on_interrupt(stop)
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(0.5)
+with compiling():
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(30)
+print("not stopped", flush=True)
+"""
+
+
+def test_a_signal_while_compiling_reaches_the_command_lines_stop_at_once():
+    """A signal outside a compile takes its usual way (its handler); during a compile the
+    command line's stop is called at once, from a thread of its own (the main thread may be
+    in one of LLVM's long C calls, where Python runs no handler)."""
+    import subprocess
+    import time
+
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", _STOP_WHILE_COMPILING], capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    assert proc.stdout.splitlines()[0] == "the usual way"
+    assert f"stopped by {int(signal.SIGTERM)}" in proc.stdout
+    assert "not stopped" not in proc.stdout
+    assert time.monotonic() - started < 20

@@ -33,7 +33,13 @@ from extagg.spill.tempdir import owner_gone, process_dir_name
 
 log = logging.getLogger(__name__)
 
-__all__ = ["OUTPUT_FORMATS", "ResultWriter", "atomic_output", "output_format"]
+__all__ = [
+    "OUTPUT_FORMATS",
+    "ResultWriter",
+    "atomic_output",
+    "output_format",
+    "remove_unfinished_outputs",
+]
 
 OUTPUT_FORMATS = ("parquet", "csv", "tsv", "jsonl", "ipc")
 _EXT = {
@@ -82,6 +88,7 @@ def _temp_beside(path: str) -> tuple[str, IO[bytes]]:
     fd, tmp = tempfile.mkstemp(
         prefix=f".{name}.{process_dir_name()}.", suffix=_TEMP_SUFFIX, dir=directory
     )
+    _unfinished.add(tmp)
     try:
         mode = stat.S_IMODE(os.stat(path).st_mode)
     except OSError:
@@ -94,6 +101,19 @@ def _temp_beside(path: str) -> tuple[str, IO[bytes]]:
 
 
 _TEMP_SUFFIX = ".extagg-tmp"
+#: the temp files of this process's outputs not yet renamed into place or removed
+_unfinished: set[str] = set()
+
+
+def remove_unfinished_outputs() -> None:
+    """Remove the temp files of every output still being written (the command is leaving
+    with ``os._exit``: no writer's ``abort`` runs)."""
+    for tmp in list(_unfinished):
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        _unfinished.discard(tmp)
+
+
 #: a temp file's name: ``.<output name>.<writer process, as its spill folder>.<random>``
 _TEMP_NAME = re.compile(r"^\.(.+)\.(extagg-\d+-\d+-[0-9a-f]{8})\.[^.]+\.extagg-tmp$")
 
@@ -128,6 +148,7 @@ def _publish(handle: IO[bytes], tmp: str, path: str) -> None:
     os.fsync(handle.fileno())
     handle.close()
     os.replace(tmp, path)
+    _unfinished.discard(tmp)
     try:
         dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
     except OSError:  # pragma: no cover - directories that cannot be opened
@@ -162,6 +183,7 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[IO[bytes]]:
             handle.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        _unfinished.discard(tmp)
         raise
 
 
@@ -531,6 +553,7 @@ class ResultWriter:
             os.unlink(self._tmp)
         except FileNotFoundError:
             pass
+        _unfinished.discard(self._tmp)
         self._tmp = None
 
     def __enter__(self) -> ResultWriter:

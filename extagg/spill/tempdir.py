@@ -66,6 +66,9 @@ _dir_files: dict[str, int] = {}
 #: bases whose orphans this process has removed already
 _swept: set[str] = set()
 _process_lock = threading.RLock()  # re-entrant: a finaliser may remove files mid-call
+#: the PID whose folders :func:`remove_process_dirs` removed for good (the process is leaving):
+#: a thread still spilling then gets an error instead of making its folder again
+_left_pid = 0
 #: run-file path -> the random id its writer put in its header (see extagg.spill.runfile)
 _run_ids: dict[str, bytes] = {}
 _run_ids_lock = threading.RLock()
@@ -188,6 +191,8 @@ def _acquire_subdir(base: str) -> str:
     with _process_lock:
         path = _process_dirs.get((pid, base))
         if path is None or not os.path.isdir(path):
+            if pid == _left_pid:
+                raise SpillError(f"cannot spill to {base}: the process is stopping", directory=base)
             if os.path.exists(base) and not os.path.isdir(base):
                 raise SpillError(
                     f"cannot spill to {base}: it is not a directory",
@@ -274,9 +279,14 @@ def _remove_process_dirs() -> None:
     remove_process_dirs()
 
 
-def remove_process_dirs() -> None:
-    """Remove this process's spill subdirectories (at exit; or before an ``os._exit``)."""
+def remove_process_dirs(*, leaving: bool = False) -> None:
+    """Remove this process's spill subdirectories (at exit; or before an ``os._exit``).
+    ``leaving``: the process is about to ``os._exit`` while other threads may still spill;
+    none of them makes its folder again."""
+    global _left_pid
     pid = os.getpid()
+    if leaving:
+        _left_pid = pid
     for (owner, _base), path in list(_process_dirs.items()):
         if owner == pid:
             shutil.rmtree(path, ignore_errors=True)

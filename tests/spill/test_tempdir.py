@@ -83,3 +83,29 @@ def test_a_spill_folder_of_another_user_is_refused(tmp_path):
         emap.insert_all((i, 1) for i in range(100))
     emap.close()
     assert os.listdir(folder) == []
+
+
+def test_no_spill_folder_is_made_again_once_the_process_is_leaving(tmp_path):
+    """The command line leaves with ``os._exit`` after removing its spill folders (Ctrl-C
+    while kernels compile); a worker thread still spilling must not make its folder again
+    and leave it behind."""
+    import subprocess
+    import sys
+
+    script = f"""
+import os
+from extagg.errors import SpillError
+from extagg.spill.tempdir import SpillDirs, remove_process_dirs
+dirs = SpillDirs([{str(tmp_path)!r}])
+open(dirs.new_path(), "wb").close()
+remove_process_dirs(leaving=True)
+try:
+    dirs.new_path()
+except SpillError as exc:
+    print(exc)
+print(os.listdir({str(tmp_path)!r}))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True).stdout  # fmt: skip
+    assert "the process is stopping" in out
+    assert out.splitlines()[-1] == "[]"
