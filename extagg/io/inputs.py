@@ -25,7 +25,7 @@ import re
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -316,30 +316,45 @@ class InputScan:
         )
         parsed = pa.schema([f for f in schema if f.name not in text.folder_values])
         folder = _FolderColumns(text.folder_values, schema)
-        gate = _GatedStream(_text_stream(path, text.encoding), ahead=self.text_blocks_ahead)
-        try:
-            source = gate.arrow_stream()
-            reader = gate.call(lambda: _open_text(source, text, parsed, self.block_bytes))
-            rows_before = 0  # Arrow numbers a JSON error's row within its block
-            while True:
-                try:
-                    block = gate.call(reader.read_next_batch, taken=True)
-                except pa.ArrowInvalid as exc:
-                    raise pa.ArrowInvalid(_row_of_file(str(exc), rows_before)) from exc
-                if block is None:
-                    return
-                rows_before += block.num_rows
-                if folder.names:
-                    block = folder.add(block)
-                if not len(schema):  # count(*) alone: no column, the rows (Arrow parsed all)
-                    block = block.select([])
-                elif block.schema != schema:
-                    block = _block_as(block, schema, rows_before - block.num_rows, text.fmt)
-                step = max(1, self.batch_rows)
-                for start in range(0, block.num_rows, step):
-                    yield block.slice(start, step), None
-        finally:
-            gate.close()
+        delivered = 0  # rows given out: a restarted read skips them
+        while True:
+            gate = _GatedStream(_text_stream(path, text.encoding), ahead=self.text_blocks_ahead)
+            try:
+                source = gate.arrow_stream()
+                reader = gate.call(
+                    lambda source=source, text=text: _open_text(
+                        source, text, parsed, self.block_bytes
+                    )
+                )
+                rows_before = 0  # Arrow numbers a JSON error's row within its block
+                while True:
+                    try:
+                        block = gate.call(reader.read_next_batch, taken=True)
+                    except pa.ArrowInvalid as exc:
+                        restart = _quoted_empty_past_sample(str(exc), path, text, parsed)
+                        if restart is None:
+                            raise pa.ArrowInvalid(_row_of_file(str(exc), rows_before)) from exc
+                        text = restart
+                        break
+                    if block is None:
+                        return
+                    rows_before += block.num_rows
+                    if rows_before <= delivered:  # read again after a restart
+                        continue
+                    if rows_before - block.num_rows < delivered:
+                        block = block.slice(delivered - (rows_before - block.num_rows))
+                    delivered = rows_before
+                    if folder.names:
+                        block = folder.add(block)
+                    if not len(schema):  # count(*) alone: no column, the rows (all parsed)
+                        block = block.select([])
+                    elif block.schema != schema:
+                        block = _block_as(block, schema, rows_before - block.num_rows, text.fmt)
+                    step = max(1, self.batch_rows)
+                    for start in range(0, block.num_rows, step):
+                        yield block.slice(start, step), None
+            finally:
+                gate.close()
 
     def _read_error(self, path: str, fmt: str, exc: Exception, opts: dict[str, Any]) -> InputError:
         text: _TextFile | None = opts.get("text")
@@ -378,6 +393,28 @@ class InputScan:
         if "straddl" in reason or "increase block size" in reason:
             reason, hint = _long_record(reason, self.block_bytes, "1/48")
         return InputError(f"cannot read {path}: {reason}{hint}", path=path)
+
+
+_QUOTED_EMPTY = re.compile(r"CSV column #(\d+): .*CSV conversion error to .+: invalid value ''$")
+
+
+def _quoted_empty_past_sample(
+    reason: str, path: str, text: _TextFile, parsed: pa.Schema
+) -> _TextFile | None:
+    """A CSV number (or date, or boolean) column's first quoted empty field ``""`` past the
+    sample its types came from stops Arrow's reader (``invalid value ''``); the field is a
+    null (see _csv_types). Returns ``text`` with that column parsed as text and cast, for
+    the read to start again, or ``None`` for any other error."""
+    match = _QUOTED_EMPTY.search(reason)
+    if match is None or text.fmt not in ("csv", "tsv"):
+        return None
+    names = _file_column_names(path, text)
+    index = int(match.group(1))
+    if index >= len(names) or names[index] not in parsed.names or names[index] in text.as_text:
+        return None
+    log.info("%s: column %r holds a quoted empty field past the first block: read again, "
+             "that column as text", path, names[index])  # fmt: skip
+    return replace(text, as_text=text.as_text | {names[index]})
 
 
 def _long_record(reason: str, block_bytes: int, share: str) -> tuple[str, str]:
@@ -1200,6 +1237,43 @@ _LEADING_ZERO = r"^\s*([+-]?0[0-9]|\+)"
 _NUMBER = r"^\s*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\s*$"
 
 
+def _csv_sample_schema(
+    path: str, file_format: Any, options: dict[str, Any], names: list[str] | None,
+    quoted_empty: set[str],
+) -> pa.Schema:  # fmt: skip
+    """The schema Arrow reads from a CSV file's sample (:func:`_text_schema`). A column typed
+    by the user (``--column-types v:float64``) whose sample holds a quoted empty field
+    ``""`` stopped the read there ("invalid value ''"): such a column is read as text and
+    cast (added to ``quoted_empty``, ``""`` a null), and keeps the type given."""
+    given = options.get("column_types") or {}
+    fmt = "tsv" if file_format.parse_options.delimiter == "\t" else "csv"
+    as_text: dict[str, pa.DataType] = {}
+    sample_format = file_format
+    while True:
+        try:
+            inferred = _text_schema(path, fmt, sample_format, options.get("encoding"))
+            break
+        except pa.ArrowInvalid as exc:
+            match = _QUOTED_EMPTY.search(str(exc))
+            if match is None:
+                raise
+            sep = file_format.parse_options.delimiter
+            header = names or _csv_header(path, sep, options.get("encoding"))
+            index = int(match.group(1))
+            name = header[index] if index < len(header) else None
+            if name not in given or name in as_text or pa.types.is_string(given[name]):
+                raise
+            as_text[name] = given[name]
+            types = {**given, **dict.fromkeys(as_text, pa.string())}
+            sample_format = _file_format(
+                fmt, {**options, "delimiter": sep, "column_types": types}, names
+            )
+    quoted_empty.update(as_text)
+    for name, typ in as_text.items():
+        inferred = inferred.set(inferred.get_field_index(name), pa.field(name, typ))
+    return inferred
+
+
 def _csv_types(
     path: str, file_format: Any, inferred: pa.Schema, columns: Sequence[str],
     options: dict[str, Any], quoted_empty: set[str] | None = None,
@@ -1755,8 +1829,8 @@ def open_input(
     for path, _base in files:
         try:
             if fmt in ("csv", "tsv"):
-                inferred = _text_schema(path, fmt, format_of(path), encoding)
                 empties = quoted_empty.setdefault(path, set())
+                inferred = _csv_sample_schema(path, format_of(path), options, names, empties)
                 typed = _csv_types(path, format_of(path), inferred, read_cols, options, empties)
                 per_file.append((path, typed))
             elif fmt == "json":

@@ -4,6 +4,7 @@ and files with different schemas; results against pandas."""
 from __future__ import annotations
 
 import bz2
+import datetime
 import decimal
 import gzip
 import json
@@ -1449,3 +1450,61 @@ def test_a_csv_that_quotes_every_field_has_number_columns(tmp_path):
             "ct": len(rows), "lo": "",
         }  # fmt: skip
     assert got.to_pylist() == [want[""], want["a"]]
+
+
+@pytest.mark.parametrize("memory", ["2m", "256m"])
+def test_a_quoted_empty_number_first_seen_past_the_sample_is_a_null(tmp_path, memory):
+    """A number column's first quoted empty field ``""`` after the 4 MiB sample its type was
+    inferred from stopped the run ("CSV conversion error to int64: invalid value ''"). The
+    file is read again with that column as text, the rows already given skipped: counted by
+    rows, not lines (blank lines, a quoted value over two lines before the restart)."""
+    src = tmp_path / "late.csv"
+    n = 300_000
+    with open(src, "w", newline="") as f:
+        f.write("k,v,d,note\n")
+        for i in range(n):
+            late = i in (250_000, 290_000)
+            note = '"two\nlines"' if i % 50_000 == 7 else ("" if i % 3 else "x")
+            v, d = ('""', '""') if late else (str(i), f"2024-01-{i % 28 + 1:02d}")
+            f.write(f"k{i % 7},{v},{d},{note}\n")
+            if i % 40_000 == 3:
+                f.write("\n")  # a blank line: Arrow skips it
+    assert src.stat().st_size > 5 << 20
+    got = extagg.aggregate_files(
+        str(src), by="k", sort=True, memory=memory,
+        aggs={"s": ("v", "sum"), "cv": ("v", "count"), "c": ("*", "count"), "hi": ("d", "max"),
+              "cd": ("d", "count"), "cn": ("note", "count")},
+    ).read_all()  # fmt: skip
+    assert got.schema.field("s").type == pa.int64()
+    assert got.schema.field("hi").type == pa.date32()
+    late = {250_000, 290_000}
+    want = []
+    for k in range(7):
+        rows = [i for i in range(n) if i % 7 == k]
+        want.append({
+            "k": f"k{k}", "s": sum(i for i in rows if i not in late),
+            "cv": sum(1 for i in rows if i not in late), "c": len(rows),
+            "hi": max(datetime.date(2024, 1, i % 28 + 1) for i in rows if i not in late),
+            "cd": sum(1 for i in rows if i not in late),
+            "cn": sum(1 for i in rows if not i % 3 or i % 50_000 == 7),
+        })  # fmt: skip
+    assert got.to_pylist() == want
+
+
+def test_a_quoted_empty_field_in_a_column_typed_by_the_user_is_a_null(tmp_path):
+    """``--column-types v:float64`` on a column whose sample holds ``""`` failed before the
+    run ("invalid value ''", and a hint that the type was inferred). It keeps the type
+    given, ``""`` a null, in a TSV too."""
+    for sep, name in ((",", "q.csv"), ("\t", "q.tsv")):
+        src = tmp_path / name
+        src.write_text(sep.join(["k", "v", "t"]) + "\n" + "".join(
+            sep.join(row) + "\n"
+            for row in (["a", "1.5", '"x"'], ["b", '""', '""'], ["a", "", "y"], ["b", "2", ""])
+        ))  # fmt: skip
+        got = extagg.aggregate_files(
+            str(src), by="k", sort=True, column_types={"v": pa.float32(), "t": pa.string()},
+            aggs={"s": ("v", "sum"), "n": ("v", "count"), "nt": ("t", "count")},
+        ).read_all()  # fmt: skip
+        assert got.schema.field("s").type == pa.float64()
+        assert got.to_pylist() == [{"k": "a", "s": 1.5, "n": 1, "nt": 2},
+                                   {"k": "b", "s": 2.0, "n": 1, "nt": 1}]  # fmt: skip
