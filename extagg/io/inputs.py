@@ -385,6 +385,8 @@ class InputScan:
             )
         if fmt in ("csv", "tsv") and "CSV column #" in reason:
             hint = _csv_column_hint(reason, _file_column_names(path, text))
+        if fmt in ("csv", "tsv"):
+            hint = _ragged_row_line(str(exc), path, text.encoding if text else None) + hint
         if fmt == "json" and "Failed to convert JSON" in reason:
             hint = (
                 " (a field's type was inferred from the first block of the file and a later "
@@ -431,6 +433,54 @@ def _long_record(reason: str, block_bytes: int, share: str) -> tuple[str, str]:
         f"record must fit in one; {larger})"
     )
     return reason.replace(" (try to increase block size?)", ""), hint
+
+
+_RAGGED_ROW = re.compile(r"CSV parse error: Expected \d+ columns, got \d+: (.*)$", re.DOTALL)
+
+
+def _ragged_row_line(reason: str, path: str, encoding: str | None) -> str:
+    """Where the row of Arrow's ``Expected 2 columns, got 3: a,1,2`` is in ``path``: its line
+    number (`` (line 100002)``), found by reading the file again (on an error's path only,
+    for at most :data:`RAGGED_ROW_SEARCH_S`), or ``""``. Arrow names the row's text but not
+    its place, and in a file of millions of rows the text alone does not find it."""
+    match = _RAGGED_ROW.search(reason)
+    if match is None or not match.group(1).strip():
+        return ""
+    import time
+
+    needle = b"\n" + match.group(1).encode("utf-8", "replace")
+    data = b"\n"  # line 1 starts after a newline too
+    newlines_before = 0  # in the text before data[0], the one put first not counted
+    give_up = time.monotonic() + RAGGED_ROW_SEARCH_S
+    try:
+        with _text_stream(path, encoding) as stream:
+            ended = False
+            while time.monotonic() < give_up:
+                chunk = stream.read(1 << 20)
+                ended = not chunk
+                data += chunk
+                at = data.find(needle)
+                while at >= 0:
+                    end = at + len(needle)
+                    if end == len(data) and not ended:
+                        break  # the byte after it is not read yet
+                    if end == len(data) or data[end : end + 1] in (b"\n", b"\r"):
+                        line = newlines_before + data.count(b"\n", 0, at) + 1
+                        return f" (line {line})"
+                    at = data.find(needle, at + 1)
+                if ended:
+                    return ""
+                cut = len(data) - len(needle)
+                if cut > 0:
+                    newlines_before += data.count(b"\n", 0, cut)
+                    data = data[cut:]
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError):
+        pass
+    return ""
+
+
+#: how long an error's path may read a CSV file again to find a ragged row's line
+RAGGED_ROW_SEARCH_S = 10.0
 
 
 def _csv_column_hint(reason: str, names: Sequence[str]) -> str:
@@ -1855,6 +1905,8 @@ def open_input(
                 sep = format_of(path).parse_options.delimiter
                 file_names = names or _csv_header(path, sep, encoding)
                 hint = _csv_column_hint(reason, file_names)
+            if fmt in ("csv", "tsv"):
+                hint = _ragged_row_line(str(exc), path, encoding) + hint
             raise InputError(f"cannot read {path} as {fmt}: {reason}{hint}", path=path) from exc
         except UnicodeDecodeError as exc:  # the column names of a header not in UTF-8
             raise InputError(

@@ -1508,3 +1508,24 @@ def test_a_quoted_empty_field_in_a_column_typed_by_the_user_is_a_null(tmp_path):
         assert got.schema.field("s").type == pa.float64()
         assert got.to_pylist() == [{"k": "a", "s": 1.5, "n": 1, "nt": 2},
                                    {"k": "b", "s": 2.0, "n": 1, "nt": 1}]  # fmt: skip
+
+
+@pytest.mark.parametrize("rows", [10, 500_000])
+@pytest.mark.parametrize("compressed", [False, True])
+def test_a_ragged_csv_row_is_named_by_its_line(tmp_path, rows, compressed):
+    """A row with more (or fewer) fields than the header: Arrow's error gives its text
+    only, which does not find it in millions of rows. The error names its line, in the
+    sample (before the run) and past it (during the run), compressed or not; the row's text
+    inside another line's field is not taken for it."""
+    lines = ["k,v", *(f"a{i % 5},{i}" for i in range(rows)), '"xa,1,2",0', "xa,1,2", "b,2"]
+    text = "\n".join(lines) + "\n"
+    src = tmp_path / ("r.csv.gz" if compressed else "r.csv")
+    if compressed:
+        src.write_bytes(gzip.compress(text.encode()))
+    else:
+        src.write_text(text)
+    with pytest.raises(InputError) as err:
+        extagg.aggregate_files(str(src), by="k", aggs={"s": ("v", "sum")}).read_all()
+    message = str(err.value)
+    assert str(src) in message and "Expected 2 columns, got 3: xa,1,2" in message
+    assert message.endswith(f"(line {rows + 3})")
