@@ -78,6 +78,12 @@ def add_aggregate_command(sub: Any) -> None:
         "--encoding",
         help="the encoding of CSV/TSV text not in UTF-8, e.g. latin-1, cp1252 (default: utf-8)",
     )
+    p.add_argument(
+        "--decimal-comma",
+        action="store_true",
+        help="CSV/TSV numbers are written with a decimal comma (1,5), as in ';'-separated files "
+        "of locales that write them so",
+    )
     p.add_argument("--schema", help="all CSV columns in order, e.g. 'id:int64,name:string'")
     p.add_argument("--no-header", action="store_true", help="CSV files have no header line")
     p.add_argument("--spill-dir", action="append", dest="spill_dirs", help="spill directory")
@@ -274,7 +280,7 @@ def _run_aggregate(args: argparse.Namespace) -> int:
             memory=args.memory, spill_dirs=args.spill_dirs, sort=args.sort, format=args.format,
             delimiter=args.delimiter, column_types=_column_types(args.column_types),
             schema=_schema(args.schema), header=not args.no_header, threads=args.threads,
-            encoding=args.encoding, quote=args.quote,
+            encoding=args.encoding, quote=args.quote, decimal_comma=args.decimal_comma,
         )  # fmt: skip
         _execute(query, args, output, fmt)
     except QueryError as exc:

@@ -19,6 +19,7 @@ import atexit
 import contextlib
 import csv
 import difflib
+import functools
 import logging
 import os
 import re
@@ -322,9 +323,7 @@ class InputScan:
             try:
                 source = gate.arrow_stream()
                 reader = gate.call(
-                    lambda source=source, text=text: _open_text(
-                        source, text, parsed, self.block_bytes
-                    )
+                    functools.partial(_open_text, source, text, parsed, self.block_bytes)
                 )
                 rows_before = 0  # Arrow numbers a JSON error's row within its block
                 while True:
@@ -349,7 +348,10 @@ class InputScan:
                     if not len(schema):  # count(*) alone: no column, the rows (all parsed)
                         block = block.select([])
                     elif block.schema != schema:
-                        block = _block_as(block, schema, rows_before - block.num_rows, text.fmt)
+                        block = _block_as(
+                            block, schema, rows_before - block.num_rows, text.fmt,
+                            decimal_comma=_decimal_point(text) == ",",
+                        )  # fmt: skip
                     step = max(1, self.batch_rows)
                     for start in range(0, block.num_rows, step):
                         yield block.slice(start, step), None
@@ -751,11 +753,13 @@ def _small_dictionaries(
 
 
 def _block_as(
-    block: pa.RecordBatch, schema: pa.Schema, rows_before: int, fmt: str
-) -> pa.RecordBatch:
+    block: pa.RecordBatch, schema: pa.Schema, rows_before: int, fmt: str,
+    decimal_comma: bool = False,
+) -> pa.RecordBatch:  # fmt: skip
     """A parsed text block's columns cast to the scan's ``schema``; a value that does not
     convert (JSON text read as a date or a timestamp) is an error naming the column, its
-    type, the value and its row (``rows_before`` the block's first)."""
+    type, the value and its row (``rows_before`` the block's first). ``decimal_comma``: the
+    text's numbers are written ``1,5``."""
     columns = []
     for f in schema:
         column = block.column(f.name)
@@ -767,6 +771,8 @@ def _block_as(
 
             # a quoted empty field of a number (or JSON date) column is a null
             column = pc.if_else(pc.equal(column, ""), pa.scalar(None, column.type), column)
+            if decimal_comma and (pa.types.is_floating(f.type) or pa.types.is_decimal(f.type)):
+                column = pc.replace_substring(column, ",", ".")
         try:
             columns.append(_as_type(column, f.type))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
@@ -785,6 +791,13 @@ def _block_as(
                 f"Failed to convert {kind} column {f.name!r} to {f.type}{where}"
             ) from exc
     return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def _decimal_point(text: _TextFile) -> str:
+    """The decimal point of a CSV/TSV file's numbers (``--decimal-comma``: ``,``)."""
+    if text.fmt not in ("csv", "tsv"):
+        return "."
+    return str(text.file_format.default_fragment_scan_options.convert_options.decimal_point)
 
 
 def _as_type(arr: pa.Array, to: pa.DataType) -> pa.Array:
@@ -1310,7 +1323,7 @@ def _csv_sample_schema(
             sep = file_format.parse_options.delimiter
             header = names or _csv_header(path, sep, options.get("encoding"))
             index = int(match.group(1))
-            name = header[index] if index < len(header) else None
+            name = header[index] if index < len(header) else ""
             if name not in given or name in as_text or pa.types.is_string(given[name]):
                 raise
             as_text[name] = given[name]
@@ -1379,6 +1392,8 @@ def _csv_types(
             if not pc.any(empty).as_py():
                 continue
             values = pc.filter(values, pc.invert(empty))
+            if options.get("decimal_point") == ",":  # 10,5 as 10.5
+                values = pc.replace_substring(values, ",", ".")
             if not len(values) or not pc.all(pc.match_substring_regex(values, _NUMBER)).as_py():
                 continue
             if pc.any(pc.match_substring_regex(values, _LEADING_ZERO)).as_py():
@@ -1737,6 +1752,7 @@ def _file_format(fmt: str, options: dict[str, Any], column_names: list[str] | No
             null_values=[""],
             strings_can_be_null=True,
             quoted_strings_can_be_null=False,
+            decimal_point=options.get("decimal_point", "."),
         )
         # a quoted value may hold a newline (a comment, an address): without this a block
         # boundary inside one ended the run ("CSV parser got out of sync with chunker"); the
@@ -1788,11 +1804,13 @@ def open_input(
     encoding: str | None = None,
     quote: str | None = '"',
     bind_filter: Callable[[pa.Schema], Any] | None = None,
+    decimal_comma: bool = False,
 ) -> InputScan:
     """Resolve ``paths`` and plan a scan of the ``needed`` columns (see the module docstring).
 
     CSV column types are inferred from the first ``sample_bytes`` of each file. ``encoding``
-    (a Python codec name) is that of CSV/TSV text not in UTF-8.
+    (a Python codec name) is that of CSV/TSV text not in UTF-8; ``decimal_comma``: its numbers
+    are written ``1,5`` (a delimiter other than ``,`` is then needed).
     ``bind_filter(schema)``, given the types of the columns read (the filter's among them)
     before any row group is pruned, returns ``filter`` fitted to them, or raises.
 
@@ -1843,7 +1861,12 @@ def open_input(
     options: dict[str, Any] = {
         "delimiter": delimiter, "column_types": dict(column_types or {}),
         "block_size": sample_bytes, "encoding": encoding, "quote": parse_quote(quote, fmt),
+        "decimal_point": "," if decimal_comma else ".",
     }  # fmt: skip
+    if decimal_comma and fmt not in ("csv", "tsv"):
+        raise QueryError("--decimal-comma applies to CSV/TSV only")
+    if decimal_comma and delimiter == ",":
+        raise QueryError("--decimal-comma needs a delimiter other than ',' (e.g. --delimiter ';')")
     names = None
     if schema is not None:
         options["column_types"] = {**{f.name: f.type for f in schema}, **options["column_types"]}
@@ -1867,6 +1890,12 @@ def open_input(
             if sep not in by_delimiter:
                 by_delimiter[sep] = _file_format(fmt, {**options, "delimiter": sep}, names)
             file_formats[path] = by_delimiter[sep]
+            if sep == "," and decimal_comma:
+                raise InputError(
+                    f"{path}: its fields are separated by commas, so its numbers cannot have a "
+                    "decimal comma (--decimal-comma); give the --delimiter it uses",
+                    path=path,
+                )
 
     def format_of(path: str) -> Any:
         return file_formats.get(path, file_format)

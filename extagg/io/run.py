@@ -147,6 +147,8 @@ class FileQuery:
                         "its types are inferred from is not a number: --column-types "
                         "COLUMN:float64 reads it as numbers (and names the first value that is not)"
                     )
+                    if self.scan.format != "json":
+                        hint += "; numbers written with a decimal comma (1,5) need --decimal-comma"
                 raise QueryError(f"{exc} (in {_files_named(self.scan.files)}){hint}") from None
             first = True
             for batch in self.scan.batches():
@@ -431,7 +433,7 @@ def _parse_where(text: str | None) -> ParsedExpression | None:
 #: the keyword options of :func:`aggregate_files` that shape the scan and the aggregation
 SCAN_OPTIONS = (
     "format", "delimiter", "column_types", "schema", "header", "batch_rows", "spill_dirs",
-    "memory_manager", "threads", "encoding", "quote",
+    "memory_manager", "threads", "encoding", "quote", "decimal_comma",
 )  # fmt: skip
 
 
@@ -455,6 +457,7 @@ def plan_query(
     threads: int | None = None,
     encoding: str | None = None,
     quote: str | None = '"',
+    decimal_comma: bool = False,
 ) -> FileQuery:
     """Check a query and plan its scan (see :func:`aggregate_files`); reads no data rows."""
     from extagg._config import parse_size
@@ -522,7 +525,7 @@ def plan_query(
         paths, needed, filter=None if where_expr is None else where_expr.expression,
         filter_columns=[] if where_expr is None else where_expr.columns, format=format,
         delimiter=delimiter, column_types=types, schema=schema, header=header, quote=quote,
-        sample_bytes=sample, encoding=encoding,
+        sample_bytes=sample, encoding=encoding, decimal_comma=decimal_comma,
         bind_filter=None if where_expr is None else where_expr.bind,
     )  # fmt: skip
     scan.batch_rows = batch_rows
@@ -597,7 +600,9 @@ def aggregate_files(
     **options
         Shape the scan: ``format``, ``delimiter``, ``column_types``, ``schema``, ``header``,
         ``encoding`` (of CSV/TSV text not in UTF-8, e.g. ``"latin-1"``), ``quote`` (the
-        CSV/TSV quote character, ``'"'``; ``None`` for text that quotes nothing), ``spill_dirs``,
+        CSV/TSV quote character, ``'"'``; ``None`` for text that quotes nothing),
+        ``decimal_comma`` (CSV/TSV numbers written ``1,5``; the delimiter must be another),
+        ``spill_dirs``,
         ``memory_manager``; ``threads`` for the aggregation (see
         :class:`~extagg.columnar.HashAggregator`).
 

@@ -1529,3 +1529,39 @@ def test_a_ragged_csv_row_is_named_by_its_line(tmp_path, rows, compressed):
     message = str(err.value)
     assert str(src) in message and "Expected 2 columns, got 3: xa,1,2" in message
     assert message.endswith(f"(line {rows + 3})")
+
+
+def test_numbers_with_a_decimal_comma(tmp_path, capsys):
+    """The ';'-separated CSVs of locales that write 1,5: ``--decimal-comma`` reads their
+    numbers (quoted ones, ``""`` as null, and a decimal type given too); without it a sum
+    of such a column says what to give; a comma-separated file cannot have them."""
+    from extagg.cli import main
+
+    src = tmp_path / "eu.csv"
+    src.write_text('k;v;n\na;1,5;3\nb;"2,25";""\na;-0,5;5\nb;"";7\n')
+    got = extagg.aggregate_files(
+        str(src), by="k", sort=True, decimal_comma=True,
+        aggs={"s": ("v", "sum"), "hi": ("n", "max"), "c": ("v", "count")},
+    ).read_all()  # fmt: skip
+    assert got.schema.field("s").type == pa.float64()
+    assert got.to_pylist() == [{"k": "a", "s": 1.0, "hi": 5, "c": 2},
+                               {"k": "b", "s": 2.25, "hi": 7, "c": 1}]  # fmt: skip
+    typed = extagg.aggregate_files(
+        str(src), by="k", sort=True, decimal_comma=True, column_types="v:decimal(10,2)",
+        aggs={"s": ("v", "sum")},
+    ).read_all()  # fmt: skip
+    assert [r["s"] for r in typed.to_pylist()] == [decimal.Decimal("1.00"), decimal.Decimal("2.25")]
+    tsv = tmp_path / "eu.tsv"
+    tsv.write_text("k\tv\na\t1,5\na\t2\n")
+    assert main(["aggregate", str(tsv), "--by", "k", "--agg", "s=sum(v)", "--decimal-comma",
+                 "-q", "-o", "-"]) == 0  # fmt: skip
+    assert capsys.readouterr().out.splitlines()[1] == '"a",3.5'
+    assert main(["aggregate", str(src), "--by", "k", "--agg", "s=sum(v)", "-q", "-o", "-"]) == 2
+    assert "--decimal-comma" in capsys.readouterr().err
+    comma = tmp_path / "us.csv"
+    comma.write_text("k,v\na,1.5\n")
+    assert main(["aggregate", str(comma), "--by", "k", "--decimal-comma", "-q", "-o", "-"]) == 1
+    assert "separated by commas" in capsys.readouterr().err
+    assert main(["aggregate", str(comma), "--by", "k", "--decimal-comma", "--delimiter", ",",
+                 "-q", "-o", "-"]) == 2  # fmt: skip
+    assert "needs a delimiter other than ','" in capsys.readouterr().err
