@@ -87,8 +87,27 @@ def _add_state(sub: Any) -> None:
         add_state_subcommands(sub)
 
 
+#: options whose value is a size or a number: a negative one is their value, not an option
+_SIZE_OPTIONS = frozenset({"--memory", "--memory-q1", "--memory-q2", "--records", "--keys",
+                           "--rows", "--threads"})  # fmt: skip
+
+
+def _negative_sizes_joined(words: list[str]) -> list[str]:
+    """``--memory -1m`` as ``--memory=-1m``: argparse took ``-1m`` for an option and said only
+    "expected one argument"; joined, the size's own check says what is wrong with it."""
+    out: list[str] = []
+    for word in words:
+        if out and out[-1] in _SIZE_OPTIONS and len(word) > 1 and word[0] == "-" and (
+            word[1].isdigit() or word[1] == "."
+        ):  # fmt: skip
+            out[-1] = f"{out[-1]}={word}"
+        else:
+            out.append(word)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    words = sys.argv[1:] if argv is None else list(argv)
+    words = _negative_sizes_joined(sys.argv[1:] if argv is None else list(argv))
     command = command_of(words)
     if command is None:  # --help, --version, or a usage error: the subcommands are listed only,
         command = ""  # none of their modules imported (`extagg --help` took 1.3 s)

@@ -1330,3 +1330,14 @@ def test_a_record_longer_than_a_text_block_says_what_would_read_it(tmp_path, cap
     assert main(["aggregate", str(src), "--by", "k", "-q", "-o", "-"]) == 1
     err = capsys.readouterr().err
     assert "longer than 4 MiB, the largest block, cannot be read" in err and str(src) in err
+
+
+@pytest.mark.parametrize("words", [["--memory", "-1m"], ["--memory=-1m"], ["--memory", "-.5g"]])
+def test_a_negative_size_is_named_as_one(tmp_path, capsys, words):
+    """``--memory -1m``: argparse took ``-1m`` for an option ("expected one argument"); the
+    size's own check now says what is wrong with it, however it is written."""
+    src = tmp_path / "t.csv"
+    src.write_text("k\na\n")
+    assert main(["aggregate", str(src), "--by", "k", *words, "-q", "-o", "-"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid memory" in err and "negative size" in err, err
