@@ -13,8 +13,10 @@ Queries:
 Each at no limit and at 1/8 of the peak memory extagg's own no-limit run was granted (DuckDB's
 ``memory_limit`` gets the same; Polars has no such knob and runs its streaming engine). Every
 run is a fresh process, the engines' runs of a case interleaved (``_harness.run_cases_interleaved``;
-``--sequential``: one engine's runs after the other's): the child imports its engine, resets the
-peak-RSS counter, runs the query from the file to the last result batch, and reports the time,
+``--sequential``: one engine's runs after the other's): the child imports its engine (timed
+on its own: "engine import"; extagg's whole engine, numba included, as ``import duckdb`` loads
+DuckDB's), resets the peak-RSS counter, runs the query from the file to the last result batch,
+and reports the time,
 the peak RSS above that baseline and the process's whole-life peak, and a checksum of the answer
 (group count, column sums) that the parent compares with DuckDB's to 1e-9 relative. extagg's
 child is set up as ``extagg aggregate`` sets up its process (Arrow on jemalloc, no pandas, the
@@ -156,8 +158,13 @@ def child(case: dict[str, Any]) -> dict[str, Any]:
         return_freed_pages_sooner()
         keep_freed_heap_for_reuse()
     _threads(case["threads"])
+    imported = time.perf_counter()
     if engine == "extagg":
+        # the engine whole, as `import duckdb` / `import polars` load theirs: `import extagg`
+        # alone is lazy, and numba's import (~0.35 s) then fell inside the timed run
         import extagg
+        import extagg.columnar
+        import extagg.io.run
 
         def run() -> tuple[Any, dict[str, Any]]:
             reader = extagg.aggregate_files(
@@ -207,6 +214,7 @@ def child(case: dict[str, Any]) -> dict[str, Any]:
             out = lf.group_by(q["by"]).agg(exprs).collect(engine="streaming")
             return out.to_arrow(), {}
 
+    import_seconds = time.perf_counter() - imported
     reset_peak_rss()
     baseline = current_rss()
     cpu_start = os.times()
@@ -216,6 +224,8 @@ def child(case: dict[str, Any]) -> dict[str, Any]:
     cpu_end = os.times()
     return {
         "seconds": seconds,
+        # the engine's import, before the timed run (the process's start-up beside it)
+        "import_seconds": import_seconds,
         # user + system CPU of the child (all its threads) over the same span: on a shared
         # machine this says more than the wall time
         "cpu_seconds": (cpu_end.user - cpu_start.user) + (cpu_end.system - cpu_start.system),
@@ -317,13 +327,18 @@ def main() -> None:
                     for engine, summ in per_limit.get(label, {}).items():
                         if "error" in summ:
                             rows.append([f"{sf:g}", fmt, query, label, engine, summ["error"][:60],
-                                         "", "", "", "", ""])  # fmt: skip
+                                         "", "", "", "", "", "", ""])  # fmt: skip
                             continue
                         same = "—" if duck is None or "error" in duck or engine == "duckdb" else (
                             "yes" if _same(summ, duck) else "**no**"
                         )  # fmt: skip
                         ratio = (
                             f"{summ['seconds'][0] / duck['seconds'][0]:.2f}×"
+                            if duck and "error" not in duck else ""
+                        )  # fmt: skip
+                        imports = summ.get("import_seconds", [0.0])[0]
+                        with_import = (
+                            f"{(summ['seconds'][0] + imports) / (duck['seconds'][0] + duck.get('import_seconds', [0.0])[0]):.2f}×"
                             if duck and "error" not in duck else ""
                         )  # fmt: skip
                         data = ""
@@ -334,13 +349,14 @@ def main() -> None:
                             f"{sf:g}", fmt, query,
                             label if memory is None else f"{label} ({format_bytes(memory)})",
                             engine, format_range(summ["seconds"], unit=" s"), ratio,
+                            f"{imports:.2f} s", with_import,
                             format_bytes(summ["peak_above_baseline"][0]) + data,
                             format_bytes(summ["process_peak_rss"][0]),
                             str(summ.get("spills", ["—"])[0] if isinstance(summ.get("spills"), list) else "—"),
                             same,
                         ])  # fmt: skip
     headers = ["SF", "format", "query", "limit", "engine", "time (median, min–max)", "vs DuckDB",
-               "peak RSS above baseline", "process peak RSS", "spills", "same answer as DuckDB"]  # fmt: skip
+               "engine import", "vs DuckDB with imports", "peak RSS above baseline", "process peak RSS", "spills", "same answer as DuckDB"]  # fmt: skip
     load_end = os.getloadavg()
     text = (
         f"Measured with {args.threads} thread(s) per engine; {runs} timed (+{warmup} warm-up) per case, fresh "
