@@ -150,11 +150,12 @@ class InputScan:
         try:
             for out in pieces:
                 if isinstance(out, _FileEnd):
-                    path, _dataset, fmt, opts = parts[out.index]
-                    self.progress.files_done += 1
-                    self.progress.bytes += _size(path)
-                    if fmt == "parquet":
-                        self.progress.row_groups_read += opts.get("row_groups", 0)
+                    for index in range(out.first if out.first >= 0 else out.index, out.index + 1):
+                        path, _dataset, fmt, opts = parts[index]
+                        self.progress.files_done += 1
+                        self.progress.bytes += _size(path)
+                        if fmt == "parquet":
+                            self.progress.row_groups_read += opts.get("row_groups", 0)
                     current = out.index + 1
                 else:
                     batch, rows_read = out
@@ -168,8 +169,33 @@ class InputScan:
 
     def _pieces(self) -> Iterator[_Piece | _FileEnd]:
         """Every file's decoded batches, each with the step left to finish it (the filter,
-        the columns), then the file's end."""
+        the columns), then the file's end.
+
+        Small Parquet files (fewer rows than a gathered batch: a streaming job's output, a
+        folder per day) are finished here and gathered, in order, into one piece followed by
+        one end for all of them: a piece and an end per file, each handed over between the
+        threads, cost more than reading the file (6 120 files of 33 rows: 7.1 s of which
+        2.2 s reading)."""
+        small = _SmallFiles()
         for index, (path, dataset, _fmt, opts) in enumerate(self._parts):
+            least = max(1, self.batch_rows // COALESCE_DIVISOR)
+            if "row_group_ids" in opts and opts.get("rows", least) < least:
+                finish_small = _FilterStep(self.columns, self.filter)
+                try:
+                    for item in _parquet_batches(
+                        path, opts["row_group_ids"], opts["schema"], self.filter,
+                        lambda: self.batch_rows, self.dictionary_columns, self.filter_mask,
+                        opts.get("folder_values"),
+                    ):  # fmt: skip
+                        small.add(finish_small(item), item[0].num_rows)
+                except BaseException:
+                    yield from small.flush()  # the files before this one: their ends
+                    raise
+                small.ended(index)
+                if small.rows >= least:
+                    yield from small.flush()
+                continue
+            yield from small.flush()
             finish: Callable[[Any], pa.RecordBatch] | None
             if "text" in opts:
                 items: Iterator[Any] = self._text_batches(path, opts["text"])
@@ -190,6 +216,7 @@ class InputScan:
             for item in items:
                 yield _Piece(item, finish)
             yield _FileEnd(index)
+        yield from small.flush()
 
     def few_distinct(self, columns: Sequence[str]) -> bool:
         """Whether ``columns`` take few distinct values in the first block of the first text
@@ -842,9 +869,48 @@ class _Piece:
 
 @dataclass
 class _FileEnd:
-    """The end of the scan's ``index``-th file, in the stream of its batches."""
+    """The end of the scan's ``index``-th file, in the stream of its batches (and of the
+    files from ``first`` on, when small files were gathered)."""
 
     index: int
+    first: int = -1
+
+
+class _SmallFiles:
+    """The finished batches of consecutive small files, gathered by the reader thread into
+    one piece (see :meth:`InputScan._pieces`), and the files they came from."""
+
+    def __init__(self) -> None:
+        self._batches = _SmallBatches()
+        self._gathered: list[pa.RecordBatch] = []
+        self.rows = 0
+        self._rows_read = 0
+        self._first = -1
+        self._last = -1
+
+    def add(self, batch: pa.RecordBatch, rows_read: int) -> None:
+        self._rows_read += rows_read
+        if batch.num_rows:
+            self.rows += batch.num_rows
+            self._gathered.extend(self._batches.add(batch, 1 << 62))
+
+    def ended(self, index: int) -> None:
+        if self._first < 0:
+            self._first = index
+        self._last = index
+
+    def flush(self) -> Iterator[_Piece | _FileEnd]:
+        if self._first < 0 and not self._rows_read:
+            return
+        # a batch per run of alike files (another file's types end a run: see _SmallBatches)
+        gathered: list[pa.RecordBatch | None] = [*self._gathered, *self._batches.flush()]
+        rows_read = self._rows_read
+        for batch in gathered or [None]:
+            yield _Piece((batch, rows_read), None)
+            rows_read = 0
+        if self._first >= 0:
+            yield _FileEnd(self._last, self._first)
+        self._gathered, self.rows, self._rows_read, self._first, self._last = [], 0, 0, -1, -1
 
 
 def _finish_piece(piece: _Piece | _FileEnd) -> tuple[pa.RecordBatch | None, int] | _FileEnd:
@@ -1472,12 +1538,13 @@ class _FolderColumns:
         self._arrays: list[pa.Array] = []
 
     def add(self, block: pa.RecordBatch) -> pa.RecordBatch:
+        if not self.names:  # the query reads none of them
+            return block
         n = block.num_rows
         if not self._arrays or len(self._arrays[0]) < n:
-            import numpy as np
-
-            zeros = pa.array(np.zeros(max(n, 1024), np.int32))
-            self._arrays = [pa.array([s.as_py()], s.type).take(zeros) for s in self._scalars]
+            # as long as a small file's batch: one is made per file (6 120 files of 33 rows:
+            # 0.9 s of 4.5 with 1 024 rows made by a take each)
+            self._arrays = [pa.repeat(s, n) for s in self._scalars]
         arrays = [*block.columns, *(a.slice(0, n) for a in self._arrays)]
         return pa.RecordBatch.from_arrays(arrays, names=[*block.schema.names, *self.names])
 
@@ -1905,6 +1972,8 @@ def open_input(
     per_file: list[tuple[str, pa.Schema]] = []
     #: each CSV file's number columns that hold quoted empty fields (see _csv_types)
     quoted_empty: dict[str, set[str]] = {}
+    #: each Parquet file's row groups and rows, when there is no filter to prune them by
+    footers: dict[str, tuple[int, int]] = {}
     for path, _base in files:
         try:
             if fmt in ("csv", "tsv"):
@@ -1923,6 +1992,15 @@ def open_input(
             elif fmt == "ipc" and is_ipc_stream(path):
                 with pa.OSFile(path, "rb") as source, pa.ipc.open_stream(source) as reader:
                     per_file.append((path, reader.schema))
+            elif fmt == "parquet":
+                # the footer read once: its schema now, its row groups for the plan below
+                # (with no filter to prune them by: read again per file, 0.4 ms each)
+                import pyarrow.parquet as pq
+
+                footer = pq.read_metadata(path)
+                per_file.append((path, footer.schema.to_arrow_schema()))
+                if filter is None:
+                    footers[path] = (footer.num_row_groups, footer.num_rows)
             else:
                 per_file.append((path, file_format.inspect(path, _LOCAL)))
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
@@ -2014,11 +2092,28 @@ def open_input(
             if base is not None
             else pa.schema([f for f in unified if f.name not in hive])
         )
+        partitioning = ds.partitioning(hive_schema, flavor="hive") if base is not None else None
         for path in group:
             kwargs: dict[str, Any] = {"format": file_format, "schema": part_schema}
             if base is not None:
-                kwargs["partitioning"] = ds.partitioning(hive_schema, flavor="hive")
+                kwargs["partitioning"] = partitioning
                 kwargs["partition_base_dir"] = base
+            if path in footers:  # Parquet, every row group read: no dataset to prune by
+                n_rg, rows = footers[path]
+                rg_total += n_rg
+                rg_selected += n_rg
+                whole: dict[str, Any] = {
+                    "row_groups": n_rg, "rows": rows, "row_group_ids": list(range(n_rg)),
+                    "schema": part_schema,
+                }  # fmt: skip
+                if base is not None:
+                    whole["folder_values"] = _folder_values_parsed(
+                        path, base, partitioning, list(hive)
+                    )
+                assert total_rows is not None
+                total_rows += rows
+                parts.append((path, None, fmt, whole))
+                continue
             if fmt in ("csv", "tsv", "json"):
                 values = _folder_values(path, kwargs, list(hive)) if base is not None else {}
                 text = _TextFile(fmt, format_of(path), part_schema, values, encoding,
@@ -2040,6 +2135,7 @@ def open_input(
                 rg_total += n_rg
                 rg_selected += n_sel
                 opts["row_groups"] = n_sel
+                opts["rows"] = rows
                 opts["row_group_ids"] = _row_group_ids(pruned)
                 opts["schema"] = part_schema
                 if base is not None:
@@ -2165,6 +2261,19 @@ def folder_column_type(raw_values: Iterator[str] | set[str] | list[str]) -> pa.D
     if all_parse(_FOLDER_TIMESTAMP, datetime.fromisoformat):
         return pa.timestamp("us")
     return pa.string()
+
+
+def _folder_values_parsed(
+    path: str, base: str, partitioning: Any, names: Sequence[str]
+) -> dict[str, Any]:
+    """:func:`_folder_values` from the path's folder names alone, as a dataset of the file
+    would find them (``partition_base_dir``), without making one (~0.1 ms a file)."""
+    folders = os.path.relpath(os.path.dirname(path), base)
+    if folders == os.curdir:
+        return dict.fromkeys(names)
+    # the last segment of what parse() is given is a file's name: the folders end with "/"
+    keys = ds.get_partition_keys(partitioning.parse("/" + folders.replace(os.sep, "/") + "/"))
+    return {name: keys.get(name) for name in names}
 
 
 def _folder_values(

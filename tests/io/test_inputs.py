@@ -1367,6 +1367,36 @@ def test_many_small_files_are_folded_in_few_batches_in_order(tmp_path, monkeypat
     }
 
 
+def test_small_files_gathered_by_the_reader_keep_progress_errors_and_folder_values(tmp_path):
+    """Small Parquet files are read, filtered and gathered on the reader's side, one piece
+    and one end for many files (a piece and an end per file, handed between the threads, cost
+    more than the reads); their footers are read once when there is no filter. The run
+    counts every file and row group, the folder columns come from each file's own folders,
+    and a damaged file in the middle is the one the error names."""
+    table = _small_files(tmp_path / "t", days=30, files_per_day=4)
+    reader = extagg.aggregate_files(
+        str(tmp_path / "t"), by=["day"], sort=True,
+        aggs={"n": ("*", "count"), "s": ("v", "sum"), "f": ("s", "first")},
+    )  # fmt: skip
+    got = reader.read_all()
+    want = table.group_by("day").aggregate([("v", "count"), ("v", "sum")]).sort_by("day")
+    assert got.column("n").to_pylist() == want.column("v_count").to_pylist()
+    assert got.column("s").to_pylist() == want.column("v_sum").to_pylist()
+    assert got.column("f").to_pylist() == [f"f{day}-0-0" for day in range(30)]
+    metrics = extagg.run_metrics(reader)
+    assert metrics.files == 120 and metrics.rows_read == table.num_rows
+    assert metrics.bytes_read == metrics.bytes_total  # every file counted as read
+    assert metrics.row_groups_total == metrics.row_groups_read == 240
+    damaged = tmp_path / "t" / "day=17" / "part-2.parquet"
+    data = bytearray(damaged.read_bytes())
+    footer = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    data[4:footer] = b"\xff" * (footer - 4)  # every page; the footer is intact
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(InputError) as err:
+        extagg.aggregate_files(str(tmp_path / "t"), by=["day"], aggs=["s=sum(v)"]).read_all()
+    assert str(damaged) in str(err.value)
+
+
 def test_files_whose_folders_the_filter_excludes_are_not_read(tmp_path):
     """A filter on folder columns leaves out the files of the other folders before their
     footers are read: the rows read and row groups are those of the kept folders only, and
