@@ -324,12 +324,17 @@ _NESTED = (list, tuple, dict)
 
 def _nested_order(value: Any) -> Any:
     """``value`` (a list, a struct's dict) as a key that orders it as DuckDB does: element
-    by element (a struct's fields in order), a null inside after every value — Python's own
-    comparison of ``[1, None]`` with ``[1, 2]`` raised ``TypeError``."""
+    by element (a struct's fields in order), a NaN inside after every number and a null
+    after every value — Python's own comparison of ``[1, None]`` with ``[1, 2]`` raised
+    ``TypeError``, and a NaN compared neither less nor greater, so ``min`` of ``[nan]`` and
+    ``[1.0]`` was whichever came first."""
     if isinstance(value, dict):
         value = list(value.values())
     if isinstance(value, (list, tuple)):
-        return tuple((1,) if item is None else (0, _nested_order(item)) for item in value)
+        return tuple(
+            (2,) if item is None else (1,) if _nan(item) else (0, _nested_order(item))
+            for item in value
+        )
     return value
 
 

@@ -168,3 +168,26 @@ def test_an_object_field_first_seen_after_the_inferred_block_is_an_error(tmp_pat
     assert str(path) in err and "column 'o'" in err and "first block" in err
     counted = extagg.aggregate_files(str(path), by="k", aggs={"n": ("*", "count")}).read_all()
     assert counted.to_pylist() == [{"k": "a", "n": 60_002}]
+
+
+@pytest.mark.parametrize("order", [[0, 1, 2, 3, 4], [4, 3, 2, 1, 0], [1, 0, 3, 2, 4]])
+def test_min_max_of_lists_and_structs_order_nan_after_numbers(tmp_path, order):
+    """A NaN inside a list or a struct compared neither less nor greater than a number, so
+    ``min``/``max`` of ``[nan]`` and ``[1.0]`` was whichever row came first. A NaN orders after
+    every number (as a plain float column's does, and DuckDB's), a null after every value."""
+    nan = float("nan")
+    lists = [[nan], [1.0], [2.0, nan], [2.0, 1.0], [1.0, None]]
+    rows = [lists[i] for i in order]
+    t = pa.table({
+        "k": [1] * 5, "li": pa.array(rows, pa.list_(pa.float64())),
+        "st": pa.array([{"a": r[0], "b": r[-1]} for r in rows],
+                       pa.struct([("a", pa.float64()), ("b", pa.float64())])),
+    })  # fmt: skip
+    pq.write_table(t, tmp_path / "n.parquet")
+    got = extagg.aggregate_files(
+        str(tmp_path / "n.parquet"), by="k",
+        aggs=["mn=min(li)", "mx=max(li)", "smn=min(st)", "smx=max(st)"],
+    ).read_all().to_pylist()[0]  # fmt: skip
+    assert got["mn"] == [1.0] and got["smn"] == {"a": 1.0, "b": 1.0}
+    assert len(got["mx"]) == 1 and got["mx"][0] != got["mx"][0]  # [nan]
+    assert got["smx"]["a"] != got["smx"]["a"]  # {a: nan, b: nan}
