@@ -46,8 +46,16 @@ def expand_input_paths(paths: Sequence[str]) -> list[tuple[str, str | None]]:
             if not matches:
                 what = "only marker files match" if every else "no file matches"
                 raise InputError(f"{what} {path!r}", path=path)
+            # a file once, however many matches reach it: ``d/**`` matches ``d/`` and its
+            # folders as well as their files, and each folder's files were read again
+            # (rows counted two and three times)
+            found: dict[str, str | None] = {}
             for m in matches:
-                out.extend(expand_input_paths([m]) if os.path.isdir(m) else [(m, None)])
+                for file, base in expand_input_paths([m]) if os.path.isdir(m) else [(m, None)]:
+                    if base is None and _under_hive_folders(file, root):
+                        base = root  # 'events/*/*.parquet' over dt=... folders: columns
+                    found.setdefault(os.path.normpath(file), base)
+            out.extend(found.items())
         elif os.path.isdir(path):
             found = []
             for root, dirs, files in os.walk(path):
@@ -70,6 +78,12 @@ def expand_input_paths(paths: Sequence[str]) -> list[tuple[str, str | None]]:
     if not out:
         raise InputError("no input: give at least one file, glob or directory")
     return out
+
+
+def _under_hive_folders(file: str, root: str) -> bool:
+    """Whether ``file`` lies in ``key=value`` folders below ``root`` (a glob's literal part)."""
+    folders = os.path.relpath(os.path.dirname(file), root).split(os.sep)
+    return any("=" in folder and not folder.startswith("=") for folder in folders)
 
 
 def _glob_root(pattern: str) -> str:

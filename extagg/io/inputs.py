@@ -2085,13 +2085,12 @@ def open_input(
     parts: list[tuple[str, Any, Any, dict[str, Any]]] = []
     total_rows: int | None = 0 if fmt == "parquet" else None
     rg_total = rg_selected = skipped = 0
-    hive_schema = pa.schema([pa.field(n, t) for n, t in hive.items()])
+    # the folder columns the query reads (the others are neither parsed nor added)
+    hive_schema = pa.schema([pa.field(n, hive[n]) for n in read_cols if n in hive])
+    # a file given on its own, beside hive folders, has the folder columns too: nulls (or its
+    # own column of that name); without them the scan failed with a KeyError
+    part_schema = pa.schema([*[f for f in unified if f.name not in hive], *hive_schema])
     for base, group in groups.items():
-        part_schema = (
-            pa.schema([*[f for f in unified if f.name not in hive], *hive_schema])
-            if base is not None
-            else pa.schema([f for f in unified if f.name not in hive])
-        )
         partitioning = ds.partitioning(hive_schema, flavor="hive") if base is not None else None
         for path in group:
             kwargs: dict[str, Any] = {"format": file_format, "schema": part_schema}

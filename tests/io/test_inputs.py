@@ -1595,3 +1595,30 @@ def test_numbers_with_a_decimal_comma(tmp_path, capsys):
     assert main(["aggregate", str(comma), "--by", "k", "--decimal-comma", "--delimiter", ",",
                  "-q", "-o", "-"]) == 2  # fmt: skip
     assert "needs a delimiter other than ','" in capsys.readouterr().err
+
+
+def test_a_recursive_glob_reads_each_file_once_and_globs_see_hive_folders(tmp_path):
+    """``d/**`` matches ``d/`` and every folder below as well as the files, and each folder's
+    files were read again: rows counted two and three times, exit 0. A glob over ``dt=``
+    folders gives the ``dt`` column as the folder does; a file given beside hive folders has
+    that column as nulls (the scan failed with a KeyError)."""
+    d = tmp_path / "d"
+    (d / "sub" / "deeper").mkdir(parents=True)
+    for i, folder in enumerate([d, d / "sub", d / "sub" / "deeper"]):
+        (folder / f"x{i}.csv").write_text(f"k,v\na,{i}\nb,{10 * i}\n")
+    for pattern in ("d/**", "d/**/*.csv", "d/*", "d"):
+        got = extagg.aggregate_files(str(tmp_path / pattern), aggs=["n=count(*)", "s=sum(v)"])
+        assert got.read_all().to_pylist() == [{"n": 6, "s": 33}], pattern
+    h = tmp_path / "h"
+    for day, v in (("2024-01-01", 1), ("2024-01-02", 5)):
+        (h / f"dt={day}").mkdir(parents=True)
+        pq.write_table(pa.table({"k": ["a"], "v": [v]}), h / f"dt={day}" / "p.parquet")
+    alone = tmp_path / "alone.parquet"
+    pq.write_table(pa.table({"k": ["c"], "v": [7]}), alone)
+    for paths in ([str(h / "*" / "*.parquet")], [str(h / "**")], [str(h), str(alone)]):
+        got = extagg.aggregate_files(paths, by="dt", aggs=["s=sum(v)"], sort=True).read_all()
+        assert got.schema.field("dt").type == pa.date32(), paths
+        want = [(datetime.date(2024, 1, 1), 1), (datetime.date(2024, 1, 2), 5)]
+        if len(paths) == 2:
+            want.append((None, 7))
+        assert [(r["dt"], r["s"]) for r in got.to_pylist()] == want, paths
