@@ -49,13 +49,13 @@ def expand_input_paths(paths: Sequence[str]) -> list[tuple[str, str | None]]:
             # a file once, however many matches reach it: ``d/**`` matches ``d/`` and its
             # folders as well as their files, and each folder's files were read again
             # (rows counted two and three times)
-            found: dict[str, str | None] = {}
+            reached: dict[str, str | None] = {}
             for m in matches:
                 for file, base in expand_input_paths([m]) if os.path.isdir(m) else [(m, None)]:
                     if base is None and _under_hive_folders(file, root):
                         base = root  # 'events/*/*.parquet' over dt=... folders: columns
-                    found.setdefault(os.path.normpath(file), base)
-            out.extend(found.items())
+                    reached.setdefault(os.path.normpath(file), base)
+            out.extend(reached.items())
         elif os.path.isdir(path):
             found = []
             for root, dirs, files in os.walk(path):
