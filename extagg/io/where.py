@@ -250,7 +250,8 @@ class _Parser:
         """``left in (values)`` with the input's types: quoted values read as ``left``'s type
         (``id in ('7', '9')``, ``day in ('2024-01-31')``: Arrow would cast them per row, but
         its row-group pruning cannot), an all-null column typed as the values (the test is
-        null: the row is dropped)."""
+        null: the row is dropped); a dictionary column (a pandas categorical) as its values."""
+        left = self.decoded(left)
         left_type = self.type_of(left)
         if pa.types.is_null(left_type):
             cast = value_set.type
@@ -291,6 +292,14 @@ class _Parser:
             zero = self.constant(pa.scalar(0.0, left_type))
             return self.call(pc.add, left, zero), values
         return left, value_set
+
+    def decoded(self, expr: pc.Expression) -> pc.Expression:
+        """``expr`` as its values if it is a dictionary column (a pandas categorical, an Arrow
+        file's dictionary): Arrow's ``is_in`` and ``match_like`` take no dictionaries."""
+        if self._empty is None:
+            return expr
+        typ = self.type_of(expr)
+        return self.cast(expr, typ.value_type) if pa.types.is_dictionary(typ) else expr
 
     def cast(self, expr: pc.Expression, typ: pa.DataType) -> pc.Expression:
         """``expr`` cast to ``typ`` (and its eager form). An integer to a float rounds, as in
@@ -682,6 +691,7 @@ class _Parser:
                     f"expected a quoted pattern after {at.text!r}", self.toks[self.i - 1]
                 )
             ignore_case = at.word == "ilike"
+            left = self.decoded(left)
             if "\\" in pattern:  # Arrow's own escapes differ between like and ilike
                 test = self.call(pc.match_substring_regex, left, pattern=like_regex(pattern),
                                  ignore_case=ignore_case, at=at)  # fmt: skip

@@ -667,3 +667,27 @@ def test_unquoted_column_names_may_be_any_letters():
     table = pa.table({"i": [1, 2, 3], "größe": [5, 6, 7], "名前": ["a", "b", "c"]})
     assert bound_kept("größe > 5 and 名前 != 'c'", table) == [2]
     assert parse_expression("größe > 5 and 名前 != 'c'").columns == ["größe", "名前"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("c in ('DE', 'FR')", [1, 2, 3]),
+        ("c not in ('DE')", [2]),
+        ("c like 'D%'", [1, 3]),
+        ("c not ilike 'd%'", [2]),
+        ("c = 'FR'", [2]),
+    ],
+)
+def test_in_and_like_on_a_dictionary_column(tmp_path, text, expected):
+    """A pandas categorical saved to Parquet (a dictionary column): ``in`` and ``like`` were
+    refused ("'in' does not apply to dictionary<values=string, ...>"); ``=`` worked."""
+    import extagg
+
+    t = pa.table({"i": [1, 2, 3, 4],
+                  "c": pa.array(["DE", "FR", "DE", None]).dictionary_encode()})  # fmt: skip
+    import pyarrow.parquet as pq
+
+    pq.write_table(t, tmp_path / "c.parquet")
+    got = extagg.aggregate_files(str(tmp_path / "c.parquet"), by="i", where=text, sort=True)
+    assert got.read_all().column("i").to_pylist() == expected
