@@ -828,12 +828,18 @@ def _decimal_point(text: _TextFile) -> str:
 
 
 def _as_type(arr: pa.Array, to: pa.DataType) -> pa.Array:
-    """``arr`` cast to ``to``; a dictionary array stays one, of ``to`` values."""
+    """``arr`` cast to ``to``; a dictionary array stays one, of ``to`` values. An integer
+    column widened to a float one (another file's) rounds past 2^53, as in SQL: Arrow's
+    safe cast stopped the run at such a value (an int64 id beside a file of floats)."""
     if pa.types.is_dictionary(arr.type) and not pa.types.is_dictionary(to):
         if arr.type.value_type == to:
             return arr
         return arr.cast(pa.dictionary(arr.type.index_type, to))
-    return arr if arr.type == to else arr.cast(to)
+    if arr.type == to:
+        return arr
+    if pa.types.is_integer(arr.type) and pa.types.is_floating(to):
+        return arr.cast(to, safe=False)
+    return arr.cast(to)
 
 
 class _WaitBalance:
@@ -2309,6 +2315,13 @@ def _unify_column(name: str, per_file: list[tuple[str, pa.Schema]]) -> pa.Field:
         if widened is not None:
             current, current_path = current.with_type(widened).with_nullable(True), path
             continue
+        if {_kind(current.type), _kind(f.type)} == {"integer", "decimal"}:
+            raise InputError(
+                f"column {name!r} has type {current.type} in {current_path} but {f.type} in "
+                f"{path}; a decimal that holds both needs more than 38 digits (cast the "
+                "integers to the decimal's type, or the decimals to float64)",
+                path=path,
+            )
         try:
             merged = pa.unify_schemas(
                 [pa.schema([current]), pa.schema([f])], promote_options="permissive"
@@ -2323,6 +2336,12 @@ def _unify_column(name: str, per_file: list[tuple[str, pa.Schema]]) -> pa.Field:
             merged = f
         current, current_path = merged.with_nullable(True), path
     return current.with_type(_plain(current.type)).with_nullable(True)
+
+
+def _kind(t: pa.DataType) -> str:
+    if pa.types.is_integer(t):
+        return "integer"
+    return "decimal" if pa.types.is_decimal(t) else "other"
 
 
 def _values_of(t: pa.DataType) -> pa.DataType:

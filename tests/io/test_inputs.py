@@ -1622,3 +1622,25 @@ def test_a_recursive_glob_reads_each_file_once_and_globs_see_hive_folders(tmp_pa
         if len(paths) == 2:
             want.append((None, 7))
         assert [(r["dt"], r["s"]) for r in got.to_pylist()] == want, paths
+
+
+def test_integers_past_2_53_beside_floats_round_and_wide_decimals_are_refused(tmp_path):
+    """An int64 column beside another file's float64 is float64; a value past 2^53 stopped
+    the run ("cannot read ..., row group 0: Integer value ... not in range") where SQL
+    rounds it. An integer beside a decimal whose widened type needs more than 38 digits was
+    read as decimal256 and failed on every row; it is refused up front, naming both files."""
+    pq.write_table(pa.table({"k": [1, 1], "x": pa.array([2**53 + 1, 2**63 - 1])}),
+                   tmp_path / "a.parquet")  # fmt: skip
+    pq.write_table(pa.table({"k": [1], "x": [0.5]}), tmp_path / "b.parquet")
+    got = extagg.aggregate_files(
+        [str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")], by="k",
+        aggs=["hi=max(x)", "lo=min(x)", "n=count(x)"],
+    ).read_all().to_pylist()  # fmt: skip
+    assert got == [{"k": 1, "hi": float(2**63), "lo": 0.5, "n": 3}]
+    dec = pa.array([decimal.Decimal("0." + "0" * 29 + "1")], pa.decimal128(38, 30))
+    pq.write_table(pa.table({"k": [1], "x": dec}), tmp_path / "d.parquet")
+    with pytest.raises(InputError, match="needs more than 38 digits") as err:
+        extagg.aggregate_files(
+            [str(tmp_path / "a.parquet"), str(tmp_path / "d.parquet")], by="k", aggs=["s=sum(x)"]
+        )
+    assert "a.parquet" in str(err.value) and "d.parquet" in str(err.value)
