@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from extagg.errors import InputError
 
-__all__ = ["expand_input_paths", "output_problem"]
+__all__ = ["expand_input_paths", "output_is_an_input", "output_problem"]
 
 
 def expand_input_paths(paths: Sequence[str]) -> list[tuple[str, str | None]]:
@@ -122,6 +122,20 @@ def output_directory_problem(path: str) -> str | None:
     if os.path.isdir(folder):
         return None
     return f"cannot write output {path}: its directory {folder} does not exist"
+
+
+def output_is_an_input(output: str | None, inputs: Sequence[str]) -> str | None:
+    """Why ``output`` may not be written: it is one of the ``inputs`` (``--overwrite``
+    replaced the file the run was reading), or ``None``."""
+    if output in (None, "-") or not os.path.exists(output):
+        return None
+    for path in inputs:
+        try:
+            if os.path.samefile(output, path):
+                return f"output {output} is an input: give another file"
+        except OSError:  # an input gone since it was listed: the scan says so
+            continue
+    return None
 
 
 def output_problem(path: str, overwrite: bool) -> str | None:

@@ -282,6 +282,11 @@ def _run_aggregate(args: argparse.Namespace) -> int:
             schema=_schema(args.schema), header=not args.no_header, threads=args.threads,
             encoding=args.encoding, quote=args.quote, decimal_comma=args.decimal_comma,
         )  # fmt: skip
+        from extagg._input_paths import output_is_an_input
+
+        clash = output_is_an_input(output, query.scan.files)
+        if clash is not None:
+            raise QueryError(clash)
         _execute(query, args, output, fmt)
     except QueryError as exc:
         _close(query)

@@ -22,6 +22,7 @@ import pytest
 
 import extagg
 from extagg.cli import main
+from extagg.errors import QueryError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -250,6 +251,23 @@ def test_json_summary_replaces_no_file_unasked_and_never_an_input_or_the_output(
         assert main([*argv, "--overwrite", "--json-summary", str(target)]) == 2
         assert words in capsys.readouterr().err
     assert out.read_bytes() == before and pq.read_table(src).num_rows > 0
+
+
+def test_the_output_may_not_be_an_input(tmp_path, data, capsys):
+    """``-o in.parquet --overwrite`` with ``in.parquet`` the input replaced the file the run
+    read (exit 0), through the command and ``aggregate_files(output=...)`` alike; it is
+    refused before the run, as ``--json-summary`` is."""
+    src, _ = data
+    before = src.read_bytes()
+    link = tmp_path / "same.parquet"
+    link.symlink_to(src)
+    for target in (src, link):
+        assert main(["aggregate", str(src), *ARGS, "-o", str(target), "--overwrite", "-q"]) == 2
+        assert "is an input" in capsys.readouterr().err
+        with pytest.raises(QueryError, match="is an input"):
+            extagg.aggregate_files(str(src), by="k", aggs=["n=count(*)"], output=str(target),
+                                   overwrite=True)  # fmt: skip
+    assert src.read_bytes() == before
 
 
 def test_a_summary_that_cannot_be_written_leaves_the_old_output(

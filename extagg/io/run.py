@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 
 from extagg._config import env_size, resolve_file_threads
-from extagg._input_paths import output_directory_problem, output_problem
+from extagg._input_paths import output_directory_problem, output_is_an_input, output_problem
 from extagg._interrupts import latched_interrupts, raise_if_interrupted
 from extagg._sysinfo import current_rss, peak_rss
 from extagg.errors import MemoryLimitError, OutputError, QueryError
@@ -646,6 +646,10 @@ def aggregate_files(
             raise QueryError(problem)
     query = plan_query(paths, by=by, aggs=aggs, where=where, having=having, memory=memory,
                        sort=sort, **options)  # fmt: skip
+    clash = output_is_an_input(out, query.scan.files)
+    if clash is not None:
+        query.close()
+        raise QueryError(clash)
     callback, bar = _progress_callback(progress, query)
     if out is None or fmt is None:
         return query.run(callback)
