@@ -451,7 +451,7 @@ def plan_query(
     format: str | None = None,
     delimiter: str | None = None,
     column_types: Mapping[str, Any] | str | None = None,
-    schema: pa.Schema | None = None,
+    schema: pa.Schema | str | None = None,
     header: bool = True,
     batch_rows: int = 65_536,
     threads: int | None = None,
@@ -514,6 +514,15 @@ def plan_query(
         from extagg.io.inputs import parse_column_types
 
         column_types = parse_column_types(column_types)
+    if isinstance(schema, str):  # as --schema gives it: "id:int64,name:string"
+        from extagg.io.inputs import parse_column_types
+
+        schema = pa.schema(list(parse_column_types(schema).items())) if schema.strip() else None
+    elif schema is not None and not isinstance(schema, pa.Schema):
+        raise QueryError(
+            f"schema must be a pyarrow.Schema or a text like 'id:int64,name:string', "
+            f"not {type(schema).__name__}"
+        )
     if column_types:
         from extagg.io.inputs import parse_type
 
@@ -588,7 +597,8 @@ def aggregate_files(
     output
         Write the result to this file (``"-"``: CSV to stdout) instead of returning a reader.
     output_format
-        Format of ``output`` when its extension does not say (parquet, csv, json, ipc).
+        Format of ``output`` when its extension does not say (parquet, csv, tsv, jsonl,
+        ipc).
     overwrite
         Replace an existing ``output`` (otherwise it is an error).
     sort
@@ -598,7 +608,9 @@ def aggregate_files(
         ``True`` for a bar on stderr, or a callable given the live
         :class:`~extagg.metrics.RunMetrics`.
     **options
-        Shape the scan: ``format``, ``delimiter``, ``column_types``, ``schema``, ``header``,
+        Shape the scan: ``format``, ``delimiter``, ``column_types`` (a mapping of names to
+        types, or ``"id=int64,price=decimal(15,2)"``), ``schema`` (every CSV column in order:
+        a ``pyarrow.Schema`` or ``"id:int64,name:string"``), ``header``,
         ``encoding`` (of CSV/TSV text not in UTF-8, e.g. ``"latin-1"``), ``quote`` (the
         CSV/TSV quote character, ``'"'``; ``None`` for text that quotes nothing),
         ``decimal_comma`` (CSV/TSV numbers written ``1,5``; the delimiter must be another),

@@ -295,3 +295,15 @@ def test_an_output_that_fails_after_the_run_leaves_no_spill_file(tmp_path):
         except extagg.OutputError:
             assert spill.exists() and not [p for p in spill.rglob("*") if p.is_file()]
             raise
+
+
+def test_schema_may_be_given_as_text(tmp_path):
+    """``schema="id:int64,name:string"`` (as ``--schema`` takes it) raised a bare
+    ``AttributeError``; another object is refused by name."""
+    src = tmp_path / "nh.csv"
+    src.write_text("1,a\n2,b\n1,c\n")
+    got = extagg.aggregate_files(str(src), schema="id:int64,name:string", header=False, by="id",
+                                 aggs=["n=count(*)", "u=max(name)"], sort=True)  # fmt: skip
+    assert got.read_all().to_pylist() == [{"id": 1, "n": 2, "u": "c"}, {"id": 2, "n": 1, "u": "b"}]
+    with pytest.raises(QueryError, match=r"schema must be a pyarrow\.Schema"):
+        extagg.aggregate_files(str(src), schema=["id"], header=False, by="id")
