@@ -56,7 +56,24 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             add_aggregate_command(sub)
         else:
             _add_state(sub)
+    _verbose_after_the_command(parser)
     return parser
+
+
+def _verbose_after_the_command(parser: argparse.ArgumentParser) -> None:
+    """``-v`` after a (sub)command's name as before it (``extagg aggregate … -v`` was
+    "unrecognized arguments"): every subcommand parser that is built takes it too, without
+    a default of its own (which would reset the count given before the name)."""
+    for action in parser._actions:  # argparse keeps its subparsers nowhere public
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for sub in dict.fromkeys(action.choices.values()):
+            if not sub.add_help:  # listed only, never parsed
+                continue
+            if not any("-v" in a.option_strings for a in sub._actions):
+                sub.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+                                 help="log spills (-v) or more (-vv)")  # fmt: skip
+            _verbose_after_the_command(sub)
 
 
 def _add_demo(sub: Any) -> None:

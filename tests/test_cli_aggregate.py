@@ -1359,3 +1359,19 @@ def test_a_negative_size_is_named_as_one(tmp_path, capsys, words):
     assert main(["aggregate", str(src), "--by", "k", *words, "-q", "-o", "-"]) == 2
     err = capsys.readouterr().err
     assert "invalid memory" in err and "negative size" in err, err
+
+
+def test_verbose_may_follow_the_command():
+    """``extagg aggregate … -v`` was "unrecognized arguments" (only ``extagg -v aggregate``
+    worked); a count given before the name is kept when none follows it."""
+    from extagg.cli import build_parser
+
+    def verbose(*words):
+        command = next(w for w in words if not w.startswith("-"))
+        return build_parser(command).parse_args(list(words)).verbose
+
+    assert verbose("aggregate", "x.csv", "-v") == 1
+    assert verbose("aggregate", "x.csv", "-vv") == 2
+    assert verbose("-v", "aggregate", "x.csv") == 1
+    assert verbose("aggregate", "x.csv") == 0
+    assert verbose("state", "show", "ckpt", "-v") == 1
