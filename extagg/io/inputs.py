@@ -25,7 +25,7 @@ import os
 import re
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -413,7 +413,8 @@ class InputScan:
                 "them: extagg stops rather than drop a field from the objects it aggregates)"
             )
         if fmt in ("csv", "tsv") and "CSV column #" in reason:
-            hint = _csv_column_hint(reason, _file_column_names(path, text))
+            given = text.given if text is not None else frozenset()
+            hint = _csv_column_hint(reason, _file_column_names(path, text), given)
         if fmt in ("csv", "tsv"):
             hint = _ragged_row_line(str(exc), path, text.encoding if text else None) + hint
         if fmt == "json" and "Failed to convert JSON" in reason:
@@ -512,13 +513,18 @@ def _ragged_row_line(reason: str, path: str, encoding: str | None) -> str:
 RAGGED_ROW_SEARCH_S = 10.0
 
 
-def _csv_column_hint(reason: str, names: Sequence[str]) -> str:
+def _csv_column_hint(reason: str, names: Sequence[str], given: Collection[str] = ()) -> str:
     """What to do about Arrow's CSV error ``reason`` (``In CSV column #N: ...``), naming the
-    column from the file's ``names`` (Arrow counts them from 0)."""
+    column from the file's ``names`` (Arrow counts them from 0); ``given``: the columns whose
+    types the user gave (``--column-types``, ``--schema``), which were not inferred."""
     m = re.search(r"CSV column #(\d+)", reason)
     column = ""
+    name = None
     if m is not None and int(m.group(1)) < len(names):
-        column = f" of column {names[int(m.group(1))]!r}"
+        name = names[int(m.group(1))]
+        column = f" of column {name!r}"
+    if name is not None and name in given and "conversion" in reason.lower():
+        return f" (a value{column} does not fit the type given to it)"
     if "Rescaling Decimal" in reason:
         return (
             f" (a value{column} has more decimal places than the scale its type gives, and "
@@ -801,6 +807,9 @@ def _block_as(
             if decimal_comma and (pa.types.is_floating(f.type) or pa.types.is_decimal(f.type)):
                 column = pc.replace_substring(column, ",", ".")
         try:
+            if pa.types.is_string(column.type) and pa.types.is_timestamp(f.type) and f.type.tz:
+                columns.append(_zoned(column, f.type))
+                continue
             columns.append(_as_type(column, f.type))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             where = f": {exc}"
@@ -818,6 +827,30 @@ def _block_as(
                 f"Failed to convert {kind} column {f.name!r} to {f.type}{where}"
             ) from exc
     return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+#: text that ends with a zone offset (``Z``, ``+02:00``, ``-0500``)
+_OFFSET = r"(Z|z|[+-][0-9]{2}(:?[0-9]{2})?)$"
+
+
+def _zoned(texts: pa.Array, to: pa.DataType) -> pa.Array:
+    """Timestamp text read into ``to`` (a timestamp with a zone): a value with an offset is
+    that instant; one without is a wall time in ``to``'s zone (as a database reads text into
+    a column of its session's zone; an ambiguous time at a DST change the earlier instant, a
+    skipped one moved forward). Arrow's cast refused any value without an offset."""
+    import pyarrow.compute as pc
+
+    with_offset = pc.match_substring_regex(texts, _OFFSET)
+    if pc.all(with_offset).as_py() is not False:  # every value has one (or none is there)
+        return texts.cast(to)
+    naive = pa.timestamp(to.unit)
+    walls = pc.if_else(with_offset, pa.scalar(None, pa.string()), texts).cast(naive)
+    local = pc.assume_timezone(walls, timezone=to.tz, ambiguous="earliest",
+                               nonexistent="latest")  # fmt: skip
+    if not pc.any(with_offset).as_py():
+        return local
+    instants = pc.if_else(with_offset, texts, pa.scalar(None, pa.string())).cast(to)
+    return pc.if_else(with_offset, instants, local)
 
 
 def _decimal_point(text: _TextFile) -> str:
@@ -1038,6 +1071,8 @@ class _TextFile:
     encoding: str | None = None
     #: columns parsed as text and cast (their quoted empty fields as nulls: see _csv_types)
     as_text: frozenset[str] = frozenset()
+    #: columns whose types the user gave (``--column-types``, ``--schema``): for messages
+    given: frozenset[str] = frozenset()
 
 
 #: delimiters a ``.csv`` file's header may use instead of a comma
@@ -1379,11 +1414,19 @@ def _csv_sample_schema(
     """The schema Arrow reads from a CSV file's sample (:func:`_text_schema`). A column typed
     by the user (``--column-types v:float64``) whose sample holds a quoted empty field
     ``""`` stopped the read there ("invalid value ''"): such a column is read as text and
-    cast (added to ``quoted_empty``, ``""`` a null), and keeps the type given."""
+    cast (added to ``quoted_empty``, ``""`` a null), and keeps the type given. So is every
+    column given a timestamp type with a zone (``t:timestamp[s,tz=Europe/Paris]``): Arrow's
+    parser reads only text with an offset into one, and a wall time without one is a time
+    in that zone (see :func:`_zoned`)."""
     given = options.get("column_types") or {}
     fmt = "tsv" if file_format.parse_options.delimiter == "\t" else "csv"
-    as_text: dict[str, pa.DataType] = {}
+    as_text = {n: t for n, t in given.items() if pa.types.is_timestamp(t) and t.tz is not None}
+    sep = file_format.parse_options.delimiter
     sample_format = file_format
+    if as_text:
+        types = {**given, **dict.fromkeys(as_text, pa.string())}
+        sample_format = _file_format(fmt, {**options, "delimiter": sep, "column_types": types},
+                                     names)  # fmt: skip
     while True:
         try:
             inferred = _text_schema(path, fmt, sample_format, options.get("encoding"))
@@ -1392,7 +1435,6 @@ def _csv_sample_schema(
             match = _QUOTED_EMPTY.search(str(exc))
             if match is None:
                 raise
-            sep = file_format.parse_options.delimiter
             header = names or _csv_header(path, sep, options.get("encoding"))
             index = int(match.group(1))
             name = header[index] if index < len(header) else ""
@@ -2017,7 +2059,7 @@ def open_input(
             if fmt in ("csv", "tsv") and "CSV column #" in reason:
                 sep = format_of(path).parse_options.delimiter
                 file_names = names or _csv_header(path, sep, encoding)
-                hint = _csv_column_hint(reason, file_names)
+                hint = _csv_column_hint(reason, file_names, options["column_types"])
             if fmt in ("csv", "tsv"):
                 hint = _ragged_row_line(str(exc), path, encoding) + hint
             raise InputError(f"cannot read {path} as {fmt}: {reason}{hint}", path=path) from exc
@@ -2122,7 +2164,8 @@ def open_input(
             if fmt in ("csv", "tsv", "json"):
                 values = _folder_values(path, kwargs, list(hive)) if base is not None else {}
                 text = _TextFile(fmt, format_of(path), part_schema, values, encoding,
-                                 frozenset(quoted_empty.get(path, ())))  # fmt: skip
+                                 frozenset(quoted_empty.get(path, ())),
+                                 frozenset(options["column_types"]))  # fmt: skip
                 parts.append((path, None, fmt, {"text": text}))
                 continue
             if fmt == "ipc" and is_ipc_stream(path):

@@ -1644,3 +1644,44 @@ def test_integers_past_2_53_beside_floats_round_and_wide_decimals_are_refused(tm
             [str(tmp_path / "a.parquet"), str(tmp_path / "d.parquet")], by="k", aggs=["s=sum(x)"]
         )
     assert "a.parquet" in str(err.value) and "d.parquet" in str(err.value)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_a_zoned_timestamp_type_reads_wall_times_in_that_zone(tmp_path, fmt):
+    """``--column-types 't:timestamp[s,tz=Europe/Paris]'`` (as the docs show) on text without
+    an offset failed ("expected a zone offset"), and the error said the type was inferred.
+    A wall time is a time in the given zone (an ambiguous one the earlier instant); a value
+    with an offset is that instant."""
+    rows = [("2024-01-01 10:00:00", 1), ("2024-07-01T10:00:00Z", 2), ("2024-10-27 02:30:00", 3),
+            (None, 4)]  # fmt: skip
+    src = tmp_path / f"t.{fmt}"
+    if fmt == "csv":
+        src.write_text("t,v\n" + "".join(f"{t or ''},{v}\n" for t, v in rows))
+    else:
+        src.write_text("".join(json.dumps({"t": t, "v": v}) + "\n" for t, v in rows))
+    got = extagg.aggregate_files(
+        str(src), by="t", aggs=["s=sum(v)"], sort=True,
+        column_types={"t": pa.timestamp("s", tz="Europe/Paris")},
+    ).read_all()  # fmt: skip
+    assert got.schema.field("t").type == pa.timestamp("s", tz="Europe/Paris")
+    utc = datetime.timezone.utc
+    instants = [None if t is None else t.astimezone(utc) for t in got.column("t").to_pylist()]
+    assert instants == [
+        datetime.datetime(2024, 1, 1, 9, tzinfo=utc),  # +01:00 in winter
+        datetime.datetime(2024, 7, 1, 10, tzinfo=utc),
+        datetime.datetime(2024, 10, 27, 0, 30, tzinfo=utc),  # the first 02:30, at +02:00
+        None,
+    ]
+    assert got.column("s").to_pylist() == [1, 2, 3, 4]
+
+
+def test_a_value_that_does_not_fit_a_given_type_says_the_type_was_given(tmp_path):
+    """The hint said the type "was inferred from the first block; give it with
+    --column-types" when --column-types or --schema had given it."""
+    src = tmp_path / "g.csv"
+    src.write_text("id,name\n1,a\nx,b\n")
+    for options in ({"column_types": "id:int64"}, {"schema": "id:int64,name:string"}):
+        with pytest.raises(InputError) as err:
+            extagg.aggregate_files(str(src), by="id", **options).read_all()
+        assert "does not fit the type given to it" in str(err.value)
+        assert "inferred" not in str(err.value)
