@@ -190,6 +190,7 @@ class HashAggregator(Spillable[ColumnBlock]):
 
     Examples
     --------
+    >>> import numpy as np
     >>> with HashAggregator(keys="k", aggs={"n": ("*", "count")}, memory="16m") as agg:
     ...     agg.update({"k": np.array([1, 2, 1])})
     ...     sorted(tuple(row.values()) for b in agg.results() for row in b.to_pylist())
