@@ -865,6 +865,8 @@ def _as_type(arr: pa.Array, to: pa.DataType) -> pa.Array:
     column widened to a float one (another file's) rounds past 2^53, as in SQL: Arrow's
     safe cast stopped the run at such a value (an int64 id beside a file of floats)."""
     if pa.types.is_dictionary(arr.type) and not pa.types.is_dictionary(to):
+        if not _holds_text(to):  # dates, decimals, numbers: their values (see _plain)
+            return arr.cast(to)
         if arr.type.value_type == to:
             return arr
         return arr.cast(pa.dictionary(arr.type.index_type, to))
@@ -2429,7 +2431,19 @@ def _plain(t: pa.DataType) -> pa.DataType:
         return pa.string()
     if t == pa.binary_view():
         return pa.binary()
+    if pa.types.is_dictionary(t) and not _holds_text(t.value_type):
+        # an Arrow file's dictionary of dates or decimals: its values (the engine groups and
+        # folds strings by their codes, other types as they are; a dictionary of them failed
+        # with a traceback, "DictionaryArray converter ... not implemented")
+        return _plain(t.value_type)
     return t
+
+
+def _holds_text(t: pa.DataType) -> bool:
+    return (
+        pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+    )  # fmt: skip
 
 
 def _prune_row_groups(dataset: Any, filter: Any, schema: pa.Schema) -> tuple[Any, int, int, int]:

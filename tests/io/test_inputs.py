@@ -1685,3 +1685,31 @@ def test_a_value_that_does_not_fit_a_given_type_says_the_type_was_given(tmp_path
             extagg.aggregate_files(str(src), by="id", **options).read_all()
         assert "does not fit the type given to it" in str(err.value)
         assert "inferred" not in str(err.value)
+
+
+def test_arrow_dictionaries_of_dates_and_decimals_are_their_values(tmp_path):
+    """An Arrow file's dictionary of date32 or decimal values as a key or an aggregate's
+    column stopped the command with a traceback ("DictionaryArray converter for type
+    dictionary<values=date32[day], ...> not implemented"); ``--where`` on it was refused."""
+    import pyarrow.feather as feather
+
+    t = pa.table({
+        "k": [1, 1, 2],
+        "d": pa.array([datetime.date(2024, 1, 1), None, datetime.date(2024, 1, 2)])
+        .dictionary_encode(),
+        "x": pa.array([decimal.Decimal("1.50"), None, decimal.Decimal("2.25")],
+                      pa.decimal128(10, 2)).dictionary_encode(),
+    })  # fmt: skip
+    feather.write_feather(t, tmp_path / "d.arrow")
+    got = extagg.aggregate_files(
+        str(tmp_path / "d.arrow"), by="d", aggs=["s=sum(x)", "hi=max(x)", "n=count(*)"],
+        where="x > 1 or x is null", sort=True,
+    ).read_all()  # fmt: skip
+    assert got.schema.field("d").type == pa.date32()
+    assert got.to_pylist() == [
+        {"d": datetime.date(2024, 1, 1), "s": decimal.Decimal("1.50"),
+         "hi": decimal.Decimal("1.50"), "n": 1},
+        {"d": datetime.date(2024, 1, 2), "s": decimal.Decimal("2.25"),
+         "hi": decimal.Decimal("2.25"), "n": 1},
+        {"d": None, "s": None, "hi": None, "n": 1},
+    ]  # fmt: skip
