@@ -297,8 +297,10 @@ def _run_aggregate(args: argparse.Namespace) -> int:
         print("extagg aggregate: interrupted; spill files and partial output removed",
               file=sys.stderr)  # fmt: skip
         return 130
-    except (ValueError, TypeError, OSError, MemoryError, ArithmeticError) as exc:
-        # runtime: input, disk, budget, a sum past its type's range
+    except (ValueError, TypeError, OSError, MemoryError, ArithmeticError,
+            NotImplementedError) as exc:  # fmt: skip
+        # runtime: input, disk, budget, a sum past its type's range, a type Arrow cannot
+        # convert or sort (its ArrowNotImplementedError)
         _close(query)
         if _reader_of_stdout_left(exc):
             return 128 + 13  # as a command killed by SIGPIPE, without a word
