@@ -187,7 +187,7 @@ class FileQuery:
         # pyarrow's close() of a reader over a Python iterator leaves the iterator open: its
         # spill files and grant go when the reader is dropped (a reader imported through the
         # C stream interface would close it, but turns every exception into an ArrowInvalid)
-        reader = pa.RecordBatchReader.from_batches(schema, batches)
+        reader = pa.RecordBatchReader.from_batches(schema, _ClosedWhenDropped(batches, self.close))
         register_metrics(reader, m)
         return reader
 
@@ -240,6 +240,28 @@ class FileQuery:
                 progress(m)
         finally:
             agg.close()
+
+
+class _ClosedWhenDropped:
+    """The result batches a reader hands out, and the run closed when the reader is dropped:
+    a reader dropped before its first batch left its generator unstarted (its ``finally``
+    never ran), and the aggregator's finaliser warned that it "was dropped without close()"
+    where the docs tell users to drop the reader."""
+
+    __slots__ = ("_batches", "_close")
+
+    def __init__(self, batches: Iterator[pa.RecordBatch], close: Callable[[], None]) -> None:
+        self._batches = batches
+        self._close = close
+
+    def __iter__(self) -> _ClosedWhenDropped:
+        return self
+
+    def __next__(self) -> pa.RecordBatch:
+        return next(self._batches)
+
+    def __del__(self) -> None:
+        self._close()
 
 
 #: rows of the first batch folded by :func:`_load_kernels`
