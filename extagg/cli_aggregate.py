@@ -457,6 +457,11 @@ def _print_table(reader: Any, limit: int) -> None:
             part = batch.slice(0, limit - have)
             shown.append(part)
             have += part.num_rows
+    out = sys.stdout
+    if limit <= 0:  # --show 0: the count alone
+        out.write(f"{total:,} row(s)\n")
+        out.flush()
+        return
     table = pa.Table.from_batches(shown, schema=reader.schema)
     names = table.column_names
     cols = [[_cell(v) for v in table.column(n).to_pylist()] for n in names]
@@ -465,7 +470,6 @@ def _print_table(reader: Any, limit: int) -> None:
         for t in table.schema.types
     ]
     widths = [max([len(n), *(len(c) for c in col)]) for n, col in zip(names, cols)]
-    out = sys.stdout
     out.write("  ".join(n.rjust(w) if r else n.ljust(w) for n, w, r in zip(names, widths, numeric)))
     out.write("\n")
     out.write("  ".join("-" * w for w in widths) + "\n")

@@ -160,6 +160,8 @@ def test_table_without_output_and_csv_to_stdout(data, capsys):
     assert main(["aggregate", str(src), *ARGS, "--show", "5", "-q"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 2 + 5 + 1 and out[-1].startswith("500 row(s) (first 5 shown")
+    assert main(["aggregate", str(src), *ARGS, "--show", "0", "-q"]) == 0
+    assert capsys.readouterr().out == "500 row(s)\n"  # the count alone (was an empty table)
     assert main(["aggregate", str(src), *ARGS, "-o", "-", "-q", "--sort"]) == 0
     csv = capsys.readouterr().out
     result = pacsv.read_csv(pa.BufferReader(csv.encode()))
