@@ -42,8 +42,9 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
         "--format",
         choices=FORMATS,
         default=None,
-        help="output format (default: table -- tab-separated text -- or the --output "
-        "file's extension)",
+        help="output format (default: the --output file's extension, .csv, .jsonl/.json, "
+        ".parquet, .txt/.tsv for table; else table -- tab-separated text --, and Parquet for "
+        "export)",
     )
     parser.add_argument(
         "--output",
@@ -107,7 +108,12 @@ def add_state_subcommands(subparsers: Any) -> argparse.ArgumentParser:
     )
     _add_store_options(export)
     export.add_argument("--batch-id", type=int, default=None, help="batch to export")
-    export.add_argument("--join-side", choices=("left", "right"), default=None)
+    export.add_argument(
+        "--join-side",
+        choices=("left", "right"),
+        default=None,
+        help="Spark stream-stream join: one side's state (its stores recombined)",
+    )
     _add_output_options(export)
 
     changes = commands.add_parser("changes", help="the change feed between batches")
@@ -310,21 +316,37 @@ def _write_parquet(
 def run_state_command(
     args: argparse.Namespace, stdout: TextIO | None = None, stderr: TextIO | None = None
 ) -> int:
-    """Run a parsed ``state`` command; returns the exit status (0 ok, 1 error, 2 an existing
-    output without ``--overwrite``, as ``extagg aggregate`` refuses it: the file was replaced
-    silently)."""
+    """Run a parsed ``state`` command; returns the exit status (0 ok, 1 error, 2 a usage
+    error: an existing output without ``--overwrite`` — as ``extagg aggregate`` refuses it:
+    the file was replaced silently —, an output whose format cannot be told, an output
+    missing where the format needs a file)."""
     stdout = sys.stdout if stdout is None else stdout
     stderr = sys.stderr if stderr is None else stderr
     fmt = args.format
+    to_stdout = args.output == "-"  # what the output errors suggest, as for `extagg aggregate`
     if fmt is None:
         extension = os.path.splitext(args.output or "")[1].lower().lstrip(".")
         default = "parquet" if args.state_command == "export" else "text"
-        fmt = {"csv": "csv", "jsonl": "jsonl", "json": "jsonl", "parquet": "parquet"}.get(
-            extension, default
-        )
+        known = {"csv": "csv", "jsonl": "jsonl", "json": "jsonl", "ndjson": "jsonl",
+                 "parquet": "parquet", "pq": "parquet", "txt": "text", "tsv": "text",
+                 "tab": "text"}  # fmt: skip
+        if extension and extension not in known and not to_stdout:
+            stderr.write(
+                f"extagg state {args.state_command}: error: cannot tell the output format of "
+                f"{args.output!r} from its extension; give --format ({', '.join(FORMATS)})\n"
+            )
+            return 2
+        fmt = known.get(extension, default)
     if fmt == "table":
         fmt = "text"
-    to_stdout = args.output == "-"  # what the output errors suggest, as for `extagg aggregate`
+    usage = None
+    if args.state_command == "export" and not args.output:
+        usage = "state export needs --output FILE"
+    elif fmt == "parquet" and not args.output:
+        usage = "--format parquet needs --output FILE (-o - for standard output)"
+    if usage is not None:  # usage errors, before anything is read: exit 2
+        stderr.write(f"extagg state {args.state_command}: error: {usage}\n")
+        return 2
     if args.output and not to_stdout:
         from extagg._input_paths import output_problem
 
@@ -338,8 +360,6 @@ def run_state_command(
                 f"{args.checkpoint} is a file; give the checkpoint directory (it holds state/ "
                 "and commits/)"
             )
-        if args.state_command == "export" and not args.output:
-            raise ValueError("state export needs --output FILE")
         if args.limit is not None and args.limit < 0:
             raise ValueError(f"--limit cannot be negative, got {args.limit}")
         rows = _rows_for(args)
@@ -351,8 +371,6 @@ def run_state_command(
                 )
             rows = Rows(lambda: iter(listed), rows.fields, rows.types, rows.arrow_types)
         if fmt == "parquet":
-            if not args.output:
-                raise ValueError("--format parquet needs --output FILE")
             _write_parquet(rows, args.output, args.limit, stdout)
         elif args.output and not to_stdout:
             with atomic_open(args.output) as raw:  # the file appears only complete

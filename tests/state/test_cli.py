@@ -105,8 +105,15 @@ def test_errors_name_the_option_and_exit_1(path, tmp_path):
     (tmp_path / "a-file").write_text("x")  # was "[Errno 20] Not a directory: .../commits"
     status, _, err = run(["state", "show", str(tmp_path / "a-file")])
     assert status == 1 and "a-file is a file; give the checkpoint directory" in err
+    # usage errors, exit 2 as extagg aggregate's: a format that needs a file and none given,
+    # an output whose format cannot be told (it was written as tab-separated text, silently)
     status, _, err = run(["state", "show", path, "--format", "parquet"])
-    assert status == 1 and "needs --output" in err
+    assert status == 2 and "needs --output" in err
+    status, _, err = run(["state", "export", path])
+    assert status == 2 and "needs --output" in err
+    status, _, err = run(["state", "show", path, "-o", str(tmp_path / "x.unknown")])
+    assert status == 2 and "cannot tell the output format" in err
+    assert not (tmp_path / "x.unknown").exists()
     os.unlink(os.path.join(path, "state", "0", "0", "2.delta"))
     status, _, err = run(["state", "show", path])
     assert status == 1 and "2.delta does not exist" in err
