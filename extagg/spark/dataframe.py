@@ -476,9 +476,12 @@ class AggregationPlan:
 
     def _public_names(self, message: str) -> str:
         """``message`` with the partial and final state columns (``'__s_s'``) named by the
-        output they are for (``'s'``)."""
+        output they are for (``'s'``), and as a column by the input column it sums (``'v'``:
+        "sum of column 's'" named the output twice)."""
         for o in self.outputs:
             for state in (*o.partial, *o.final):
+                if o.column is not None:
+                    message = message.replace(f"column {state!r}", f"column {o.column!r}")
                 message = message.replace(repr(state), repr(o.output))
         return message
 

@@ -271,12 +271,14 @@ def test_timestamps_big_integer_means_and_an_output_named_as_a_key(spark):
 
 
 def test_a_sum_overflow_names_the_output_not_its_state_column(spark):
-    """The error named the internal state column ``'__s_s'`` as the aggregate."""
+    """The error named the internal state column ``'__s_s'`` as the aggregate; then the
+    output as the column summed ("sum of column 's'"), which is ``v``."""
     df = spark.createDataFrame([("a", 2**62), ("a", 2**62), ("a", 2**62)], "k string, v long")
     with pytest.raises(Exception) as info:
         es.aggregate(df.repartition(3), ["k"], {"s": ("v", "sum")}).collect()
     text = str(info.value)
     assert "overflow in aggregate 's'" in text and "__s_s" not in text, text[-2000:]
+    assert "sum of column 'v'" in text, text[-2000:]
 
 
 def test_mean_and_deviation_of_longs_whose_sum_leaves_int64_as_spark(spark):
