@@ -665,3 +665,19 @@ def test_records_of_256_kib_spill_and_merge_under_32_mib(spill_dir):
     assert got[7] == bytes([7]) * (256 << 10) + bytes([507 % 256]) * (256 << 10)
     assert got[100] == bytes([100]) * (256 << 10)
     assert not files_under(spill_dir)
+
+
+@pytest.mark.parametrize(("records", "spills"), [(5_000, 0), (5_001, 1), (6_000, 1), (20_000, 3)])
+def test_force_spill_every_spills_after_each_n_records(records, spills):
+    """``force_spill_every=N`` spills every N records, as Spark's
+    ``numElementsForceSpillThreshold`` does (the N-th record's successor finds N read): the
+    check came between chunks of 4 096 records, so 6 000 records at N = 5 000 never spilled,
+    and 20 000 spilled twice."""
+    import operator
+
+    general = Aggregator(lambda v: v, lambda a, b: a + b, lambda a, b: a + b)
+    for aggregator in (Aggregator.reducing(operator.add), general):
+        with ExternalAppendOnlyMap(aggregator, memory="64m", force_spill_every=5_000) as m:
+            m.insert_all((i % 100, 1) for i in range(records))
+            assert m.metrics.spill_count == spills
+            assert sum(v for _, v in m.iterator()) == records

@@ -253,10 +253,15 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
             # records bigger than the last ones: fold the chunk in parts, the map's room
             # checked (and spilled) before each
             step = self._size_chunks(key_list, values) if size_chunks else len(key_list) or 1
-            for start in range(0, len(key_list), step):
-                stop = start + step
+            start, n = 0, len(key_list)
+            while start < n:
+                stop = min(n, start + step)
+                every = self.force_spill_every
+                if every is not None:  # cut where the count reaches it: the spill follows
+                    stop = min(stop, start + max(1, every - self.elements_read))
                 self._fold_chunk(key_list[start:stop], values[start:stop], create, merge, offset)
-                offset += len(key_list[start:stop])
+                offset += stop - start
+                start = stop
             if failure is not None:
                 raise failure
 
@@ -360,8 +365,14 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
             return
         create, merge = self.aggregator.create_combiner, self.aggregator.merge_value
         step = self._chunk
-        for start in range(0, len(batch), step):
-            part = batch.slice(start, start + step)
+        start, n = 0, len(batch)
+        while start < n:
+            stop = min(n, start + step)
+            every = self.force_spill_every
+            if every is not None:  # as insert_all cuts its chunks
+                stop = min(stop, start + max(1, every - self.elements_read))
+            part = batch.slice(start, stop)
+            first, start = start, stop
             with self.lock:
                 current = self._room_for(len(part))
                 with deferred_interrupts():
@@ -378,7 +389,7 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
                         )
                         rest = part.slice(done, len(part))
                         keys, values = rest.key_objects(), rest.value_objects()
-                        self._fold_general(general, keys, values, create, merge, start + done)
+                        self._fold_general(general, keys, values, create, merge, first + done)
                         current = general
                 self._check_largest_entry(current)
 
