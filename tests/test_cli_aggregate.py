@@ -1377,3 +1377,24 @@ def test_verbose_may_follow_the_command():
     assert verbose("-v", "aggregate", "x.csv") == 1
     assert verbose("aggregate", "x.csv") == 0
     assert verbose("state", "show", "ckpt", "-v") == 1
+
+
+def test_json_lines_output_of_nanosecond_values(tmp_path):
+    """A nanosecond timestamp, time or duration that is not a whole microsecond stopped a
+    JSON Lines output ("Nanosecond duration -7 is not safely convertible to microseconds");
+    they are written with their nine digits (durations as seconds)."""
+    src = tmp_path / "ns.parquet"
+    pq.write_table(pa.table({
+        "k": [1],
+        "t": pa.array([1704103200123456789], pa.timestamp("ns")),
+        "z": pa.array([1704103200123456789], pa.timestamp("ns", "Europe/Paris")),
+        "d": pa.array([-7], pa.duration("ns")),
+        "h": pa.array([36000123456789], pa.time64("ns")),
+    }), src)  # fmt: skip
+    out = tmp_path / "o.jsonl"
+    assert main(["aggregate", str(src), "--by", "k", "--agg", "t=max(t)", "--agg", "z=max(z)",
+                 "--agg", "d=sum(d)", "--agg", "h=max(h)", "-q", "-o", str(out)]) == 0  # fmt: skip
+    row = json.loads(out.read_text())
+    assert row == {"k": 1, "t": "2024-01-01T10:00:00.123456789",
+                   "z": "2024-01-01T11:00:00.123456789+01:00", "d": -7e-09,
+                   "h": "10:00:00.123456789"}  # fmt: skip

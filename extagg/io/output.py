@@ -228,7 +228,10 @@ def _json_rows(batch: pa.RecordBatch) -> list[dict[str, Any]]:
     """The rows of ``batch`` as JSON writes them: a NaN or infinite float — a column's or
     one inside a list, struct or map — as the string ``"NaN"``, ``"Infinity"`` or
     ``"-Infinity"`` (JSON has no such numbers: ``json.dumps`` wrote bare ``NaN``, which JSON
-    readers reject), as Spark's JSON writer does."""
+    readers reject), as Spark's JSON writer does. Nanosecond timestamps and times are ISO
+    text with nine digits, nanosecond durations seconds as a float: Python's datetime holds
+    microseconds, and a value between two failed the write ("not safely convertible")."""
+    batch = _nanoseconds_as_json(batch)
     rows = batch.to_pylist()
     for name, col in zip(batch.schema.names, batch.columns):
         if col.null_count == len(col):
@@ -244,6 +247,29 @@ def _json_rows(batch: pa.RecordBatch) -> list[dict[str, Any]]:
             for row in rows:
                 row[name] = _json_nested(row[name])
     return rows
+
+
+def _nanoseconds_as_json(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` with its nanosecond timestamp, time and duration columns as JSON values."""
+    ns = [
+        i for i, t in enumerate(batch.schema.types)
+        if (pa.types.is_timestamp(t) or pa.types.is_time64(t) or pa.types.is_duration(t))
+        and t.unit == "ns"
+    ]  # fmt: skip
+    if not ns:
+        return batch
+    columns = list(batch.columns)
+    for i in ns:
+        col = columns[i]
+        if pa.types.is_duration(col.type):
+            columns[i] = pc.divide(col.cast(pa.int64()).cast(pa.float64()), 1e9)
+        elif pa.types.is_timestamp(col.type):
+            # "2024-01-01 11:00:00.123456789+0100" as isoformat writes it: a T, +01:00
+            text = pc.replace_substring_regex(col.cast(pa.string()), " ", "T", max_replacements=1)
+            columns[i] = pc.replace_substring_regex(text, r"([+-][0-9]{2})([0-9]{2})$", r"\1:\2")
+        else:
+            columns[i] = col.cast(pa.string())
+    return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
 
 
 def _is_binary(typ: pa.DataType) -> bool:
