@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -1055,6 +1056,25 @@ def test_a_failed_json_read_exits_cleanly_every_time(tmp_path):
         assert "terminate" not in proc.stderr and "changed from string to number" in proc.stderr
 
 
+def _signal_when(
+    cmd: list[str], env: dict[str, str], ready: Callable[[], bool], signum: int, too_soon: str
+) -> tuple[int, str, float]:
+    """Start ``cmd``, send it ``signum`` once ``ready()`` (it still running, else
+    ``too_soon`` fails the test); its exit status, stderr and the seconds it took to stop."""
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=_sigint_as_at_a_shell)  # fmt: skip
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if ready():
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, too_soon
+    proc.send_signal(signum)
+    sent = time.monotonic()
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err, time.monotonic() - sent
+
+
 @pytest.mark.parametrize(
     ("fmt", "signum"),
     [("parquet", signal.SIGINT), ("csv", signal.SIGINT), ("parquet", signal.SIGTERM)],
@@ -1078,19 +1098,11 @@ def test_sigint_stops_and_leaves_no_files(tmp_path, fmt, signum):
         "n=count(*)", "--agg", "s=sum(v)", "--memory", "4m", "--spill-dir", str(spill),
         "--sort", "-o", str(out),
     ]  # fmt: skip
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=_env(),
-                            preexec_fn=_sigint_as_at_a_shell)  # fmt: skip
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and proc.poll() is None:
-        if any(p.is_file() for p in spill.rglob("*")):
-            break
-        time.sleep(0.05)
-    assert proc.poll() is None, "the run ended before it spilled: make the input larger"
-    proc.send_signal(signum)
-    sent = time.monotonic()
-    _, err = proc.communicate(timeout=60)
-    stopped = time.monotonic() - sent
-    assert proc.returncode == 128 + signum, err
+    returncode, err, stopped = _signal_when(
+        cmd, _env(), lambda: any(p.is_file() for p in spill.rglob("*")), signum,
+        "the run ended before it spilled: make the input larger",
+    )  # fmt: skip
+    assert returncode == 128 + signum, err
     assert "interrupted" in err and "Traceback" not in err
     assert not [p for p in spill.rglob("*") if p.is_file()]
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"big.{fmt}", "spill"]
@@ -1115,19 +1127,11 @@ def test_ctrl_c_while_kernels_compile_on_a_cold_cache_stops_at_once(tmp_path, si
            "n=count(*)", "--agg", "s=sum(v)", "--agg", "lo=min(u)", "--memory", "8m",
            "--spill-dir", str(spill), "-o", str(out)]  # fmt: skip
     env = dict(_env(), NUMBA_CACHE_DIR=str(cache))
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env,
-                            preexec_fn=_sigint_as_at_a_shell)  # fmt: skip
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and proc.poll() is None:
-        if any(p.suffix == ".nbi" for p in cache.rglob("*")):  # one compiled, more to come
-            break
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run ended before its kernels compiled"
-    proc.send_signal(signum)
-    sent = time.monotonic()
-    _, err = proc.communicate(timeout=120)
-    stopped = time.monotonic() - sent
-    assert proc.returncode == 128 + signum, err
+    returncode, err, stopped = _signal_when(
+        cmd, env, lambda: any(p.suffix == ".nbi" for p in cache.rglob("*")), signum,
+        "the run ended before its kernels compiled",  # one compiled, more to come
+    )  # fmt: skip
+    assert returncode == 128 + signum, err
     assert "interrupted" in err and "Traceback" not in err
     assert stopped < 3, f"stopped {stopped:.1f} s after the signal"
     assert not out.exists() and not [p for p in spill.rglob("*") if p.is_file()]
