@@ -192,7 +192,9 @@ class InputScan:
                     yield from small.flush()  # the files before this one: their ends
                     raise
                 small.ended(index)
-                if small.rows >= least:
+                # enough rows kept for a batch, or read for one (a filter that keeps few:
+                # the progress and the files' ends are not held back for thousands of files)
+                if small.rows >= least or small.rows_read >= self.batch_rows:
                     yield from small.flush()
                 continue
             yield from small.flush()
@@ -925,12 +927,12 @@ class _SmallFiles:
         self._batches = _SmallBatches()
         self._gathered: list[pa.RecordBatch] = []
         self.rows = 0
-        self._rows_read = 0
+        self.rows_read = 0
         self._first = -1
         self._last = -1
 
     def add(self, batch: pa.RecordBatch, rows_read: int) -> None:
-        self._rows_read += rows_read
+        self.rows_read += rows_read
         if batch.num_rows:
             self.rows += batch.num_rows
             self._gathered.extend(self._batches.add(batch, 1 << 62))
@@ -941,17 +943,17 @@ class _SmallFiles:
         self._last = index
 
     def flush(self) -> Iterator[_Piece | _FileEnd]:
-        if self._first < 0 and not self._rows_read:
+        if self._first < 0 and not self.rows_read:
             return
         # a batch per run of alike files (another file's types end a run: see _SmallBatches)
         gathered: list[pa.RecordBatch | None] = [*self._gathered, *self._batches.flush()]
-        rows_read = self._rows_read
+        rows_read = self.rows_read
         for batch in gathered or [None]:
             yield _Piece((batch, rows_read), None)
             rows_read = 0
         if self._first >= 0:
             yield _FileEnd(self._last, self._first)
-        self._gathered, self.rows, self._rows_read, self._first, self._last = [], 0, 0, -1, -1
+        self._gathered, self.rows, self.rows_read, self._first, self._last = [], 0, 0, -1, -1
 
 
 def _finish_piece(piece: _Piece | _FileEnd) -> tuple[pa.RecordBatch | None, int] | _FileEnd:
