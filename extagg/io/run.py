@@ -261,7 +261,10 @@ class _ClosedWhenDropped:
         return next(self._batches)
 
     def __del__(self) -> None:
-        self._close()
+        try:
+            self._close()
+        except Exception:  # at interpreter exit, what close needs may be gone already
+            pass
 
 
 #: rows of the first batch folded by :func:`_load_kernels`
