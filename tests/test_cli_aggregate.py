@@ -1402,3 +1402,13 @@ def test_json_lines_output_of_nanosecond_values(tmp_path):
     assert row == {"k": 1, "t": "2024-01-01T10:00:00.123456789",
                    "z": "2024-01-01T11:00:00.123456789+01:00", "d": -7e-09,
                    "h": "10:00:00.123456789"}  # fmt: skip
+
+
+def test_the_kernel_warm_up_spill_is_not_logged_as_the_runs(tmp_path, caplog):
+    """``-v`` logs spills; the warm-up that loads the kernels spills its 64 rows once, and a
+    3-group query in a large budget showed "spilling in-memory aggregation table"."""
+    src = tmp_path / "t.csv"
+    src.write_text("k\na\nb\nc\n")
+    with caplog.at_level(logging.INFO, logger="extagg"):
+        assert main(["aggregate", str(src), "--by", "k", "-q", "-o", "-"]) == 0
+    assert "spilling" not in caplog.text

@@ -281,6 +281,10 @@ def _load_kernels(warm: Any, batch: pa.RecordBatch, trigger: MemoryConsumer) -> 
     of the rarer paths (a hash-partitioned table, a multi-pass merge) load when used."""
     rows = batch.slice(0, WARM_ROWS)
     spills = isinstance(warm, Spillable)  # the columnar engine: load its spill and merge too
+    # its spill is no spill of the run's: not logged as one (`-v` showed a 3-group query spill)
+    quiet = logging.Filter("extagg.io.run.warm-up")  # passes no record of other loggers
+    spill_log = logging.getLogger("extagg.columnar.hash_aggregator")
+    spill_log.addFilter(quiet)
     try:
         warm.update(rows)
         if spills:
@@ -298,6 +302,7 @@ def _load_kernels(warm: Any, batch: pa.RecordBatch, trigger: MemoryConsumer) -> 
         # it did not load loads when the run first uses it
         log.debug("kernels not all loaded ahead: %s", exc)
     finally:
+        spill_log.removeFilter(quiet)
         warm.close()
 
 
