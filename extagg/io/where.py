@@ -833,6 +833,9 @@ def _read_as(value: str | pa.Scalar, typ: pa.DataType) -> pa.Scalar | None:
         return _timestamp(when, typ)
     if pa.types.is_date(typ) or pa.types.is_timestamp(typ):
         value = _iso_padded(value)
+    if pa.types.is_time(typ):  # '12:00', '12:00:00', '12:00:00.250' (Arrow reads no text)
+        when = dt.time.fromisoformat(value.strip())
+        return pa.scalar(when, pa.time64("us")).cast(typ)
     try:
         return pa.scalar(value).cast(typ)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):

@@ -691,3 +691,29 @@ def test_in_and_like_on_a_dictionary_column(tmp_path, text, expected):
     pq.write_table(t, tmp_path / "c.parquet")
     got = extagg.aggregate_files(str(tmp_path / "c.parquet"), by="i", where=text, sort=True)
     assert got.read_all().column("i").to_pylist() == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("t > '12:00:00'", [3]),
+        ("t >= '12:00'", [2, 3]),
+        ("t in ('09:00:00', '13:30:05')", [1, 3]),
+        ("t between '09:00' and '12:00'", [1, 2]),
+        ("n < '12:00:00.000001'", [1, 2]),
+    ],
+)
+def test_time_columns_compare_with_quoted_times(tmp_path, text, expected):
+    """A time32/time64 column could be compared with nothing ("'12:00:00' cannot be read as
+    time32[s]"): quoted times read as the column's type, as dates and timestamps do."""
+    import pyarrow.parquet as pq
+
+    import extagg
+
+    pq.write_table(pa.table({
+        "k": [1, 2, 3],
+        "t": pa.array([dt.time(9), dt.time(12), dt.time(13, 30, 5)], pa.time32("s")),
+        "n": pa.array([dt.time(9, 0, 0, 1), dt.time(12), None], pa.time64("ns")),
+    }), tmp_path / "t.parquet")  # fmt: skip
+    got = extagg.aggregate_files(str(tmp_path / "t.parquet"), by="k", where=text, sort=True)
+    assert got.read_all().column("k").to_pylist() == expected
