@@ -3,6 +3,7 @@ codes, sorting, Ctrl-C, disk full."""
 
 from __future__ import annotations
 
+import decimal
 import errno
 import json
 import logging
@@ -1412,3 +1413,32 @@ def test_the_kernel_warm_up_spill_is_not_logged_as_the_runs(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="extagg"):
         assert main(["aggregate", str(src), "--by", "k", "-q", "-o", "-"]) == 0
     assert "spilling" not in caplog.text
+
+
+def test_uuid_and_narrow_decimal_keys_sort_and_write_as_text(tmp_path, capsys):
+    """``--sort`` by an ``arrow.uuid`` key ("Sorting not supported for type
+    extension<arrow.uuid>") or a decimal32 one failed, and so did CSV/JSON Lines output of a
+    uuid (``Unsupported Type``, "cannot write UUID as JSON"): uuids sort by their bytes and
+    are written in their canonical form, narrow decimals sort as decimal128."""
+    import uuid
+
+    ids = [uuid.UUID(int=(i * 0x9E3779B97F4A7C15) % (1 << 128)) for i in (3, 1, 2, 1)]
+    src = tmp_path / "u.parquet"
+    pq.write_table(pa.table({
+        "k": pa.array([u.bytes for u in ids], pa.binary(16)).cast(pa.uuid()),
+        "d": pa.array([decimal.Decimal(x) for x in ("2.5", "-1.0", "0.5", "-1.0")],
+                      pa.decimal32(5, 1)),
+        "v": [1, 2, 3, 4],
+    }), src)  # fmt: skip
+    want = sorted({str(u) for u in ids})
+    assert main(["aggregate", str(src), "--by", "k", "--agg", "s=sum(v)", "--sort", "-q",
+                 "-o", "-"]) == 0  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()[1:]
+    assert [line.split(",")[0].strip('"') for line in lines] == want
+    out = tmp_path / "u.jsonl"
+    assert main(["aggregate", str(src), "--by", "k", "--agg", "s=sum(v)", "--sort", "-q",
+                 "-o", str(out)]) == 0  # fmt: skip
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["k"] for r in rows] == want and sum(r["s"] for r in rows) == 10
+    got = extagg.aggregate_files(str(src), by="d", aggs=["n=count(*)"], sort=True).read_all()
+    assert [str(x) for x in got.column("d").to_pylist()] == ["-1.0", "0.5", "2.5"]

@@ -21,6 +21,7 @@ import re
 import stat
 import sys
 import tempfile
+import uuid
 from collections.abc import Iterator
 from typing import IO, Any, Literal
 
@@ -196,6 +197,8 @@ def _json_default(value: Any) -> Any:
         return value.total_seconds()
     if isinstance(value, bytes):
         return base64.b64encode(value).decode("ascii")
+    if isinstance(value, uuid.UUID):  # an arrow.uuid column's values
+        return str(value)
     raise TypeError(f"cannot write {type(value).__name__} as JSON")
 
 
@@ -295,7 +298,22 @@ def _is_nested(typ: pa.DataType) -> bool:
 
 def _as_text(typ: pa.DataType) -> bool:
     """Whether CSV writes a column of ``typ`` as text made here (Arrow's CSV writer has none)."""
-    return _is_binary(typ) or _is_nested(typ)
+    return _is_binary(typ) or _is_nested(typ) or isinstance(typ, pa.BaseExtensionType)
+
+
+def _extension_text(col: pa.Array) -> pa.Array:
+    """An extension column as text: a UUID in its canonical form (as DuckDB and Spark write
+    it), any other by its storage (Arrow's CSV writer refused them: ``Unsupported
+    Type:extension<arrow.uuid>``)."""
+    storage = col.storage
+    if col.type.extension_name == "arrow.uuid":
+        return pa.array(
+            [None if v is None else str(uuid.UUID(bytes=v)) for v in storage.to_pylist()],
+            pa.string(),
+        )
+    if _is_binary(storage.type):
+        return _binary_as_base64(pa.RecordBatch.from_arrays([storage], names=["v"])).column(0)
+    return storage.cast(pa.string())
 
 
 def _text_schema(schema: pa.Schema) -> pa.Schema:
@@ -313,7 +331,9 @@ def _binary_as_base64(batch: pa.RecordBatch) -> pa.RecordBatch:
         return batch
     columns = []
     for col, f in zip(batch.columns, batch.schema):
-        if _is_binary(f.type):
+        if isinstance(f.type, pa.BaseExtensionType):
+            col = _extension_text(col)
+        elif _is_binary(f.type):
             texts = [
                 None if v is None else base64.b64encode(v).decode("ascii") for v in col.to_pylist()
             ]

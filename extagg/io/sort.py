@@ -123,14 +123,27 @@ def _sort_keys(keys: Sequence[str]) -> list[tuple[str, str]]:
 
 
 def _sort_indices(table: pa.Table, keys: Sequence[str]) -> pa.Array:
-    """The row order of ``table`` by ``keys``; half floats are compared as ``float32`` (the
-    same order; Arrow's sort has no kernel for them: a ``--sort`` by one raised
-    ``ArrowNotImplementedError: halffloat``)."""
+    """The row order of ``table`` by ``keys``; half floats are compared as ``float32``, 32-
+    and 64-bit decimals as ``decimal128``, extension types (``arrow.uuid``) by their storage
+    (the same orders; Arrow's sort has no kernel for them: a ``--sort`` by one raised
+    ``ArrowNotImplementedError: halffloat``, "Sorting not supported for type
+    extension<arrow.uuid>")."""
     columns = {k: table.column(k) for k in keys}
     for k, column in columns.items():
-        if pa.types.is_float16(column.type):
-            columns[k] = column.cast(pa.float32())
+        columns[k] = _sortable(column)
     return pc.sort_indices(pa.table(columns), sort_keys=_sort_keys(keys))
+
+
+def _sortable(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """``column`` as a type Arrow's sort has a kernel for, in the same order."""
+    typ = column.type
+    if isinstance(typ, pa.BaseExtensionType):
+        return pa.chunked_array([c.storage for c in column.chunks], typ.storage_type)
+    if pa.types.is_float16(typ):
+        return column.cast(pa.float32())
+    if pa.types.is_decimal(typ) and typ.bit_width < 128:
+        return column.cast(pa.decimal128(typ.precision, typ.scale))
+    return column
 
 
 def _sorted(table: pa.Table, keys: Sequence[str]) -> pa.Table:
