@@ -177,10 +177,10 @@ class InputScan:
         threads, cost more than reading the file (6 120 files of 33 rows: 7.1 s of which
         2.2 s reading)."""
         small = _SmallFiles()
+        finish_small = _FilterStep(self.columns, self.filter)  # one for every small file
         for index, (path, dataset, _fmt, opts) in enumerate(self._parts):
             least = max(1, self.batch_rows // COALESCE_DIVISOR)
             if "row_group_ids" in opts and opts.get("rows", least) < least:
-                finish_small = _FilterStep(self.columns, self.filter)
                 try:
                     for item in _parquet_batches(
                         path, opts["row_group_ids"], opts["schema"], self.filter,
