@@ -326,7 +326,7 @@ def _check_has_columns(names: list[str], columns: Sequence[str] | None) -> None:
 
 
 def _sliced(rb: pa.RecordBatch, max_rows: int | None) -> Iterator[pa.RecordBatch]:
-    rb = _plain_dictionaries(rb)
+    rb = _plain_columns(rb)
     n = rb.num_rows
     if max_rows is None or n <= max_rows:
         yield rb
@@ -335,20 +335,27 @@ def _sliced(rb: pa.RecordBatch, max_rows: int | None) -> Iterator[pa.RecordBatch
         yield rb.slice(start, max_rows)
 
 
-def _plain_dictionaries(rb: pa.RecordBatch) -> pa.RecordBatch:
-    """``rb`` with the dictionaries of string or binary views (Polars' ``Categorical`` and
-    ``Enum`` columns) made plain: Arrow can neither decode nor take from them."""
-    views = [
+def _plain_columns(rb: pa.RecordBatch) -> pa.RecordBatch:
+    """``rb`` with run-end encoded columns decoded (Arrow casts them to nothing) and the
+    dictionaries of string or binary views (Polars' ``Categorical`` and ``Enum`` columns)
+    made plain: Arrow can neither decode nor take from them."""
+    coded = [
         i for i, f in enumerate(rb.schema)
-        if pa.types.is_dictionary(f.type) and _view_value(f.type.value_type) is not None
+        if pa.types.is_run_end_encoded(f.type)
+        or (pa.types.is_dictionary(f.type) and _view_value(f.type.value_type) is not None)
     ]  # fmt: skip
-    if not views:
+    if not coded:
         return rb
+    import pyarrow.compute as pc
+
     arrays = list(rb.columns)
-    for i in views:
+    for i in coded:
         arr = arrays[i]
-        plain = _view_value(arr.type.value_type)
-        arrays[i] = pa.DictionaryArray.from_arrays(arr.indices, arr.dictionary.cast(plain))
+        if pa.types.is_run_end_encoded(arr.type):
+            arr = arrays[i] = pc.run_end_decode(arr)
+        if pa.types.is_dictionary(arr.type) and _view_value(arr.type.value_type) is not None:
+            plain = _view_value(arr.type.value_type)
+            arrays[i] = pa.DictionaryArray.from_arrays(arr.indices, arr.dictionary.cast(plain))
     return pa.RecordBatch.from_arrays(arrays, names=rb.schema.names)
 
 

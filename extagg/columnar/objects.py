@@ -61,6 +61,8 @@ def _storage_type(arrow_type: pa.DataType) -> pa.DataType:
     storage (a pandas interval is a struct, as its Python values are)."""
     if isinstance(arrow_type, pa.BaseExtensionType):
         return _storage_type(arrow_type.storage_type)
+    if pa.types.is_run_end_encoded(arrow_type):  # decoded before the engine sees it
+        return _storage_type(arrow_type.value_type)
     return arrow_type.value_type if pa.types.is_dictionary(arrow_type) else arrow_type
 
 

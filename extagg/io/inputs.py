@@ -302,18 +302,14 @@ class InputScan:
         self, path: str, stream: _IpcStream
     ) -> Iterator[tuple[pa.RecordBatch, pa.Array | None]]:
         """An Arrow IPC *stream* file (``.arrows``; ``pyarrow.dataset`` reads only the IPC
-        file format), a record batch at a time as written: the needed columns, with the
-        folder names' columns and the scan's types, cut into batches of at most
-        ``batch_rows`` rows for a :class:`_FilterStep`."""
+        file format), or an IPC file with run-end encoded columns, a record batch at a time
+        as written: the needed columns, with the folder names' columns and the scan's types,
+        cut into batches of at most ``batch_rows`` rows for a :class:`_FilterStep`."""
         schema = stream.schema
         folder = _FolderColumns(stream.folder_values, schema)
-        with pa.OSFile(path, "rb") as source, pa.ipc.open_stream(source) as reader:
-            have = set(reader.schema.names)
-            while True:
-                try:
-                    batch = reader.read_next_batch()
-                except StopIteration:
-                    return
+        with pa.OSFile(path, "rb") as source:
+            for batch in _ipc_record_batches(source, is_ipc_stream(path)):
+                have = set(batch.schema.names)
                 if folder.names:
                     batch = folder.add(batch)
                 n = batch.num_rows
@@ -866,6 +862,10 @@ def _as_type(arr: pa.Array, to: pa.DataType) -> pa.Array:
     """``arr`` cast to ``to``; a dictionary array stays one, of ``to`` values. An integer
     column widened to a float one (another file's) rounds past 2^53, as in SQL: Arrow's
     safe cast stopped the run at such a value (an int64 id beside a file of floats)."""
+    if pa.types.is_run_end_encoded(arr.type):
+        import pyarrow.compute as pc
+
+        arr = pc.run_end_decode(arr)
     if pa.types.is_dictionary(arr.type) and not pa.types.is_dictionary(to):
         if not _holds_text(to):  # dates, decimals, numbers: their values (see _plain)
             return arr.cast(to)
@@ -2022,6 +2022,7 @@ def open_input(
     # ---------------------------------------------------------------- schemas
     read_cols = list(dict.fromkeys([*needed, *filter_columns]))
     per_file: list[tuple[str, pa.Schema]] = []
+    runs: set[str] = set()  # Arrow files with run-end encoded columns
     #: each CSV file's number columns that hold quoted empty fields (see _csv_types)
     quoted_empty: dict[str, set[str]] = {}
     #: each Parquet file's row groups and rows, when there is no filter to prune them by
@@ -2054,7 +2055,10 @@ def open_input(
                 if filter is None:
                     footers[path] = (footer.num_row_groups, footer.num_rows)
             else:
-                per_file.append((path, file_format.inspect(path, _LOCAL)))
+                file_schema = file_format.inspect(path, _LOCAL)
+                per_file.append((path, file_schema))
+                if any(pa.types.is_run_end_encoded(f.type) for f in file_schema):
+                    runs.add(path)
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
             reason, hint = _row_of_file(reason, 0), _mixed_json_hint(reason)
@@ -2172,7 +2176,10 @@ def open_input(
                                  frozenset(options["column_types"]))  # fmt: skip
                 parts.append((path, None, fmt, {"text": text}))
                 continue
-            if fmt == "ipc" and is_ipc_stream(path):
+            if fmt == "ipc" and (path in runs or is_ipc_stream(path)):
+                # a stream, or a file with run-end encoded columns (the dataset scan cannot
+                # cast them to their values: "Unsupported cast from run_end_encoded"), read a
+                # batch at a time by pyarrow.ipc, each column decoded
                 values = _folder_values(path, kwargs, list(hive)) if base is not None else {}
                 parts.append((path, None, fmt, {"stream": _IpcStream(part_schema, values)}))
                 continue
@@ -2250,6 +2257,17 @@ def _scan_of_nothing(
 
 #: the first bytes of an Arrow IPC *file* (Feather v2); a stream starts with a message
 IPC_FILE_MAGIC = b"ARROW1"
+
+
+def _ipc_record_batches(source: Any, stream: bool) -> Iterator[pa.RecordBatch]:
+    """The record batches of an open Arrow IPC stream or file, one at a time."""
+    if stream:
+        with pa.ipc.open_stream(source) as reader:
+            yield from reader
+        return
+    with pa.ipc.open_file(source) as reader:
+        for i in range(reader.num_record_batches):
+            yield reader.get_batch(i)
 
 
 def is_ipc_stream(path: str) -> bool:
@@ -2433,6 +2451,8 @@ def _plain(t: pa.DataType) -> pa.DataType:
         return pa.string()
     if t == pa.binary_view():
         return pa.binary()
+    if pa.types.is_run_end_encoded(t):  # an Arrow file's runs: their values
+        return _plain(t.value_type)
     if pa.types.is_dictionary(t) and not _holds_text(t.value_type):
         # an Arrow file's dictionary of dates or decimals: its values (the engine groups and
         # folds strings by their codes, other types as they are; a dictionary of them failed
