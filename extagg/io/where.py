@@ -14,6 +14,7 @@ Grammar (keywords are case-insensitive)::
     product   := unary (("*" | "/") unary)*
     unary     := "-" unary | atom
     atom      := number | 'string' | date 'YYYY-MM-DD' | timestamp 'YYYY-MM-DD HH:MM:SS'
+               | interval '1 day 2 hours' | interval number unit
                | true | false | null | column | "quoted column" | `quoted column` | "(" expr ")"
 
 ``cmp`` is one of ``= == != <> < <= > >=``; a ``like`` pattern takes SQL's ``%`` (any
@@ -55,7 +56,10 @@ _TOKEN = re.compile(
     re.VERBOSE,
 )
 _KEYWORDS = {"and", "or", "not", "in", "is", "null", "between", "true", "false", "date"}
-_KEYWORDS |= {"timestamp", "like", "ilike"}
+_KEYWORDS |= {"timestamp", "like", "ilike", "interval"}
+#: the words that start a typed literal only when a quoted text (or, after ``interval``, a
+#: number) follows; otherwise they are column names (a CSV's ``date`` column)
+_LITERAL_WORDS = ("date", "timestamp", "interval")
 _CMP = {
     "=": pc.equal,
     "==": pc.equal,
@@ -576,9 +580,15 @@ class _Parser:
                         f"a value outside the operands' types ({' and '.join(types)})",
                         self.text, at.pos,
                     ) from None  # fmt: skip
+                hint = ""
+                if any(t.startswith("duration") for t in types) and any(
+                    _is_number(self.type_of(a)) for a in args
+                ):
+                    hint = " (a length of time is written interval '90 seconds')"
                 raise ExpressionError(
-                    f"{at.text!r} does not apply to {' and '.join(types)}", self.text, at.pos
-                ) from None
+                    f"{at.text!r} does not apply to {' and '.join(types)}{hint}",
+                    self.text, at.pos,
+                ) from None  # fmt: skip
         return self.made(expr, lambda b: func(*(f(b) for f in fns), **kw))
 
     # -------------------------------------------------------------- helpers
@@ -750,7 +760,10 @@ class _Parser:
             self.i += 1
             name = tok.text[1:-1].replace('""', '"') if tok.text[0] == '"' else tok.text[1:-1]
             return self.column(name, tok.pos)
-        if tok.kind == "name" and tok.word not in _KEYWORDS:
+        if tok.kind == "name" and (
+            tok.word not in _KEYWORDS
+            or (tok.word in _LITERAL_WORDS and not self._starts_literal(tok.word))
+        ):
             self.i += 1
             return self.column(tok.text, tok.pos)
         value = self.literal_value()
@@ -763,6 +776,12 @@ class _Parser:
         elif type(value) is int:
             self._ints[id(expr)] = value
         return expr
+
+    def _starts_literal(self, word: str) -> bool:
+        """Whether the ``date``/``timestamp``/``interval`` at the cursor starts a literal:
+        a quoted text follows (``interval``: or a number, ``interval 2 hours``)."""
+        after = self.toks[self.i + 1]
+        return after.kind == "string" or (word == "interval" and after.kind == "number")
 
     def column(self, name: str, pos: int) -> pc.Expression:
         self.columns.setdefault(name, pos)
@@ -800,6 +819,21 @@ class _Parser:
         if word == "null":
             self.i += 1
             return pa.scalar(None)
+        if word == "interval":
+            self.i += 1
+            lit = self.tok
+            if lit.kind == "number" and self.toks[self.i + 1].kind == "name":
+                self.i += 2
+                text = f"{lit.text} {self.toks[self.i - 1].text}"
+            elif lit.kind == "string":
+                self.i += 1
+                text = lit.text[1:-1]
+            else:
+                raise self.error("expected a quoted length after 'interval' ('1 day 2 hours')")
+            try:
+                return pa.scalar(interval_micros(text), pa.duration("us"))
+            except ValueError as exc:
+                raise ExpressionError(str(exc), self.text, lit.pos) from None
         if word in ("date", "timestamp"):
             self.i += 1
             lit = self.tok
@@ -818,6 +852,63 @@ class _Parser:
         raise self.error("expected a value (number, 'string', date '...', column)")
 
 
+#: the microseconds of each unit an interval's text may give
+_INTERVAL_UNITS = {
+    **dict.fromkeys(("microsecond", "microseconds", "us"), 1),
+    **dict.fromkeys(("millisecond", "milliseconds", "ms"), 1_000),
+    **dict.fromkeys(("second", "seconds", "sec", "secs", "s"), 1_000_000),
+    **dict.fromkeys(("minute", "minutes", "min", "mins", "m"), 60_000_000),
+    **dict.fromkeys(("hour", "hours", "h"), 3_600_000_000),
+    **dict.fromkeys(("day", "days", "d"), 86_400_000_000),
+    **dict.fromkeys(("week", "weeks", "w"), 7 * 86_400_000_000),
+}
+_INTERVAL_PART = re.compile(r"\s*([+-]?(?:\d+\.?\d*|\.\d+))\s*([a-z]+)")
+_INTERVAL_CLOCK = re.compile(r"\s*([+-]?)(\d+):(\d{1,2})(?::(\d{1,2}(?:\.\d{1,6})?))?\s*")
+
+
+def interval_micros(text: str) -> int:
+    """The microseconds of an interval's text, as DuckDB and Postgres write one: parts of a
+    number and a unit (``1 day 2 hours``, ``90 minutes``, ``1.5 h``, ``-3 days``), then
+    optionally a clock (``1 day 02:30:00``, ``00:00:01.5``). Months and years have no fixed
+    length and are refused, as is a length past a microsecond's precision."""
+    rest, total, seen = text.strip().lower(), Decimal(0), False
+    while rest:
+        m = _INTERVAL_PART.match(rest)
+        if m is None:
+            break
+        unit = _INTERVAL_UNITS.get(m.group(2))
+        if unit is None:
+            if m.group(2).rstrip("s") in ("month", "mon", "year", "yr", "decade", "century"):
+                raise ValueError(
+                    f"interval {text!r}: months and years have no fixed length here; give the "
+                    "length in days (interval '30 days')"
+                )
+            raise ValueError(
+                f"interval {text!r}: unknown unit {m.group(2)!r} (use microseconds, "
+                "milliseconds, seconds, minutes, hours, days or weeks)"
+            )
+        total += Decimal(m.group(1)) * unit
+        rest, seen = rest[m.end() :].lstrip(), True
+    if rest:
+        clock = _INTERVAL_CLOCK.fullmatch(rest)
+        if clock is None:
+            raise ValueError(
+                f"interval {text!r} is not a length of time ('1 day 2 hours', '90 minutes', "
+                "'01:30:00')"
+            )
+        sign, hours, minutes, seconds = clock.groups()
+        length = (
+            Decimal(hours) * 3_600_000_000 + Decimal(minutes) * 60_000_000
+            + Decimal(seconds or 0) * 1_000_000
+        )  # fmt: skip
+        total += -length if sign == "-" else length
+    elif not seen:
+        raise ValueError(f"interval {text!r} is empty")
+    if total != total.to_integral_value():
+        raise ValueError(f"interval {text!r} is finer than a microsecond")
+    return int(total)
+
+
 def _read_as(value: str | pa.Scalar, typ: pa.DataType) -> pa.Scalar | None:
     """``value`` (a quoted text, or a date/timestamp literal) as a scalar of ``typ``; ``None``
     for a typed literal that needs no change. Raises Arrow's error or ``ValueError`` when the
@@ -833,6 +924,8 @@ def _read_as(value: str | pa.Scalar, typ: pa.DataType) -> pa.Scalar | None:
         return _timestamp(when, typ)
     if pa.types.is_date(typ) or pa.types.is_timestamp(typ):
         value = _iso_padded(value)
+    if pa.types.is_duration(typ):  # '1 hour', '01:30:00': as interval '...'
+        return pa.scalar(interval_micros(value), pa.duration("us")).cast(typ)
     if pa.types.is_time(typ):  # '12:00', '12:00:00', '12:00:00.250' (Arrow reads no text)
         when = dt.time.fromisoformat(value.strip())
         return pa.scalar(when, pa.time64("us")).cast(typ)

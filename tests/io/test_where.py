@@ -717,3 +717,58 @@ def test_time_columns_compare_with_quoted_times(tmp_path, text, expected):
     }), tmp_path / "t.parquet")  # fmt: skip
     got = extagg.aggregate_files(str(tmp_path / "t.parquet"), by="k", where=text, sort=True)
     assert got.read_all().column("k").to_pylist() == expected
+
+
+DURATIONS = pa.table({
+    "i": [1, 2, 3, 4],
+    "t": pa.array([dt.timedelta(seconds=10), dt.timedelta(seconds=4000),
+                   dt.timedelta(days=1, hours=1), None], pa.duration("s")),
+    "at": pa.array([dt.datetime(2024, 1, 1, 10), dt.datetime(2024, 1, 2, 10),
+                    dt.datetime(2024, 1, 3), None], pa.timestamp("ms")),
+    "date": pa.array([dt.date(2024, 1, 1), dt.date(2024, 1, 2), None, dt.date(2024, 1, 4)]),
+    "timestamp": [5, 6, 7, 8],
+})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("t > interval '1 hour'", [2, 3]),
+        ("t > interval 1 hour", [2, 3]),  # DuckDB's unquoted form
+        ("t <= '1 day 01:00:00'", [1, 2, 3]),  # a quoted text read as the column's type
+        ("t between interval '5 seconds' and interval '2 h'", [1, 2]),
+        ("t = interval '00:00:10'", [1]),
+        ("t >= interval '1.5 hours' - interval '30 min'", [2, 3]),
+        ("t < interval '-1 days'", []),
+        ("at - interval '1 day' >= date '2024-01-01'", [2, 3]),
+        ("at > timestamp '2024-01-01' + interval '1 week'", []),
+        ("at - timestamp '2024-01-02' > interval '2 hours'", [2, 3]),
+        ("date + interval '12 hours' > timestamp '2024-01-02'", [2, 4]),
+        # date and timestamp are columns where no quoted text follows them (a CSV's header)
+        ("date > '2024-01-01' and timestamp < 8", [2]),
+        ("timestamp = 5 or date = date '2024-01-04'", [1, 4]),
+    ],
+)  # fmt: skip
+def test_interval_literals_and_durations(text, expected):
+    """``interval '...'`` literals (DuckDB's and Postgres' text) against duration columns and
+    in timestamp arithmetic; before, ``interval`` was a syntax error and a duration column
+    could be compared with nothing. A column named ``date`` or ``timestamp`` (common in CSV
+    headers) failed with "expected a quoted date after 'date'"."""
+    assert bound_kept(text, DURATIONS) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("t > 3600", "a length of time is written interval"),
+        ("t > interval '1 month'", "months and years have no fixed length"),
+        ("t > interval '2 fortnights'", "unknown unit 'fortnights'"),
+        ("t > interval 'soon'", "is not a length of time"),
+        ("t > interval '1.0000005 s'", "finer than a microsecond"),
+        ("t > '1 lightyear'", "cannot be read as duration[s]"),
+    ],
+)
+def test_bad_intervals_are_usage_errors(text, words):
+    with pytest.raises(ExpressionError) as err:
+        parse_expression(text).bind(DURATIONS.schema)
+    assert words in str(err.value)
