@@ -493,4 +493,8 @@ def _cell(value: Any) -> str:
         return "null"
     if isinstance(value, float):
         return f"{value:.6g}" if abs(value) < 1e15 else f"{value:.6e}"
+    if type(value).__name__ == "MonthDayNano":  # pyarrow's interval: as DuckDB shows it
+        from extagg.io.output import interval_text
+
+        return interval_text(value)
     return str(value).translate(_ESCAPES)

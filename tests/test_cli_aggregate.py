@@ -1442,3 +1442,39 @@ def test_uuid_and_narrow_decimal_keys_sort_and_write_as_text(tmp_path, capsys):
     assert [r["k"] for r in rows] == want and sum(r["s"] for r in rows) == 10
     got = extagg.aggregate_files(str(src), by="d", aggs=["n=count(*)"], sort=True).read_all()
     assert [str(x) for x in got.column("d").to_pylist()] == ["-1.0", "0.5", "2.5"]
+
+
+def test_interval_keys_sort_by_length_and_write_as_duckdb_text(tmp_path, capsys):
+    """A month-day-nano interval key (an Arrow file's): ``--sort`` failed ("Sorting not
+    supported for type month_day_nano_interval"), CSV output failed ("Unsupported cast ...
+    to utf8"), JSON Lines wrote ``[0, 30, 5]``. It now sorts by its length (30-day months,
+    24-hour days, as DuckDB), is written as DuckDB's text, and Parquet output is refused
+    with the column named, before the run."""
+    import pyarrow.feather as feather
+
+    mdn = pa.MonthDayNano
+    values = [mdn((1, 0, 0)), mdn((0, 31, 0)), mdn((0, 30, 5)), None, mdn((0, -1, 0)),
+              mdn((0, 0, -1)), mdn((-1, 40, 0)), mdn((0, 0, 2 * 86_400 * 10**9)),
+              mdn((14, 3, 4 * 3_600 * 10**9))]  # fmt: skip
+    src = tmp_path / "i.arrow"
+    feather.write_feather(
+        pa.table({"m": pa.array(values, pa.month_day_nano_interval()),
+                  "v": list(range(len(values)))}), src)  # fmt: skip
+    out = tmp_path / "i.jsonl"
+    assert main(["aggregate", str(src), "--by", "m", "--agg", "s=sum(v)", "--sort", "-q",
+                 "-o", str(out)]) == 0  # fmt: skip
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["m"], r["s"]) for r in rows] == [
+        ("-1 day", 4), ("-00:00:00.000000001", 5), ("48:00:00", 7), ("-1 month 40 days", 6),
+        ("1 month", 0), ("30 days 00:00:00.000000005", 2), ("31 days", 1),
+        ("1 year 2 months 3 days 04:00:00", 8), (None, 3),
+    ]  # fmt: skip
+    assert main(["aggregate", str(src), "--by", "m", "--agg", "s=sum(v)", "--sort", "-q",
+                 "-o", "-"]) == 0  # fmt: skip
+    assert capsys.readouterr().out.splitlines()[1:3] == ['"-1 day",4', '"-00:00:00.000000001",5']
+    assert main(["aggregate", str(src), "--by", "m", "--agg", "s=sum(v)", "-q",
+                 "-o", str(tmp_path / "i.parquet")]) == 1  # fmt: skip
+    assert "column 'm' of type month_day_nano_interval cannot be written to Parquet" in (
+        capsys.readouterr().err
+    )
+    assert not list(tmp_path.glob("*.parquet*"))

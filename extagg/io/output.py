@@ -249,7 +249,33 @@ def _json_rows(batch: pa.RecordBatch) -> list[dict[str, Any]]:
         elif pa.types.is_nested(col.type) and _holds_floats(col.type):
             for row in rows:
                 row[name] = _json_nested(row[name])
+        elif col.type == pa.month_day_nano_interval():  # a tuple: json wrote [0, 30, 5]
+            for row in rows:
+                value = row[name]
+                row[name] = None if value is None else interval_text(value)
     return rows
+
+
+def interval_text(value: Any) -> str:
+    """A month-day-nano interval (``pyarrow.MonthDayNano``) as DuckDB writes one:
+    ``1 year 2 months 3 days 04:05:06.000007``; ``00:00:00`` when it is empty."""
+    months, days, nanos = value.months, value.days, value.nanoseconds
+    parts = []
+    years, months = int(months / 12), months - int(months / 12) * 12  # truncated, with sign
+    for count, unit in ((years, "year"), (months, "month"), (days, "day")):
+        if count:
+            parts.append(f"{count} {unit}{'' if abs(count) == 1 else 's'}")
+    if nanos or not parts:
+        sign, nanos = ("-" if nanos < 0 else ""), abs(nanos)
+        seconds, fraction = divmod(nanos, 10**9)
+        minutes, seconds = divmod(seconds, 60)
+        hours, minutes = divmod(minutes, 60)
+        clock = f"{sign}{hours:02d}:{minutes:02d}:{seconds:02d}"
+        if fraction:
+            digits = f"{fraction:09d}"
+            clock += "." + (digits[:6] if digits.endswith("000") else digits)
+        parts.append(clock)
+    return " ".join(parts)
 
 
 def _nanoseconds_as_json(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -298,7 +324,10 @@ def _is_nested(typ: pa.DataType) -> bool:
 
 def _as_text(typ: pa.DataType) -> bool:
     """Whether CSV writes a column of ``typ`` as text made here (Arrow's CSV writer has none)."""
-    return _is_binary(typ) or _is_nested(typ) or isinstance(typ, pa.BaseExtensionType)
+    return (
+        _is_binary(typ) or _is_nested(typ) or isinstance(typ, pa.BaseExtensionType)
+        or typ == pa.month_day_nano_interval()
+    )  # fmt: skip
 
 
 def _extension_text(col: pa.Array) -> pa.Array:
@@ -333,6 +362,10 @@ def _binary_as_base64(batch: pa.RecordBatch) -> pa.RecordBatch:
     for col, f in zip(batch.columns, batch.schema):
         if isinstance(f.type, pa.BaseExtensionType):
             col = _extension_text(col)
+        elif f.type == pa.month_day_nano_interval():
+            col = pa.array(
+                [None if v is None else interval_text(v) for v in col.to_pylist()], pa.string()
+            )
         elif _is_binary(f.type):
             texts = [
                 None if v is None else base64.b64encode(v).decode("ascii") for v in col.to_pylist()
@@ -442,6 +475,14 @@ class ResultWriter:
             problem = output_problem(path, overwrite)
             if problem is not None:
                 raise OutputError(problem, errno=errno_mod.EEXIST)
+            if fmt == "parquet":
+                for f in schema:
+                    if f.type == pa.month_day_nano_interval():
+                        raise OutputError(
+                            f"column {f.name!r} of type {f.type} cannot be written to "
+                            "Parquet (Arrow's Parquet writer has no interval type); write "
+                            ".arrow, .jsonl or .csv"
+                        )
             if os.path.islink(path):  # the link's target is replaced; the link stays
                 path = self.path = os.path.realpath(path)
             if os.path.exists(path) and not os.path.isfile(path):

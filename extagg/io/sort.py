@@ -118,20 +118,48 @@ class _SortBuffer(MemoryConsumer):
         return self.write_run()
 
 
-def _sort_keys(keys: Sequence[str]) -> list[tuple[str, str]]:
-    return [(k, "ascending") for k in keys]
-
-
 def _sort_indices(table: pa.Table, keys: Sequence[str]) -> pa.Array:
     """The row order of ``table`` by ``keys``; half floats are compared as ``float32``, 32-
     and 64-bit decimals as ``decimal128``, extension types (``arrow.uuid``) by their storage
     (the same orders; Arrow's sort has no kernel for them: a ``--sort`` by one raised
     ``ArrowNotImplementedError: halffloat``, "Sorting not supported for type
-    extension<arrow.uuid>")."""
-    columns = {k: table.column(k) for k in keys}
-    for k, column in columns.items():
-        columns[k] = _sortable(column)
-    return pc.sort_indices(pa.table(columns), sort_keys=_sort_keys(keys))
+    extension<arrow.uuid>"); a month-day-nano interval by its length with 30-day months and
+    24-hour days, as DuckDB orders them."""
+    columns: dict[str, pa.ChunkedArray] = {}
+    for i, k in enumerate(keys):
+        column = table.column(k)
+        if column.type == pa.month_day_nano_interval():
+            columns[f"{i}d"], columns[f"{i}n"] = _interval_order(column)
+        else:
+            columns[str(i)] = _sortable(column)
+    sort_keys = [(name, "ascending") for name in columns]
+    return pc.sort_indices(pa.table(columns), sort_keys=sort_keys)
+
+
+#: nanoseconds in a day
+_DAY_NS = 86_400 * 10**9
+
+
+def _interval_order(column: pa.ChunkedArray) -> tuple[pa.ChunkedArray, pa.ChunkedArray]:
+    """Two columns whose order is that of the month-day-nano intervals ``column``: whole
+    days (a month as 30) and the nanoseconds past them; nulls in both where it is null."""
+    import numpy as np
+
+    layout = np.dtype([("months", "<i4"), ("days", "<i4"), ("nanos", "<i8")])
+    days, rest = [], []
+    for chunk in column.chunks:
+        data = chunk.buffers()[1]
+        values = (
+            np.frombuffer(data, layout, count=chunk.offset + len(chunk))[chunk.offset :]
+            if data is not None
+            else np.zeros(len(chunk), layout)
+        )
+        whole = values["months"].astype(np.int64) * 30 + values["days"]
+        whole += values["nanos"] // _DAY_NS
+        missing = chunk.is_null().to_numpy(zero_copy_only=False)
+        days.append(pa.array(whole, pa.int64(), mask=missing))
+        rest.append(pa.array(values["nanos"] % _DAY_NS, pa.int64(), mask=missing))
+    return pa.chunked_array(days, pa.int64()), pa.chunked_array(rest, pa.int64())
 
 
 def _sortable(column: pa.ChunkedArray) -> pa.ChunkedArray:
