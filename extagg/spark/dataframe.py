@@ -26,6 +26,7 @@ normalised as Spark's ``groupBy`` does (``-0.0`` is ``0.0``, every NaN one group
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -164,8 +165,6 @@ class AggregationPlan:
     ) -> None:
         T = _spark_types()
         self.by = [by] if isinstance(by, str) else list(by)
-        if not self.by:
-            raise ValueError("by must name at least one key column")
         self.memory = memory
         self.force_spill_rows = force_spill_rows
         #: the session's time zone: Arrow's type of a ``timestamp`` column names it
@@ -396,6 +395,9 @@ class AggregationPlan:
         target = self._arrow(self.final_schema)
         agg = self._aggregator(aggs)
         feed = functools.partial(_route, agg) if self.distinct else None
+        if not self.by:  # a global aggregate's one row, typed, also when no partial row came
+            empty = pa.RecordBatch.from_pylist([], schema=self._arrow(self.partial_schema))
+            batches = itertools.chain([empty], batches)
         yield from self._run(agg, batches, target, self._finish_final, feed)
 
     def final_states(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -435,7 +437,7 @@ class AggregationPlan:
         with agg:
             try:
                 for batch in batches:
-                    if batch.num_rows:
+                    if batch.num_rows or not self.by:
                         update(batch)
                 for out in agg.results():
                     columns = finish(out)
@@ -523,7 +525,7 @@ def _route(agg: Any, batch: pa.RecordBatch) -> None:
     """Feed partial rows to ``agg`` (a ``DistinctAggregator``): the states to its plain
     aggregates, the distinct pairs to its ``count_distinct`` levels."""
     states = pc.equal(batch.column(ROW_KIND_COLUMN), 0)
-    if pc.any(states).as_py():
+    if pc.any(states).as_py() or not batch.num_rows:  # none: the states' types, for one row
         agg.update_plain(batch.filter(states))
     if not pc.all(states).as_py():
         agg.update_distinct(batch.filter(pc.invert(states)))
@@ -574,6 +576,8 @@ def _prepare(df: Any, plan: AggregationPlan) -> Any:
     from pyspark.sql import functions as F
 
     df = df.select(*(F.col("`" + c.replace("`", "``") + "`") for c in plan.columns_read))
+    if not plan.columns_read:  # count(*) alone, no key: PySpark's batches of no column had
+        df = df.select(F.lit(True).alias("__rows"))  # no rows either (it counted 0)
     for c in plan.float_keys:  # Spark's groupBy normalisation: -0.0 is 0.0
         df = df.withColumn(c, F.when(F.col(c) == 0, F.lit(0.0)).otherwise(F.col(c)))
     for d in plan.distinct:  # and its count(DISTINCT x)'s: a copy, the other aggregates' as is
@@ -661,11 +665,12 @@ def final_aggregate(
     DataFrame
         The key columns then the outputs (or the states).
     """
-    shuffled = (
-        partial_df.repartition(num_partitions, *plan.by)
-        if num_partitions
-        else partial_df.repartition(*plan.by)
-    )
+    if not plan.by:  # a global aggregate (df.agg(...)): every partial row to one task
+        shuffled = partial_df.repartition(1)
+    elif num_partitions:
+        shuffled = partial_df.repartition(num_partitions, *plan.by)
+    else:
+        shuffled = partial_df.repartition(*plan.by)
     if plan.ordered:
         shuffled = shuffled.sortWithinPartitions(PARTITION_COLUMN)
     if keep_states:

@@ -469,3 +469,28 @@ def test_only_the_columns_read_go_to_the_workers(spark):
     assert sorted(map(tuple, ours.collect())) == sorted(
         map(tuple, renamed.groupBy("k").agg(F.sum("x_y").alias("s")).collect())
     )
+
+
+@pytest.mark.parametrize("engine", ["arrow", "pandas"])
+def test_a_global_aggregate_is_one_row_as_df_agg(spark, engine):
+    """``by=[]`` is ``df.agg(...)``: one row, also for an empty DataFrame and one with no
+    partition at all (``by must name at least one key column`` before). ``count(*)`` alone
+    reads no column; PySpark's batches of no column have no rows, and it counted 0."""
+    from pyspark.sql import functions as F
+
+    df = spark.range(0, 10_000, numPartitions=4).selectExpr(
+        "id", "cast(id % 7 as double) v", "id % 13 k"
+    )
+    ours = es.aggregate(df, [], ["n=count(*)", "s=sum(v)", "m=mean(v)", "hi=max(id)"],
+                        engine=engine, force_spill_rows=100, memory="16m")  # fmt: skip
+    theirs = df.agg(F.count("*").alias("n"), F.sum("v").alias("s"), F.avg("v").alias("m"),
+                    F.max("id").alias("hi"))  # fmt: skip
+    assert ours.schema == theirs.schema
+    assert ours.collect() == theirs.collect()
+    assert es.aggregate(df, [], ["n=count(*)"], engine=engine).collect()[0].n == 10_000
+    assert es.aggregate(df, [], ["d=count_distinct(k)"], engine=engine).collect()[0].d == 13
+    for empty in (df.where("id < 0"), spark.createDataFrame(spark.sparkContext.emptyRDD(),
+                                                            df.schema)):  # fmt: skip
+        got = es.aggregate(empty, [], ["n=count(*)", "s=sum(v)", "d=count_distinct(k)"],
+                           engine=engine).collect()  # fmt: skip
+        assert [tuple(r) for r in got] == [(0, None, 0)]

@@ -104,3 +104,17 @@ def test_a_running_count_distinct_is_refused_at_once(tmp_path):
 
     with pytest.raises(ValueError, match=r"count_distinct \('u'\) has no mergeable state"):
         StatefulAggregate(["k"], {"u": ("x", "nunique")}, str(tmp_path / "state"))
+
+
+def test_a_running_global_aggregate_keeps_one_state_row(tmp_path, spark):
+    """``by=[]`` (a stream's ``df.agg(...)``): one state row, keyed by the empty tuple; a
+    batch with no rows leaves it as it is."""
+    from extagg.spark import StatefulAggregate
+
+    running = StatefulAggregate([], {"n": ("*", "count"), "s": ("v", "sum")},
+                                str(tmp_path / "state"))  # fmt: skip
+    batch = spark.createDataFrame([("o", 5), ("p", 7)], "k string, v long")
+    running(batch, 0)
+    running(batch, 1)
+    running(batch.where("v < 0"), 2)
+    assert running.results(batch.schema) == {(): {"n": 4, "s": 24}}
