@@ -1940,6 +1940,7 @@ def open_input(
     if isinstance(paths, (str, os.PathLike)):
         paths = [os.fspath(paths)]
     files = expand_input_paths([os.fspath(p) for p in paths])
+    tsv_files: set[str] = set()  # .tsv files beside .csv ones: read as CSV split by tabs
     if format is not None:
         fmt = format.lower()
         if fmt in ("arrow", "feather"):
@@ -1957,6 +1958,14 @@ def open_input(
                 f"({', '.join(FORMATS)})"
             )
         found = sorted({k for k in kinds.values() if k is not None})
+        if found == ["csv", "tsv"] and delimiter is None:
+            found, tsv_files = ["csv"], {f for f, k in kinds.items() if k == "tsv"}
+        if found == ["csv", "tsv"]:
+            raise QueryError(
+                "the inputs mix .csv and .tsv files, and --delimiter would apply to all of "
+                "them: leave it out (each file is read with its own), or aggregate one format "
+                "at a time"
+            )
         if len(found) > 1:
             raise QueryError(f"the inputs mix formats {found}; aggregate one format at a time")
         fmt = found[0]
@@ -2002,10 +2011,13 @@ def open_input(
     # each .csv file's own delimiter when none is given (as DuckDB's sniffer, per file): a
     # ';' file beside ',' ones was read as one column, its values nulls
     file_formats: dict[str, Any] = {}
-    if fmt == "csv" and not delimiter and header:
+    if fmt == "csv" and not delimiter and (header or tsv_files):
         by_delimiter = {",": file_format}
         for path, _base in files:
-            sep = sniff_delimiter(path, encoding)
+            if path in tsv_files:
+                sep = "\t"
+            else:
+                sep = sniff_delimiter(path, encoding) if header else ","
             if sep not in by_delimiter:
                 by_delimiter[sep] = _file_format(fmt, {**options, "delimiter": sep}, names)
             file_formats[path] = by_delimiter[sep]

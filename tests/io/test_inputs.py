@@ -1757,3 +1757,23 @@ def test_run_end_encoded_columns_in_a_table(tmp_path):
         {"k": 2, "s": 9.0, "m": datetime.date(2020, 1, 1)},
         {"k": None, "s": 3.0, "m": datetime.date(2020, 1, 1)},
     ]  # fmt: skip
+
+
+def test_tsv_files_beside_csv_files_are_read_by_tabs(tmp_path):
+    """``a.csv b.tsv`` was refused ("the inputs mix formats ['csv', 'tsv']"): each file is
+    read with its own delimiter, with or without a header; a --delimiter, which would apply
+    to both, still refuses the mix."""
+    (tmp_path / "a.csv").write_text("k,v\na,1\nb,2\n")
+    (tmp_path / "b.tsv").write_text("k\tv\na\t3\nc\t4\n")
+    (tmp_path / "c.csv").write_text("k;v\nc;10\n")
+    paths = [str(tmp_path / n) for n in ("a.csv", "b.tsv", "c.csv")]
+    got = extagg.aggregate_files(paths, by="k", aggs=["s=sum(v)"], sort=True).read_all()
+    assert got.to_pylist() == [{"k": "a", "s": 4}, {"k": "b", "s": 2}, {"k": "c", "s": 14}]
+    (tmp_path / "n.csv").write_text("a,1\n")
+    (tmp_path / "n.tsv").write_text("a\t2\nb\t5\n")
+    bare = [str(tmp_path / "n.csv"), str(tmp_path / "n.tsv")]
+    got = extagg.aggregate_files(bare, by="k", aggs=["s=sum(v)"], sort=True, header=False,
+                                 schema="k:string,v:int64").read_all()  # fmt: skip
+    assert got.to_pylist() == [{"k": "a", "s": 3}, {"k": "b", "s": 5}]
+    with pytest.raises(QueryError, match="leave it out"):
+        extagg.aggregate_files(paths[:2], by="k", aggs=["s=sum(v)"], delimiter=",").read_all()
