@@ -480,6 +480,8 @@ class ObjectAggregator:
         self._rows = 0
         self._groups = 0
         self._state = "open"
+        #: each untyped key column's Python value types seen, with a value of each
+        self._value_kinds: dict[str, dict[type, Any]] = {}
 
     # -- the HashAggregator interface ----------------------------------------------------------
 
@@ -575,7 +577,7 @@ class ObjectAggregator:
             else:
                 self._check_types(types)
             assert self._main is not None
-            self._fold(lists, n)
+            self._fold(lists, n, {k for k in self.keys if types[k] is not None})
 
     def _check_types(self, types: dict[str, pa.DataType | None]) -> None:
         assert self._types is not None
@@ -587,9 +589,12 @@ class ObjectAggregator:
                     f"this batch has {t}"
                 )
 
-    def _fold(self, lists: list[list[Any]], n: int) -> None:
+    def _fold(self, lists: list[list[Any]], n: int, typed_keys: set[str]) -> None:
+        """Fold a batch's columns; ``typed_keys``: its key columns of one Arrow type."""
         assert self._types is not None and self._main is not None
         cols = dict(zip(self._needed, lists))
+        for name in self.keys:  # before freezing: it makes lists of any value (``'ab'``)
+            self._check_one_column(name, cols[name], typed=name in typed_keys)
         for name in self._needed:
             freeze = _freezer(self._types[name])
             if freeze is not None:
@@ -613,6 +618,31 @@ class ObjectAggregator:
                     ((k, i, v), None) for k, v in zip(keys, column) if v is not None
                 )
         self._rows += n
+
+    def _check_one_column(self, name: str, values: list[Any], typed: bool) -> None:
+        """Refuse a key column of Python values that no one Arrow column can hold (``1`` and
+        ``'a'``) at the batch that mixes them, also with an earlier batch: the result's
+        conversion found it only after every row had been folded (and spilled). ``typed``:
+        the batch's values have one Arrow type (one of them stands for all)."""
+        seen = self._value_kinds.setdefault(name, {})
+        before = len(seen)
+        if typed:  # one value stands for all
+            values = [next((v for v in values if v is not None), None)]
+        for v in values:
+            kind = tuple if type(v) is list else type(v)  # a list column's values, as tuples
+            if v is not None and kind not in seen:
+                seen[kind] = v
+        if len(seen) > 1 and len(seen) != before:
+            try:
+                pa.array(list(seen.values()), from_pandas=False)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+                kinds = sorted(t.__name__ for t in seen)
+                raise TypeError(
+                    f"key column {name!r} holds values of types {kinds} (e.g. "
+                    f"{', '.join(repr(v) for v in seen.values())}) that no one Arrow column "
+                    "can hold, so the result could not be made; convert the column to one "
+                    "type first (df[col].astype(str))"
+                ) from None
 
     def _culprit(self, exc: TypeError) -> str:
         for agg in self._aggs:

@@ -46,9 +46,7 @@ def test_pandas_tuple_keys_come_back_as_arrow_lists():
 
 def test_mixed_result_column_is_a_clear_error():
     df = pd.DataFrame({"k": [1, "a", 1], "v": [1, 2, 3]})
-    with pytest.raises(
-        TypeError, match=r"result column 'k' holds values of types \['int', 'str'\]"
-    ):
+    with pytest.raises(TypeError, match=r"key column 'k' holds values of types \['int', 'str'\]"):
         extagg.aggregate(df, "k", {"s": ("v", "sum")})
     with pytest.raises(TypeError, match=r"sum\('s'\).*type struct<a: int64>"):
         extagg.aggregate(pa.table({"k": [1], "s": [{"a": 1}]}), "k", {"x": ("s", "sum")})
@@ -188,3 +186,23 @@ def test_size_counts_every_row_as_pandas_does():
     t = extagg.aggregate(df, "k", {"sz": ("v", "size"), "c": ("v", "count")}, memory="4m")
     want = df.groupby("k").agg(sz=("v", "size"), c=("v", "count")).reset_index()
     assert sorted(t.to_pylist(), key=lambda r: r["k"]) == want.to_dict("records")
+
+
+def test_a_key_column_of_mixed_types_is_refused_at_the_batch_that_mixes_them():
+    """A pandas object key column of ints and strings (or tuples and strings) was folded,
+    and spilled, to the end, and only the result's conversion refused it; the batch that
+    mixes them is refused now, also when the mix spans batches. Types one Arrow column
+    holds (ints and floats) pass."""
+    taken = []
+
+    def frames():
+        for keys in ([(1, 2), None, (3,)], [(4,)], ["a", (1, 2)], [(5,)]):
+            taken.append(len(keys))
+            yield pd.DataFrame({"k": pd.Series(keys, dtype=object), "v": range(len(keys))})
+
+    with pytest.raises(TypeError, match=r"'k' holds values of types \['str', 'tuple'\]"):
+        extagg.aggregate(frames(), "k", {"s": ("v", "sum")}, memory="8m")
+    assert taken == [3, 1, 2]  # refused at the third batch, not after the last
+    got = extagg.aggregate(pd.DataFrame({"k": [1, 2.5, None, 1], "v": [1, 2, 3, 4]},
+                                        dtype=object), "k", {"s": ("v", "sum")})  # fmt: skip
+    assert dict(zip(*got.to_pydict().values())) == {1.0: 5, 2.5: 2, None: 3}
