@@ -393,6 +393,25 @@ class _Parser:
         if func is pc.divide or func is pc.remainder:
             right = self._null_if_zero(right)
         left_type, right_type = self.type_of(left), self.type_of(right)
+        if (
+            func not in _ORDER
+            and pa.types.is_decimal128(left_type)
+            and pa.types.is_decimal128(right_type)
+        ):
+            try:
+                self.type_of(func(left, right))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                # a result past 38 digits (``decimal(38, 10) * 2``, as Parquet's widest
+                # decimals are): in 256-bit decimals, as DuckDB and Spark answer it
+                left = self.cast(left, _decimal256(left_type))
+                right = self.cast(right, _decimal256(right_type))
+                try:
+                    self.type_of(func(left, right))
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                    # past 76 digits (``decimal(38, 10) * decimal(38, 2)``): as doubles, as
+                    # a decimal beside a float is (Spark would drop decimals to fit 38)
+                    left, right = self.cast(left, pa.float64()), self.cast(right, pa.float64())
+                left_type, right_type = self.type_of(left), self.type_of(right)
         if func in _CHECKED:
             return self._checked(self.call(func, left, right, at=at), func, left, right, at)
         if func not in _ORDER or not (
