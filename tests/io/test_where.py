@@ -774,7 +774,7 @@ def test_bad_intervals_are_usage_errors(text, words):
     assert words in str(err.value)
 
 
-WIDE = pa.table({
+DECIMALS_38 = pa.table({
     "i": [1, 2],
     "d": pa.array([Decimal("1.5"), Decimal("2.25")], pa.decimal128(38, 10)),
     "e": pa.array([Decimal("3"), Decimal("3")], pa.decimal128(38, 2)),
@@ -797,4 +797,4 @@ def test_arithmetic_of_38_digit_decimals(text, expected):
     would pass 38 digits, and every such expression was refused ("'*' does not apply to
     decimal128(38, 10) and decimal128(1, 0)"); DuckDB answers them. They are computed in
     256-bit decimals, past 76 digits as doubles."""
-    assert bound_kept(text, WIDE) == expected
+    assert bound_kept(text, DECIMALS_38) == expected
