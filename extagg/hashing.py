@@ -22,6 +22,7 @@ Everything else raises ``TypeError`` naming the type.
 
 from __future__ import annotations
 
+import decimal
 import enum
 import struct
 from collections.abc import Hashable, Sequence
@@ -106,7 +107,8 @@ def stable_hash(key: Any) -> int:
     Parameters
     ----------
     key
-        None, bool, int, float, str, bytes, or a tuple of these (NumPy scalars as their value).
+        None, bool, int, float, str, bytes, Decimal, or a tuple of these (NumPy scalars as
+        their value).
 
     Returns
     -------
@@ -159,11 +161,27 @@ def stable_hash(key: Any) -> int:
         value = key.item()
         if type(value) is not kind:  # a long double's item() is itself: no Python equivalent
             return stable_hash(value)
+    if isinstance(key, decimal.Decimal):
+        return _hash_decimal(key)
     raise TypeError(
         f"extagg.hashing cannot hash a key of type {kind.__module__}.{kind.__qualname__}: "
-        "deterministic hashes are defined for None, bool, int, float, str, bytes and tuples "
-        "of these"
+        "deterministic hashes are defined for None, bool, int, float, str, bytes, Decimal "
+        "and tuples of these"
     )
+
+
+def _hash_decimal(key: decimal.Decimal) -> int:
+    """A decimal by value, equal where Python holds it equal: an integral one as that int
+    (``Decimal('7.00') == 7``), one a float holds exactly as that float (``Decimal('1.5')``),
+    others by Python's numeric ``hash()``, which no ``PYTHONHASHSEED`` changes."""
+    if key.is_nan():
+        return _hash_float(float("nan"))
+    if key.is_finite() and key == key.to_integral_value():
+        return _hash_int(int(key))
+    as_float = float(key)
+    if key == as_float:
+        return _hash_float(as_float)
+    return fmix64((hash(key) & M64) ^ OBJECT_TAG)
 
 
 #: arrays of at most this many keys are hashed by :func:`stable_hash`, key by key

@@ -11,11 +11,13 @@ before it: nothing is added twice.
 
 The state rows are ``key → tuple of state columns``; :meth:`StatefulAggregate.results` (or
 :func:`finish_states`) turns them into the requested outputs. Keys and state values must be
-types the state codec stores (None, bool, int, float, str, bytes, tuples of these).
+types the state codec stores (None, bool, int, float, str, bytes, Decimal, tuples of these):
+decimal columns stay exact, as keys and as sums, as in Spark.
 """
 
 from __future__ import annotations
 
+import decimal
 import functools
 import logging
 import math
@@ -40,25 +42,41 @@ log = logging.getLogger(__name__)
 OPERATOR_NAME = "extagg.spark.stateful_aggregate"
 
 
+#: decimal sums of running totals: exact (the default context keeps 28 digits; Spark's
+#: sums have up to 38)
+_EXACT = decimal.Context(prec=80)
+
+
 def _add(a: Any, b: Any) -> Any:
     if a is None:
         return b
     if b is None:
         return a
+    if isinstance(a, decimal.Decimal) or isinstance(b, decimal.Decimal):
+        if isinstance(a, float) or isinstance(b, float):  # a state kept as doubles before
+            return float(a) + float(b)
+        return _EXACT.add(a, b)
     return a + b
 
 
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
-def _add_in_int64(output: str, a: Any, b: Any) -> Any:
-    """:func:`_add`, an integer total outside ``int64`` a :class:`SumOverflowError` (Spark's
+def _add_in_int64(output: str, limit: decimal.Decimal | None, a: Any, b: Any) -> Any:
+    """:func:`_add`, an integer total outside ``int64`` or a decimal one of ``limit`` or more
+    (its type's digits: ``decimal(p + 10, s)``) a :class:`SumOverflowError` (Spark's
     ARITHMETIC_OVERFLOW; within one batch the engine raises it, across batches this does)."""
     total = _add(a, b)
     if type(total) is int and not _INT64[0] <= total <= _INT64[1]:
         raise SumOverflowError(
             f"aggregate {output!r}: the running total {total} leaves int64 across "
             "micro-batches ([ARITHMETIC_OVERFLOW] in Spark); nothing of this batch is committed"
+        )
+    if limit is not None and isinstance(total, decimal.Decimal) and abs(total) >= limit:
+        raise SumOverflowError(
+            f"aggregate {output!r}: the running total {total} has more digits than its "
+            "decimal type holds across micro-batches ([ARITHMETIC_OVERFLOW] in Spark); nothing "
+            "of this batch is committed"
         )
     return total
 
@@ -189,7 +207,6 @@ class StatefulAggregate:
                 f"has committed only up to batch {last}: the Spark checkpoint and the state "
                 "checkpoint do not belong together"
             )
-        batch_df = _decimals_as_doubles(batch_df)
         partial_df, plan = partial_aggregate(batch_df, self.by, self.aggs, memory=self.memory)
         self._plan = plan
         states_df = final_aggregate(partial_df, plan, keep_states=True)
@@ -220,39 +237,13 @@ class StatefulAggregate:
     # ------------------------------------------------------------------ reading
     def state_columns(self, schema: Any) -> list[str]:
         """The state column names for a stream of ``schema``."""
-        plan = AggregationPlan(_state_schema(schema), self.by, self.aggs, 1)
+        plan = AggregationPlan(schema, self.by, self.aggs, 1)
         return [name for o in plan.outputs for name in o.final]
 
     def results(self, schema: Any, batch_id: int | None = None) -> dict[Any, dict[str, Any]]:
         """``key → {output: value}`` of the committed state (default: the last batch)."""
-        plan = AggregationPlan(_state_schema(schema), self.by, self.aggs, 1)
+        plan = AggregationPlan(schema, self.by, self.aggs, 1)
         return finish_states(plan, read_state(self.checkpoint.path, batch_id=batch_id))
-
-
-def _state_schema(schema: Any) -> Any:
-    """``schema`` with its decimal columns as doubles: the state store keeps numbers, strings
-    and bytes, so a stream's decimals are aggregated as doubles (``extagg.spark.aggregate``
-    keeps them exact)."""
-    from pyspark.sql import types as T
-
-    return T.StructType(
-        [
-            T.StructField(f.name, T.DoubleType(), f.nullable)
-            if isinstance(f.dataType, T.DecimalType)
-            else f
-            for f in schema.fields
-        ]
-    )
-
-
-def _decimals_as_doubles(df: Any) -> Any:
-    from pyspark.sql import functions as F
-    from pyspark.sql import types as T
-
-    for f in df.schema.fields:
-        if isinstance(f.dataType, T.DecimalType):
-            df = df.withColumn(f.name, F.col(f.name).cast("double"))
-    return df
 
 
 def _identity(value: Any) -> Any:
@@ -266,9 +257,19 @@ def _state_merge(plan: AggregationPlan, name: str) -> Callable[[Any, Any], Any]:
             if op in (_min, _max):
                 return functools.partial(_nan_aware, op)
             if op is _add and o.func == "sum":  # a mean's sum is Spark's double: no limit
-                return functools.partial(_add_in_int64, o.output)
+                return functools.partial(_add_in_int64, o.output, _decimal_limit(plan, name))
             return op
     raise KeyError(name)
+
+
+def _decimal_limit(plan: AggregationPlan, name: str) -> decimal.Decimal | None:
+    """The least magnitude a decimal state column ``name`` cannot hold (None: not decimal)."""
+    from pyspark.sql import types as T
+
+    typ = plan.state_schema[name].dataType
+    if not isinstance(typ, T.DecimalType):
+        return None
+    return decimal.Decimal(10) ** (typ.precision - typ.scale)
 
 
 def _merge_states(merges: list[Callable[[Any, Any], Any]]) -> Callable[[Any, Any], Any]:
@@ -306,7 +307,13 @@ def finish_states(plan: AggregationPlan, rows: Any) -> dict[Any, dict[str, Any]]
                 values[o.output] = state[f"{p}_s"]
             elif o.func == "mean":
                 n, s = state[f"{p}_n"] or 0, state[f"{p}_s"]
-                values[o.output] = s / n if n else None
+                if isinstance(s, decimal.Decimal) and n:  # Spark's avg: s + 4 digits, half up
+                    scale = plan.final_schema[o.output].dataType.scale
+                    exact = _EXACT.divide(s, decimal.Decimal(n))
+                    quantum = decimal.Decimal(1).scaleb(-scale)
+                    values[o.output] = exact.quantize(quantum, decimal.ROUND_HALF_UP, _EXACT)
+                else:
+                    values[o.output] = s / n if n else None
             elif o.func.startswith(("var", "std")):
                 values[o.output] = _finish_moments(o.func, state[f"{p}_m"])
             else:

@@ -1,9 +1,9 @@
 """The deterministic key/value codec of state files.
 
 The same value always gives the same bytes, in every process: ``None``, ``bool``, ``int`` (any
-size), ``float``, ``str``, ``bytes``, and tuples and lists of these. Other values are pickled only
-when the operator was created with ``allow_pickle=True`` (pickle is neither deterministic for every
-type nor safe to load from untrusted files).
+size), ``float``, ``str``, ``bytes``, ``decimal.Decimal``, and tuples and lists of these. Other
+values are pickled only when the operator was created with ``allow_pickle=True`` (pickle is
+neither deterministic for every type nor safe to load from untrusted files).
 
 A key in a state file is ``stable_hash(key)`` as 8 big-endian bytes followed by the key's encoding,
 so the bytewise order of encoded keys *is* the file order: ascending ``stable_hash``, ties by the
@@ -13,12 +13,14 @@ Encoding (tag byte, then payload; lengths are LEB128 varints):
 ``00`` None · ``01`` False · ``02`` True · ``03`` int64 (8 bytes, big-endian) ·
 ``04`` other int (length, two's-complement big-endian bytes) · ``05`` float (8 bytes IEEE, one
 canonical NaN) · ``06`` str (length, UTF-8 with surrogatepass) · ``07`` bytes (length, bytes) ·
-``08`` tuple (count, elements) · ``09`` list (count, elements) · ``0A`` pickle (length, bytes).
+``08`` tuple (count, elements) · ``09`` list (count, elements) · ``0A`` pickle (length, bytes) ·
+``0B`` decimal (length, its ``str()`` in ASCII: digits and exponent as they are, ``1.50``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import decimal
 import math
 import pickle
 import struct
@@ -51,6 +53,7 @@ VALUE_CODEC = "extagg1"
 VALUE_CODEC_PICKLE = "extagg1+pickle"
 
 _NONE, _FALSE, _TRUE, _INT64, _BIGINT, _FLOAT, _STR, _BYTES, _TUPLE, _LIST, _PICKLE = range(11)
+_DECIMAL = 11
 
 _S_Q = struct.Struct(">q")
 _S_D = struct.Struct(">d")
@@ -120,13 +123,17 @@ def _encode_into(obj: Any, out: list[bytes], allow_pickle: bool) -> None:
         _encode_into(str.__str__(obj), out, allow_pickle)  # its value: not "Color.RED"
     elif isinstance(obj, (bytearray, memoryview)):
         _encode_into(bytes(obj), out, allow_pickle)
+    elif isinstance(obj, decimal.Decimal):  # a Spark decimal's exact value (money, long ids)
+        data = str(obj).encode("ascii")
+        out.append(bytes((_DECIMAL,)) + _varint(len(data)) + data)
     elif allow_pickle:
         data = pickle.dumps(obj, protocol=5)
         out.append(bytes((_PICKLE,)) + _varint(len(data)) + data)
     else:
         raise TypeError(
             f"the state codec cannot encode a value of type {kind.__module__}.{kind.__qualname__}: "
-            "supported are None, bool, int, float, str, bytes and tuples/lists of these; create "
+            "supported are None, bool, int, float, str, bytes, Decimal and tuples/lists of these; "
+            "create "
             "the operator with allow_pickle=True to store other values with pickle"
         )
 
@@ -224,6 +231,13 @@ def _decode_at(data: bytes, pos: int, allow_pickle: bool, depth: int) -> tuple[A
         size, pos = _read_varint(data, pos)
         raw, pos = _take(data, pos, size)
         return int.from_bytes(raw, "big", signed=True), pos
+    if tag == _DECIMAL:
+        size, pos = _read_varint(data, pos)
+        raw, pos = _take(data, pos, size)
+        try:
+            return decimal.Decimal(raw.decode("ascii")), pos
+        except (UnicodeDecodeError, decimal.InvalidOperation):
+            raise ValueError(f"invalid encoded decimal {raw[:40]!r}") from None
     if tag == _PICKLE:
         size, pos = _read_varint(data, pos)
         raw, pos = _take(data, pos, size)

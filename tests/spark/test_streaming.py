@@ -80,22 +80,43 @@ def test_running_deviation_of_values_with_a_large_mean_is_exact(tmp_path, spark)
     assert got["lone"] == {"sd": None, "vp": 0.0}
 
 
-def test_a_stream_of_decimals_keeps_doubles_in_its_state(tmp_path, spark):
-    """``extagg.spark.aggregate`` keeps decimals exact; the state store holds numbers, so a
-    stream's decimal columns are aggregated as doubles (as before)."""
+def test_a_stream_of_decimals_keeps_them_exact(tmp_path, spark):
+    """A stream's decimal columns were aggregated as doubles (the state held no decimals):
+    sums of money drifted, and decimal(20, 0) ids past 2^53 merged with their neighbours.
+    Keys and sums stay exact now; ``mean`` is Spark's ``avg`` (s + 4 digits, half up), and a
+    running sum past its type's digits is Spark's overflow, the batch uncommitted."""
     from decimal import Decimal
 
+    from extagg.errors import SumOverflowError
     from extagg.spark import StatefulAggregate
+    from extagg.state import Checkpoint
 
-    schema = "k decimal(10,0), v decimal(10,2)"
+    schema = "k decimal(20,0), v decimal(10,2)"
     running = StatefulAggregate(
-        ["k"], {"s": ("v", "sum"), "m": ("v", "mean")}, str(tmp_path / "state")
-    )
-    batches = [[(Decimal(7), Decimal("1.25"))], [(Decimal(7), Decimal("2.50"))]]
+        ["k"], {"s": ("v", "sum"), "m": ("v", "mean"), "hi": ("v", "max")},
+        str(tmp_path / "state"),
+    )  # fmt: skip
+    big = Decimal(2**53 + 1)
+    batches = [
+        [(big, Decimal("0.10")), (big - 1, Decimal("0.20")), (Decimal(7), Decimal("1.25"))],
+        [(big, Decimal("0.20")), (Decimal(7), Decimal("2.50")), (Decimal(7), Decimal("0.01"))],
+    ]
     for batch_id, rows in enumerate(batches):
-        running(spark.createDataFrame(rows, schema), batch_id)
+        running(spark.createDataFrame(rows, schema).repartition(2), batch_id)
     got = running.results(spark.createDataFrame(batches[0], schema).schema)
-    assert got == {7.0: {"s": 3.75, "m": 1.875}}
+    assert got == {
+        big: {"s": Decimal("0.30"), "m": Decimal("0.150000"), "hi": Decimal("0.20")},
+        big - 1: {"s": Decimal("0.20"), "m": Decimal("0.200000"), "hi": Decimal("0.20")},
+        Decimal(7): {"s": Decimal("3.76"), "m": Decimal("1.253333"), "hi": Decimal("2.50")},
+    }
+    assert all(type(k) is Decimal for k in got)
+    # decimal(38, 0) sums stay decimal(38, 0): 6e37 twice passes 38 digits across batches
+    wide = StatefulAggregate(["k"], {"s": ("v", "sum")}, str(tmp_path / "wide"))
+    one = spark.createDataFrame([(1, Decimal(6 * 10**37))], "k int, v decimal(38,0)")
+    wide(one, 0)
+    with pytest.raises(SumOverflowError, match=r"aggregate 's'.*more digits than its decimal"):
+        wide(one, 1)
+    assert Checkpoint(str(tmp_path / "wide")).last_committed_batch() == 0
 
 
 def test_a_running_count_distinct_is_refused_at_once(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import math
 import struct
+from decimal import Decimal
 
 import numpy as np
 import pytest
@@ -29,6 +30,7 @@ scalars = st.one_of(
     st.floats(allow_nan=True),
     st.text(),
     st.binary(),
+    st.decimals(allow_nan=True),
 )
 values = st.recursive(
     scalars,
@@ -39,7 +41,13 @@ values = st.recursive(
 )
 keys = st.recursive(
     st.one_of(
-        st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(), st.binary()
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.floats(allow_nan=False),
+        st.text(),
+        st.binary(),
+        st.decimals(allow_nan=False),
     ),
     lambda children: st.lists(children, max_size=3).map(tuple),
     max_leaves=8,
@@ -52,6 +60,8 @@ def same(a, b) -> bool:
         return False
     if isinstance(a, float) and math.isnan(a):
         return math.isnan(b)
+    if isinstance(a, Decimal):  # its digits and exponent too: 1.50 stays 1.50
+        return str(a) == str(b)
     if isinstance(a, (tuple, list)):
         return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
     return a == b
@@ -93,6 +103,17 @@ def test_the_format_is_pinned():
     assert encode_value((1, "a")) == b"\x08\x02" + encode_value(1) + encode_value("a")
     assert encode_value([None]) == b"\x09\x01\x00"
     assert encode_value("x" * 200)[:3] == b"\x06\xc8\x01"  # varint length 200
+    assert encode_value(Decimal("-1.50")) == b"\x0b\x05-1.50"
+
+
+def test_decimal_keys_hash_as_the_numbers_they_equal():
+    """A Spark decimal key (exact ids, money) is a state key now: it hashes as the int or
+    float it equals (``Decimal(7) == 7``, ``Decimal('1.5') == 1.5``), else by its value."""
+    assert stable_hash(Decimal(7)) == stable_hash(Decimal("7.00")) == stable_hash(7)
+    assert stable_hash(Decimal("1.5")) == stable_hash(1.5)
+    assert stable_hash(Decimal(2**53 + 1)) != stable_hash(Decimal(2**53))
+    assert stable_hash(Decimal("0.1")) == stable_hash(Decimal("0.10")) != stable_hash(0.1)
+    assert decode_key(encode_key(Decimal("12345678901234567891"))) == 12345678901234567891
 
 
 def test_every_nan_encodes_the_same_and_decodes_to_one_object():
@@ -155,6 +176,7 @@ def test_keys_need_a_deterministic_hash():
         (b"\x08\x05\x00", "claims 5 elements"),
         (b"\x09\x01" * 300 + b"\x00", "nested too deeply"),
         (b"\x0a\x02ab", "does not allow pickle"),
+        (b"\x0b\x021x", "invalid encoded decimal"),
     ],
 )
 def test_malformed_encodings_raise_value_error(data, message):
