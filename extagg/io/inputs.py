@@ -843,12 +843,30 @@ def _zoned(texts: pa.Array, to: pa.DataType) -> pa.Array:
         return texts.cast(to)
     naive = pa.timestamp(to.unit)
     walls = pc.if_else(with_offset, pa.scalar(None, pa.string()), texts).cast(naive)
-    local = pc.assume_timezone(walls, timezone=to.tz, ambiguous="earliest",
-                               nonexistent="latest")  # fmt: skip
+    local = wall_time_instants(walls, to.tz)
     if not pc.any(with_offset).as_py():
         return local
     instants = pc.if_else(with_offset, texts, pa.scalar(None, pa.string())).cast(to)
     return pc.if_else(with_offset, instants, local)
+
+
+def wall_time_instants(walls: pa.Array, zone: str) -> pa.Array:
+    """Naive timestamps ``walls`` read as wall times in ``zone``: one a clock change repeats
+    is the earlier instant, one it skips is moved forward by the gap (``02:15:30`` on a
+    spring-forward night is ``03:15:30``), as Spark, DuckDB and Python's ``fold=0`` read
+    them. (Arrow's ``nonexistent="latest"`` made every skipped time the change's instant,
+    so distinct values merged.)"""
+    import pyarrow.compute as pc
+
+    before = pc.assume_timezone(walls, timezone=zone, ambiguous="earliest",
+                                nonexistent="earliest")  # fmt: skip
+    after = pc.assume_timezone(walls, timezone=zone, ambiguous="earliest", nonexistent="latest")
+    skipped = pc.not_equal(before, after)
+    if not pc.any(skipped).as_py():
+        return after
+    # ``before`` is the last instant ahead of the gap: the wall time past it, added to it
+    moved = pc.add(before, pc.subtract(walls, pc.local_timestamp(before)))
+    return pc.if_else(skipped, moved, after)
 
 
 def _decimal_point(text: _TextFile) -> str:

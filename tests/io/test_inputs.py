@@ -1675,6 +1675,32 @@ def test_a_zoned_timestamp_type_reads_wall_times_in_that_zone(tmp_path, fmt):
     assert got.column("s").to_pylist() == [1, 2, 3, 4]
 
 
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_wall_times_a_clock_change_skips_move_forward_by_the_gap(tmp_path, fmt):
+    """Wall times in a spring-forward gap (02:00-03:00 in Paris on 2024-03-31) all became
+    03:00, so distinct values merged and ``--where`` (which reads a literal so: 02:30 is
+    03:30) matched none of them. Each moves forward by the gap now, as in DuckDB and Spark."""
+    rows = [("2024-03-31 02:15:30", 1), ("2024-03-31 02:59:59", 2), ("2024-03-31 02:30:00", 3),
+            ("2024-03-31 01:59:59", 4)]  # fmt: skip
+    src = tmp_path / f"t.{fmt}"
+    if fmt == "csv":
+        src.write_text("t,v\n" + "".join(f"{t},{v}\n" for t, v in rows))
+    else:
+        src.write_text("".join(json.dumps({"t": t, "v": v}) + "\n" for t, v in rows))
+    zoned = {"t": pa.timestamp("s", tz="Europe/Paris")}
+    got = extagg.aggregate_files(str(src), by="t", aggs=["s=sum(v)"], sort=True,
+                                 column_types=zoned).read_all()  # fmt: skip
+    utc = datetime.timezone.utc
+    assert [t.astimezone(utc).time() for t in got.column("t").to_pylist()] == [
+        datetime.time(0, 59, 59), datetime.time(1, 15, 30), datetime.time(1, 30),
+        datetime.time(1, 59, 59),
+    ]  # fmt: skip
+    assert got.column("s").to_pylist() == [4, 1, 3, 2]
+    kept = extagg.aggregate_files(str(src), aggs=["n=count(*)"], column_types=zoned,
+                                  where="t = '2024-03-31 02:30:00'").read_all()  # fmt: skip
+    assert kept.column("n").to_pylist() == [1]
+
+
 def test_a_value_that_does_not_fit_a_given_type_says_the_type_was_given(tmp_path):
     """The hint said the type "was inferred from the first block; give it with
     --column-types" when --column-types or --schema had given it."""
