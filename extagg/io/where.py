@@ -297,6 +297,32 @@ class _Parser:
             return self.call(pc.add, left, zero), values
         return left, value_set
 
+    def _quoted_values_read(self, left: pc.Expression, values: list[Any], at: _Tok) -> list[Any]:
+        """An ``in`` list's quoted values beside others (``d in ('2024-03-01', date
+        '2024-03-02')``, ``v in (1, '2')``) read as the type of what they are tested
+        against, one by one: the list of mixed values had no one type."""
+        if self._empty is None or not any(isinstance(v, str) for v in values):
+            return values
+        if all(isinstance(v, str) or v is None for v in values):
+            return values  # one type: fit_in reads them all
+        left_type = self.type_of(self.decoded(left))
+        if pa.types.is_string(left_type) or pa.types.is_large_string(left_type):
+            return values
+        out = []
+        for v in values:
+            if not isinstance(v, str):
+                out.append(v)
+                continue
+            try:
+                out.append(_read_as(v, left_type))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, ValueError):
+                raise ExpressionError(
+                    f"{v!r} in the values of 'in' cannot be read as {left_type}, the type of "
+                    "what they are tested against",
+                    self.text, at.pos,
+                ) from None  # fmt: skip
+        return out
+
     def decoded(self, expr: pc.Expression) -> pc.Expression:
         """``expr`` as its values if it is a dictionary column (a pandas categorical, an Arrow
         file's dictionary): Arrow's ``is_in`` and ``match_like`` take no dictionaries."""
@@ -699,7 +725,16 @@ class _Parser:
             while self.take_op(","):
                 values.append(self.literal_value())
             self.expect_op(")")
-            value_set = _value_set(values)
+            values = self._quoted_values_read(left, values, at)
+            try:
+                value_set = _value_set(values)
+            except ValueError as exc:
+                if self._empty is not None:
+                    raise ExpressionError(str(exc), self.text, at.pos) from None
+                # parsed without the input's types: its quoted values are read as the
+                # column's type once they are known (bind); a stand-in until then
+                shown = [v.as_py() if isinstance(v, pa.Scalar) else v for v in values]
+                value_set = pa.array([None if v is None else str(v) for v in shown])
             if self._empty is not None:
                 left, value_set = self.fit_in(left, value_set, at)
             # SQL's three values: null in (...) is null; x in (..., null) is true if x is in

@@ -798,3 +798,26 @@ def test_arithmetic_of_38_digit_decimals(text, expected):
     decimal128(38, 10) and decimal128(1, 0)"); DuckDB answers them. They are computed in
     256-bit decimals, past 76 digits as doubles."""
     assert bound_kept(text, DECIMALS_38) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("d in ('1998-09-02', date '1998-01-01')", [1, 2]),
+        ("i in (1, '3')", [1, 3]),
+        ("i not in (1, '3', null)", []),
+        ("m in ('0.05', 0.07)", [2, 3]),
+    ],
+)
+def test_in_lists_mixing_quoted_and_typed_values(text, expected):
+    """A quoted value beside a typed one in an ``in`` list was refused with a library
+    message, exit 1 ("the values of 'in (...)' do not share one type: Expected bytes, got a
+    'datetime.date' object"); each quoted value is read as the column's type now (DuckDB)."""
+    assert bound_kept(text) == expected
+
+
+def test_an_in_list_value_that_does_not_read_is_a_usage_error_at_the_in():
+    with pytest.raises(ExpressionError) as err:
+        parse_expression("i in (1, 'x')").bind(TABLE.schema)
+    assert "'x' in the values of 'in' cannot be read as int64" in str(err.value)
+    assert err.value.position == 2
