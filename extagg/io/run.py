@@ -226,7 +226,7 @@ class FileQuery:
             for batch in agg.results():
                 m.groups += batch.num_rows
                 if self.having is not None:
-                    batch = _filter(batch, self.having.expression)
+                    batch = _having(batch, self.having)
                 m.rows_out += batch.num_rows
                 self._sync(agg, started)
                 if progress is not None:
@@ -447,6 +447,16 @@ def _files_named(files: Sequence[str]) -> str:
     if len(files) == 1:
         return files[0]
     return f"{len(files)} files: {', '.join(files[:3])}{', ...' if len(files) > 3 else ''}"
+
+
+def _having(batch: pa.RecordBatch, having: ParsedExpression) -> pa.RecordBatch:
+    """The result rows ``having`` keeps: by its eager mask (Acero's filter printed "An input
+    buffer was poorly aligned" for every batch read back from a spill file), else by its
+    expression."""
+    mask = having.mask(batch)
+    if mask is None:
+        return _filter(batch, having.expression)
+    return batch if mask.true_count == len(mask) else batch.filter(mask)
 
 
 def _filter(batch: pa.RecordBatch, expr: Any) -> pa.RecordBatch:
