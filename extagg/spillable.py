@@ -529,6 +529,16 @@ class Spillable(MemoryConsumer, ABC, Generic[B]):
         if limit is not None:
             wanted = min(wanted, max(limit, 2 * per_source))
         granted = self.acquire_memory(wanted)
+        if isinstance(self.failure, SpillError):
+            # a spill failed (disk full, the spill cap): another would too. What was folded
+            # is still read, in one pass (a pass more would write runs), its buffers beyond
+            # the grant if they must be: the promise is that it stays readable
+            if granted < wanted:
+                log.warning(
+                    "%s reads its results after %s with %s of merge buffers beyond its grant",
+                    self.name, type(self.failure).__name__, format_size(wanted - granted),
+                )  # fmt: skip
+            return max(2, num_sources), granted
         if granted < wanted and spill_rest is not None:
             with self.lock:
                 if spill_rest():

@@ -677,3 +677,31 @@ def test_results_read_on_after_close_raise_instead_of_ending_early(spill_dir, en
         for item in results:
             read.append(item)
     assert files_under(spill_dir) == []
+
+
+@pytest.mark.parametrize("typed", [True, False])
+def test_the_map_stays_readable_after_its_spill_cap(tmp_path, typed):
+    """After a ``SpillError`` (``max_spill_bytes`` reached) the docs promise that what was
+    folded can still be read; reading tried to spill the map's rows once more before its
+    merge and raised the same ``SpillError``. It now merges them as they are, in one pass."""
+    import operator
+
+    agg = (
+        Aggregator.reducing(operator.add)
+        if typed
+        else Aggregator(lambda v: [v], lambda c, v: [*c, v], lambda a, b: a + b)
+    )
+    records = [(i % 200_000, i) for i in range(600_000)]
+    m = ExternalAppendOnlyMap(agg, memory="2m", spill_dirs=[str(tmp_path)],
+                              max_spill_bytes="300k")  # fmt: skip
+    with pytest.raises(SpillError, match="spill cap"):
+        m.insert_all(records)
+    folded = m.metrics.records_read
+    assert 0 < folded < len(records)
+    expected: dict[int, int] = {}
+    for k, v in records[:folded]:
+        expected[k] = expected.get(k, 0) + v
+    got = {k: (v if typed else sum(v)) for k, v in m.iterator()}
+    assert got == expected
+    m.close()
+    assert not list(tmp_path.rglob("*.run"))
