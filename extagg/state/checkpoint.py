@@ -115,7 +115,8 @@ class OperatorMetadata:
 
     @classmethod
     def read(cls, path: str) -> OperatorMetadata:
-        """Parse a metadata file; ``ValueError`` naming the file when it is not one."""
+        """Parse a metadata file; :class:`~extagg.errors.CorruptFileError` (a ``ValueError``)
+        naming the file when it is not one."""
         try:
             with open(path, encoding="utf-8") as handle:
                 data = json.load(handle)
@@ -142,9 +143,12 @@ class OperatorMetadata:
         except (OSError, UnicodeDecodeError) as exc:
             if isinstance(exc, FileNotFoundError):
                 raise
-            raise ValueError(f"cannot read operator metadata {path}: {exc}") from exc
+            raise CorruptFileError(path, None, f"cannot read operator metadata: {exc}") from exc
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ValueError(f"invalid operator metadata {path}: {exc}") from exc
+            # a CorruptFileError (a ValueError, as this was) names the file, as for the
+            # state's other files
+            reason = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+            raise CorruptFileError(path, None, f"invalid operator metadata: {reason}") from exc
 
     def write(self, path: str) -> None:
         """Write atomically (temp file + rename); ``StateStoreCommitError`` names the file."""

@@ -353,6 +353,7 @@ def open_version_with_fallback(
         files.paths = list(paths)
         records = open_version(paths, label, fan_in)
         try:
+            _check_small_snapshot(paths, label)
             first = next(records, None)
             if first is not None:
                 try:
@@ -368,6 +369,27 @@ def open_version_with_fallback(
             _start, paths = chain
             continue
         return _chained(first, records)
+
+
+#: a snapshot of at most this many bytes that starts a chain is read through once before its
+#: records go out: damage anywhere in it (a truncated end) then falls back to an older chain,
+#: as the provider's ``get_store`` does, instead of raising after rows have gone out
+SMALL_SNAPSHOT_BYTES = 4 << 20
+
+
+def _check_small_snapshot(paths: Sequence[str], label: str) -> None:
+    """Read the chain's snapshot through (all its checks) if it is small; raises
+    :class:`~extagg.errors.CorruptFileError` where it is damaged."""
+    if not paths or not paths[0].endswith(".snapshot"):
+        return
+    try:
+        if os.path.getsize(paths[0]) > SMALL_SNAPSHOT_BYTES:
+            return
+    except OSError:
+        return  # opening it says what is wrong
+    with _open_reader(paths[0], label) as reader:
+        for _record in reader:
+            pass
 
 
 def _chained(first: tuple[bytes, bytes] | None, rest: LiveRecords) -> LiveRecords:

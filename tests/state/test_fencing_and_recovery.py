@@ -234,6 +234,9 @@ def _corrupt(path: Path, where: str) -> None:
         writer.commit()
         return
     data = bytearray(path.read_bytes())
+    if where == "truncated end":
+        path.write_bytes(bytes(data[:-5]))
+        return
     index = 3 if where == "header" else len(data) - 6
     data[index] ^= 0xFF
     path.write_bytes(bytes(data))
@@ -352,6 +355,25 @@ def test_temp_files_of_a_killed_metadata_write_go_on_the_next_open(tmp_path: Pat
     assert not os.path.exists(stale)
 
 
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [(b"garbage", "Expecting value"), (b'{"format": "x"}', "format is 'x'"),
+     (b"\xff\xfe", "cannot read operator metadata")],
+)  # fmt: skip
+def test_a_damaged_operator_metadata_file_is_a_corrupt_file_error(
+    tmp_path: Path, content: bytes, reason: str
+) -> None:
+    """A garbage ``_metadata/metadata`` raised a plain ``ValueError``; the state's other
+    files raise ``CorruptFileError`` naming the file (still a ``ValueError``)."""
+    checkpoint = Checkpoint(tmp_path / "ckpt")
+    checkpoint.operator(0, name="op", num_partitions=1)
+    Path(checkpoint.metadata_path(0)).write_bytes(content)
+    with pytest.raises(CorruptFileError) as info:
+        Checkpoint(tmp_path / "ckpt").operator_metadata(0)
+    assert info.value.path == checkpoint.metadata_path(0)
+    assert reason in str(info.value)
+
+
 def _host() -> str:
     """This host (and PID namespace) as state temp file names give it."""
     from extagg.state import atomic
@@ -430,11 +452,17 @@ def test_an_operator_opens_where_its_metadata_lock_cannot_be_made(
     assert Checkpoint(tmp_path).operator(0).metadata.operator_name == "t"
 
 
+@pytest.mark.parametrize("where", ["header", "truncated end"])
 def test_read_state_and_state_show_fall_back_past_a_corrupt_snapshot(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    where: str,
 ) -> None:
     """The readers rebuild a version from an older chain as the provider does, rather than
-    making a version its deltas still hold unreadable; a chosen snapshot is not replaced."""
+    making a version its deltas still hold unreadable; a chosen snapshot is not replaced.
+    A small snapshot is read through first: its truncated end (found after its first rows
+    had gone out) raised, where ``get_store`` fell back."""
     from extagg.state import read_state
     from extagg.state.cli import main as state_main
 
@@ -452,7 +480,7 @@ def test_read_state_and_state_show_fall_back_past_a_corrupt_snapshot(
     provider.close()
     directory = Path(operator.provider(0).directory)
     assert {"3.snapshot", "6.snapshot"} <= set(state_files(directory))
-    _corrupt(directory / "6.snapshot", "header")
+    _corrupt(directory / "6.snapshot", where)
     with caplog.at_level(logging.WARNING, logger="extagg.state"):
         assert {row.key: row.value for row in read_state(checkpoint.path)} == state
         assert state_main(["show", str(checkpoint.path), "--format", "csv"]) == 0
