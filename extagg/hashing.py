@@ -22,6 +22,7 @@ Everything else raises ``TypeError`` naming the type.
 
 from __future__ import annotations
 
+import datetime as dt
 import decimal
 import enum
 import struct
@@ -107,8 +108,8 @@ def stable_hash(key: Any) -> int:
     Parameters
     ----------
     key
-        None, bool, int, float, str, bytes, Decimal, or a tuple of these (NumPy scalars as
-        their value).
+        None, bool, int, float, str, bytes, Decimal, date, datetime, timedelta, or a tuple
+        of these (NumPy scalars as their value).
 
     Returns
     -------
@@ -163,11 +164,39 @@ def stable_hash(key: Any) -> int:
             return stable_hash(value)
     if isinstance(key, decimal.Decimal):
         return _hash_decimal(key)
+    if isinstance(key, (dt.date, dt.timedelta)):
+        return _hash_temporal(key)
     raise TypeError(
         f"extagg.hashing cannot hash a key of type {kind.__module__}.{kind.__qualname__}: "
-        "deterministic hashes are defined for None, bool, int, float, str, bytes, Decimal "
-        "and tuples of these"
+        "deterministic hashes are defined for None, bool, int, float, str, bytes, Decimal, "
+        "date, datetime, timedelta and tuples of these"
     )
+
+
+#: what a date, a naive datetime, one with a zone and a timedelta mix into their count's hash
+#: (none of them equals another type's value, nor an int)
+_TEMPORAL_TAGS = {"date": 0xDA7E, "naive": 0xDA7E71, "aware": 0xDA7E72, "delta": 0xDE17A}
+
+
+def _hash_temporal(key: dt.date | dt.timedelta) -> int:
+    """A date by its day, a datetime by its microsecond (an aware one by its instant: equal
+    instants in two zones are equal), a timedelta by its microseconds: not by Python's
+    ``hash()``, which ``PYTHONHASHSEED`` changes for them."""
+    if isinstance(key, dt.datetime):
+        if key.tzinfo is None or key.utcoffset() is None:
+            count, tag = (key - _EPOCH) // _MICRO, _TEMPORAL_TAGS["naive"]
+        else:
+            count, tag = (key - _EPOCH_UTC) // _MICRO, _TEMPORAL_TAGS["aware"]
+    elif isinstance(key, dt.date):
+        count, tag = key.toordinal(), _TEMPORAL_TAGS["date"]
+    else:
+        count, tag = key // _MICRO, _TEMPORAL_TAGS["delta"]
+    return fmix64((_hash_int(count) ^ tag) & M64)
+
+
+_EPOCH = dt.datetime(1970, 1, 1)
+_EPOCH_UTC = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_MICRO = dt.timedelta(microseconds=1)
 
 
 def _hash_decimal(key: decimal.Decimal) -> int:

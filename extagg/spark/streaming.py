@@ -11,8 +11,9 @@ before it: nothing is added twice.
 
 The state rows are ``key → tuple of state columns``; :meth:`StatefulAggregate.results` (or
 :func:`finish_states`) turns them into the requested outputs. Keys and state values must be
-types the state codec stores (None, bool, int, float, str, bytes, Decimal, tuples of these):
-decimal columns stay exact, as keys and as sums, as in Spark.
+types the state codec stores (None, bool, int, float, str, bytes, Decimal, date, datetime,
+timedelta, tuples of these): decimal columns stay exact, as keys and as sums, as in Spark, and
+date and timestamp columns are keys and min/max/first/last values.
 """
 
 from __future__ import annotations

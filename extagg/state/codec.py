@@ -1,7 +1,8 @@
 """The deterministic key/value codec of state files.
 
 The same value always gives the same bytes, in every process: ``None``, ``bool``, ``int`` (any
-size), ``float``, ``str``, ``bytes``, ``decimal.Decimal``, and tuples and lists of these. Other
+size), ``float``, ``str``, ``bytes``, ``decimal.Decimal``, ``datetime.date``/``datetime``/
+``timedelta``, and tuples and lists of these. Other
 values are pickled only when the operator was created with ``allow_pickle=True`` (pickle is
 neither deterministic for every type nor safe to load from untrusted files).
 
@@ -14,12 +15,17 @@ Encoding (tag byte, then payload; lengths are LEB128 varints):
 ``04`` other int (length, two's-complement big-endian bytes) · ``05`` float (8 bytes IEEE, one
 canonical NaN) · ``06`` str (length, UTF-8 with surrogatepass) · ``07`` bytes (length, bytes) ·
 ``08`` tuple (count, elements) · ``09`` list (count, elements) · ``0A`` pickle (length, bytes) ·
-``0B`` decimal (length, its ``str()`` in ASCII: digits and exponent as they are, ``1.50``).
+``0B`` decimal (length, its ``str()`` in ASCII: digits and exponent as they are, ``1.50``) ·
+``0C`` date (8 bytes: days since 1970-01-01) · ``0D`` naive datetime (8 bytes: microseconds
+since 1970-01-01 00:00 of its wall clock) · ``0E`` datetime with a zone (8 bytes: microseconds
+since the epoch, UTC; read back in UTC) · ``0F`` timedelta (8 bytes its days, 8 bytes the
+microseconds past them).
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import decimal
 import math
 import pickle
@@ -53,7 +59,11 @@ VALUE_CODEC = "extagg1"
 VALUE_CODEC_PICKLE = "extagg1+pickle"
 
 _NONE, _FALSE, _TRUE, _INT64, _BIGINT, _FLOAT, _STR, _BYTES, _TUPLE, _LIST, _PICKLE = range(11)
-_DECIMAL = 11
+_DECIMAL, _DATE, _NAIVE_DATETIME, _UTC_DATETIME, _TIMEDELTA = 11, 12, 13, 14, 15
+_EPOCH_DATE = dt.date(1970, 1, 1)
+_EPOCH = dt.datetime(1970, 1, 1)
+_EPOCH_UTC = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_MICRO = dt.timedelta(microseconds=1)
 
 _S_Q = struct.Struct(">q")
 _S_D = struct.Struct(">d")
@@ -123,6 +133,19 @@ def _encode_into(obj: Any, out: list[bytes], allow_pickle: bool) -> None:
         _encode_into(str.__str__(obj), out, allow_pickle)  # its value: not "Color.RED"
     elif isinstance(obj, (bytearray, memoryview)):
         _encode_into(bytes(obj), out, allow_pickle)
+    elif isinstance(obj, dt.datetime):  # before date: a datetime is a date too
+        if obj.tzinfo is None or obj.utcoffset() is None:
+            out.append(bytes((_NAIVE_DATETIME,)) + _pack_q((obj - _EPOCH) // _MICRO))
+        else:
+            out.append(bytes((_UTC_DATETIME,)) + _pack_q((obj - _EPOCH_UTC) // _MICRO))
+    elif isinstance(obj, dt.date):  # Spark's date and timestamp columns
+        out.append(bytes((_DATE,)) + _pack_q(obj.toordinal() - _EPOCH_DATE.toordinal()))
+    elif isinstance(obj, dt.timedelta):  # a day-time interval's sum
+        out.append(
+            bytes((_TIMEDELTA,))
+            + _pack_q(obj.days)
+            + _pack_q(obj.seconds * 10**6 + obj.microseconds)
+        )
     elif isinstance(obj, decimal.Decimal):  # a Spark decimal's exact value (money, long ids)
         data = str(obj).encode("ascii")
         out.append(bytes((_DECIMAL,)) + _varint(len(data)) + data)
@@ -132,8 +155,8 @@ def _encode_into(obj: Any, out: list[bytes], allow_pickle: bool) -> None:
     else:
         raise TypeError(
             f"the state codec cannot encode a value of type {kind.__module__}.{kind.__qualname__}: "
-            "supported are None, bool, int, float, str, bytes, Decimal and tuples/lists of these; "
-            "create "
+            "supported are None, bool, int, float, str, bytes, Decimal, date, datetime, timedelta "
+            "and tuples/lists of these; create "
             "the operator with allow_pickle=True to store other values with pickle"
         )
 
@@ -207,8 +230,8 @@ def _decode_at(data: bytes, pos: int, allow_pickle: bool, depth: int) -> tuple[A
     if tag == _FLOAT:
         if pos + 8 > len(data):
             raise ValueError("encoded float is truncated")
-        value = _unpack_d(data, pos)[0]
-        return (CANONICAL_NAN if value != value else value), pos + 8
+        number = _unpack_d(data, pos)[0]
+        return (CANONICAL_NAN if number != number else number), pos + 8
     if tag == _FALSE:
         return False, pos
     if tag == _TRUE:
@@ -231,6 +254,23 @@ def _decode_at(data: bytes, pos: int, allow_pickle: bool, depth: int) -> tuple[A
         size, pos = _read_varint(data, pos)
         raw, pos = _take(data, pos, size)
         return int.from_bytes(raw, "big", signed=True), pos
+    if tag in (_DATE, _NAIVE_DATETIME, _UTC_DATETIME, _TIMEDELTA):
+        width = 16 if tag == _TIMEDELTA else 8
+        if pos + width > len(data):
+            raise ValueError("encoded date or time is truncated")
+        count = _unpack_q(data, pos)[0]
+        try:
+            if tag == _DATE:
+                value: Any = dt.date.fromordinal(_EPOCH_DATE.toordinal() + count)
+            elif tag == _NAIVE_DATETIME:
+                value = _EPOCH + count * _MICRO
+            elif tag == _UTC_DATETIME:
+                value = _EPOCH_UTC + count * _MICRO
+            else:
+                value = dt.timedelta(days=count, microseconds=_unpack_q(data, pos + 8)[0])
+        except (ValueError, OverflowError):
+            raise ValueError(f"encoded date or time {count} is out of range") from None
+        return value, pos + width
     if tag == _DECIMAL:
         size, pos = _read_varint(data, pos)
         raw, pos = _take(data, pos, size)

@@ -139,3 +139,32 @@ def test_a_running_global_aggregate_keeps_one_state_row(tmp_path, spark):
     running(batch, 1)
     running(batch.where("v < 0"), 2)
     assert running.results(batch.schema) == {(): {"n": 4, "s": 24}}
+
+
+def test_a_stream_keyed_by_a_date_keeps_timestamps(tmp_path, spark):
+    """A stream grouped by a date column, or keeping the max of a timestamp, failed at its
+    first batch ("cannot hash a key of type datetime.date", "the state codec cannot encode
+    a value of type datetime.datetime")."""
+    import datetime as dt
+
+    from extagg.spark import StatefulAggregate
+
+    schema = "d date, t timestamp, v long"
+    running = StatefulAggregate(
+        ["d"], {"n": ("*", "count"), "last_t": ("t", "max"), "first_t": ("t", "min")},
+        str(tmp_path / "state"),
+    )  # fmt: skip
+    day, other = dt.date(2024, 1, 2), dt.date(2024, 1, 3)
+    batches = [
+        [(day, dt.datetime(2024, 1, 2, 10), 1), (other, dt.datetime(2024, 1, 3, 9), 2)],
+        [(day, dt.datetime(2024, 1, 2, 23, 59, 59, 5), 3), (day, None, 4)],
+    ]
+    for batch_id, rows in enumerate(batches):
+        running(spark.createDataFrame(rows, schema), batch_id)
+    got = running.results(spark.createDataFrame(batches[0], schema).schema)
+    assert got == {
+        day: {"n": 3, "last_t": dt.datetime(2024, 1, 2, 23, 59, 59, 5),
+              "first_t": dt.datetime(2024, 1, 2, 10)},
+        other: {"n": 1, "last_t": dt.datetime(2024, 1, 3, 9),
+                "first_t": dt.datetime(2024, 1, 3, 9)},
+    }  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 import math
 import struct
@@ -31,6 +32,10 @@ scalars = st.one_of(
     st.text(),
     st.binary(),
     st.decimals(allow_nan=True),
+    st.dates(),
+    st.datetimes(),
+    st.datetimes(timezones=st.just(dt.timezone(dt.timedelta(hours=2)))),
+    st.timedeltas(),
 )
 values = st.recursive(
     scalars,
@@ -48,6 +53,9 @@ keys = st.recursive(
         st.text(),
         st.binary(),
         st.decimals(allow_nan=False),
+        st.dates(),
+        st.datetimes(),
+        st.timedeltas(),
     ),
     lambda children: st.lists(children, max_size=3).map(tuple),
     max_leaves=8,
@@ -104,6 +112,27 @@ def test_the_format_is_pinned():
     assert encode_value([None]) == b"\x09\x01\x00"
     assert encode_value("x" * 200)[:3] == b"\x06\xc8\x01"  # varint length 200
     assert encode_value(Decimal("-1.50")) == b"\x0b\x05-1.50"
+    assert encode_value(dt.date(1970, 1, 2)) == b"\x0c" + (1).to_bytes(8, "big")
+    assert encode_value(dt.datetime(1970, 1, 1, 0, 0, 1)) == b"\x0d" + (10**6).to_bytes(8, "big")
+    paris_summer = dt.timezone(dt.timedelta(hours=2))
+    assert encode_value(dt.datetime(1970, 1, 1, 2, tzinfo=paris_summer)) == b"\x0e" + bytes(8)
+    day = 86_400 * 10**6
+    assert encode_value(dt.timedelta(microseconds=-1)) == b"\x0f" + b"\xff" * 8 + (
+        day - 1
+    ).to_bytes(8, "big")
+
+
+def test_dates_and_times_are_state_keys_and_values():
+    """A stream grouped by a date, or keeping the max of a timestamp, failed at its first
+    batch ("cannot hash a key of type datetime.date", "cannot encode datetime.datetime"):
+    they are stored by their day or microsecond; an aware datetime by its instant, read back
+    in UTC, so equal instants are one key."""
+    aware = dt.datetime(2024, 1, 1, 12, tzinfo=dt.timezone(dt.timedelta(hours=1)))
+    utc = dt.datetime(2024, 1, 1, 11, tzinfo=dt.timezone.utc)
+    assert stable_hash(aware) == stable_hash(utc) and encode_key(aware) == encode_key(utc)
+    assert decode_value(encode_value(aware)) == aware
+    assert stable_hash(dt.date(2024, 1, 1)) != stable_hash(dt.datetime(2024, 1, 1))
+    assert stable_hash(dt.date(2024, 1, 1)) != stable_hash(dt.date(2024, 1, 1).toordinal())
 
 
 def test_decimal_keys_hash_as_the_numbers_they_equal():
@@ -171,12 +200,14 @@ def test_keys_need_a_deterministic_hash():
         (b"\x06\x05ab", "ends early"),
         (b"\x06\x02\xff\xfe", "invalid UTF-8"),
         (b"\x06\x80", "ends inside a length"),
-        (b"\x0f", "unknown type tag 0x0f"),
+        (b"\x1f", "unknown type tag 0x1f"),
         (b"\x00\x00", "unexpected bytes"),
         (b"\x08\x05\x00", "claims 5 elements"),
         (b"\x09\x01" * 300 + b"\x00", "nested too deeply"),
         (b"\x0a\x02ab", "does not allow pickle"),
         (b"\x0b\x021x", "invalid encoded decimal"),
+        (b"\x0c\x00\x01", "date or time is truncated"),
+        (b"\x0c" + (10**9).to_bytes(8, "big"), "out of range"),
     ],
 )
 def test_malformed_encodings_raise_value_error(data, message):

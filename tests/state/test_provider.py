@@ -514,7 +514,7 @@ def test_undecodable_records_raise_corrupt_file_error(tmp_path, mm):
 
     for name, value, message in [
         ("pickled", encode_value({1}, allow_pickle=True), "does not allow pickle"),
-        ("unknown", b"\x0f", "unknown type tag 0x0f"),
+        ("unknown", b"\x1f", "unknown type tag 0x1f"),
     ]:
         directory = tmp_path / name
         directory.mkdir()
