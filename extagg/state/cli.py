@@ -198,33 +198,9 @@ def _table_cell(value: Any) -> str:
     return _text_cell(value).translate(_TABLE_ESCAPES)
 
 
-def _unique_names(names: Sequence[str]) -> list[str]:
-    """``names`` with repeats numbered as pandas numbers repeated CSV headers (``sum``,
-    ``sum.1``): an aggregation buffer has one ``sum`` per ``sum()``, and a JSON object built
-    by name kept only the last of them."""
-    seen: dict[str, int] = {}
-    unique = []
-    taken = set(names)
-    for name in names:
-        if name not in seen:
-            seen[name] = 0
-            unique.append(name)
-            continue
-        number = seen[name]
-        while True:
-            number += 1
-            candidate = f"{name}.{number}"
-            if candidate not in taken:
-                break
-        seen[name] = number
-        taken.add(candidate)
-        unique.append(candidate)
-    return unique
-
-
 def _json_value(value: Any) -> Any:
     if isinstance(value, spark_state.SparkRow):
-        names = _unique_names(value.__fields__)
+        names = spark_state.unique_names(value.__fields__)
         return {name: _json_value(item) for name, item in zip(names, value)}
     if isinstance(value, float) and not math.isfinite(value):
         # JSON has no such numbers (bare NaN is refused by strict readers): Spark's strings

@@ -127,3 +127,33 @@ def test_resumed_query_continues_the_totals(spark, bootstrapped):
     assert os.path.isfile(os.path.join(checkpoint, "commits", "1"))  # batch 1 ran on our state
     after = {row[0][0]: tuple(row[1]) for row in read_state(checkpoint, batch_id=1)}
     assert after == expected
+
+
+def test_an_aggregation_buffer_with_repeated_names_exports_as_parquet_spark_reads(tmp_path):
+    """Spark's buffer of ``count(*), sum(x), avg(y)`` has ``count, sum, sum, count``: the
+    Parquet export and ``read_state(...).to_arrow()`` kept the repeated names, which Spark
+    refused to read back ([COLUMN_ALREADY_EXISTS]) and pyarrow to turn into dicts. They are
+    numbered there, as the CSV and JSON Lines output already did (``sum.1``)."""
+    import pyarrow.parquet as pq
+
+    from extagg.state.cli import main as state_main
+    from extagg.state.spark import read_state
+
+    ckpt = tmp_path / "ckpt"
+    fields = [("count", "long"), ("sum", "double"), ("sum", "double"), ("count", "long")]
+    value = {
+        "type": "struct",
+        "fields": [{"name": n, "type": t, "nullable": True, "metadata": {}} for n, t in fields],
+    }
+    write_state(ckpt, 0, KEY_SCHEMA, value, [(("a",), (3, 1.5, 6.0, 2))], num_partitions=2)
+    rows = read_state(str(ckpt)).to_arrow().to_pylist()
+    assert rows[0]["value"] == {"count": 3, "sum": 1.5, "sum.1": 6.0, "count.1": 2}
+    out = tmp_path / "state.parquet"
+    assert state_main(["export", str(ckpt), "-o", str(out)]) == 0
+    names = pq.read_table(out).schema.field("value").type
+    assert [names.field(i).name for i in range(names.num_fields)] == [
+        "count",
+        "sum",
+        "sum.1",
+        "count.1",
+    ]

@@ -30,6 +30,7 @@ from extagg.state.spark.types import (
     UnsupportedSparkTypeError,
     parse_schema,
     to_arrow_type,
+    unique_names,
 )
 from extagg.state.spark.unsaferow import RowDecoder, RowEncoder, SparkRow
 from extagg.state.spark.writer import write_state
@@ -59,5 +60,6 @@ __all__ = [
     "read_metadata",
     "read_state",
     "to_arrow_type",
+    "unique_names",
     "write_state",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,7 @@ __all__ = [
     "parse_type",
     "parse_schema",
     "to_arrow_type",
+    "unique_names",
     "MAX_LONG_DIGITS",
 ]
 
@@ -310,6 +312,30 @@ def parse_schema(text: str | dict[str, Any]) -> StructType:
     return parsed
 
 
+def unique_names(names: Sequence[str]) -> list[str]:
+    """``names`` with repeats numbered as pandas numbers repeated CSV headers (``sum``,
+    ``sum.1``): an aggregation buffer has one ``sum`` per ``sum()``, and a JSON object built
+    by name kept only the last of them."""
+    seen: dict[str, int] = {}
+    unique = []
+    taken = set(names)
+    for name in names:
+        if name not in seen:
+            seen[name] = 0
+            unique.append(name)
+            continue
+        number = seen[name]
+        while True:
+            number += 1
+            candidate = f"{name}.{number}"
+            if candidate not in taken:
+                break
+        seen[name] = number
+        taken.add(candidate)
+        unique.append(candidate)
+    return unique
+
+
 def to_arrow_type(data_type: SparkType) -> Any:
     """The PyArrow type extagg gives a column of ``data_type``.
 
@@ -321,7 +347,8 @@ def to_arrow_type(data_type: SparkType) -> Any:
     Returns
     -------
     pyarrow.DataType
-        The matching Arrow type (structs, lists and maps recursively).
+        The matching Arrow type (structs, lists and maps recursively; a struct's repeated
+        field names numbered: ``sum``, ``sum.1``).
     """
     import pyarrow as pa
 
@@ -344,8 +371,15 @@ def to_arrow_type(data_type: SparkType) -> Any:
     if isinstance(data_type, DecimalType):
         return pa.decimal128(data_type.precision, data_type.scale)
     if isinstance(data_type, StructType):
+        # repeated names numbered (an aggregation buffer's ``sum``, ``sum.1``): Spark could not
+        # read a Parquet file of the struct back ([COLUMN_ALREADY_EXISTS]), nor pyarrow turn it
+        # into Python dicts
+        names = unique_names([f.name for f in data_type.fields])
         return pa.struct(
-            [pa.field(f.name, to_arrow_type(f.data_type), f.nullable) for f in data_type.fields]
+            [
+                pa.field(name, to_arrow_type(f.data_type), f.nullable)
+                for name, f in zip(names, data_type.fields)
+            ]
         )
     if isinstance(data_type, ArrayType):
         return pa.list_(to_arrow_type(data_type.element_type))
