@@ -51,7 +51,7 @@ from extagg.columnar.functions import (
     resolve,
 )
 from extagg.errors import SumOverflowError
-from extagg.memory import resolve_task_memory_manager
+from extagg.memory import check_engine_budget, resolve_task_memory_manager
 from extagg.spark.merger import report_spill
 from extagg.spark.settings import local_workers_run_this_python, worker_budget
 
@@ -565,7 +565,8 @@ def _require_dataframe(df: Any, function: str) -> None:
 
 def _budget(df: Any, memory: int | str | None) -> int:
     if memory is not None:
-        return parse_size(memory, name="memory")
+        # below the engines' minimum: refused at the call, not in every Python worker
+        return check_engine_budget(parse_size(memory, name="memory"))
     sc = df.sparkSession.sparkContext
     return worker_budget(sc.getConf(), sc.master)
 

@@ -494,3 +494,13 @@ def test_a_global_aggregate_is_one_row_as_df_agg(spark, engine):
         got = es.aggregate(empty, [], ["n=count(*)", "s=sum(v)", "d=count_distinct(k)"],
                            engine=engine).collect()  # fmt: skip
         assert [tuple(r) for r in got] == [(0, None, 0)]
+
+
+def test_a_budget_below_the_engines_minimum_is_refused_at_the_call(spark):
+    """``memory="256k"`` started the job and failed in every Python worker (a BudgetError
+    wrapped in a PythonException); it is refused on the driver now, as a bad column is."""
+    from extagg.errors import BudgetError
+
+    df = spark.range(10).selectExpr("id % 2 k", "id v")
+    with pytest.raises(BudgetError, match="below the engines' working minimum"):
+        es.aggregate(df, ["k"], ["s=sum(v)"], memory="256k")
