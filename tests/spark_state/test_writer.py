@@ -157,3 +157,27 @@ def test_an_aggregation_buffer_with_repeated_names_exports_as_parquet_spark_read
         "sum.1",
         "count.1",
     ]
+
+
+@pytest.mark.parametrize("damage", ["cut 1", "cut 4", "flip end checksum"])
+def test_a_damaged_end_of_a_state_file_is_a_corrupt_file_error(tmp_path, damage):
+    """The rows of a file end with Spark's end-of-file marker before the LZ4 stream's end
+    block; the reader stopped at the marker, so a file cut in its end block, or with that
+    block damaged, read as whole. The stream is read to its end now."""
+    from extagg.errors import CorruptFileError
+
+    ckpt = tmp_path / "ckpt"
+    write_state(ckpt, 0, KEY_SCHEMA, VALUE_SCHEMA, [(("a",), (1, 2)), (("b",), (3, 4))],
+                num_partitions=1)  # fmt: skip
+    files = [p for p in ckpt.rglob("*") if p.suffix in (".delta", ".snapshot")]
+    assert files and len(read_state(str(ckpt)).to_list()) == 2
+    for path in files:  # the version's delta and its snapshot: whichever is read
+        data = bytearray(path.read_bytes())
+        if damage.startswith("cut"):
+            data = data[: -int(damage.split()[1])]
+        else:
+            data[-2] ^= 0x40
+        path.write_bytes(bytes(data))
+    with pytest.raises(CorruptFileError) as info:
+        read_state(str(ckpt)).to_list()
+    assert info.value.path in {str(p) for p in files}

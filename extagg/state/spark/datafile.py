@@ -60,6 +60,10 @@ def iter_records(path: str, snapshot: bool) -> Iterator[tuple[bytes, bytes | Non
                 )
             (key_size,) = unpack(buffer, pos)
             if key_size == -1:
+                # the compressed stream read to its end: its end block checked (a file cut in
+                # it, or with its checksum damaged, read as whole; Spark's reader stops here)
+                for _rest in chunks:
+                    pass
                 return
             if key_size < 0:
                 raise CorruptFileError(path, consumed + pos, f"key size cannot be {key_size}")
