@@ -443,6 +443,7 @@ class HashAggregator(Spillable[ColumnBlock]):
                             self._update_coded(rb, coded)
                             continue
                         known = {name: t for name, (_kind, t) in self._schema.items()}
+                        rb = _widened_to(rb, known)
                         cols = to_columns(rb, self._needed, known)
                         self._check_schema(cols)
                     self._update_columns(cols, rb.num_rows)
@@ -1460,3 +1461,32 @@ def _runs_start_at(paths: list[str], part: int) -> bool:
 def _has_null_typed(rb: pa.RecordBatch, names: list[str]) -> bool:
     index = rb.schema.get_field_index
     return any(index(n) >= 0 and pa.types.is_null(rb.schema.field(n).type) for n in names)
+
+
+def _widened_to(rb: pa.RecordBatch, known: dict[str, pa.DataType]) -> pa.RecordBatch:
+    """``rb`` with a number column whose type differs from the first batch's cast to it,
+    where every value fits (chunked reads give ``int32`` then ``int64``, or ``int64`` then
+    ``double`` for a chunk with a null; each refused the run: "changed type between update()
+    calls"). A value that does not fit is a ``TypeError`` naming the column and both types."""
+    out = rb
+    for name, to in known.items():
+        i = rb.schema.get_field_index(name)
+        if i < 0:
+            continue
+        have = rb.schema.field(i).type
+        if have == to or not (_numeric(have) and _numeric(to)):
+            continue
+        try:
+            column = rb.column(i).cast(to)  # safe: fails on overflow or a lost fraction
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise TypeError(
+                f"column {name!r} changed type between update() calls: it was {to}, this "
+                f"batch has {have} with values {to} cannot hold ({exc}); cast the input "
+                "to one type"
+            ) from None
+        out = out.set_column(i, rb.schema.field(i).with_type(to), column)
+    return out
+
+
+def _numeric(t: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t))

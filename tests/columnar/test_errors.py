@@ -66,13 +66,26 @@ def test_sum_of_strings_names_column_and_type() -> None:
         aggregate(ts, keys="k", aggs={"m": ("t", "mean")}, memory="8m")
 
 
-def test_schema_change_between_updates() -> None:
+def test_number_columns_that_change_type_between_updates_are_cast_where_they_fit() -> None:
+    """Chunked reads give ``int32`` then ``int64``, or ``int64`` then ``double`` for a chunk
+    with a null: each was refused ("changed type between update() calls"), where DuckDB and
+    Spark widen. A batch is cast to the first one's types where every value fits; a value
+    that does not (a fraction for an integer column, an overflow) is still refused."""
     with HashAggregator("k", {"s": ("v", "sum")}, memory="8m") as agg:
         agg.update({"k": np.arange(3, dtype=np.int64), "v": np.ones(3)})
-        with pytest.raises(TypeError, match=r"column 'k' changed type.*int64.*int32"):
-            agg.update({"k": np.arange(3, dtype=np.int32), "v": np.ones(3)})
-        with pytest.raises(TypeError, match=r"column 'v' changed type.*double.*int64"):
-            agg.update({"k": np.arange(3, dtype=np.int64), "v": np.arange(3)})
+        agg.update({"k": np.arange(3, dtype=np.int32), "v": np.ones(3)})
+        agg.update({"k": np.arange(3, dtype=np.int64), "v": np.arange(3)})
+        agg.update(pa.table({"k": [2, None], "v": pa.array([1.5, None], pa.float32())}))
+        with pytest.raises(TypeError, match=r"column 'k' changed type.*int64.*double"):
+            agg.update({"k": np.array([0.5]), "v": np.ones(1)})
+        with pytest.raises(TypeError, match=r"column 'k' changed type.*int64.*uint64"):
+            agg.update({"k": np.array([2**63], dtype=np.uint64), "v": np.ones(1)})
+        got = pa.Table.from_batches(list(agg.results())).to_pydict()
+    assert dict(zip(got["k"], got["s"])) == {0: 2.0, 1: 3.0, 2: 5.5, None: None}
+    with HashAggregator("k", {"s": ("v", "sum")}, memory="8m") as agg:
+        agg.update({"k": np.arange(3), "v": np.arange(3)})
+        with pytest.raises(TypeError, match=r"column 'v' changed type.*int64.*double.*1\.5"):
+            agg.update({"k": np.arange(1), "v": np.array([1.5])})
 
 
 def test_string_and_large_string_batches_mix() -> None:
