@@ -203,6 +203,22 @@ def type_name(arrow_type: pa.DataType) -> str:
     return str(arrow_type)
 
 
+def key_names(keys: Any) -> list[str]:
+    """The key column names ``keys`` gives: one name, or a sequence of them (empty: a global
+    aggregate); anything else is a ``TypeError`` saying so (``keys=None`` raised "'NoneType'
+    object is not iterable")."""
+    if isinstance(keys, str):
+        return [keys]
+    if not isinstance(keys, (bytes, Mapping)) and hasattr(keys, "__iter__"):
+        names = list(keys)
+        if all(isinstance(k, str) for k in names):
+            return names
+    raise TypeError(
+        f"keys must be a column name or a list of them ([] for one row over all input), not "
+        f"{keys!r}"
+    )
+
+
 def column_kind(arrow_type: pa.DataType) -> str | None:
     """The :data:`KINDS` entry of an Arrow type, or ``None`` if unsupported."""
     t = pa.types

@@ -33,7 +33,7 @@ from extagg._config import format_size
 from extagg._interrupts import deferred_interrupts
 from extagg.columnar import functions as F
 from extagg.columnar.buffers import IO_COPIES
-from extagg.columnar.columns import Column, iter_record_batches, to_columns
+from extagg.columnar.columns import Column, iter_record_batches, key_names, to_columns
 from extagg.columnar.hash_aggregator import HashAggregator
 from extagg.columnar.keys import KeyLayout
 from extagg.columnar.partition_files import (
@@ -96,7 +96,7 @@ class DistinctAggregator:
         name: str | None = None,
         **options: Any,
     ) -> None:
-        self.keys = [keys] if isinstance(keys, str) else list(keys)
+        self.keys = key_names(keys)
         requests = F.parse_aggs(aggs, distinct=True, states=True)
         self._outputs = [r.output for r in requests]
         clash = set(self._outputs) & set(self.keys)

@@ -56,7 +56,13 @@ from extagg.columnar.buffers import (
     plan_buffers,
 )
 from extagg.columnar.coded_keys import CODED_ROW_BYTES, CodedKeys, CodedLookup, coded_keys
-from extagg.columnar.columns import Column, ReusedArrays, iter_record_batches, to_columns
+from extagg.columnar.columns import (
+    Column,
+    ReusedArrays,
+    iter_record_batches,
+    key_names,
+    to_columns,
+)
 from extagg.columnar.growth import (
     enlarge_empty,
     grow_arena_or_spill,
@@ -214,7 +220,7 @@ class HashAggregator(Spillable[ColumnBlock]):
         threads: int | None = None,
         name: str | None = None,
     ) -> None:
-        self.keys = [keys] if isinstance(keys, str) else list(keys)
+        self.keys = key_names(keys)
         self.threads = resolve_threads(threads) if self.keys else 1
         #: no count asked for (argument or EXTAGG_THREADS): threads only where they pay
         self._threads_auto = threads is None and env_int(THREADS_ENV) is None

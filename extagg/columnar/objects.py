@@ -38,6 +38,7 @@ from extagg.columnar.columns import (
     column_kind,
     is_dataset,
     iter_record_batches,
+    key_names,
     to_column,
 )
 from extagg.errors import SumOverflowError, UsageError
@@ -454,7 +455,7 @@ class ObjectAggregator:
         name: str | None = None,
         **options: Any,
     ) -> None:
-        self.keys = [keys] if isinstance(keys, str) else list(keys)
+        self.keys = key_names(keys)
         if not all(isinstance(k, str) for k in self.keys):
             raise TypeError(f"keys must be column names (strings), got {keys!r}")
         self._requests = F.parse_aggs(aggs, distinct=True)

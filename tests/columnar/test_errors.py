@@ -172,3 +172,10 @@ def test_a_source_that_is_no_table_nor_iterable_is_named(source):
 
     with pytest.raises(TypeError, match=r"aggregate\(\)'s source must be .* not builtins\."):
         extagg.aggregate(source, "k", {"n": ("*", "count")})
+
+
+@pytest.mark.parametrize("keys", [None, 5, ["k", 1], b"k"])
+def test_keys_that_are_not_column_names_say_so(keys) -> None:
+    """``keys=None`` raised "'NoneType' object is not iterable"."""
+    with pytest.raises(TypeError, match="keys must be a column name or a list of them"):
+        aggregate(pa.table({"k": [1], "v": [1]}), keys=keys, aggs={"s": ("v", "sum")})
