@@ -421,6 +421,9 @@ class InputScan:
         if fmt in ("csv", "tsv") and "CSV column #" in reason:
             given = text.given if text is not None else frozenset()
             hint = _csv_column_hint(reason, _file_column_names(path, text), given)
+            if text is not None:
+                sep = text.file_format.parse_options.delimiter
+                hint = _bad_value_line(reason, path, text.encoding, sep) + hint
         if fmt in ("csv", "tsv"):
             hint = _ragged_row_line(str(exc), path, text.encoding if text else None) + hint
         if fmt == "json" and "Failed to convert JSON" in reason:
@@ -517,6 +520,38 @@ def _ragged_row_line(reason: str, path: str, encoding: str | None) -> str:
 
 #: how long an error's path may read a CSV file again to find a ragged row's line
 RAGGED_ROW_SEARCH_S = 10.0
+
+_BAD_VALUE = re.compile(r"CSV column #(\d+): .*invalid value '(.*)'$", re.DOTALL)
+
+
+def _bad_value_line(reason: str, path: str, encoding: str | None, delimiter: str) -> str:
+    """Where the value of Arrow's ``In CSV column #1: ... invalid value 'abc'`` is in
+    ``path``: the line of the first row that holds it in that column (`` (line 600002)``,
+    as DuckDB names it), found by reading the file again with Python's CSV reader (on an
+    error's path only, for at most :data:`RAGGED_ROW_SEARCH_S`), or ``""``."""
+    match = _BAD_VALUE.search(reason)
+    if match is None:
+        return ""
+    import csv
+    import io
+    import time
+
+    index, value = int(match.group(1)), match.group(2)
+    give_up = time.monotonic() + RAGGED_ROW_SEARCH_S
+    try:
+        with _text_stream(path, encoding) as stream:
+            text = io.TextIOWrapper(stream, encoding="utf-8", errors="replace", newline="")
+            reader = csv.reader(text, delimiter=delimiter)
+            first = reader.line_num + 1
+            for count, row in enumerate(reader):
+                if len(row) > index and row[index] == value:
+                    return f" (line {first})"
+                first = reader.line_num + 1
+                if count % 65_536 == 0 and time.monotonic() > give_up:
+                    return ""
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError, csv.Error, ValueError):
+        pass
+    return ""
 
 
 def _csv_column_hint(reason: str, names: Sequence[str], given: Collection[str] = ()) -> str:
@@ -2106,6 +2141,7 @@ def open_input(
                 sep = format_of(path).parse_options.delimiter
                 file_names = names or _csv_header(path, sep, encoding)
                 hint = _csv_column_hint(reason, file_names, options["column_types"])
+                hint = _bad_value_line(reason, path, encoding, sep) + hint
             if fmt in ("csv", "tsv"):
                 hint = _ragged_row_line(str(exc), path, encoding) + hint
             raise InputError(f"cannot read {path} as {fmt}: {reason}{hint}", path=path) from exc

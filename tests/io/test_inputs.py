@@ -1803,3 +1803,20 @@ def test_tsv_files_beside_csv_files_are_read_by_tabs(tmp_path):
     assert got.to_pylist() == [{"k": "a", "s": 3}, {"k": "b", "s": 5}]
     with pytest.raises(QueryError, match="leave it out"):
         extagg.aggregate_files(paths[:2], by="k", aggs=["s=sum(v)"], delimiter=",").read_all()
+
+
+def test_a_csv_value_that_does_not_fit_its_column_names_its_line(tmp_path):
+    """ "In CSV column #1: ... invalid value 'abc'" named no row; DuckDB names the line. The
+    line is found by reading the file again (quoted newlines counted), past the sample too."""
+    src = tmp_path / "late.csv"
+    with open(src, "w") as f:
+        f.write('k,v\n"two\nlines",1\n')
+        f.writelines(f"a{i % 10},{i}\n" for i in range(600_000))
+        f.write("b,abc\n")
+    with pytest.raises(InputError, match=r"invalid value 'abc' \(line 600004\)"):
+        extagg.aggregate_files(str(src), by="k", aggs=["s=sum(v)"]).read_all()
+    small = tmp_path / "small.csv"
+    small.write_text("k,v\nc,2\nd,xyz\n")
+    with pytest.raises(InputError, match=r"invalid value 'xyz' \(line 3\)"):
+        extagg.aggregate_files(str(small), by="k", aggs=["s=sum(v)"],
+                               column_types="v:int64").read_all()  # fmt: skip
