@@ -315,7 +315,18 @@ def parse_schema(text: str | dict[str, Any]) -> StructType:
 def unique_names(names: Sequence[str]) -> list[str]:
     """``names`` with repeats numbered as pandas numbers repeated CSV headers (``sum``,
     ``sum.1``): an aggregation buffer has one ``sum`` per ``sum()``, and a JSON object built
-    by name kept only the last of them."""
+    by name kept only the last of them.
+
+    Parameters
+    ----------
+    names
+        The field names, in order.
+
+    Returns
+    -------
+    list of str
+        The same names, the second and later of each repeated name numbered.
+    """
     seen: dict[str, int] = {}
     unique = []
     taken = set(names)
