@@ -598,21 +598,23 @@ class Spillable(MemoryConsumer, ABC, Generic[B]):
             held = self.used
             files = list(self.runs.paths) if self._owns_spill_dirs else []
             size = 0
+            gone = 0  # removed already (the spill folders' cleanup at exit ran first)
             for path in files:
                 try:
                     size += os.path.getsize(path)
                 except OSError:
-                    pass
+                    gone += 1
             self.close()
             if held or files:
                 log.warning(
                     "%s was dropped without close(): released %s of memory grant and %d run "
-                    "file%s (%s) in %s; created at %s",
+                    "file%s (%s%s) in %s; created at %s",
                     self.name,
                     format_size(held),
                     len(files),
                     "" if len(files) == 1 else "s",
                     format_size(size),
+                    f"; {gone} removed already" if gone else "",
                     ", ".join(sorted({os.path.dirname(p) for p in files})) or "no spill dir",
                     self._created_at,
                 )
