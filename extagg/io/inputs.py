@@ -365,7 +365,9 @@ class InputScan:
                     except pa.ArrowInvalid as exc:
                         restart = _quoted_empty_past_sample(str(exc), path, text, parsed)
                         if restart is None:
-                            raise pa.ArrowInvalid(_row_of_file(str(exc), rows_before)) from exc
+                            raise pa.ArrowInvalid(
+                                _row_of_file(str(exc), rows_before, path, text.encoding)
+                            ) from exc
                         text = restart
                         break
                     if block is None:
@@ -600,15 +602,49 @@ def _file_column_names(path: str, text: _TextFile | None) -> list[str]:
 _BLOCK_ROW = re.compile(r" in row (\d+)$")
 
 
-def _row_of_file(reason: str, rows_before: int) -> str:
+def _row_of_file(
+    reason: str, rows_before: int, path: str | None = None, encoding: str | None = None
+) -> str:
     """Arrow's JSON error ``... in row N`` (N from 0, within the block parsed) as the row of
-    the file from 1, ``rows_before`` being the rows of the blocks before."""
+    the file from 1, ``rows_before`` being the rows of the blocks before; with ``path``, also
+    its line where blank lines (which are no rows) make them differ."""
     first, *rest = reason.split("\n", 1)
     m = _BLOCK_ROW.search(first)
     if m is None:
         return reason
     row = rows_before + int(m.group(1)) + 1
-    return "\n".join([f"{first[: m.start()]} in data row {row} of the file", *rest])
+    where = f"data row {row} of the file"
+    line = None if path is None else _json_row_line(path, encoding, row)
+    if line is not None and line != row:
+        where += f" (line {line}: blank lines are no rows)"
+    return "\n".join([f"{first[: m.start()]} in {where}", *rest])
+
+
+def _json_row_line(path: str, encoding: str | None, row: int) -> int | None:
+    """The line of a JSON Lines file's ``row``-th object (from 1; blank lines skipped), read
+    again on an error's path for at most :data:`RAGGED_ROW_SEARCH_S`; None if not found."""
+    import time
+
+    give_up = time.monotonic() + RAGGED_ROW_SEARCH_S
+    seen = number = 0
+    rest = b""
+    try:
+        with _text_stream(path, encoding) as stream:
+            while time.monotonic() < give_up:
+                chunk = stream.read(1 << 20)
+                lines = (rest + chunk).split(b"\n")
+                rest = lines.pop() if chunk else b""
+                for line in lines:
+                    number += 1
+                    if line.strip():
+                        seen += 1
+                        if seen == row:
+                            return number
+                if not chunk:
+                    return None
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError):
+        pass
+    return None
 
 
 _JSON_MIXED = re.compile(r"Column\(/?([^)]*)\) changed from (\w+) to (\w+)")
@@ -2134,7 +2170,7 @@ def open_input(
                     runs.add(path)
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-            reason, hint = _row_of_file(reason, 0), _mixed_json_hint(reason)
+            reason, hint = _row_of_file(reason, 0, path, encoding), _mixed_json_hint(reason)
             if "straddl" in reason or "increase block size" in reason:  # the sample's block
                 reason, hint = _long_record(reason, sample_bytes, "1/16")
             if fmt in ("csv", "tsv") and "CSV column #" in reason:

@@ -1820,3 +1820,18 @@ def test_a_csv_value_that_does_not_fit_its_column_names_its_line(tmp_path):
     with pytest.raises(InputError, match=r"invalid value 'xyz' \(line 3\)"):
         extagg.aggregate_files(str(small), by="k", aggs=["s=sum(v)"],
                                column_types="v:int64").read_all()  # fmt: skip
+
+
+def test_a_json_lines_error_after_blank_lines_names_the_line_too(tmp_path):
+    """Arrow counts objects, not lines: "in data row 3" pointed at line 3 where the bad
+    object was on line 6 (blank lines are no rows). The line is given beside the row."""
+    src = tmp_path / "b.jsonl"
+    src.write_text('{"k":"a","v":1}\n\n\n{"k":"b","v":2}\n\n{"k":"c",v:3}\n{"k":"d","v":4}\n')
+    with pytest.raises(InputError, match=r"data row 3 of the file \(line 6: blank lines"):
+        extagg.aggregate_files(str(src), by="k", aggs=["s=sum(v)"]).read_all()
+    big = tmp_path / "big.jsonl"  # the bad object past the sample, in a later block
+    with open(big, "w") as f:
+        f.writelines(f'{{"k":"a{i % 7}","v":{i}}}\n\n' for i in range(300_000))
+        f.write('{"k":"c",v:3}\n')
+    with pytest.raises(InputError, match=r"data row 300001 of the file \(line 600001: blank"):
+        extagg.aggregate_files(str(big), by="k", aggs=["s=sum(v)"]).read_all()
