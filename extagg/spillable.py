@@ -202,20 +202,31 @@ class RunSet(Generic[B]):
         and ``committed()`` (the engine forgets the rows it wrote) happen together, with
         Ctrl-C held back: an interrupt never leaves the rows both in a run and in memory.
         """
-        path = self.spill_dirs.new_path(prefix)
-        writer: RunWriter | None = None
-        try:
-            writer = RunWriter(
-                path, codec, compression=self.compression, spill_dirs=self.spill_dirs
-            )
-            write(writer)
-            info = writer.finish()
-        except BaseException:
-            if writer is not None:
-                writer.abort()
-            else:  # the header's write was interrupted: the writer never existed
-                self.spill_dirs.remove(path)
-            raise
+        while True:
+            path = self.spill_dirs.new_path(prefix)
+            writer: RunWriter | None = None
+            try:
+                writer = RunWriter(
+                    path, codec, compression=self.compression, spill_dirs=self.spill_dirs
+                )
+                write(writer)
+                info = writer.finish()
+                break
+            except SpillError as exc:
+                if writer is not None:
+                    writer.abort()
+                else:
+                    self.spill_dirs.remove(path)
+                # a full disk among several spill directories: the run again in another
+                # (the rows are still in memory); the last one full is the error
+                if not self.spill_dirs.set_aside_full(path, exc):
+                    raise
+            except BaseException:
+                if writer is not None:
+                    writer.abort()
+                else:  # the header's write was interrupted: the writer never existed
+                    self.spill_dirs.remove(path)
+                raise
         with deferred_interrupts():
             self.count(info)
             self.metrics.num_spill_files += 1

@@ -1495,3 +1495,27 @@ def test_having_on_spilled_results_prints_no_arrow_warnings(tmp_path, capfd):
     assert "poorly aligned" not in capfd.readouterr().err
     got = pq.read_table(out)
     assert got.num_rows > 0 and min(got.column("n").to_pylist()) > 2
+
+
+def test_a_full_spill_directory_is_passed_over_for_another(tmp_path, tiny_fs):
+    """With several spill directories, one disk full failed the whole run although another
+    had room; the run now goes on in the others (the engines' contract). The last full one
+    is still the error."""
+    import operator
+
+    from extagg import Aggregator, ExternalAppendOnlyMap
+
+    room = tmp_path / "room"
+    room.mkdir()
+    dirs = [str(tiny_fs), str(room)]
+    m = ExternalAppendOnlyMap(Aggregator.reducing(operator.add), memory="2m", spill_dirs=dirs)
+    m.insert_all((i % 300_000, i) for i in range(900_000))
+    assert m.metrics.spill_count > 10
+    got = dict(m.iterator())
+    assert len(got) == 300_000 and sum(got.values()) == sum(range(900_000))
+    m.close()
+    keys = np.arange(2_000_000) % 700_000
+    table = extagg.aggregate({"k": keys, "v": np.ones(2_000_000)}, keys="k",
+                             aggs={"s": ("v", "sum")}, memory="4m", spill_dirs=dirs)  # fmt: skip
+    assert table.num_rows == 700_000 and table.column("s").to_numpy().sum() == 2_000_000
+    assert not list(room.rglob("*.run")) and not list(tiny_fs.rglob("*.run"))

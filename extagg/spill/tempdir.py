@@ -312,6 +312,8 @@ class SpillDirs:
             else env_size("EXTAGG_MAX_SPILL_BYTES", None)
         )
         self._next = 0
+        #: the directories a write found full (left out of the rotation while others are not)
+        self._full: set[str] = set()
         self._files: dict[str, int] = {}
         self._lock = threading.Lock()
         _owners.add(self)
@@ -326,9 +328,28 @@ class SpillDirs:
         with self._lock:
             base = self.dirs[self._next % len(self.dirs)]
             self._next += 1
+            for _ in range(len(self.dirs) - 1):
+                if os.fspath(base) not in self._full:
+                    break
+                base = self.dirs[self._next % len(self.dirs)]
+                self._next += 1
             path = os.path.join(_acquire_subdir(base), f"{prefix}-{secrets.token_hex(8)}.run")
             self._files[path] = 0
             return path
+
+    def set_aside_full(self, path: str, error: BaseException) -> bool:
+        """After ``error`` writing ``path``: if it is a full disk (or quota) and another of
+        the directories is not known full, leave ``path``'s directory out of the rotation
+        and return True (write again elsewhere); else False."""
+        if getattr(error, "errno", None) not in (errno.ENOSPC, errno.EDQUOT):
+            return False
+        full = self.directory_of(path)
+        with self._lock:
+            self._full.add(full)
+            if all(os.fspath(d) in self._full for d in self.dirs):
+                return False
+        log.warning("spill directory %s is full; spilling to the others", full)
+        return True
 
     def charge(self, path: str, num_bytes: int) -> None:
         """Record ``num_bytes`` more written to ``path``; enforce the spill cap."""
