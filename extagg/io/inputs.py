@@ -2145,12 +2145,13 @@ def open_input(
                 per_file.append((path, typed))
             elif fmt == "json":
                 inferred = _text_schema(path, fmt, format_of(path))
-                per_file.append(
-                    (
-                        path,
-                        _json_temporal_types(path, format_of(path), inferred, read_cols, options),
-                    )
-                )
+                typed = _json_temporal_types(path, format_of(path), inferred, read_cols, options)
+                for name, given in options["column_types"].items():
+                    # a field the query reads, first set past the sample, declared (one it
+                    # does not read stays a typo: "did you mean")
+                    if name not in typed.names and name in read_cols:
+                        typed = typed.append(pa.field(name, given))
+                per_file.append((path, typed))
             elif fmt == "ipc" and is_ipc_stream(path):
                 with pa.OSFile(path, "rb") as source, pa.ipc.open_stream(source) as reader:
                     per_file.append((path, reader.schema))
@@ -2207,7 +2208,14 @@ def open_input(
     available = list(dict.fromkeys([n for _, s in per_file for n in s.names] + list(hive)))
     for name in [*needed, *filter_columns]:
         if name not in available:
-            raise unknown_column(name, available)
+            error = unknown_column(name, available)
+            if fmt == "json":  # its fields are those of the sample's objects
+                raise QueryError(
+                    f"{error}; a JSON Lines field first set past the first block of a file "
+                    f"(which the fields are read from) is not seen: declare it with "
+                    f"--column-types {name}:TYPE"
+                )
+            raise error
     for name in column_types or {}:  # a typo would leave the type it meant unused
         if name not in available:
             raise unknown_column(name, available, "column in --column-types")

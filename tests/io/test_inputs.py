@@ -1835,3 +1835,18 @@ def test_a_json_lines_error_after_blank_lines_names_the_line_too(tmp_path):
         f.write('{"k":"c",v:3}\n')
     with pytest.raises(InputError, match=r"data row 300001 of the file \(line 600001: blank"):
         extagg.aggregate_files(str(big), by="k", aggs=["s=sum(v)"]).read_all()
+
+
+def test_a_json_field_first_set_past_the_sample_can_be_declared(tmp_path):
+    """A field that first appears after the block the fields are read from was an unknown
+    column, even when --column-types gave its type; it is read with that type now, and the
+    unknown-column error says to declare it."""
+    src = tmp_path / "late.jsonl"
+    with open(src, "w") as f:
+        f.writelines(json.dumps({"k": f"k{i % 5}", "v": i}) + "\n" for i in range(300_000))
+        f.write(json.dumps({"k": "k1", "v": 1, "late": 5}) + "\n")
+    with pytest.raises(QueryError, match=r"unknown column 'late'.*--column-types late:TYPE"):
+        extagg.aggregate_files(str(src), by="k", aggs=["s=sum(late)"]).read_all()
+    got = extagg.aggregate_files(str(src), by="late", aggs=["n=count(*)"], sort=True,
+                                 column_types="late:int64").read_all()  # fmt: skip
+    assert got.to_pylist() == [{"late": 5, "n": 1}, {"late": None, "n": 300_000}]
