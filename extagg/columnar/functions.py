@@ -191,8 +191,27 @@ def _unquote(col: str) -> str:
 
 
 def agg_mapping(aggs: Any) -> Any:
-    """``aggs`` as ``{output: (column, function)}``: a mapping is returned as it is, a text
-    ``'n=count(*)'`` or a list of them is parsed (:func:`parse_agg_texts`)."""
+    """``aggs`` as ``{output: (column, function)}``: a text ``'n=count(*)'`` or a list of them
+    is parsed (:func:`parse_agg_texts`), as is a mapping's text value (``{"n": "count(*)"}``);
+    a bare function name is pandas' ``{column: function}`` (``{"v": "sum"}``: ``v = sum(v)``).
+    Any other mapping is returned as it is."""
+    if isinstance(aggs, Mapping) and any(isinstance(spec, str) for spec in aggs.values()):
+        out: dict[Any, Any] = {}
+        for output, spec in aggs.items():
+            if not isinstance(spec, str):
+                out[output] = spec
+            elif "(" in spec:
+                match = _AGG_TEXT.match(spec)
+                if match is None or match.group("name") is not None:
+                    raise QueryError(
+                        f"cannot read aggregate {output!r}: {spec!r}; write FUNC(COLUMN), e.g. "
+                        '{"n": "count(*)", "total": "sum(amount)"}'
+                    )
+                ((_, pair),) = parse_agg_texts([spec]).items()
+                out[output] = pair
+            else:
+                out[output] = (output, spec.strip())
+        return out
     if isinstance(aggs, str):
         return parse_agg_texts([aggs])
     if isinstance(aggs, Sequence) and aggs and all(isinstance(a, str) for a in aggs):
@@ -208,6 +227,7 @@ def parse_aggs(
     :data:`NO_AGGREGATES` is the one empty ``aggs`` accepted."""
     if aggs is NO_AGGREGATES:
         return []
+    aggs = agg_mapping(aggs)
     if not isinstance(aggs, Mapping) or not aggs:
         raise TypeError(
             'aggs must be a non-empty dict like {"total": ("amount", "sum"), "n": ("*", "count")}'

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import decimal
+import re
 
 import numpy as np
 import pandas as pd
@@ -25,10 +26,25 @@ def test_star_only_for_count() -> None:
         HashAggregator("k", {"s": ("*", "sum")}, memory="8m")
 
 
-@pytest.mark.parametrize("spec", [("v",), "sum", ("v", "sum", 1), (1, "sum")])
+@pytest.mark.parametrize("spec", [("v",), ("v", "sum", 1), (1, "sum")])
 def test_malformed_aggregate_spec(spec) -> None:
     with pytest.raises(TypeError, match="'s'"):
         HashAggregator("k", {"s": spec}, memory="8m")
+
+
+def test_aggregates_by_name_may_be_texts_or_pandas_function_names() -> None:
+    """``{"n": "count(*)"}`` and pandas' ``{"v": "sum"}`` were refused as malformed pairs."""
+    table = pa.table({"k": [1, 2, 1], "v": [1.0, 2.0, 3.0]})
+    aggs = {"v": "sum", "n": "count(*)", "top": 'max("v")', "c": ("v", "count")}
+    got = aggregate(table, keys="k", aggs=aggs, memory="8m").sort_by("k").to_pydict()
+    assert got == {"k": [1, 2], "v": [4.0, 2.0], "n": [2, 1], "top": [3.0, 2.0], "c": [2, 1]}
+    with HashAggregator("k", {"n": "count(*)"}, memory="8m") as aggregator:
+        aggregator.update(table)
+        result = pa.Table.from_batches(list(aggregator.results()))
+    assert result.sort_by("k").to_pydict() == {"k": [1, 2], "n": [2, 1]}
+    for bad in ("sum(v", "a=sum(v)"):
+        with pytest.raises(ValueError, match=rf"aggregate 'v': '{re.escape(bad)}'"):
+            aggregate(table, keys="k", aggs={"v": bad}, memory="8m")
 
 
 def test_output_name_clashes_with_key() -> None:
