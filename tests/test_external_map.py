@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from extagg import Aggregator, CorruptFileError, ExternalAppendOnlyMap, SpillError
+from extagg import Aggregator, CorruptFileError, ExternalAppendOnlyMap, MemoryLimitError, SpillError
 from extagg.hashing import order_hash
 from extagg.memory import MemoryConsumer, UnifiedMemoryManager, task_memory_manager
 
@@ -664,6 +664,16 @@ def test_records_of_256_kib_spill_and_merge_under_32_mib(spill_dir):
     assert len(got) == 500
     assert got[7] == bytes([7]) * (256 << 10) + bytes([507 % 256]) * (256 << 10)
     assert got[100] == bytes([100]) * (256 << 10)
+    assert not files_under(spill_dir)
+
+
+def test_a_hot_key_too_large_to_merge_is_named(spill_dir):
+    """One key's list combiner grows to nearly the budget: the spill that makes it unmergeable
+    names that key ('a record too large' named none, so the user could not find it)."""
+    appending = Aggregator(lambda v: [v], lambda c, v: (c.append(v), c)[1], lambda a, b: a + b)
+    m = ExternalAppendOnlyMap(appending, memory="32m", spill_dirs=[str(spill_dir)])
+    with m, pytest.raises(MemoryLimitError, match=r"the record of key 'hot', [\d.]+ MiB"):
+        m.insert_all(("hot", i * 1000 + 10**6) for i in range(3_000_000))
     assert not files_under(spill_dir)
 
 

@@ -442,18 +442,27 @@ class ExternalAppendOnlyMap(Spillable[ObjectBlock]):
     def spill_collection(self, size: int, reason: str) -> None:
         """Sort the current map by key hash and write it as a run; on failure keep it."""
         self.log_spill("in-memory map", size)
+        largest = self._map.largest_entry if self._map is not None else (0, None)
         self._spill_current_map(size, presize=True)
         self.metrics.memory_bytes_spilled += size
-        self._check_mergeable()
+        self._check_mergeable(largest)
 
-    def _check_mergeable(self) -> None:
+    def _check_mergeable(self, largest: tuple[int, Any]) -> None:
         """The merge holds two decoded batches at least: if the largest batch written (one
-        huge record) makes that exceed the budget, it can never succeed — say so now."""
+        huge record) makes that exceed the budget, it can never succeed — say so now, naming
+        the key of the largest record the spilled map held (``largest``: bytes, key)."""
         need = 2 * OBJECT_EXPANSION * self.runs.max_batch_bytes
         if need > self.budget.max_memory:
+            size, key = largest
+            record = (
+                f"the record of key {key!r:.60}, {format_size(size)} (key and combiner, "
+                "estimated), is too large for this budget"
+                if size > 0
+                else "a record too large for this budget"
+            )
             raise MemoryLimitError(
                 f"{self.name} spilled a batch of {format_size(self.runs.max_batch_bytes)} "
-                f"(a record too large for this budget): merging it will need "
+                f"({record}): merging it will need "
                 f"{format_size(need)} for two read buffers, more than the whole budget of "
                 f"{format_size(self.budget.max_memory)}; give the map more memory"
             )
