@@ -1482,8 +1482,12 @@ def _widened_to(rb: pa.RecordBatch, known: dict[str, pa.DataType]) -> pa.RecordB
         have = rb.schema.field(i).type
         if have == to or not (_numeric(have) and _numeric(to)):
             continue
+        original = rb.column(i)
         try:
-            column = rb.column(i).cast(to)  # safe: fails on overflow or a lost fraction
+            column = original.cast(to)  # safe: fails on overflow or a lost fraction
+            if pa.types.is_floating(to) and not _same_values(original, column.cast(have)):
+                # a float cast is not checked by Arrow: 0.1 as float32 is 0.10000000149…
+                raise pa.ArrowInvalid(f"a value changes in {to}")
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             raise TypeError(
                 f"column {name!r} changed type between update() calls: it was {to}, this "
@@ -1492,6 +1496,17 @@ def _widened_to(rb: pa.RecordBatch, known: dict[str, pa.DataType]) -> pa.RecordB
             ) from None
         out = out.set_column(i, rb.schema.field(i).with_type(to), column)
     return out
+
+
+def _same_values(original: pa.Array, round_trip: pa.Array) -> bool:
+    """Whether every value of ``original`` came back from a cast and back unchanged (NaN as
+    NaN, nulls as nulls)."""
+    import pyarrow.compute as pc
+
+    same = pc.equal(original, round_trip)
+    if pa.types.is_floating(original.type):
+        same = pc.or_(same, pc.and_(pc.is_nan(original), pc.is_nan(round_trip)))
+    return bool(pc.all(pc.fill_null(same, True)).as_py())
 
 
 def _numeric(t: pa.DataType) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import decimal
+import math
 import re
 
 import numpy as np
@@ -102,6 +103,24 @@ def test_number_columns_that_change_type_between_updates_are_cast_where_they_fit
         agg.update({"k": np.arange(3), "v": np.arange(3)})
         with pytest.raises(TypeError, match=r"column 'v' changed type.*int64.*double.*1\.5"):
             agg.update({"k": np.arange(1), "v": np.array([1.5])})
+
+
+@pytest.mark.parametrize("value", [0.1, 1e300, 16777217.0])
+def test_a_double_batch_after_float32_is_cast_only_where_every_value_is_kept(value) -> None:
+    """Arrow's float64 → float32 cast does not check: 0.1 was summed as 0.10000000149, 1e300
+    as inf, and two double keys merged into one float32 key, all silently."""
+    first = pa.table({"k": pa.array([1.0], pa.float32()), "v": pa.array([1.0], pa.float32())})
+    with HashAggregator("k", {"s": ("v", "sum")}, memory="8m") as agg:
+        agg.update(first)
+        agg.update(pa.table({"k": [1.0, 2.5, None], "v": [0.5, None, float("nan")]}))
+        for column in ("k", "v"):
+            batch = {"k": [1.0], "v": [1.0]} | {column: [value]}
+            with pytest.raises(TypeError, match=rf"column '{column}' changed type.*float.*double"):
+                agg.update(pa.table(batch))
+        got = pa.Table.from_batches(list(agg.results())).to_pydict()
+    sums = dict(zip(got["k"], got["s"]))
+    assert sums.keys() == {1.0, 2.5, None} and sums[1.0] == 1.5 and sums[2.5] is None
+    assert math.isnan(sums[None])
 
 
 def test_string_and_large_string_batches_mix() -> None:
