@@ -274,6 +274,19 @@ class _Parser:
                     "are tested against",
                     self.text, at.pos,
                 ) from None  # fmt: skip
+        if (
+            pa.types.is_timestamp(left_type)
+            and (pa.types.is_timestamp(value_set.type) or pa.types.is_date(value_set.type))
+            and value_set.type != left_type
+        ):
+            # date '...' / timestamp '...' values: a wall time in a zoned column's zone, an
+            # instant ('...+02:00') as itself (Arrow compared no zoned column with them)
+            try:
+                read = [None if not v.is_valid else _read_as(v, left_type) for v in value_set]
+                fit = [v if r is None else r for v, r in zip(value_set, read)]
+                return left, pa.array([v.cast(left_type).as_py() for v in fit], left_type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
+                pass  # the operator's own check says what is wrong
         numbers = _is_number(value_set.type)
         whole = pa.types.is_integer(value_set.type) or (
             pa.types.is_decimal(value_set.type) and value_set.type.scale == 0
@@ -323,13 +336,42 @@ class _Parser:
                 ) from None  # fmt: skip
         return out
 
+    def _temporal_values_read(self, left: pc.Expression, values: list[Any]) -> list[Any]:
+        """An ``in`` list's ``date '...'`` / ``timestamp '...'`` values against a timestamp
+        column, each read as :func:`_read_as` reads one compared with it (a wall time in a
+        zoned column's zone, an instant as itself): the list's one type took a wall time
+        beside an instant as UTC."""
+        if self._empty is None:
+            return values
+        left_type = self.type_of(self.decoded(left))
+        if not pa.types.is_timestamp(left_type):
+            return values
+        out = []
+        for v in values:
+            if isinstance(v, pa.Scalar) and (
+                pa.types.is_timestamp(v.type) or pa.types.is_date(v.type)
+            ):
+                try:
+                    read = _read_as(v, left_type)
+                    v = read if read is not None else v.cast(left_type)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
+                    pass  # the operator's own check says what is wrong
+            out.append(v)
+        return out
+
     def decoded(self, expr: pc.Expression) -> pc.Expression:
         """``expr`` as its values if it is a dictionary column (a pandas categorical, an Arrow
         file's dictionary): Arrow's ``is_in`` and ``match_like`` take no dictionaries."""
         if self._empty is None:
             return expr
         typ = self.type_of(expr)
-        return self.cast(expr, typ.value_type) if pa.types.is_dictionary(typ) else expr
+        if pa.types.is_dictionary(typ):
+            return self.cast(expr, typ.value_type)
+        if pa.types.is_string(typ) or pa.types.is_large_string(typ):
+            # the files' schema says text, but a file that stores the column as Parquet
+            # dictionaries is read so (its batches keep their codes): a no-op cast decodes them
+            return self.cast(expr, typ)
+        return expr
 
     def cast(self, expr: pc.Expression, typ: pa.DataType) -> pc.Expression:
         """``expr`` cast to ``typ`` (and its eager form). An integer to a float rounds, as in
@@ -419,6 +461,13 @@ class _Parser:
         if func is pc.divide or func is pc.remainder:
             right = self._null_if_zero(right)
         left_type, right_type = self.type_of(left), self.type_of(right)
+        if (
+            func is pc.divide
+            and pa.types.is_decimal128(left_type)
+            and pa.types.is_decimal128(right_type)
+        ):
+            left = self._dividend_for_spark_scale(left, left_type, right_type)
+            left_type = self.type_of(left)
         if (
             func not in _ORDER
             and pa.types.is_decimal128(left_type)
@@ -568,6 +617,26 @@ class _Parser:
             opposite = pc.less_equal if func is pc.greater else pc.less
             return lambda b: pc.invert(opposite(column(b), literal.value))
         return lambda b: func(column(b), literal.value)
+
+    def _dividend_for_spark_scale(
+        self, left: pc.Expression, left_type: pa.DataType, right_type: pa.DataType
+    ) -> pc.Expression:
+        """The dividend of a decimal ``/`` with more scale, so that Arrow's quotient has
+        Spark's scale, ``max(6, s1 + p2 + 1)`` (fewer when past 38 digits, down to 6): Arrow
+        gives ``max(4, s1 + p2 - s2 + 1)``, so ``decimal(12, 2) / 3`` kept four places and
+        ``4.99 / 3 > 1.6633`` was false."""
+        p1, s1 = left_type.precision, left_type.scale
+        p2, s2 = right_type.precision, right_type.scale
+        scale = max(6, s1 + p2 + 1)
+        precision = p1 - s1 + s2 + scale
+        if precision > 38:
+            scale = max(38 - (precision - scale), min(scale, 6))
+        dividend_scale = scale - p2 + s2 - 1  # Arrow's rule solved for the dividend's scale
+        if dividend_scale <= s1:
+            return left
+        widened = p1 + dividend_scale - s1
+        typ = (pa.decimal128 if widened <= 38 else pa.decimal256)(widened, dividend_scale)
+        return self.cast(left, typ)
 
     def _as_decimal(self, expr: pc.Expression, typ: pa.DataType) -> pc.Expression:
         """An integer operand as a decimal: a literal with its own digits (a decimal of 19
@@ -726,6 +795,7 @@ class _Parser:
                 values.append(self.literal_value())
             self.expect_op(")")
             values = self._quoted_values_read(left, values, at)
+            values = self._temporal_values_read(left, values)
             try:
                 value_set = _value_set(values)
             except ValueError as exc:
@@ -898,7 +968,10 @@ class _Parser:
             try:
                 if word == "date":
                     return pa.scalar(dt.date.fromisoformat(text), pa.date32())
-                return pa.scalar(dt.datetime.fromisoformat(text), pa.timestamp("us"))
+                when = dt.datetime.fromisoformat(text)
+                if when.tzinfo is not None:  # '...+02:00', '...Z': an instant
+                    return pa.scalar(when, pa.timestamp("us", tz="UTC"))
+                return pa.scalar(when, pa.timestamp("us"))
             except ValueError:
                 raise ExpressionError(
                     f"invalid {word} literal {lit.text}", self.text, lit.pos
@@ -968,6 +1041,13 @@ def _read_as(value: str | pa.Scalar, typ: pa.DataType) -> pa.Scalar | None:
     for a typed literal that needs no change. Raises Arrow's error or ``ValueError`` when the
     text does not read as ``typ``."""
     if isinstance(value, pa.Scalar):  # date '...' / timestamp '...'
+        instant = pa.types.is_timestamp(value.type) and value.type.tz is not None
+        if instant and pa.types.is_timestamp(typ):
+            # an offset given ('...+02:00'): that instant in a zoned column, its UTC wall
+            # time in a naive one (Arrow compares no zoned value with a naive one)
+            if typ.tz is not None:
+                return value.cast(pa.timestamp(typ.unit, tz=typ.tz))
+            return value.cast(pa.timestamp(typ.unit))
         if not (pa.types.is_timestamp(typ) and typ.tz is not None):
             return None
         when = value.as_py()

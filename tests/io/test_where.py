@@ -821,3 +821,66 @@ def test_an_in_list_value_that_does_not_read_is_a_usage_error_at_the_in():
         parse_expression("i in (1, 'x')").bind(TABLE.schema)
     assert "'x' in the values of 'in' cannot be read as int64" in str(err.value)
     assert err.value.position == 2
+
+
+def test_timestamp_literals_with_an_offset_are_instants():
+    """``timestamp '...+00:00'`` against a column in another zone read the instant's UTC wall
+    time as a wall time in the column's zone (Paris: two hours off, wrong rows, exit 0); an
+    ``in`` list of ``timestamp '...'`` values on a zoned column was refused."""
+    start = dt.datetime(2024, 3, 30, 23)
+    utc = [start + dt.timedelta(minutes=10 * k) for k in range(24)]
+    instants = pa.array(utc, pa.timestamp("us", tz="UTC"))
+    table = pa.table({
+        "i": list(range(24)),
+        "paris": instants.cast(pa.timestamp("us", tz="Europe/Paris")),
+        "utc": instants,
+        "naive": pa.array(utc, pa.timestamp("us")),
+    })  # fmt: skip
+    for column in ("paris", "utc", "naive"):
+        for literal in ("01:00:00+00:00", "03:00:00+02:00", "01:00:00Z"):
+            text = f"{column} >= timestamp '2024-03-31 {literal}'"
+            assert bound_kept(text, table) == list(range(12, 24)), text
+    # 04:00 in Paris (summer time since 02:00 that night) is 02:00 UTC: row 18
+    assert bound_kept("paris in (timestamp '2024-03-31 04:00:00')", table) == [18]
+    both = "paris in (timestamp '2024-03-31 01:00:00Z', timestamp '2024-03-31 04:00:00')"
+    assert bound_kept(both, table) == [12, 18]
+    # date '2024-03-31' in Paris is 2024-03-30 23:00 UTC: row 0
+    assert bound_kept("paris in (date '2024-03-31', timestamp '2024-03-31 01:00Z')", table) == [
+        0,
+        12,
+    ]
+    assert bound_kept("naive in (timestamp '2024-03-31 03:00:00+02:00')", table) == [12]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("m / 3 > 0.0133", [1, 2, 3, 4]),  # 0.04 / 3 = 0.013333 (Arrow kept 0.0133)
+        ("m / 3 >= 0.013333", [1, 2, 3, 4]),
+        ("m / 3.0 > 0.0233", [3, 4]),
+        ("m / 7 = 0.01", [3]),  # 0.07 / 7, exact
+    ],
+)
+def test_decimal_division_keeps_spark_s_scale(text, expected):
+    """``decimal / decimal`` had Arrow's scale (``max(4, ...)``: ``4.99 / 3`` was 1.6633, so
+    ``> 1.6633`` dropped the row, exit 0); it has Spark's, ``max(6, s1 + p2 + 1)``."""
+    table = TABLE.set_column(0, "i", pa.array([1, 2, 3, 4]))
+    assert bound_kept(text, table) == expected
+
+
+def test_like_on_a_column_one_file_stores_as_dictionaries(tmp_path):
+    """The files' schema says string, one file's batches come as Parquet dictionaries:
+    ``like`` failed with "Function 'match_like' has no kernel matching input types"."""
+    import pyarrow.parquet as pq
+
+    import extagg
+
+    pq.write_table(pa.table({"s": pa.array(["x1", "y2"], pa.large_string())}), tmp_path / "a.pq")
+    pq.write_table(pa.table({"s": pa.array(["x1", "x3", "y"]).dictionary_encode()}),
+                   tmp_path / "b.pq")  # fmt: skip
+    for text, n in (("s like 'x%'", 3), ("s ilike 'X%'", 3), ("s not like 'x\\_%'", 5)):
+        got = extagg.aggregate_files(
+            [str(tmp_path / "a.pq"), str(tmp_path / "b.pq")], by=[], aggs=["n=count(*)"],
+            where=text, format="parquet",
+        ).read_all()  # fmt: skip
+        assert got.column("n").to_pylist() == [n], text
