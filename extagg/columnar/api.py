@@ -168,6 +168,11 @@ def aggregate(
         return table.replace_schema_metadata(meta)
     if schema is None:
         names = [keys] if isinstance(keys, str) else list(keys)
-        empty = pa.table({name: pa.array([], type=pa.null()) for name in [*names, *aggs]})
+        counts = ("count", "count_distinct", "nunique", "size")
+        types = {name: pa.null() for name in names} | {
+            output: pa.int64() if func.lower() in counts else pa.null()
+            for output, (_column, func) in asked.items()
+        }
+        empty = pa.table({name: pa.array([], type=typ) for name, typ in types.items()})
         return empty.replace_schema_metadata(meta)
     return pa.Table.from_batches(out, schema=schema)

@@ -195,10 +195,18 @@ def agg_mapping(aggs: Any) -> Any:
     is parsed (:func:`parse_agg_texts`), as is a mapping's text value (``{"n": "count(*)"}``);
     a bare function name is pandas' ``{column: function}`` (``{"v": "sum"}``: ``v = sum(v)``).
     Any other mapping is returned as it is."""
-    if isinstance(aggs, Mapping) and any(isinstance(spec, str) for spec in aggs.values()):
+    if isinstance(aggs, Mapping) and any(
+        isinstance(spec, str) or _function_list(spec) for spec in aggs.values()
+    ):
         out: dict[Any, Any] = {}
         for output, spec in aggs.items():
-            if not isinstance(spec, str):
+            if _function_list(spec):  # pandas' {column: [functions]}: sum_v, mean_v
+                for func in spec:
+                    name = f"{func}_{output}"
+                    if name in out or name in aggs:
+                        raise QueryError(f"two aggregates are named {name!r}")
+                    out[name] = (output, func)
+            elif not isinstance(spec, str):
                 out[output] = spec
             elif "(" in spec:
                 match = _AGG_TEXT.match(spec)
@@ -217,6 +225,17 @@ def agg_mapping(aggs: Any) -> Any:
     if isinstance(aggs, Sequence) and aggs and all(isinstance(a, str) for a in aggs):
         return parse_agg_texts(aggs)
     return aggs
+
+
+def _function_list(spec: Any) -> bool:
+    """Whether ``spec`` is pandas' list of functions for one column (``["sum", "mean"]``),
+    not a ``[column, function]`` pair: a list whose every item is a function name."""
+    known = (*FUNCTIONS, *DISTINCT_FUNCTIONS, *ALIASES, "size")
+    return (
+        isinstance(spec, list)
+        and bool(spec)
+        and all(isinstance(f, str) and f.lower() in known for f in spec)
+    )
 
 
 def parse_aggs(

@@ -43,6 +43,8 @@ def test_aggregates_by_name_may_be_texts_or_pandas_function_names() -> None:
         aggregator.update(table)
         result = pa.Table.from_batches(list(aggregator.results()))
     assert result.sort_by("k").to_pydict() == {"k": [1, 2], "n": [2, 1]}
+    listed = aggregate(table, keys="k", aggs={"v": ["sum", "mean"]}, memory="8m").sort_by("k")
+    assert listed.to_pydict() == {"k": [1, 2], "sum_v": [4.0, 2.0], "mean_v": [2.0, 2.0]}
     for bad in ("sum(v", "a=sum(v)"):
         with pytest.raises(ValueError, match=rf"aggregate 'v': '{re.escape(bad)}'"):
             aggregate(table, keys="k", aggs={"v": bad}, memory="8m")
@@ -214,3 +216,13 @@ def test_keys_that_are_not_column_names_say_so(keys) -> None:
     """``keys=None`` raised "'NoneType' object is not iterable"."""
     with pytest.raises(TypeError, match="keys must be a column name or a list of them"):
         aggregate(pa.table({"k": [1], "v": [1]}), keys=keys, aggs={"s": ("v", "sum")})
+
+
+@pytest.mark.parametrize("aggs", [["n=count(*)", "t=sum(v)"], "n=count(*)", {"n": "count(*)"}])
+def test_no_input_gives_the_asked_columns(aggs) -> None:
+    """With no batch at all the result's columns were the raw ``aggs``: ``'n=count(*)'`` as
+    a column name, or a text split into one column per character."""
+    got = aggregate(iter([]), keys=["k"], aggs=aggs, memory="8m")
+    names = ["k", "n", "t"] if isinstance(aggs, list) else ["k", "n"]
+    assert got.column_names == names and got.num_rows == 0
+    assert got.schema.field("n").type == pa.int64()
