@@ -360,13 +360,20 @@ def _check_summary_path(args: argparse.Namespace, output: str | None) -> None:
     problem = output_problem(summary, args.overwrite)
     if problem is not None:
         raise QueryError(f"--json-summary: {problem}")
+    if output not in (None, "-") and _same_path(summary, output):
+        raise QueryError(f"--json-summary {summary} is the output (-o): give another file")
     if not os.path.exists(summary):
         return
-    if output not in (None, "-") and os.path.exists(output) and os.path.samefile(summary, output):
-        raise QueryError(f"--json-summary {summary} is the output (-o): give another file")
     for path, _ in expand_input_paths(args.paths):
         if os.path.samefile(summary, path):
             raise QueryError(f"--json-summary {summary} is an input: give another file")
+
+
+def _same_path(a: str, b: str) -> bool:
+    """Whether two paths name one file, existing or not (``out.csv`` and ``./out.csv``)."""
+    if os.path.exists(a) and os.path.exists(b):
+        return os.path.samefile(a, b)
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _column_types(text: str | None) -> Any:

@@ -255,6 +255,10 @@ def test_json_summary_replaces_no_file_unasked_and_never_an_input_or_the_output(
         assert main([*argv, "--overwrite", "--json-summary", str(target)]) == 2
         assert words in capsys.readouterr().err
     assert out.read_bytes() == before and pq.read_table(src).num_rows > 0
+    fresh = tmp_path / "fresh.csv"  # neither exists yet: the summary replaced the output
+    same = ["aggregate", str(src), *ARGS, "-o", str(fresh), "-q"]
+    assert main([*same, "--json-summary", str(tmp_path / "." / "fresh.csv")]) == 2
+    assert "is the output" in capsys.readouterr().err and not fresh.exists()
 
 
 def test_the_output_may_not_be_an_input(tmp_path, data, capsys):
