@@ -49,6 +49,7 @@ from extagg.memory import (
     MemoryConsumer,
     TaskMemoryManager,
     UnifiedMemoryManager,
+    describe_holders,
     resolve_task_memory_manager,
 )
 from extagg.merge.heap import BlockSource, HashedRows, RunSource, write_run_from
@@ -561,7 +562,8 @@ class Spillable(MemoryConsumer, ABC, Generic[B]):
                 f"{self.name} cannot merge {num_sources} sorted runs: it needs "
                 f"{format_size(2 * per_source)} for two read buffers of "
                 f"{format_size(per_source)} and was granted {format_size(granted)} "
-                f"of a {format_size(self.budget.max_memory)} budget"
+                f"of a {format_size(self.budget.max_memory)} budget "
+                f"({describe_holders(self.task_memory_manager.memory_manager)})"
             )
         return max(2, min(self.fan_in, granted // per_source)), granted
 

@@ -758,8 +758,14 @@ class _RowsAside(HeldBuffers):
 
     def pin(self) -> None:
         """Keep the smallest buffers and room for a chunk from now on (see :attr:`pinned`),
-        held before the merge feeding it starts: that takes what is free."""
+        held before the merge feeding it starts: that takes what is free. Buffers above a
+        quarter of the budget are shrunk first: the merge's read buffers may belong to
+        another task (a thread-local table of a threaded fold), whose memory manager cannot
+        make these spill ("cannot merge 3 sorted runs ... granted 0.0 B" with 2 threads)."""
         self._least_chunk_bytes = max(self._least_chunk_bytes, PINNED_CHUNK_BYTES)
+        while self.base_bytes > self.chunk_bytes * 2 and self.shrink_buffers():
+            pass
+        self.hold(min(self.used, self.base_bytes + self._least_chunk_bytes))
         self.try_hold(self.base_bytes + self._least_chunk_bytes)
         self.pinned = True
 

@@ -689,3 +689,31 @@ def test_refused_start_names_who_holds_the_memory() -> None:
             agg.update(pa.table({"k": [1, 2, 3]}))
     finally:
         hog.close_memory()
+
+
+@pytest.mark.parametrize("memory", ["48m", "64m"])
+def test_two_threads_set_rows_aside_and_merge_a_thread_local_table(tmp_path, memory):
+    """With two threads a thread-local table of the first level (another task) spilled, the
+    level began to set its rows aside, and those buffers (28 MiB of a 64 MiB run) were held
+    while the thread-local table's merge needed read buffers its task could not make them
+    give back: "cannot merge 3 sorted runs ... granted 0.0 B", exit 1, at 48-64 MiB only."""
+    import pyarrow.parquet as pq
+
+    import extagg
+
+    rng = np.random.default_rng(7)
+    n = 450_000
+    table = pa.table({
+        "f1": np.array(list("abcde"))[rng.integers(0, 5, n)],
+        "f2": np.array(list("vwxyz"))[rng.integers(0, 5, n)],
+        "f3": [f"u{i:07d}" for i in rng.integers(0, 300_000, n)],
+    })  # fmt: skip
+    pq.write_table(table, tmp_path / "cd.parquet", row_group_size=25_000)
+    got = extagg.aggregate_files(
+        str(tmp_path / "cd.parquet"), by=["f1", "f2"], aggs=["n=count(*)", "c=count_distinct(f3)"],
+        memory=memory, threads=2, sort=True,
+    ).read_all()  # fmt: skip
+    want = table.group_by(["f1", "f2"]).aggregate([("f3", "count"), ("f3", "count_distinct")])
+    want = want.sort_by([("f1", "ascending"), ("f2", "ascending")])
+    assert got.column("n").to_pylist() == want.column("f3_count").to_pylist()
+    assert got.column("c").to_pylist() == want.column("f3_count_distinct").to_pylist()
