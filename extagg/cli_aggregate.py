@@ -469,7 +469,9 @@ def _print_table(reader: Any, limit: int) -> None:
         out.write(f"{total:,} row(s)\n")
         out.flush()
         return
-    table = pa.Table.from_batches(shown, schema=reader.schema)
+    from extagg.io.output import dates_beyond_python_as_text
+
+    table = dates_beyond_python_as_text(pa.Table.from_batches(shown, schema=reader.schema))
     names = table.column_names
     cols = [[_cell(v) for v in table.column(n).to_pylist()] for n in names]
     numeric = [

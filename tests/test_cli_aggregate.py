@@ -1523,3 +1523,28 @@ def test_a_full_spill_directory_is_passed_over_for_another(tmp_path, tiny_fs):
                              aggs={"s": ("v", "sum")}, memory="4m", spill_dirs=dirs)  # fmt: skip
     assert table.num_rows == 700_000 and table.column("s").to_numpy().sum() == 2_000_000
     assert not list(room.rglob("*.run")) and not list(tiny_fs.rglob("*.run"))
+
+
+def test_dates_past_year_9999_print_and_write_as_json(tmp_path, capsys):
+    """Arrow, Parquet and DuckDB hold years past 9999; the printed table and JSON Lines went
+    through Python's datetime and failed with "date value out of range", naming nothing."""
+    import json
+
+    src = tmp_path / "big.parquet"
+    pq.write_table(
+        pa.table({
+            "k": [1, 2],
+            "ts": pa.array([631_152_000_000_000_000, 0], pa.timestamp("us")),
+            "d": pa.array([5_000_000, 0], pa.date32()),
+        }),
+        src,
+    )  # fmt: skip
+    argv = ["aggregate", str(src), "--by", "k", "--agg", "m=max(ts)", "--agg", "md=max(d)", "-q"]
+    assert main([*argv, "--sort"]) == 0
+    shown = capsys.readouterr().out
+    assert "21970-05-31 00:00:00" in shown and "15659-07-15" in shown
+    out = tmp_path / "o.jsonl"
+    assert main([*argv, "--sort", "-o", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rows[0]["m"].startswith("21970-05-31T00:00:00") and rows[0]["md"] == "15659-07-15"
+    assert rows[1]["md"] == "1970-01-01"

@@ -278,12 +278,53 @@ def interval_text(value: Any) -> str:
     return " ".join(parts)
 
 
+#: Python's datetime years: a date or timestamp outside them has no Python value
+_PY_DAYS = (
+    (dt.date(1, 1, 1) - dt.date(1970, 1, 1)).days,
+    (dt.date(9999, 12, 31) - dt.date(1970, 1, 1)).days,
+)
+_UNIT_PER_DAY = {"s": 86_400, "ms": 86_400_000, "us": 86_400_000_000, "ns": 86_400_000_000_000}
+
+
+def beyond_python_dates(col: pa.Array | pa.ChunkedArray) -> bool:
+    """Whether a date or timestamp column holds a value Python's ``datetime`` cannot (years
+    past 9999 or before 1, which Arrow, Parquet, DuckDB and Spark hold): ``to_pylist()``
+    fails on it with "date value out of range", naming nothing."""
+    typ = col.type
+    if pa.types.is_date32(typ) or pa.types.is_date64(typ):
+        per_day = 1 if pa.types.is_date32(typ) else 86_400_000
+    elif pa.types.is_timestamp(typ):
+        per_day = _UNIT_PER_DAY[typ.unit]
+    else:
+        return False
+    if col.null_count == len(col):
+        return False
+    storage = pa.int32() if pa.types.is_date32(typ) else pa.int64()
+    low, high = pc.min_max(col.cast(storage)).values()
+    margin = 1  # a day's room: a zone's offset moves the wall time
+    return bool(
+        low.as_py() < (_PY_DAYS[0] + margin) * per_day
+        or high.as_py() >= (_PY_DAYS[1] - margin) * per_day
+    )
+
+
+def dates_beyond_python_as_text(table: pa.Table) -> pa.Table:
+    """``table`` with each date or timestamp column that holds a value outside Python's years
+    as Arrow's text of it (``21956-09-21 00:00:00.000000``), for the printed table."""
+    for i, col in enumerate(table.columns):
+        if beyond_python_dates(col):
+            table = table.set_column(i, table.field(i).name, col.cast(pa.string()))
+    return table
+
+
 def _nanoseconds_as_json(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """``batch`` with its nanosecond timestamp, time and duration columns as JSON values."""
+    """``batch`` with its nanosecond timestamp, time and duration columns as JSON values, and
+    its dates and timestamps that Python cannot hold (:func:`beyond_python_dates`) as ISO
+    text."""
     ns = [
         i for i, t in enumerate(batch.schema.types)
-        if (pa.types.is_timestamp(t) or pa.types.is_time64(t) or pa.types.is_duration(t))
-        and t.unit == "ns"
+        if ((pa.types.is_timestamp(t) or pa.types.is_time64(t) or pa.types.is_duration(t))
+        and t.unit == "ns") or beyond_python_dates(batch.column(i))
     ]  # fmt: skip
     if not ns:
         return batch
