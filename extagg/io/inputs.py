@@ -2498,6 +2498,10 @@ def _unify_column(name: str, per_file: list[tuple[str, pa.Schema]]) -> pa.Field:
         if widened is not None:
             current, current_path = current.with_type(widened).with_nullable(True), path
             continue
+        zones = _zoned_timestamps(current.type, f.type)
+        if zones is not None:
+            current, current_path = current.with_type(zones).with_nullable(True), path
+            continue
         if {_kind(current.type), _kind(f.type)} == {"integer", "decimal"}:
             raise InputError(
                 f"column {name!r} has type {current.type} in {current_path} but {f.type} in "
@@ -2519,6 +2523,22 @@ def _unify_column(name: str, per_file: list[tuple[str, pa.Schema]]) -> pa.Field:
             merged = f
         current, current_path = merged.with_nullable(True), path
     return current.with_type(_plain(current.type)).with_nullable(True)
+
+
+_UNITS = ("s", "ms", "us", "ns")
+
+
+def _zoned_timestamps(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    """Two time-zone-aware timestamp types with different zones (``UTC`` and ``Etc/UTC``,
+    ``UTC`` and ``Europe/Paris``: each file stores UTC instants, the zone only shows them)
+    as one in UTC, of the finer unit, as DuckDB reads them (``TIMESTAMPTZ``); ``None`` for
+    any other pair."""
+    if not (pa.types.is_timestamp(a) and pa.types.is_timestamp(b)):
+        return None
+    if a.tz is None or b.tz is None or a.tz == b.tz:
+        return None
+    unit = max(a.unit, b.unit, key=_UNITS.index)
+    return pa.timestamp(unit, tz="UTC")
 
 
 def _kind(t: pa.DataType) -> str:

@@ -1131,6 +1131,26 @@ def test_uint64_beside_a_signed_integer_unifies_exactly(tmp_path):
     ]
 
 
+def test_timestamps_stored_with_different_zones_unify_as_utc_instants(tmp_path):
+    """Parquet files whose timestamps name different zones (``UTC``, ``Etc/UTC``,
+    ``Europe/Paris``: each stores UTC instants) were refused, "these cannot be unified";
+    DuckDB reads them as one ``TIMESTAMPTZ``. They unify as UTC, of the finer unit."""
+    import datetime as dt
+
+    utc = dt.timezone.utc
+    for name, zone, unit, hour in (("a", "UTC", "s", 1), ("b", "Etc/UTC", "ms", 3),
+                                   ("c", "Europe/Paris", "us", 2)):  # fmt: skip
+        instant = pa.array([dt.datetime(2024, 1, 1, hour, tzinfo=utc)], pa.timestamp(unit, "UTC"))
+        table = pa.table({"k": [1], "ts": instant.cast(pa.timestamp(unit, tz=zone))})
+        pq.write_table(table, tmp_path / f"{name}.parquet")
+    got = extagg.aggregate_files(
+        str(tmp_path), by=["k"], aggs=["lo=min(ts)", "hi=max(ts)", "n=count(*)"]
+    ).read_all()
+    assert got.schema.field("hi").type == pa.timestamp("us", tz="UTC")
+    assert got.to_pylist() == [{"k": 1, "lo": dt.datetime(2024, 1, 1, 1, tzinfo=utc),
+                                "hi": dt.datetime(2024, 1, 1, 3, tzinfo=utc), "n": 3}]  # fmt: skip
+
+
 def test_delimiter_names_and_bad_delimiters(tmp_path):
     """``\\t`` and ``tab`` are a tab (a shell passes the two characters); more than one
     character, or none, is a usage error, not Arrow's internal message."""
