@@ -239,6 +239,14 @@ class _Agg:
             self.out_type = None  # the sum of Python numbers: typed by Arrow from the values
         elif pa.types.is_null(arrow_type):
             self.out_type = pa.int64()  # Spark: the sum of no values is a null long
+        elif pa.types.is_decimal256(arrow_type):
+            raise TypeError(
+                f"aggregate {self.output!r}: {self.func}({self.column!r}) is not supported for "
+                f"column {self.column!r} of type {arrow_type}: {self.func} takes decimals of "
+                "up to 38 digits, as Spark's (files whose decimals need more together, such "
+                "as decimal(38, 10) beside decimal(38, 0), unify past 38); cast the column to "
+                "decimal(38, s) or float64"
+            )
         else:
             raise TypeError(
                 f"aggregate {self.output!r}: {self.func}({self.column!r}) is not supported for "

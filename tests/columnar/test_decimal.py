@@ -357,3 +357,12 @@ def test_a_large_narrow_decimal_column_is_copied_into_arrows_pool() -> None:
     assert pa.total_allocated_bytes() == before
     small = to_column("price", arr.slice(0, 100))
     assert small.values.tolist() == expected[:100]
+
+
+def test_sum_of_a_decimal256_column_says_decimals_of_up_to_38_digits() -> None:
+    """The message said "sum needs numbers" of a decimal (files of decimal(38, 10) and
+    decimal(38, 0) unify to decimal256(48, 10))."""
+    table = pa.table({"k": [1], "d": pa.array([decimal.Decimal("1.5")], pa.decimal256(48, 10))})
+    for func in ("sum", "mean"):
+        with pytest.raises(TypeError, match=r"\(48, 10\): \w+ takes decimals of up to 38"):
+            aggregate(table, keys="k", aggs={"s": ("d", func)}, memory="8m")
