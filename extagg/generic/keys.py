@@ -26,6 +26,7 @@ from itertools import chain
 from typing import Any
 
 from extagg.errors import BadKeyError
+from extagg.spill.codecs import pickle_by_value
 
 __all__ = ["NAN", "canonical_keys"]
 
@@ -70,7 +71,7 @@ def _check_type(key: Any) -> str | None:
             "spilled to disk would be a different key: give the class __eq__ and __hash__"
         )
     try:
-        copy = pickle.loads(pickle.dumps(key, pickle.HIGHEST_PROTOCOL))
+        copy = _spilled_copy(key)
         same = bool(copy == key) and hash(copy) == hash(key)
     except Exception:
         # unhashable, or __eq__ raises: the fold reports it with its cause; unpicklable: a
@@ -88,9 +89,21 @@ def _comes_back_itself(key: Any) -> bool:
     """Whether unpickling ``key`` gives ``key`` itself: members of an ``Enum`` and other
     singletons pickled by name compare by identity and still stay one key once spilled."""
     try:
-        return pickle.loads(pickle.dumps(key, pickle.HIGHEST_PROTOCOL)) is key
+        return _spilled_copy(key) is key
     except Exception:
         return False
+
+
+def _spilled_copy(key: Any) -> Any:
+    """``key`` as a spill gives it back: pickled, or in a PySpark task by PySpark's
+    cloudpickle where ``pickle`` cannot name its class (an ``Enum`` of the driver's
+    ``__main__`` exists by value there: its members were refused as identity keys)."""
+    try:
+        data = pickle.dumps(key, pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        failure = exc
+        data = pickle_by_value(key, failure, lambda: failure)
+    return pickle.loads(data)
 
 
 def _canonical(key: Any, index: int) -> Any:

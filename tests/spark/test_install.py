@@ -465,3 +465,23 @@ def test_keys_and_combiners_of_classes_the_workers_know_by_value_only(spark_cont
     assert {k.n: s for k, s in sums.items()} == expected
     assert combined == {k: (3, s) for k, s in expected.items()}
     assert {k.n: n for k, n in groups.items()} == dict.fromkeys(expected, 3)
+
+
+def test_enum_keys_of_a_class_the_workers_know_by_value_only(spark_context):
+    """An ``Enum`` of the driver's ``__main__`` compares by identity and its members come
+    back as themselves from PySpark's cloudpickle, but plain ``pickle`` cannot name it in a
+    worker: every call keyed by it failed with ``BadKeyError`` ("compare by identity")."""
+    import enum
+
+    class Color(enum.Enum):
+        RED = 1
+        BLUE = 2
+
+    data = [(Color.RED if i % 3 else Color.BLUE, i) for i in range(30_000)]
+    rdd = spark_context.parallelize(data, 3)
+    stock = dict(rdd.reduceByKey(operator.add, 2).collect())
+    with spark_setting(spark_context, "spark.python.worker.memory", "1m"), es.installed():
+        ours = dict(rdd.reduceByKey(operator.add, 2).collect())
+        counts = rdd.countByKey()
+    assert {k.name: v for k, v in ours.items()} == {k.name: v for k, v in stock.items()}
+    assert {k.name: v for k, v in counts.items()} == {"RED": 20_000, "BLUE": 10_000}
