@@ -10,7 +10,6 @@ its values streamed back from disk when iterated.
 from __future__ import annotations
 
 import logging
-import os
 import pickle
 import sys
 import weakref
@@ -52,13 +51,6 @@ def _dict_table_growth(groups: dict[Any, Any], more: int) -> int:
     while 2 * size // 3 <= n:
         size *= 2
     return 2 * sys.getsizeof(groups) if n + more >= 2 * size // 3 else 0
-
-
-def _remove(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 class ChunkGrant:
@@ -147,7 +139,9 @@ class SpilledValues:
             return
         if self._path is None:
             self._path = self._dirs.new_path("values")
-            self._finalizer = weakref.finalize(self, _remove, self._path)
+            # through the spill dirs: the last file of the process's subdirectory removes it
+            # (a forked worker ending in os._exit left it)
+            self._finalizer = weakref.finalize(self, self._dirs.remove, self._path)
         try:
             data = pickle.dumps(self._buffer, protocol=5)
         except Exception as exc:  # values of a class of the driver's __main__

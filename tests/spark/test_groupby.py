@@ -160,3 +160,26 @@ def test_a_refused_chunk_grant_writes_the_values_out() -> None:
     assert values.grant.held == 0
     hog.close_memory()
     group.close()
+
+
+def test_spilled_values_leave_no_folder_behind_a_worker_that_ends_in_os_exit(tmp_path):
+    """The file of one key's values was removed when the object went, but not the process's
+    spill subdirectory it was the last file of: a forked PySpark worker, which ends in
+    ``os._exit`` (no exit handlers), left the folder behind."""
+    import gc
+    import os
+
+    pid = os.fork()
+    if pid == 0:  # a forked worker, as PySpark's daemon makes
+        code = 1
+        try:
+            values = SpilledValues([str(tmp_path)], chunk_values=10)
+            values.extend(range(100))
+            code = 0 if values.on_disk and list(values) == list(range(100)) else 2
+            del values
+            gc.collect()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert os.listdir(tmp_path) == []
