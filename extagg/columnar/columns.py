@@ -162,11 +162,13 @@ class Column:
         at = 0
         for col, rows in parts:
             end = at + len(rows)
+            # mode="clip": the rows are ours (in range); NumPy's default ("raise") gathers
+            # into a temporary and copies it to ``out``, 2.2x slower on int64
             if valid is not None and col.valid is not None:
-                np.take(col.valid, rows, out=valid[at:end])
+                np.take(col.valid, rows, out=valid[at:end], mode="clip")
             if values is not None:
                 assert col.values is not None
-                np.take(col.values, rows, axis=0, out=values[at:end])
+                np.take(col.values, rows, axis=0, out=values[at:end], mode="clip")
             else:
                 assert col.offsets is not None and col.data is not None
                 var.append(gather_var(col.offsets, col.data, rows))

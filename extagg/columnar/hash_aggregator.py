@@ -799,7 +799,16 @@ class HashAggregator(Spillable[ColumnBlock]):
             columns.append(col if col is None or whole else col.slice(lo, hi))
         states = [[table.payload[i] for i in indexes] for indexes in layout.state_index]
         # the common aggregates in one pass over the groups' interleaved state rows
-        F.update_all(layout.specs, states, g, columns, seq0 + lo, table.rows, arena=st.var_arena)
+        F.update_all(
+            layout.specs,
+            states,
+            g,
+            columns,
+            seq0 + lo,
+            table.rows,
+            arena=st.var_arena,
+            groups=table.num_groups,
+        )
 
     # ------------------------------------------------------------------ threads
     def _start_threads(self) -> None:

@@ -89,7 +89,7 @@ class EncodedKeys:
             if words.shape[1]:
                 RK.gather_words(enc.words, rows, words[at:end])
             if len(enc.nulls):  # empty: no null key in the part (zeros above)
-                np.take(enc.nulls, rows, out=nulls[at:end])
+                np.take(enc.nulls, rows, out=nulls[at:end], mode="clip")  # rows in range
             if len(enc.var_offsets):
                 var.append(gather_var(enc.var_offsets, enc.var_data, rows))
             at = end

@@ -193,6 +193,31 @@ def test_update_all_takes_the_few_groups_kernel_only_when_it_applies(monkeypatch
         assert calls == [want], (aggs, top, rows)
 
 
+def test_a_table_of_many_groups_takes_the_row_kernel_without_reading_the_group_ids(
+    monkeypatch,
+) -> None:
+    """``groups`` (the table's groups) above FEW_GROUPS: the row kernel, the group ids not
+    scanned for their maximum (~5 % of a fold); the states are the same either way."""
+    calls: list[str] = []
+    real_few, real_row = K.fused_update_few, K.fused_update
+    monkeypatch.setattr(K, "fused_update_few", lambda *a: (calls.append("few"), real_few(*a)))
+    monkeypatch.setattr(K, "fused_update", lambda *a: (calls.append("row"), real_row(*a)))
+    n = F.FEW_GROUPS_MIN_ROWS
+    cols = {"i": to_column("i", pa.array(np.arange(n, dtype=np.int64)))}
+    specs = [F.resolve(r, cols["i"]) for r in F.parse_aggs({"a": ("i", "sum"), "m": ("i", "max")})]
+    gids = np.arange(n, dtype=np.int64) % 3  # this chunk: the first 3 groups only
+    results = []
+    for groups, want in [(None, "few"), (3, "few"), (K.FEW_GROUPS + 1, "row")]:
+        table, states = _table_states(specs, K.FEW_GROUPS + 1)
+        calls.clear()
+        F.update_all(specs, states, gids, [cols["i"], cols["i"]], 0, table.rows, groups=groups)
+        assert calls == [want], groups
+        results.append(table.rows.copy())
+    assert all(np.array_equal(r, results[0]) for r in results)
+    assert F._few_groups(gids, np.array([[K.FUSED_SUM_INT]]), K.FEW_GROUPS + 1) == 0
+    assert F._few_groups(gids, np.array([[K.FUSED_SUM_INT]])) == 3
+
+
 def test_fused_plans_are_remembered_for_the_same_views_and_column_kinds() -> None:
     """A chunk after chunk of the same table and column kinds reuses the plan (the same ops
     table, this chunk's columns); new state views (a grown table), a column that now has nulls,
