@@ -133,13 +133,17 @@ class Column:
 
     @staticmethod
     def take_many(
-        parts: Sequence[tuple[Column, np.ndarray]], reuse: ReusedArrays | None = None
+        parts: Sequence[tuple[Column, np.ndarray]],
+        reuse: ReusedArrays | None = None,
+        gathered_var: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> Column:
         """Rows ``rows`` of each ``(column, rows)`` part (columns of one name and type), one
         part after the other, as one new column: fixed-width values gathered straight into
         it; variable-length ones gathered per part, then joined (offsets from 0). A validity
         mask only if some part has one. ``reuse``: fixed-width values and the mask gathered
-        into its arrays (valid until the next call with the same ``reuse``)."""
+        into its arrays (valid until the next call with the same ``reuse``).
+        ``gathered_var``: the ``(offsets, data)`` of these rows, gathered already (a string
+        key's bytes, which its encoded keys share): only the mask is gathered then."""
         first = parts[0][0]
         total = sum(len(rows) for _, rows in parts)
         valid = None
@@ -169,13 +173,16 @@ class Column:
             if values is not None:
                 assert col.values is not None
                 np.take(col.values, rows, axis=0, out=values[at:end], mode="clip")
-            else:
+            elif gathered_var is None:
                 assert col.offsets is not None and col.data is not None
                 var.append(gather_var(col.offsets, col.data, rows))
             at = end
         if values is not None:
             return Column(first.name, first.kind, first.arrow_type, values, valid)
-        offsets, data = var[0] if len(var) == 1 else concat_var(var)
+        if gathered_var is not None:
+            offsets, data = gathered_var
+        else:
+            offsets, data = var[0] if len(var) == 1 else concat_var(var)
         return Column(first.name, first.kind, first.arrow_type, None, valid, offsets, data)
 
     def nbytes(self) -> int:

@@ -395,10 +395,19 @@ class ThreadedFold:
                 continue
             reuse = self._worker_arrays[w]  # the partition before is folded: refilled
             enc = EncodedKeys.take_many([(s.enc, rows) for s, rows in parts], self.bits, reuse)
-            sub = {
-                name: Column.take_many([(s.cols[name], rows) for s, rows in parts], reuse)
-                for name in parts[0][0].cols
-            }
+            sub = {}
+            for name in parts[0][0].cols:
+                # a string key's bytes are its encoded keys' (one string key): gathered once
+                shared = all(
+                    s.cols[name].data is s.enc.var_data
+                    and s.cols[name].offsets is s.enc.var_offsets
+                    for s, _ in parts
+                )
+                sub[name] = Column.take_many(
+                    [(s.cols[name], rows) for s, rows in parts],
+                    reuse,
+                    (enc.var_offsets, enc.var_data) if shared else None,
+                )
             self.children[p].fold_encoded(sub, enc, len(enc.hashes))
 
     def _run(self, jobs: list[Callable[[], _T]]) -> list[_T]:

@@ -624,6 +624,18 @@ def test_a_partitions_rows_of_every_slice_gather_in_order(parts: list, skip: int
         for i in range(len(whole))
     ]
     assert texts == whole
+    if all(e.var_data is s.data and e.var_offsets is s.offsets for s, _n, e, _r in picks):
+        # the key's bytes are its encoded keys' (strings without bytes under nulls): the
+        # column takes the keys' gathered bytes, its mask gathered on its own
+        shared = Column.take_many(
+            [(s_col, rows) for s_col, _n, _e, rows in picks],
+            gathered_var=(enc.var_offsets, enc.var_data),
+        )
+        assert shared.offsets is enc.var_offsets and shared.data is enc.var_data
+        assert np.array_equal(shared.offsets, got.offsets)
+        assert shared.data.tobytes() == got.data.tobytes()
+        assert (shared.valid is None) == (got.valid is None)
+        assert shared.valid is None or np.array_equal(shared.valid, got.valid)
     if not whole:
         return
     want_col = to_columns(pa.record_batch({"s": pa.array(whole, pa.string())}), ["s"])["s"]
@@ -639,6 +651,30 @@ def test_a_partitions_rows_of_every_slice_gather_in_order(parts: list, skip: int
         a = enc.var_data[enc.var_offsets[i] : enc.var_offsets[i + 1]]
         b = want.var_data[want.var_offsets[i] : want.var_offsets[i + 1]]
         assert a.tobytes() == b.tobytes()
+
+
+def test_a_string_keys_bytes_are_gathered_once_for_its_partition(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker gathers a string key's bytes once, for its encoded keys, and the key column
+    takes them (no second gather and join of the same bytes); other columns are gathered."""
+    from extagg.columnar.columns import Column
+
+    shared: dict[str, list[bool]] = {}
+    original = Column.take_many
+
+    def take_many(parts, reuse=None, gathered_var=None):  # type: ignore[no-untyped-def]
+        shared.setdefault(parts[0][0].name, []).append(gathered_var is not None)
+        return original(parts, reuse, gathered_var)
+
+    monkeypatch.setattr(Column, "take_many", staticmethod(take_many))
+    rng = np.random.default_rng(5)
+    keys = [None if i % 97 == 0 else f"user_{i}" for i in rng.integers(0, 3_000, 20_000)]
+    table = pa.table({"k": pa.array(keys, pa.string()), "v": rng.integers(0, 9, 20_000)})
+    aggs = {"s": ("v", "sum"), "n": ("k", "count"), "m": ("k", "max")}
+    got = aggregate(table, "k", aggs, threads=2, memory="64m")
+    assert shared["k"] and all(shared["k"]) and shared["v"] and not any(shared["v"])
+    assert got.equals(aggregate(table, "k", aggs, threads=1, memory="64m"))
 
 
 def test_dictionary_coded_keys_fold_by_their_codes_in_one_thread() -> None:
