@@ -1361,6 +1361,19 @@ def _text_schema(path: str, fmt: str, file_format: Any, encoding: str | None = N
     ``block_size`` bytes, decompressed), read through a :class:`_GatedStream` that lets
     the reader have the next block only: ``file_format.inspect`` opens a reader that reads
     32 blocks ahead (~130 MiB for a 4 MiB sample, in the process's peak before the run)."""
+    return _text_sample(path, fmt, file_format, encoding, rows=False)[0]
+
+
+def _text_has_rows(path: str, fmt: str, file_format: Any, encoding: str | None = None) -> bool:
+    """Whether a CSV/JSON file has a data row (its first block parsed, as for its schema)."""
+    return _text_sample(path, fmt, file_format, encoding, rows=True)[1]
+
+
+def _text_sample(
+    path: str, fmt: str, file_format: Any, encoding: str | None, rows: bool
+) -> tuple[pa.Schema, bool]:
+    """The schema of :func:`_text_schema` and, with ``rows``, whether a first batch came
+    (``True`` without ``rows``)."""
     gate = _GatedStream(_text_stream(path, encoding), ahead=1)
     source = gate.arrow_stream()
     if fmt == "json":
@@ -1383,7 +1396,8 @@ def _text_schema(path: str, fmt: str, file_format: Any, encoding: str | None = N
     reader = None
     try:
         reader = gate.call(open_reader)
-        return reader.schema
+        has_rows = not rows or gate.call(reader.read_next_batch, taken=True) is not None
+        return reader.schema, has_rows
     finally:
         # the gate opens before the reader goes: a JSON reader's destructor waits for the
         # read its I/O thread has started, which waits for the gate
@@ -2128,6 +2142,14 @@ def open_input(
     def format_of(path: str) -> Any:
         return file_formats.get(path, file_format)
 
+    rows_seen: dict[str, bool] = {}
+
+    def has_rows(path: str) -> bool:
+        """Whether the text file ``path`` has a data row (asked once a file)."""
+        if path not in rows_seen:
+            rows_seen[path] = _text_has_rows(path, fmt, format_of(path), options.get("encoding"))
+        return rows_seen[path]
+
     # ---------------------------------------------------------------- schemas
     read_cols = list(dict.fromkeys([*needed, *filter_columns]))
     per_file: list[tuple[str, pa.Schema]] = []
@@ -2239,9 +2261,15 @@ def open_input(
             fields.append(pa.field(name, json_types[name]))
             continue
         unified_field = _unify_column(name, per_file)
-        if fmt in ("csv", "tsv") and unified_field.type == pa.null():
+        if (
+            fmt in ("csv", "tsv")
+            and unified_field.type == pa.null()
+            and any(has_rows(path) for path, schema in per_file if name in schema.names)
+        ):
             # empty in every file's sample: text, as DuckDB reads it (a null column failed on
-            # the first value past the sample, "CSV conversion error to null")
+            # the first value past the sample, "CSV conversion error to null"); in files of
+            # a header only it stays null (no value to read: `sum` of it is null, not an
+            # error that it is text)
             unified_field = unified_field.with_type(pa.string())
         fields.append(unified_field)
     # hive folder columns: typed from every folder's value (as Spark and DuckDB do), or as given

@@ -1081,6 +1081,26 @@ def test_empty_text_files_hold_no_rows(tmp_path, fmt):
     assert got == [{"s": None, "n": 0}]
 
 
+@pytest.mark.parametrize("name", ["h.csv", "h.csv.gz", "h.tsv"])
+def test_a_csv_file_of_a_header_only_has_columns_of_no_type(tmp_path, name):
+    """A CSV file of its header line only (an export of no rows) is no rows, whatever the
+    aggregates: its columns have no value to be typed by, and were read as text, so ``sum``
+    of one was refused ("not supported for column 'v' of type string"). A column empty in
+    every row of a file that has rows stays text, as DuckDB reads it."""
+    sep = "\t" if ".tsv" in name else ","
+    header = f"k{sep}v\n".encode()
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(header) if name.endswith(".gz") else header)
+    aggs = {"s": ("v", "sum"), "m": ("v", "max"), "n": ("*", "count"), "d": ("v", "count_distinct")}
+    assert extagg.aggregate_files(str(path), by="k", aggs=aggs).read_all().num_rows == 0
+    got = extagg.aggregate_files(str(path), aggs=aggs, where="v > 5").read_all().to_pylist()
+    assert got == [{"s": None, "m": None, "n": 0, "d": 0}]
+    rows = tmp_path / "rows.csv"
+    rows.write_text("k,v\na,\nb,\n")
+    with pytest.raises(QueryError, match="of type string"):
+        extagg.aggregate_files(str(rows), by="k", aggs={"s": ("v", "sum")})
+
+
 def test_categorical_and_plain_strings_and_integers_beside_decimals_unify(tmp_path):
     """A pandas categorical column (a Parquet dictionary) in one file and plain strings in
     another were refused as not unifiable; an int32 column beside a decimal(12, 4) one was
