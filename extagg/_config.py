@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import re
 
+from extagg.errors import QueryError
+
 __all__ = [
     "parse_size",
     "format_size",
@@ -61,7 +63,8 @@ def parse_size(value: int | str, *, name: str = "size", allow_zero: bool = False
 
     Units follow Spark: ``k``, ``m``, ``g``, ``t``, ``p`` (optionally followed by ``b``) are
     binary, as are the IEC spellings ``KiB``/``MiB``/``GiB``. Empty strings, negative numbers,
-    unknown units and (unless ``allow_zero``) zero raise ``ValueError`` naming the bad value.
+    unknown units and (unless ``allow_zero``) zero raise :class:`~extagg.errors.QueryError` (a
+    ``ValueError``) naming the bad value.
     """
     if isinstance(value, bool):
         raise TypeError(f"{name} must be a byte count or a size string, not bool")
@@ -69,29 +72,29 @@ def parse_size(value: int | str, *, name: str = "size", allow_zero: bool = False
         size = value
     elif isinstance(value, float):
         if value != value or value in (float("inf"), float("-inf")):
-            raise ValueError(f"invalid {name} {value!r}: not a finite number")
+            raise QueryError(f"invalid {name} {value!r}: not a finite number")
         if value != int(value):  # memory=1.5 was 1 byte
-            raise ValueError(
+            raise QueryError(
                 f"invalid {name} {value!r}: a number of bytes is whole (for 1.5 MiB write '1.5m')"
             )
         size = int(value)
     elif isinstance(value, str):
         match = _SIZE_RE.match(value)
         if not match and value.strip().startswith("-"):
-            raise ValueError(
+            raise QueryError(
                 f"invalid {name} {value!r}: negative size (a size is a number of bytes >= 0)"
             )
         if not match:
-            raise ValueError(
+            raise QueryError(
                 f"invalid {name} {value!r}: expected a number with an optional unit "
                 "(b, k, m, g, t, p, kb, mb, KiB, MiB, ...), e.g. '256m'"
             )
         number, unit = match.groups()
         factor = _UNITS.get(unit.lower())
         if factor is None:
-            raise ValueError(f"invalid {name} {value!r}: unknown unit {unit!r}")
+            raise QueryError(f"invalid {name} {value!r}: unknown unit {unit!r}")
         if "." in number and factor == 1 and float(number) != int(float(number)):
-            raise ValueError(  # "1.5" was 1 byte
+            raise QueryError(  # "1.5" was 1 byte
                 f"invalid {name} {value!r}: a number of bytes is whole "
                 f"(for {number} MiB write '{number}m')"
             )
@@ -99,9 +102,9 @@ def parse_size(value: int | str, *, name: str = "size", allow_zero: bool = False
     else:
         raise TypeError(f"{name} must be a byte count or a size string, not {type(value).__name__}")
     if size < 0:
-        raise ValueError(f"invalid {name} {value!r}: negative size (must not be negative)")
+        raise QueryError(f"invalid {name} {value!r}: negative size (must not be negative)")
     if size == 0 and not allow_zero:
-        raise ValueError(f"invalid {name} {value!r}: must be greater than zero")
+        raise QueryError(f"invalid {name} {value!r}: must be greater than zero")
     return size
 
 

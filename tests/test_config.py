@@ -3,6 +3,7 @@ import os
 import pytest
 
 from extagg._config import env_size, format_size, parse_size
+from extagg.errors import QueryError
 
 
 @pytest.mark.parametrize(
@@ -27,7 +28,7 @@ def test_parse_size_spark_units_are_binary(text, expected):
 
 @pytest.mark.parametrize("bad", ["", "   ", "-1m", "12q", "m", "1..2g", "abc", "0", "0m"])
 def test_parse_size_rejects_bad_strings_naming_them(bad):
-    with pytest.raises(ValueError, match="memory"):
+    with pytest.raises(QueryError, match="memory"):  # extagg's own, a ValueError
         parse_size(bad, name="memory")
 
 
