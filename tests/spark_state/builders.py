@@ -331,6 +331,31 @@ def build_pandas_state(spark, root: str) -> str:
     return checkpoint
 
 
+def build_compressed(spark, root: str, codec: str) -> str:
+    """The aggregation of :func:`build_aggregation` with its state files compressed by
+    ``codec`` (``spark.sql.streaming.stateStore.compression.codec``)."""
+    key = "spark.sql.streaming.stateStore.compression.codec"
+    spark.conf.set(key, codec)
+    try:
+        from pyspark.sql import functions as F
+
+        data = os.path.join(root, f"codec-{codec}-in")
+        rng = random.Random(11)
+        batches = []
+        for _ in range(3):
+            ks = [f"key-{rng.randrange(40)}" for _ in range(30)]
+            vs = [rng.randrange(-50, 100) for _ in ks]
+            batches.append(pa.table({"k": ks, "v": pa.array(vs, pa.int64())}))
+        _write_batches(data, batches)
+        df = _stream(spark, data, "k string, v long")
+        agg = df.groupBy("k").agg(F.count("*").alias("cnt"), F.sum("v").alias("total"))
+        checkpoint = os.path.join(root, f"codec-{codec}")
+        _run(agg.writeStream.format("noop").outputMode("update"), checkpoint)
+        return checkpoint
+    finally:
+        spark.conf.unset(key)
+
+
 def build_rocksdb(spark, root: str) -> str:
     """The same aggregation with the RocksDB provider (which extagg refuses)."""
     key = "spark.sql.streaming.stateStore.providerClass"

@@ -70,6 +70,7 @@ class Checkpoints:
                 "join": lambda: builders.build_join(self.spark, self.root),
                 "pandas_state": lambda: builders.build_pandas_state(self.spark, self.root),
                 "rocksdb": lambda: builders.build_rocksdb(self.spark, self.root),
+                "zstd": lambda: builders.build_compressed(self.spark, self.root, "zstd"),
             }[name]
             self.paths[name] = build()
             time.sleep(0.3)  # let maintenance write its snapshots

@@ -52,6 +52,20 @@ def test_state_of_every_batch_equals_spark(spark, checkpoints, query):
     assert ours  # the last batch holds state
 
 
+def test_zstd_compressed_state_equals_spark(spark, checkpoints):
+    """State files Spark compressed with zstd (``stateStore.compression.codec``): every
+    batch and the change feed as Spark reads them."""
+    path = checkpoints.get("zstd")
+    with open(os.path.join(path, "state", "0", "0", "1.delta"), "rb") as f:
+        assert f.read(4) == b"\x28\xb5\x2f\xfd"  # a zstd frame
+    for batch in committed(path):
+        ours = our_rows(read_state(path, batch_id=batch))
+        assert ours == spark_rows(spark, path, batchId=batch), batch
+    assert ours
+    feed = our_rows(read_change_feed(path, start_batch_id=0))
+    assert feed == spark_rows(spark, path, readChangeFeed=True, changeStartBatchId=0)
+
+
 @pytest.mark.parametrize("query", ["agg_update", "global", "window", "dedup", "pandas_state"])
 def test_change_feed_equals_spark(spark, checkpoints, query):
     path = checkpoints.get(query)
