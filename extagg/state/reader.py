@@ -86,12 +86,20 @@ def open_checkpoint(path: Any) -> Checkpoint:
     return checkpoint
 
 
-def default_batch(checkpoint: Checkpoint) -> int:
-    """The last committed batch (Spark's default ``batchId``)."""
+def committed_batch(checkpoint: Checkpoint, batch_id: int | None = None) -> int:
+    """``batch_id``, or the last committed batch (Spark's default ``batchId``) when it is
+    ``None``. A batch past the last commit is refused as Spark's reader refuses it: its
+    version may be one a batch wrote and never committed (a retried batch rewrites it). A
+    checkpoint with no commit log at all (versions committed by providers alone) reads any
+    batch asked for by its number."""
     last = checkpoint.last_committed_batch()
-    if last is None:
-        raise CommittedBatchUnavailableError(checkpoint.path)
-    return last
+    if batch_id is None:
+        if last is None:
+            raise CommittedBatchUnavailableError(checkpoint.path)
+        return last
+    if last is not None and batch_id > last:
+        raise CommittedBatchUnavailableError(checkpoint.path, batch_id, last)
+    return batch_id
 
 
 @dataclass
@@ -226,8 +234,7 @@ def read_state(
             error_class="STDS_REQUIRED_OPTION_UNSPECIFIED",
         )
     checkpoint = open_checkpoint(path)
-    if batch_id is None:
-        batch_id = default_batch(checkpoint)
+    batch_id = committed_batch(checkpoint, batch_id)
     if snapshot_start_batch_id is not None and snapshot_start_batch_id > batch_id:
         raise StateSourceOptionError(
             "snapshot_start_batch_id",
@@ -332,8 +339,7 @@ def read_change_feed(
     store_name = check_store_name_option(store_name)
     partition_id = check_batch_option("partition_id", partition_id)
     checkpoint = open_checkpoint(path)
-    if end_batch_id is None:
-        end_batch_id = default_batch(checkpoint)
+    end_batch_id = committed_batch(checkpoint, end_batch_id)
     if end_batch_id < start_batch_id:
         raise StateSourceOptionError(
             "end_batch_id",

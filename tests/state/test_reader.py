@@ -303,8 +303,15 @@ def test_other_option_errors(checkpoint, built):
     assert info.value.option == "partition_id"
     with pytest.raises(TypeError, match="'batch_id' must be an int"):
         read_state(checkpoint.path, batch_id="1")
-    with pytest.raises(StateFileNotFoundError, match=r"9\.delta does not exist"):
+    # past the last commit: refused as Spark refuses it (its version may never have been
+    # committed), not a missing file
+    last = checkpoint.last_committed_batch()
+    assert last is not None and last < 8
+    with pytest.raises(CommittedBatchUnavailableError) as unavailable:
         read_state(checkpoint.path, batch_id=8)
+    assert unavailable.value.error_class == "STDS_COMMITTED_BATCH_UNAVAILABLE"
+    with pytest.raises(CommittedBatchUnavailableError):
+        list(read_change_feed(checkpoint.path, 0, end_batch_id=last + 1))
 
 
 def test_path_errors(tmp_path):
