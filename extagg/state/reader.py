@@ -358,11 +358,19 @@ def read_change_feed(
             delta = listing.deltas.get(batch + 1)
             if delta is None:
                 missing = os.path.join(listing.directory, f"{batch + 1}.delta")
+                oldest = min(listing.deltas, default=None)
+                why = (
+                    f"Batch {batch}'s delta is older than the oldest one kept, "
+                    f"{oldest}.delta: maintenance removed it (it keeps min_versions_to_retain "
+                    f"versions); the change feed can start at batch {oldest - 1}."
+                    if oldest is not None and batch + 1 < oldest
+                    else "If the stream job is restarted with a new or updated state operation, "
+                    "please create a new checkpoint location or clear the existing checkpoint "
+                    "location."
+                )
                 raise StateFileNotFoundError(
                     f"[CANNOT_READ_STREAMING_STATE_FILE] Error reading streaming state file of "
-                    f"{target.label(partition)}: {missing} does not exist. If the stream job is "
-                    "restarted with a new or updated state operation, please create a new "
-                    "checkpoint location or clear the existing checkpoint location.",
+                    f"{target.label(partition)}: {missing} does not exist. {why}",
                     path=missing,
                     error_class="CANNOT_READ_STREAMING_STATE_FILE",
                 )

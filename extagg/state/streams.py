@@ -236,7 +236,17 @@ def files_for_version(
         path = listing.deltas.get(delta_version)
         if path is None:
             path = os.path.join(listing.directory, f"{delta_version}.delta")
-            raise missing_file_error(path, label)
+            error = missing_file_error(path, label)
+            oldest = min((v for v in listing.snapshots if v not in skip), default=None)
+            if snapshot is None and oldest is not None and version < oldest:
+                # the files before the oldest snapshot are gone: maintenance removed them
+                error.args = (
+                    f"{error.args[0]} Version {version} is older than the oldest snapshot, "
+                    f"{oldest}: maintenance removed the files before it (it keeps "
+                    f"min_versions_to_retain versions); the earliest version readable is "
+                    f"{oldest} (batch {oldest - 1}).",
+                )
+            raise error
         paths.append(path)
     return base, paths
 

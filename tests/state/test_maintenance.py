@@ -6,7 +6,9 @@ import logging
 import os
 import threading
 
-from extagg.state import StateFileNotFoundError, StateStoreConf
+import pytest
+
+from extagg.state import StateFileNotFoundError, StateStoreConf, read_change_feed
 
 from .conftest import commit_version, state_files, temp_files
 
@@ -83,6 +85,14 @@ def test_cleanup_keeps_what_rebuilds_the_last_min_versions_to_retain(operator, m
     fresh = operator.provider(0, conf=conf, memory_manager=mm)
     for version in range(8, 13):
         assert dict(fresh.get_read_store(version).items()) == expected_state(version)
+    # a version maintenance removed: the error says so and where reading can start
+    with pytest.raises(StateFileNotFoundError, match=r"1\.delta does not exist") as info:
+        fresh.get_read_store(2)
+    assert "maintenance removed the files before it" in str(info.value)
+    assert "earliest version readable is 6 (batch 5)" in str(info.value)
+    operator.checkpoint.commit(11)
+    with pytest.raises(StateFileNotFoundError, match="the change feed can start at batch 5"):
+        list(read_change_feed(operator.checkpoint.path, 0, operator_id=operator.operator_id))
     provider.close()
     fresh.close()
 
