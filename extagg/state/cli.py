@@ -185,7 +185,7 @@ def _rows_for(args: argparse.Namespace) -> Rows[Any]:
 def _text_cell(value: Any) -> str:
     if value is None:
         return "null"
-    if isinstance(value, (spark_state.SparkRow, decimal.Decimal, dt.date)):
+    if isinstance(value, (spark_state.SparkRow, decimal.Decimal, dt.date, dt.timedelta)):
         return json.dumps(_json_value(value), ensure_ascii=False, allow_nan=False)
     return value if isinstance(value, str) else repr(value)
 
@@ -213,9 +213,24 @@ def _json_value(value: Any) -> Any:
         return [_json_value(item) for item in value]
     if isinstance(value, bytes):
         return value.hex()
+    if isinstance(value, dt.timedelta):
+        return _iso_duration(value)
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return repr(value)
+
+
+def _iso_duration(value: dt.timedelta) -> str:
+    """An ISO 8601 duration, days and time exact to the microsecond: ``P1DT2H3M4.5S``,
+    ``-PT0.000001S`` (JSON has no duration; ``repr`` gave ``datetime.timedelta(days=1)``)."""
+    micros = value // dt.timedelta(microseconds=1)
+    sign, micros = ("-", -micros) if micros < 0 else ("", micros)
+    days, micros = divmod(micros, 86_400_000_000)
+    hours, micros = divmod(micros, 3_600_000_000)
+    minutes, micros = divmod(micros, 60_000_000)
+    seconds, micros = divmod(micros, 1_000_000)
+    second_text = f"{seconds}.{micros:06d}".rstrip("0").rstrip(".") if micros else str(seconds)
+    return f"{sign}P{days}DT{hours}H{minutes}M{second_text}S"
 
 
 def _limited(rows: Iterable[Any], limit: int | None) -> Iterable[Any]:

@@ -164,6 +164,24 @@ def test_a_failed_export_leaves_the_old_file_and_no_temp_file(path, tmp_path, na
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
+def test_durations_print_as_iso_8601(checkpoint, mm):
+    """A timedelta key or value prints as an ISO 8601 duration, exact to the microsecond (it
+    printed as ``datetime.timedelta(days=1)``, which no JSON reader parses)."""
+    import datetime as dt
+
+    op = checkpoint.operator(0, name="t", num_partitions=1)
+    puts = {dt.timedelta(days=1): dt.timedelta(hours=2, minutes=3, seconds=4, milliseconds=500),
+            dt.timedelta(microseconds=-1): dt.timedelta(0)}  # fmt: skip
+    commit_version(op.provider(0, memory_manager=mm), 0, puts)
+    checkpoint.commit(0)
+    status, out, err = run(["state", "show", checkpoint.path, "--format", "jsonl"])
+    assert (status, err) == (0, "")
+    rows = sorted((r["key"], r["value"]) for r in map(json.loads, out.splitlines()))
+    assert rows == [("-P0DT0H0M0.000001S", "P0DT0H0M0S"), ("P1DT0H0M0S", "P0DT2H3M4.5S")]
+    status, out, _ = run(["state", "show", checkpoint.path, "--format", "csv"])
+    assert '"""P1DT0H0M0S""","""P0DT2H3M4.5S"""' in out
+
+
 def test_a_lone_surrogate_key_is_printed_escaped_not_an_error_mid_output(checkpoint, mm, tmp_path):
     """The codec stores lone surrogates; ``show`` as a table or CSV stopped after the rows
     before it with a UnicodeEncodeError (exit 1)."""
