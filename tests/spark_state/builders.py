@@ -38,11 +38,13 @@ def _stream(spark, directory: str, schema):
     return spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(directory)
 
 
-def build_aggregation(spark, root: str, mode: str) -> str:
-    """``groupBy(k).agg(count, sum)`` in ``mode`` over four batches."""
+def build_aggregation(spark, root: str, mode: str, name: str | None = None) -> str:
+    """``groupBy(k).agg(count, sum)`` in ``mode`` over four batches (its checkpoint and input
+    folders named after ``name``, default ``agg-<mode>``)."""
     from pyspark.sql import functions as F
 
-    data = os.path.join(root, f"agg-{mode}-in")
+    name = name or f"agg-{mode}"
+    data = os.path.join(root, f"{name}-in")
     rng = random.Random(7)
     words = ["apple", "banana", "cherry", "date", "elderberry", "fig", "grape", "", "ü-nicode"]
     batches = []
@@ -53,7 +55,7 @@ def build_aggregation(spark, root: str, mode: str) -> str:
     _write_batches(data, batches)
     df = _stream(spark, data, "k string, v long")
     agg = df.groupBy("k").agg(F.count("*").alias("cnt"), F.sum("v").alias("total"))
-    checkpoint = os.path.join(root, f"agg-{mode}")
+    checkpoint = os.path.join(root, name)
     _run(agg.writeStream.format("noop").outputMode(mode), checkpoint)
     return checkpoint
 
@@ -337,21 +339,7 @@ def build_compressed(spark, root: str, codec: str) -> str:
     key = "spark.sql.streaming.stateStore.compression.codec"
     spark.conf.set(key, codec)
     try:
-        from pyspark.sql import functions as F
-
-        data = os.path.join(root, f"codec-{codec}-in")
-        rng = random.Random(11)
-        batches = []
-        for _ in range(3):
-            ks = [f"key-{rng.randrange(40)}" for _ in range(30)]
-            vs = [rng.randrange(-50, 100) for _ in ks]
-            batches.append(pa.table({"k": ks, "v": pa.array(vs, pa.int64())}))
-        _write_batches(data, batches)
-        df = _stream(spark, data, "k string, v long")
-        agg = df.groupBy("k").agg(F.count("*").alias("cnt"), F.sum("v").alias("total"))
-        checkpoint = os.path.join(root, f"codec-{codec}")
-        _run(agg.writeStream.format("noop").outputMode("update"), checkpoint)
-        return checkpoint
+        return build_aggregation(spark, root, "update", name=f"codec-{codec}")
     finally:
         spark.conf.unset(key)
 
