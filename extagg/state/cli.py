@@ -222,7 +222,8 @@ def _json_value(value: Any) -> Any:
 
 def _iso_duration(value: dt.timedelta) -> str:
     """An ISO 8601 duration, days and time exact to the microsecond: ``P1DT2H3M4.5S``,
-    ``-PT0.000001S`` (JSON has no duration; ``repr`` gave ``datetime.timedelta(days=1)``)."""
+    ``-P0DT0H0M0.000001S`` (JSON has no duration; ``repr`` gave
+    ``datetime.timedelta(days=1)``)."""
     micros = value // dt.timedelta(microseconds=1)
     sign, micros = ("-", -micros) if micros < 0 else ("", micros)
     days, micros = divmod(micros, 86_400_000_000)
