@@ -58,8 +58,18 @@ def expand_input_paths(paths: Sequence[str]) -> list[tuple[str, str | None]]:
             out.extend(reached.items())
         elif os.path.isdir(path):
             found = []
-            for root, dirs, files in os.walk(path):
-                dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
+            # a folder that cannot be listed is an error, not a part of the data skipped (its
+            # rows were silently missing); linked folders are followed, as pyarrow's dataset
+            # does, each real folder once (a link back up would loop)
+            seen = {os.path.realpath(path)}
+            for root, dirs, files in os.walk(path, onerror=_unreadable_folder, followlinks=True):
+                kept = []
+                for d in sorted(dirs):
+                    real = os.path.realpath(os.path.join(root, d))
+                    if not d.startswith((".", "_")) and real not in seen:
+                        seen.add(real)
+                        kept.append(d)
+                dirs[:] = kept
                 found += [os.path.join(root, f) for f in sorted(files) if not _is_marker(f)]
             if not found:
                 raise InputError(f"directory {path} holds no data files", path=path)
@@ -78,6 +88,14 @@ def expand_input_paths(paths: Sequence[str]) -> list[tuple[str, str | None]]:
     if not out:
         raise InputError("no input: give at least one file, glob or directory")
     return out
+
+
+def _unreadable_folder(error: OSError) -> None:
+    """``os.walk``'s ``onerror``: a folder of the input that cannot be listed stops the run."""
+    raise InputError(
+        f"cannot read directory {error.filename}: {error.strerror or error}",
+        path=str(error.filename),
+    ) from error
 
 
 def _under_hive_folders(file: str, root: str) -> bool:

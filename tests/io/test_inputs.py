@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import extagg
+import extagg.io  # extagg.io.open_input below: not loaded by `import extagg`
 from extagg.errors import InputError, QueryError
 from tests.io.conftest import AGGS, as_dict, assert_same, reference, sample_table
 
@@ -1890,3 +1891,32 @@ def test_a_json_field_first_set_past_the_sample_can_be_declared(tmp_path):
     got = extagg.aggregate_files(str(src), by="late", aggs=["n=count(*)"], sort=True,
                                  column_types="late:int64").read_all()  # fmt: skip
     assert got.to_pylist() == [{"late": 5, "n": 1}, {"late": None, "n": 300_000}]
+
+
+def test_linked_and_unreadable_folders_of_a_directory_are_read_or_refused(tmp_path, monkeypatch):
+    """A folder of the input that is a symlink was skipped (``os.walk`` does not follow
+    links) and one that cannot be listed was skipped too: exit 0 with its rows missing. A
+    linked folder is read (as pyarrow's dataset reads it, a link back up once); one that
+    cannot be listed is an ``InputError`` naming it."""
+    data = tmp_path / "d"
+    (data / "part=1").mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    pq.write_table(pa.table({"v": [1, 2]}), data / "part=1" / "a.parquet")
+    pq.write_table(pa.table({"v": [10, 20, 30]}), elsewhere / "b.parquet")
+    os.symlink(elsewhere, data / "part=2")
+    os.symlink(data, data / "part=1" / "loop")  # a link back up: not read twice, no loop
+    aggs = {"n": ("*", "count"), "s": ("v", "sum")}
+    got = extagg.aggregate_files(str(data), by="part", aggs=aggs, sort=True).read_all()
+    assert got.to_pylist() == [{"part": 1, "n": 2, "s": 3}, {"part": 2, "n": 3, "s": 60}]
+
+    real_scandir = os.scandir
+
+    def scandir(path="."):
+        if os.fspath(path).endswith("part=2"):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    with pytest.raises(InputError, match=r"cannot read directory .*part=2: Permission denied"):
+        extagg.aggregate_files(str(data), by="part", aggs=aggs)
