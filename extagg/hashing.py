@@ -52,6 +52,7 @@ TUPLE_TAG = 0x7E7E7E7E7E7E7E7E
 BIGINT_TAG = 0x00B16B16
 OBJECT_TAG = 0x0B1EC7000B1EC700
 ENUM_TAG = 0x0E0E0E0E0E0E0E0E
+FROZENSET_TAG = 0x5E75E75E75E75E75
 
 _C1 = 0xFF51AFD7ED558CCD
 _C2 = 0xC4CEB9FE1A85EC53
@@ -293,7 +294,8 @@ def order_hash(key: Hashable) -> int:
 
     Other hashable objects fall back so that keys Python holds equal still hash equal: numbers
     of other types (``Decimal``, ``Fraction``, NumPy scalars) hash by value as the equal int or
-    float, tuples fold their elements' order hashes, subclasses of the built-in types that
+    float, tuples fold their elements' order hashes, frozensets sum them (free of the set's
+    iteration order, which follows ``PYTHONHASHSEED``), subclasses of the built-in types that
     define their own ``__eq__`` or ``__hash__`` (a case-insensitive ``str``) and anything else
     (user classes) use their own ``__hash__`` mixed to 64 bits — consistent within a process,
     which is all a spill needs, and deterministic whenever that ``__hash__`` is; an ``Enum``
@@ -328,6 +330,11 @@ def _by_value(kind: type) -> bool:
     return True
 
 
+def _same_as_frozenset(kind: type) -> bool:
+    """Whether a ``frozenset`` subclass compares and hashes as ``frozenset`` does."""
+    return kind.__eq__ is frozenset.__eq__ and kind.__hash__ is frozenset.__hash__
+
+
 def _fallback_hash(key: Any) -> int:
     if isinstance(key, tuple) and (type(key) is tuple or _by_value(type(key))):
         h = fmix64((len(key) ^ TUPLE_TAG ^ SEED64) & M64)
@@ -354,6 +361,14 @@ def _fallback_hash(key: Any) -> int:
                 return _hash_float(as_float)
         except (TypeError, ValueError, OverflowError):
             pass
+    if isinstance(key, frozenset) and _same_as_frozenset(type(key)):
+        # a frozenset's own hash mixes its elements' hash(), which for strings changes with
+        # PYTHONHASHSEED: summing its elements' order hashes is as free of their order and
+        # the same in every process
+        total = 0
+        for element in key:
+            total += fmix64(order_hash(element) ^ FROZENSET_TAG)
+        return fmix64((total ^ len(key) ^ FROZENSET_TAG ^ SEED64) & M64)
     if isinstance(key, enum.Enum) and type(key).__hash__ is enum.Enum.__hash__:
         # a member is equal only to itself; Enum's own hash is its name's, which changes with
         # PYTHONHASHSEED: the name and the class's name make the order the same in every run
