@@ -40,6 +40,7 @@ import contextlib
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from types import FrameType, TracebackType
 from typing import Any
@@ -47,6 +48,7 @@ from typing import Any
 __all__ = [
     "compiling",
     "deferred_interrupts",
+    "interrupt_once",
     "latched_interrupts",
     "raise_if_interrupted",
     "stop_process_on_interrupt",
@@ -64,6 +66,24 @@ _STOPPING = frozenset(
     number for number in (getattr(_signal, name, None) for name in ("SIGINT", "SIGTERM", "SIGHUP"))
     if number is not None
 )  # fmt: skip
+
+
+def interrupt_once(grace: float = 10.0) -> None:
+    """For a process that is the command line's own: the first Ctrl-C raises
+    ``KeyboardInterrupt`` and the run stops and removes its files; a repeated one within
+    ``grace`` seconds is let go, so that it cannot land in that cleanup (a user pressing
+    Ctrl-C three times left a traceback and the spill files, 5 runs in 7). One after the grace
+    raises again (a run that did not stop). Call it from the main thread before the run."""
+    first: list[float] = []
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        now = time.monotonic()
+        if first and now - first[0] < grace:
+            return  # the run is stopping: let it finish removing its files
+        first[:] = [now]
+        raise KeyboardInterrupt
+
+    _signal.signal(_SIGINT, handler)
 
 
 def stop_process_on_interrupt(stop: Callable[[int], None]) -> None:

@@ -171,10 +171,14 @@ def run() -> None:
     """
     import atexit
     import os
+    import signal
 
+    from extagg._interrupts import interrupt_once
     from extagg._malloc import keep_freed_heap_for_reuse
 
     keep_freed_heap_for_reuse()
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        interrupt_once()  # not where the shell or a caller ignores Ctrl-C
     stopped_by = _stop_on_termination()
     _leave_at_once_while_compiling()
     try:

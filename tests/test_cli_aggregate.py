@@ -1062,10 +1062,16 @@ def test_a_failed_json_read_exits_cleanly_every_time(tmp_path):
 
 
 def _signal_when(
-    cmd: list[str], env: dict[str, str], ready: Callable[[], bool], signum: int, too_soon: str
+    cmd: list[str],
+    env: dict[str, str],
+    ready: Callable[[], bool],
+    signum: int,
+    too_soon: str,
+    repeat: int = 1,
 ) -> tuple[int, str, float]:
-    """Start ``cmd``, send it ``signum`` once ``ready()`` (it still running, else
-    ``too_soon`` fails the test); its exit status, stderr and the seconds it took to stop."""
+    """Start ``cmd``, send it ``signum`` (``repeat`` times, 2 ms apart) once ``ready()`` (it
+    still running, else ``too_soon`` fails the test); its exit status, stderr and the seconds
+    it took to stop."""
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env,
                             preexec_fn=_sigint_as_at_a_shell)  # fmt: skip
     deadline = time.monotonic() + 240
@@ -1076,6 +1082,11 @@ def _signal_when(
     assert proc.poll() is None, too_soon
     proc.send_signal(signum)
     sent = time.monotonic()
+    for _ in range(repeat - 1):
+        time.sleep(0.002)
+        if proc.poll() is not None:
+            break
+        proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
     return proc.returncode, err, time.monotonic() - sent
 
@@ -1112,6 +1123,32 @@ def test_sigint_stops_and_leaves_no_files(tmp_path, fmt, signum):
     assert not [p for p in spill.rglob("*") if p.is_file()]
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"big.{fmt}", "spill"]
     print(f"stopped {stopped:.2f} s after SIGINT")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_repeated_ctrl_c_does_not_break_the_cleanup(tmp_path, signum):
+    """A user pressing Ctrl-C again and again: the first stops the run, the others (sent every
+    2 ms until it has stopped) must not land in its cleanup (they left a traceback, exit -2
+    and the spill files)."""
+    t = table(3_000_000, keys=1_500_000, seed=12)
+    src = tmp_path / "big.parquet"
+    pq.write_table(t, src, row_group_size=100_000)
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    out = tmp_path / "out.parquet"
+    cmd = [
+        sys.executable, "-m", "extagg", "aggregate", str(src), "--by", "k,u", "--agg",
+        "n=count(*)", "--agg", "s=sum(v)", "--memory", "4m", "--spill-dir", str(spill),
+        "-o", str(out),
+    ]  # fmt: skip
+    returncode, err, _ = _signal_when(
+        cmd, _env(), lambda: sum(p.is_file() for p in spill.rglob("*")) >= 60, signum,
+        "the run ended before it spilled 60 files: make the input larger", repeat=1000,
+    )  # fmt: skip
+    assert returncode == 128 + signum, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert not [p for p in spill.rglob("*") if p.is_file()]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.parquet", "spill"]
 
 
 @pytest.mark.slow
