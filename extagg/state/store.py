@@ -291,7 +291,14 @@ class StateStore(ReadStateStore):
 
     def _keys_snapshot(self) -> list[Any]:
         keys = [key for key in self._base if key not in self._changes]
-        keys.extend(key for key, change in self._changes.items() if change[1] is not None)
+        for key, change in self._changes.items():
+            if change[1] is None:
+                continue
+            if key in self._base and self._removed_entry(key) is None:
+                # a put keeps the stored key object (``put(1.0, v)`` over a stored 1 leaves 1),
+                # as the committed version will show it
+                key = _stored_key(self._base, key)
+            keys.append(key)
         return keys
 
     def _state_bytes(self) -> int:

@@ -335,7 +335,8 @@ EQUAL_KEYS = [True, 1, 1.0, False, 0, 0.0, -0.0, (1, "t"), (True, "t"), (1.0, "t
 )
 def test_puts_and_removes_of_equal_keys_hold_what_a_dict_holds(tmp_path_factory, batches):
     """Any mix of puts and removes (None: remove) of equal keys of other types in a batch: every
-    read path holds the dict's keys, their types included, and its size."""
+    read path, the writing store's own before its commit included, holds the dict's keys,
+    their types included, and its size."""
     from extagg.memory import UnifiedMemoryManager
     from extagg.state import Checkpoint, read_state
 
@@ -356,6 +357,7 @@ def test_puts_and_removes_of_equal_keys_hold_what_a_dict_holds(tmp_path_factory,
                 store.put(key, value)
                 expected[key] = value
         assert len(store) == len(expected)
+        assert _typed(store.items()) == _typed(expected.items())  # the writer's own view
         store.commit()
         checkpoint.commit(batch)
         assert provider.metrics.num_keys == len(expected)
