@@ -29,6 +29,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import stat
 import struct
 import zlib
 from dataclasses import dataclass
@@ -324,7 +325,11 @@ class RunReader:
         return data
 
     def _read_index(self) -> None:
-        size = os.fstat(self._fd).st_size
+        status = os.fstat(self._fd)
+        if not stat.S_ISREG(status.st_mode):
+            kind = "a directory" if stat.S_ISDIR(status.st_mode) else "not a regular file"
+            raise self._corrupt(None, f"the spill file's path is {kind} now")
+        size = status.st_size
         self.file_size = size
         if size < _HEADER.size + _TRAILER.size:
             raise self._corrupt(0, f"file is too short to be an extagg run file ({size} bytes)")

@@ -205,6 +205,16 @@ def test_missing_file_names_it(tmp_path):
     assert "nope.run" in str(err.value)
 
 
+def test_a_directory_in_the_spill_files_place_names_it(tmp_path):
+    """A folder where the run file was (a user's or a cleaner's doing): a CorruptFileError
+    naming the path, not a bare IsADirectoryError from the first read."""
+    path = tmp_path / "map-1.run"
+    path.mkdir()
+    with pytest.raises(CorruptFileError, match="is a directory now") as err:
+        RunReader(str(path))
+    assert "map-1.run" in str(err.value)
+
+
 class FullDisk:
     """A file that accepts ``room`` bytes and then fails like a full disk (I/O fault injection)."""
 
