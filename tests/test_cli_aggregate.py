@@ -925,21 +925,32 @@ def test_parquet_pages_of_many_distinct_strings_do_not_follow_the_batches(tmp_pa
     assert pq.read_table(out).equals(result)
 
 
-def test_parquet_output_bytes_depend_on_the_rows_only(tmp_path, capsys):
-    """Row groups of one size whatever the result batches (they follow the budget, the spills
-    and the threads): the same file bytes at 4 MiB and with no limit, on one thread or two;
-    numbers written without dictionary pages (a row per group: they rarely repeat)."""
+@pytest.mark.parametrize("suffix", ["parquet", "arrow"])
+def test_output_bytes_depend_on_the_rows_only(tmp_path, capsys, suffix):
+    """Row groups (Arrow IPC: record batches) of one size whatever the result batches (they
+    follow the budget, the spills and the threads): the same file bytes at 4 MiB and with no
+    limit, on one thread or two; Parquet numbers written without dictionary pages (a row per
+    group: they rarely repeat)."""
     from extagg.io.output import parquet_row_group_rows
 
     src = tmp_path / "in.parquet"
     pq.write_table(table(600_000, keys=200_000, seed=9), src)
     digests = set()
     for memory, threads in (("4m", "1"), ("4m", "2"), ("1g", "1"), ("1g", "2")):
-        out = tmp_path / f"o-{memory}-{threads}.parquet"
+        out = tmp_path / f"o-{memory}-{threads}.{suffix}"
         assert main(["aggregate", str(src), "--by", "k,g", "--agg", "s=sum(v)", "--memory", memory,
                      "--threads", threads, "-q", "-o", str(out)]) == 0  # fmt: skip
         digests.add(out.read_bytes())
     assert len(digests) == 1
+    if suffix == "arrow":
+        import pyarrow.ipc
+
+        reader = pyarrow.ipc.open_file(out)
+        rows = parquet_row_group_rows(reader.schema)
+        sizes = [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)]
+        assert sizes[:-1] == [rows] * (len(sizes) - 1) and 0 < sizes[-1] <= rows
+        assert sum(sizes) == reader.read_all().num_rows > rows
+        return
     meta = pq.read_metadata(out)
     rows = parquet_row_group_rows(pq.read_schema(out))
     sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]

@@ -481,7 +481,8 @@ def parquet_row_group_rows(schema: pa.Schema) -> int:
 
     The results come in batches whose sizes depend on the budget, the spills and the threads
     (a row group per batch: 395 row groups, some of 11 rows, for 1.9 M groups at 8 MiB, 188
-    with no limit); cut to one size, the file's bytes depend on its rows only."""
+    with no limit); cut to one size, the file's bytes depend on its rows only. An Arrow IPC
+    file's record batches are cut the same way."""
     width = sum(
         max(1, (t.bit_width + 7) // 8) if pa.types.is_primitive(t) else 32 for t in schema.types
     )
@@ -505,7 +506,8 @@ class ResultWriter:
         self._tmp: str | None = None
         self._file: IO[bytes] | None = None
         self._writer: Any = None
-        #: Parquet: the rows of the next row group, gathered until there are enough
+        #: Parquet and Arrow IPC: the rows of the next row group (record batch), gathered
+        #: until there are enough
         self._group: list[pa.RecordBatch] = []
         self._group_rows = 0
         self._row_group_rows = parquet_row_group_rows(schema)
@@ -622,7 +624,7 @@ class ResultWriter:
                 nbytes = len(lines)
             elif self.fmt in ("csv", "tsv"):
                 self._writer.write_batch(_binary_as_base64(batch))
-            elif self.fmt == "parquet":
+            elif self.fmt in ("parquet", "ipc"):
                 self._group.append(batch)
                 self._group_rows += batch.num_rows
                 nbytes = 0
@@ -634,11 +636,15 @@ class ResultWriter:
         self.bytes_written += nbytes
 
     def _write_row_group(self, rows: int) -> int:
-        """Write the first ``rows`` gathered rows as one Parquet row group; their bytes."""
+        """Write the first ``rows`` gathered rows as one Parquet row group (one Arrow record
+        batch); their bytes."""
         gathered = pa.Table.from_batches(self._group, schema=self.schema)
         head = gathered.slice(0, rows)
-        aligned = pa.Table.from_batches(_aligned_batches(head.to_batches()), schema=self.schema)
-        self._writer.write_table(aligned, row_group_size=max(1, rows))
+        if self.fmt == "ipc":
+            self._writer.write_batch(_concat_batches(head.to_batches()))
+        else:
+            aligned = pa.Table.from_batches(_aligned_batches(head.to_batches()), self.schema)
+            self._writer.write_table(aligned, row_group_size=max(1, rows))
         self._group = gathered.slice(rows).to_batches()
         self._group_rows -= rows
         return int(head.nbytes)
