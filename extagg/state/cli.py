@@ -300,8 +300,12 @@ def _write_parquet(
                 if writer is not None:
                     writer.close()
             handle.flush()
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise TypeError(f"cannot write {path} as Parquet: {exc}") from None
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
+        # keys (or values) of several types in one column: a Python state store takes them
+        raise TypeError(
+            f"cannot write {path} as Parquet: {exc}; Parquet holds one type per column: "
+            "--format jsonl or csv writes each row as it is"
+        ) from None
     return count
 
 

@@ -164,6 +164,22 @@ def test_a_failed_export_leaves_the_old_file_and_no_temp_file(path, tmp_path, na
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
+def test_keys_of_several_types_export_as_json_lines_and_parquet_says_so(checkpoint, mm, tmp_path):
+    """A Python state store takes keys of any types in one store; Parquet cannot hold them in
+    one column: the error names the file, the types and what does hold them, nothing is left
+    behind, and the JSON Lines export writes them."""
+    op = checkpoint.operator(0, name="mixed", num_partitions=1)
+    commit_version(op.provider(0, memory_manager=mm), 0, {1: "a", "b": 2})
+    checkpoint.commit(0)
+    status, _, err = run(["state", "export", checkpoint.path, "-o", str(tmp_path / "s.parquet")])
+    assert status == 1 and "s.parquet" in err and "int, str" in err and "--format jsonl" in err
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint"]
+    status, _, err = run(["state", "export", checkpoint.path, "-o", str(tmp_path / "s.jsonl")])
+    assert (status, err) == (0, "")
+    rows = [json.loads(line) for line in (tmp_path / "s.jsonl").read_text().splitlines()]
+    assert sorted((str(r["key"]), r["value"]) for r in rows) == [("1", "a"), ("b", 2)]
+
+
 def test_durations_print_as_iso_8601(checkpoint, mm):
     """A timedelta key or value prints as an ISO 8601 duration, exact to the microsecond (it
     printed as ``datetime.timedelta(days=1)``, which no JSON reader parses)."""
