@@ -332,7 +332,9 @@ def _by_value(kind: type) -> bool:
 
 def _same_as_frozenset(kind: type) -> bool:
     """Whether a ``frozenset`` subclass compares and hashes as ``frozenset`` does."""
-    return kind.__eq__ is frozenset.__eq__ and kind.__hash__ is frozenset.__hash__
+    own_eq: object = kind.__eq__
+    own_hash: object = kind.__hash__
+    return own_eq is frozenset.__eq__ and own_hash is frozenset.__hash__
 
 
 def _fallback_hash(key: Any) -> int:

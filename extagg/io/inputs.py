@@ -1371,9 +1371,9 @@ def _text_has_rows(path: str, fmt: str, file_format: Any, encoding: str | None =
 
 def _text_sample(
     path: str, fmt: str, file_format: Any, encoding: str | None, rows: bool
-) -> tuple[pa.Schema, bool]:
+) -> tuple[pa.Schema, bool, pa.RecordBatch | None]:
     """The schema of :func:`_text_schema` and, with ``rows``, whether a first batch came
-    (``True`` without ``rows``)."""
+    (``True`` without ``rows``), and that batch (parsed with the schema: no more reading)."""
     gate = _GatedStream(_text_stream(path, encoding), ahead=1)
     source = gate.arrow_stream()
     if fmt == "json":
@@ -1396,8 +1396,10 @@ def _text_sample(
     reader = None
     try:
         reader = gate.call(open_reader)
-        has_rows = not rows or gate.call(reader.read_next_batch, taken=True) is not None
-        return reader.schema, has_rows
+        if not rows:
+            return reader.schema, True, None
+        first = gate.call(reader.read_next_batch, taken=True)
+        return reader.schema, first is not None, first
     finally:
         # the gate opens before the reader goes: a JSON reader's destructor waits for the
         # read its I/O thread has started, which waits for the gate
@@ -1487,6 +1489,87 @@ def _json_temporal_types(
     if types:
         log.info("%s: columns typed from their sample's text: %s", path, types)
     return pa.schema(f.with_type(types[f.name]) if f.name in types else f for f in inferred)
+
+
+def _json_wide_integer_types(
+    path: str, file_format: Any, inferred: pa.Schema, first: pa.RecordBatch | None,
+    options: dict[str, Any],
+) -> pa.Schema:  # fmt: skip
+    """The types of a JSON Lines file's integer columns with values past ``int64``, which
+    Arrow's JSON inference reads as ``float64``: 64-bit unsigned ids and hashes past 2**63
+    lost their low bits there, and distinct keys were silently summed as one group (DuckDB
+    reads them as ``HUGEINT``). A column of the sample block whose every value is an integer
+    literal (``3.0`` and ``1e20`` are floats, as JSON writers mean them) and one of them past
+    ``int64`` is read as ``uint64`` (none negative), ``decimal(20, 0)`` (past ``int64`` both
+    ways), or ``decimal(38, 0)`` (up to 38 digits). A column typed with ``--column-types``
+    keeps its type."""
+    if first is None or not first.num_rows:
+        return inferred
+    import pyarrow.compute as pc
+
+    given = options.get("column_types") or {}
+    candidates = []
+    for name in first.schema.names:
+        if name in given or first.schema.get_field_index(name) < 0:
+            continue
+        column = first.column(name)
+        if column.type == pa.float64() and column.null_count < len(column):
+            largest = pc.max(pc.abs(column)).as_py()
+            if largest is not None and largest >= 2.0**63:
+                candidates.append(name)
+    if not candidates:
+        return inferred
+    integers = _json_sample_integers(path, file_format, candidates)
+    types: dict[str, pa.DataType] = {}
+    for name, (low, high) in integers.items():
+        if low >= 0 and high < 1 << 64:
+            types[name] = pa.uint64()
+        elif low >= -(1 << 63) and high < 1 << 64:
+            types[name] = pa.decimal128(20, 0)
+        elif max(-low, high) < 10**38:
+            types[name] = pa.decimal128(38, 0)
+    if types:
+        log.info("%s: integer columns past int64 typed from their sample's text: %s", path, types)
+    return pa.schema(f.with_type(types[f.name]) if f.name in types else f for f in inferred)
+
+
+def _json_sample_integers(
+    path: str, file_format: Any, columns: Sequence[str]
+) -> dict[str, tuple[int, int]]:
+    """The smallest and largest value of each of ``columns`` whose every value in a JSON
+    Lines file's first block (its sample) is an integer literal. Python's ``json`` reads the
+    block's lines: Arrow's JSON reader keeps no number's text (and this runs only where a
+    sampled float is past ``int64``)."""
+    import json
+
+    block_bytes = file_format.default_fragment_scan_options.read_options.block_size
+    with contextlib.closing(_text_stream(path)) as stream:
+        block = stream.read(block_bytes)
+        complete = len(block) < block_bytes
+    lines = block.split(b"\n")
+    if not complete:
+        lines.pop()  # cut by the block's end (Arrow's first block ends at a line's end too)
+    bounds: dict[str, tuple[int, int]] = {}
+    refused: set[str] = set()
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            return {}  # Arrow parsed it: something this check does not follow; leave it
+        if not isinstance(row, dict):
+            return {}
+        for name in columns:
+            value = row.get(name)
+            if value is None or name in refused:
+                continue
+            if type(value) is not int:
+                refused.add(name)
+                continue
+            low, high = bounds.get(name, (value, value))
+            bounds[name] = (min(low, value), max(high, value))
+    return {name: pair for name, pair in bounds.items() if name not in refused}
 
 
 def _json_sample_texts(
@@ -2166,8 +2249,9 @@ def open_input(
                 typed = _csv_types(path, format_of(path), inferred, read_cols, options, empties)
                 per_file.append((path, typed))
             elif fmt == "json":
-                inferred = _text_schema(path, fmt, format_of(path))
+                inferred, _, first = _text_sample(path, fmt, format_of(path), None, rows=True)
                 typed = _json_temporal_types(path, format_of(path), inferred, read_cols, options)
+                typed = _json_wide_integer_types(path, format_of(path), typed, first, options)
                 for name, given in options["column_types"].items():
                     # a field the query reads, first set past the sample, declared (one it
                     # does not read stays a typo: "did you mean")

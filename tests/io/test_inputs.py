@@ -1308,6 +1308,35 @@ def test_dated_hive_folders_are_dates_and_filtered_by_date(tmp_path, fmt):
             )  # fmt: skip
 
 
+def test_json_integers_past_int64_stay_exact_keys(tmp_path):
+    """Unsigned 64-bit ids past 2**63 (hashes, ids) in JSON Lines: Arrow's inference read
+    them as float64, and distinct ids merged into one group, exit 0. Integers are read as
+    ``uint64``, past ``int64`` both ways as ``decimal(20, 0)``, floats written as floats
+    (``3.0``, ``1e20``) stay floats."""
+    top = (1 << 64) - 1
+    rows = [
+        {"id": top, "s": -(1 << 63), "f": 1e20, "v": 1}, {"id": top - 1, "s": top, "f": 3.0},
+        {"id": 1 << 63, "s": 0, "f": None}, {"id": 5, "s": -1, "f": 1e20}, {"id": top},
+    ]  # fmt: skip
+    src = tmp_path / "ids.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = extagg.aggregate_files(str(src), by="id", aggs={"n": ("*", "count")}).read_all()
+    assert got.schema.field("id").type == pa.uint64()
+    assert dict(zip(got["id"].to_pylist(), got["n"].to_pylist())) == {
+        top: 2,
+        top - 1: 1,
+        1 << 63: 1,
+        5: 1,
+    }
+    got = extagg.aggregate_files(str(src), by="s", aggs={"n": ("*", "count")}).read_all()
+    assert got.schema.field("s").type == pa.decimal128(20, 0)
+    assert sorted(zip(got["s"].to_pylist(), got["n"].to_pylist()), key=str) == sorted(
+        [(decimal.Decimal(k), 1) for k in (-(1 << 63), top, 0, -1)] + [(None, 1)], key=str
+    )
+    got = extagg.aggregate_files(str(src), by="f", aggs={"n": ("*", "count")}).read_all()
+    assert got.schema.field("f").type == pa.float64()
+
+
 def test_json_lines_dates_and_timestamps_are_typed_from_their_text(tmp_path):
     """JSON Lines dates are ``date32`` (Arrow's inference made them ``timestamp[s]``),
     timestamps with a fraction are timestamps (they were strings), timestamps with offsets
