@@ -1508,11 +1508,11 @@ def _json_wide_integer_types(
     import pyarrow.compute as pc
 
     given = options.get("column_types") or {}
+    names = first.schema.names
     candidates = []
-    for name in first.schema.names:
-        if name in given or first.schema.get_field_index(name) < 0:
+    for column, name in zip(first.columns, names):
+        if name in given or names.count(name) > 1:
             continue
-        column = first.column(name)
         if column.type == pa.float64() and column.null_count < len(column):
             largest = pc.max(pc.abs(column)).as_py()
             if largest is not None and largest >= 2.0**63:
@@ -2250,8 +2250,9 @@ def open_input(
                 per_file.append((path, typed))
             elif fmt == "json":
                 inferred, _, first = _text_sample(path, fmt, format_of(path), None, rows=True)
-                typed = _json_temporal_types(path, format_of(path), inferred, read_cols, options)
-                typed = _json_wide_integer_types(path, format_of(path), typed, first, options)
+                typed = _json_wide_integer_types(path, format_of(path), inferred, first, options)
+                del first  # the sample block, parsed
+                typed = _json_temporal_types(path, format_of(path), typed, read_cols, options)
                 for name, given in options["column_types"].items():
                     # a field the query reads, first set past the sample, declared (one it
                     # does not read stays a typo: "did you mean")
