@@ -239,7 +239,7 @@ def _function_list(spec: Any) -> bool:
 
 
 def parse_aggs(
-    aggs: Mapping[str, Any], distinct: bool = False, states: bool = False
+    aggs: Mapping[str, Any] | Sequence[str] | str, distinct: bool = False, states: bool = False
 ) -> list[AggregateRequest]:
     """Check ``{output: (column, function)}`` and canonicalise the function names
     (``distinct``: accept :data:`DISTINCT_FUNCTIONS` too; ``states``: :data:`VAR_STATE`);

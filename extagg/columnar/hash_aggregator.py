@@ -206,7 +206,7 @@ class HashAggregator(Spillable[ColumnBlock]):
     def __init__(
         self,
         keys: str | Sequence[str],
-        aggs: Mapping[str, tuple[str, str]],
+        aggs: Mapping[str, Any] | Sequence[str] | str,
         *,
         memory: int | str | None = None,
         memory_manager: UnifiedMemoryManager | TaskMemoryManager | None = None,
@@ -230,8 +230,9 @@ class HashAggregator(Spillable[ColumnBlock]):
             raise ValueError(f"key columns must be distinct, got {self.keys}")
         if aggs is F.NO_AGGREGATES and not self.keys:
             raise TypeError("an aggregator with no aggregate needs keys")
-        self._requests = F.parse_aggs(aggs, states=True)
-        self._aggs = aggs if aggs is F.NO_AGGREGATES else dict(aggs)  # the children's
+        self._requests = F.parse_aggs(aggs, states=True)  # every form checked, errors named
+        # the children's, as {output: (column, function)} (texts such as "n=count(*)" parsed)
+        self._aggs = aggs if aggs is F.NO_AGGREGATES else dict(F.agg_mapping(aggs))
         #: whether input rows may be set aside and aggregated later (first/last need row order)
         self._order_free = not any(r.func.startswith(("first", "last")) for r in self._requests)
         clash = {r.output for r in self._requests} & set(self.keys)

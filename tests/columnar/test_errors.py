@@ -226,3 +226,21 @@ def test_no_input_gives_the_asked_columns(aggs) -> None:
     names = ["k", "n", "t"] if isinstance(aggs, list) else ["k", "n"]
     assert got.column_names == names and got.num_rows == 0
     assert got.schema.field("n").type == pa.int64()
+
+
+@pytest.mark.parametrize(
+    "aggs",
+    [["n=count(*)", "t=sum(v)"], "t=sum(v)", {"n": "count(*)", "t": "sum(v)"}, {"v": ["sum"]}],
+)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_hash_aggregator_takes_every_form_of_aggs_that_aggregate_does(aggs, threads) -> None:
+    """The ``--agg`` texts (a list, or one text) and pandas' ``{column: [functions]}`` failed
+    in ``HashAggregator`` with "dictionary update sequence element #0 has length 10", though
+    the docs give them for it as for ``aggregate``; the results are ``aggregate``'s."""
+    table = pa.table({"k": [1, 2, 1, 3] * 5000, "v": [1.0, 2.0, 3.0, 4.0] * 5000})
+    want = aggregate(table, "k", aggs).sort_by("k")
+    with HashAggregator("k", aggs, memory="8m", threads=threads, force_spill_rows=3000) as agg:
+        agg.update(table)
+        got = pa.Table.from_batches(list(agg.results())).sort_by("k")
+        assert agg.metrics.spill_count > 0
+    assert got.equals(want) and got.num_rows == 3
