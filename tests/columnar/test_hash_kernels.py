@@ -88,6 +88,32 @@ def test_mmh3_at_any_offset(data: bytes, offset: int) -> None:
     assert got == mmh3.hash64(data, SEED, signed=False)[0]
 
 
+@given(st.lists(st.binary(max_size=40), max_size=60), st.binary(min_size=1, max_size=20))
+def test_var_column_tails_read_as_words_or_bytes(values: list[bytes], after: bytes) -> None:
+    """Values of every length packed in one buffer with other bytes after it: a tail within
+    16 bytes of the buffer's end is read byte by byte, the others as masked 8-byte words
+    (the bytes past a value, another value's or ``after``'s, must not leak into its hash)."""
+    data = b"".join(values)
+    offsets = np.cumsum([0] + [len(v) for v in values], dtype=np.int64)
+    out = np.empty(len(values), dtype=np.uint64)
+    for buffer in (data, data + after):  # the last values' tails at the end, then not
+        H.hash_var_column(offsets, np.frombuffer(buffer, dtype=np.uint8), NO_MASK, out)
+        assert out.tolist() == [mmh3.hash64(v, SEED, signed=False)[0] for v in values]
+
+
+def test_var_column_every_tail_length() -> None:
+    values = [bytes(range(1 + n, 1 + 2 * n)) for n in range(49)]  # lengths 0..48, no zeros
+    data = np.frombuffer(b"".join(values) + b"\xff" * 16, dtype=np.uint8)
+    offsets = np.cumsum([0] + [len(v) for v in values], dtype=np.int64)
+    valid = np.ones(len(values), dtype=np.bool_)
+    valid[7] = False
+    out = np.empty(len(values), dtype=np.uint64)
+    H.hash_var_column(offsets, data, valid, out)
+    want = [mmh3.hash64(v, SEED, signed=False)[0] for v in values]
+    want[7] = stable_hash(None)
+    assert out.tolist() == want
+
+
 def test_temporal_columns_hash_their_integer_storage() -> None:
     days = pa.array([0, 19000, None, -5], type=pa.date32())
     stamps = pa.array([1, None, -(2**62)], type=pa.timestamp("us", tz="UTC"))
