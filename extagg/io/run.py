@@ -95,6 +95,8 @@ class FileQuery:
         self._streams: list[weakref.ref[Any]] = []
         self._scan_memory: _ScanMemory | None = None
         self._tmm: Any = None
+        #: the task manager whose peak the metrics report (watched from run() to close())
+        self._watching: Any = None
         self._rss_read_at = -1.0  # when the peak RSS was last read (see _sync)
 
     def close(self) -> None:
@@ -110,6 +112,9 @@ class FileQuery:
         if self._agg is not None:
             self._agg.close()
             self._agg = None
+        if self._watching is not None:
+            self._watching.memory_manager.unwatch_execution_peak(self._watching.task_id)
+            self._watching = None
 
     def run(self, progress: Callable[[RunMetrics], None] | None = None) -> pa.RecordBatchReader:
         """Read and fold the whole input now; return a reader over the merged result."""
@@ -122,6 +127,8 @@ class FileQuery:
         started = time.perf_counter()
         m.rss_import_bytes = current_rss()
         tmm = resolve_task_memory_manager(self.memory, self.memory_manager)
+        tmm.memory_manager.watch_execution_peak(tmm.task_id)  # until close()
+        self._watching = tmm
         factory: Any = DistinctAggregator if has_distinct(self.aggs) else HashAggregator
         options: dict[str, Any] = {"threads": self.threads}
         untyped = untyped_columns(self.scan.schema, self.scan.columns)
@@ -202,9 +209,9 @@ class FileQuery:
         m.num_spill_files = am.num_spill_files
         m.memory_bytes_spilled = am.memory_bytes_spilled
         m.disk_bytes_spilled = am.disk_bytes_spilled
-        scan = self._scan_memory.used if self._scan_memory is not None else 0
-        held = self._tmm.memory_used if self._tmm is not None else 0
-        m.peak_granted_bytes = max(m.peak_granted_bytes, am.peak_granted_bytes + scan, held)
+        if self._watching is not None:  # the run's task and its fold threads at once
+            peak = self._watching.memory_manager.execution_peak(self._watching.task_id)
+            m.peak_granted_bytes = max(m.peak_granted_bytes, peak)
         now = time.perf_counter()
         m.wall_time_s = now - started
         # the kernel's high-water mark misses nothing between reads, and reading it (a file in

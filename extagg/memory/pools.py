@@ -105,6 +105,9 @@ class ExecutionMemoryPool(MemoryPool):
         self._memory_for_task: dict[Hashable, int] = {}
         self._used = 0
         self._notify = notify
+        #: task (with its helpers) -> [the most they held at once, watchers]; only for the
+        #: tasks someone watches (see :meth:`watch_peak`)
+        self._peaks: dict[Hashable, list[int]] = {}
 
     @property
     def memory_used(self) -> int:
@@ -181,7 +184,39 @@ class ExecutionMemoryPool(MemoryPool):
         else:
             self._memory_for_task[task_id] = current + to_grant
             self._used += to_grant
+            peak = self._peaks.get(group)
+            if peak is not None and group_used + to_grant > peak[0]:
+                peak[0] = group_used + to_grant
         return to_grant
+
+    def _group_used(self, group: Hashable) -> int:
+        return sum(used for t, used in self._memory_for_task.items() if _group(t) == group)
+
+    def watch_peak(self, task_id: Hashable) -> None:
+        """Start recording the most that ``task_id`` and its helpers hold at once (from what
+        they hold now); watches nest, each ended by :meth:`unwatch_peak`."""
+        group = _group(task_id)
+        peak = self._peaks.get(group)
+        if peak is None:
+            self._peaks[group] = [self._group_used(group), 1]
+        else:
+            peak[1] += 1
+
+    def peak_used(self, task_id: Hashable) -> int:
+        """The most ``task_id`` and its helpers held at once since the first watch (what they
+        hold now if unwatched): the true high-water mark, where adding the consumers' own
+        peaks counts twice memory one of them released before another took it."""
+        peak = self._peaks.get(_group(task_id))
+        return self._group_used(_group(task_id)) if peak is None else peak[0]
+
+    def unwatch_peak(self, task_id: Hashable) -> None:
+        """End one :meth:`watch_peak` (the record goes with the last)."""
+        group = _group(task_id)
+        peak = self._peaks.get(group)
+        if peak is not None:
+            peak[1] -= 1
+            if peak[1] <= 0:
+                del self._peaks[group]
 
     def forget_idle_task(self, task_id: Hashable) -> None:
         """Drop a task that holds nothing (it stops counting in N)."""

@@ -192,6 +192,23 @@ class UnifiedMemoryManager:
         with self._lock:
             return self._execution_pool.memory_used_by_task(resolve_task_id(task_id))
 
+    def watch_execution_peak(self, task_id: Hashable | None = None) -> None:
+        """Record the most execution memory ``task_id`` (default: this thread) and its helper
+        tasks hold at once, until :meth:`unwatch_execution_peak`; read it with
+        :meth:`execution_peak`."""
+        with self._lock:
+            self._execution_pool.watch_peak(resolve_task_id(task_id))
+
+    def execution_peak(self, task_id: Hashable | None = None) -> int:
+        """See :meth:`watch_execution_peak`."""
+        with self._lock:
+            return self._execution_pool.peak_used(resolve_task_id(task_id))
+
+    def unwatch_execution_peak(self, task_id: Hashable | None = None) -> None:
+        """End one :meth:`watch_execution_peak` of ``task_id``."""
+        with self._lock:
+            self._execution_pool.unwatch_peak(resolve_task_id(task_id))
+
     def tasks(self) -> dict[Hashable, int]:
         """Execution bytes held by each active task."""
         with self._lock:
