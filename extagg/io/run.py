@@ -112,6 +112,9 @@ class FileQuery:
         if self._agg is not None:
             self._agg.close()
             self._agg = None
+        self._end_peak_watch()
+
+    def _end_peak_watch(self) -> None:
         if self._watching is not None:
             self._watching.memory_manager.unwatch_execution_peak(self._watching.task_id)
             self._watching = None
@@ -127,8 +130,6 @@ class FileQuery:
         started = time.perf_counter()
         m.rss_import_bytes = current_rss()
         tmm = resolve_task_memory_manager(self.memory, self.memory_manager)
-        tmm.memory_manager.watch_execution_peak(tmm.task_id)  # until close()
-        self._watching = tmm
         factory: Any = DistinctAggregator if has_distinct(self.aggs) else HashAggregator
         options: dict[str, Any] = {"threads": self.threads}
         untyped = untyped_columns(self.scan.schema, self.scan.columns)
@@ -143,6 +144,8 @@ class FileQuery:
         self._tmm = tmm
         self._scan_memory = _ScanMemory(tmm)
         self._scan_memory.reserve(self.scan, m.budget_bytes)
+        tmm.memory_manager.watch_execution_peak(tmm.task_id)  # from what is held now to close()
+        self._watching = tmm
         try:
             try:  # resolves every aggregate against its column's type: the result schema
                 agg.update(self.scan.schema.empty_table())
@@ -181,6 +184,7 @@ class FileQuery:
         except BaseException:
             self._scan_memory.close_memory()
             agg.close()
+            self._end_peak_watch()
             raise
         m.input_time_s = time.perf_counter() - started
         self._scan_memory.close_memory()  # the scan is over: its buffers go back to the pool
