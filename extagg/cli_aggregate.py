@@ -52,7 +52,9 @@ def add_aggregate_command(sub: Any) -> None:
     p.add_argument("--having", help="filter on result columns, e.g. 'n > 10'")
     p.add_argument("--memory", help="memory budget, e.g. 256m, 2g (default: EXTAGG_MEMORY/auto)")
     p.add_argument(
-        "-o", "--output", help="output file (.parquet .csv .tsv .jsonl .arrow), - for CSV"
+        "-o",
+        "--output",
+        help="output file (.parquet .csv .tsv .jsonl .arrow; text also .gz .zst .bz2), - for CSV",
     )
     p.add_argument("--output-format", help="parquet, csv, tsv, jsonl or ipc (default: extension)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")

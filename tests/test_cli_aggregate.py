@@ -143,6 +143,56 @@ def test_every_output_format(tmp_path, data, ext, capsys):
     assert "Read 20,000 rows" in err and "500 groups" in err and "peak RSS" in err
 
 
+#: the first bytes of each codec's stream
+_MAGIC = {"gz": b"\x1f\x8b", "zst": b"\x28\xb5\x2f\xfd", "bz2": b"BZh"}
+
+
+@pytest.mark.parametrize("name", ["out.csv.gz", "out.tsv.zst", "out.jsonl.bz2", "OUT.CSV.GZ"])
+def test_text_output_compressed_by_its_suffix(tmp_path, name, capsys):
+    """``out.csv.gz`` is a gzip'd CSV (as DuckDB's ``COPY ... TO 'out.csv.gz'``): it was
+    refused ("cannot tell the output format"). A result of many batches (a spilling run of
+    ~52 000 groups) is compressed as it streams, one whole stream that reads back equal."""
+    t = table(120_000, keys=60_000, seed=11)
+    src = tmp_path / "in.parquet"
+    pq.write_table(t, src)
+    out = tmp_path / name
+    argv = ["aggregate", str(src), *ARGS, "--memory", "2m", "-q", "-o", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    raw = out.read_bytes()
+    codec = name.lower().rsplit(".", 1)[1]
+    assert raw.startswith(_MAGIC[codec])
+    text = pa.input_stream(
+        str(out), compression={"gz": "gzip", "zst": "zstd"}.get(codec, codec)
+    ).read()
+    plain = tmp_path / name.lower().rsplit(".", 1)[0]
+    plain.write_bytes(text)
+    assert len(raw) < len(text) / 1.5
+    result = read_any(plain)
+    assert result.num_rows == len(set(t.column("k").to_pylist())) > 50_000
+    check(result, t, ["k"])
+    assert sorted(os.listdir(tmp_path)) == sorted(["in.parquet", name, plain.name])
+
+
+@pytest.mark.parametrize("name", ["out.parquet.gz", "out.arrow.zst"])
+def test_binary_output_with_a_compression_suffix_is_refused(tmp_path, data, name, capsys):
+    src, _ = data
+    assert main(["aggregate", str(src), *ARGS, "-q", "-o", str(tmp_path / name)]) == 2
+    err = capsys.readouterr().err
+    assert "compresses inside the file" in err and name in err
+    assert sorted(os.listdir(tmp_path)) == ["in.parquet"]
+
+
+def test_compressed_output_named_by_output_format(tmp_path, data, capsys):
+    """``--output-format`` names the format; the suffix still says how to compress."""
+    src, t = data
+    out = tmp_path / "result.gz"
+    argv = ["aggregate", str(src), *ARGS, "--output-format", "csv", "-q", "-o", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    plain = tmp_path / "result.csv"
+    plain.write_bytes(pa.input_stream(str(out), compression="gzip").read())
+    check(read_any(plain), t, ["k"])
+
+
 def test_existing_output_needs_overwrite(tmp_path, data, capsys):
     src, t = data
     out = tmp_path / "out.csv"
@@ -1239,6 +1289,21 @@ def test_disk_full_writing_output(tmp_path, tiny_fs, capsys):
     assert rc == 1, err
     assert "disk full" in err and str(tiny_fs) in err and "bytes" in err
     assert os.listdir(tiny_fs) == []  # no partial output, no temporary file
+
+
+def test_disk_full_writing_compressed_output(tmp_path, tiny_fs, capsys):
+    """The compressor's blocks meet the full disk as the plain writer's do: exit 1 naming the
+    directory, nothing left on it."""
+    rng = np.random.default_rng(5)
+    t = pa.table({"k": rng.integers(0, 1 << 40, 200_000), "v": rng.random(200_000)})
+    src = tmp_path / "wide.parquet"
+    pq.write_table(t, src)
+    out = tiny_fs / "out.csv.gz"
+    rc = main(["aggregate", str(src), *ARGS, "-o", str(out), "-q"])
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    assert "disk full" in err and str(tiny_fs) in err
+    assert os.listdir(tiny_fs) == []
 
 
 def test_disk_full_on_stdout(data):

@@ -4,6 +4,9 @@ An output file appears only complete: batches go to a temporary file in the outp
 directory, which is fsynced and renamed over the final name when the last batch is written
 (and removed on any error or interrupt). ``-`` writes CSV to stdout. CSV and JSON Lines are
 text: binary values go into them as base64, and JSON Lines writes non-finite floats as strings.
+A text output whose name ends in ``.gz``, ``.zst``/``.zstd`` or ``.bz2`` (``out.csv.gz``) is
+compressed as it is written, as the inputs with those suffixes are read; Parquet and Arrow IPC
+compress inside the file and refuse such a suffix.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ __all__ = [
     "OUTPUT_FORMATS",
     "ResultWriter",
     "atomic_output",
+    "output_compression",
     "output_format",
     "remove_unfinished_outputs",
 ]
@@ -58,24 +62,66 @@ _EXT = {
 }
 
 
+#: the codec of each compression suffix of a text output, matched in any case (``.CSV.GZ``)
+_CODECS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2"}
+
+
+def output_compression(path: str) -> str | None:
+    """The codec ``path``'s last suffix asks for (``gzip``, ``zstd``, ``bz2``), or None."""
+    if path == "-":
+        return None
+    return _CODECS.get(os.path.splitext(path.lower())[1])
+
+
 def output_format(path: str, explicit: str | None = None) -> str:
-    """The format to write ``path`` in: ``explicit`` or the extension's (``-`` is CSV)."""
+    """The format to write ``path`` in: ``explicit`` or the extension's, a compression suffix
+    looked through (``out.csv.gz`` is CSV); ``-`` is CSV. Parquet or Arrow IPC with a
+    compression suffix is refused: those formats compress inside the file, and a gzip'd
+    Parquet file is one no reader opens."""
+    codec = output_compression(path)
     if explicit:
         fmt = {"arrow": "ipc", "feather": "ipc", "json": "jsonl"}.get(explicit, explicit)
         if fmt not in OUTPUT_FORMATS:
             raise QueryError(
                 f"unknown output format {explicit!r}; known: {', '.join(OUTPUT_FORMATS)}"
             )
-        return fmt
-    if path == "-":
+    elif path == "-":
         return "csv"
-    by_ext = _EXT.get(os.path.splitext(path.lower())[1])
-    if by_ext is None:
+    else:
+        stem = os.path.splitext(path)[0] if codec is not None else path
+        by_ext = _EXT.get(os.path.splitext(stem.lower())[1])
+        if by_ext is None:
+            raise QueryError(
+                f"cannot tell the output format of {path!r} from its extension; give "
+                f"--output-format ({', '.join(OUTPUT_FORMATS)})"
+            )
+        fmt = by_ext
+    if codec is not None and fmt in ("parquet", "ipc"):
+        name = "Parquet" if fmt == "parquet" else "Arrow IPC"
         raise QueryError(
-            f"cannot tell the output format of {path!r} from its extension; give "
-            f"--output-format ({', '.join(OUTPUT_FORMATS)})"
+            f"cannot write {path!r}: {name} compresses inside the file (a {codec} stream of "
+            f"it is a file no {name} reader opens); drop the "
+            f"{os.path.splitext(path)[1]!r} suffix, or write csv, tsv or jsonl"
         )
-    return by_ext
+    return fmt
+
+
+class _KeepOpen:
+    """The output's temp file as the compressor's sink: closing the compressed stream writes
+    its last block and trailer but must leave the file open, to be fsynced and renamed."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self._raw = raw
+        self.closed = False
+
+    def write(self, data: Any) -> int:
+        return self._raw.write(data)
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def _temp_beside(path: str) -> tuple[str, IO[bytes]]:
@@ -511,6 +557,9 @@ class ResultWriter:
         self._group: list[pa.RecordBatch] = []
         self._group_rows = 0
         self._row_group_rows = parquet_row_group_rows(schema)
+        #: a text output's codec (``out.csv.gz``) and the compressed stream written through
+        self.compression = output_compression(path) if fmt in ("csv", "tsv", "jsonl") else None
+        self._compressed: Any = None
         if path == "-":
             self.directory = "<stdout>"
             self._file = sys.stdout.buffer
@@ -554,8 +603,12 @@ class ResultWriter:
     def _open(self) -> None:
         assert self._file is not None
         self._opened = True
-        sink = self._file
+        sink: Any = self._file
         with self._disk_errors(0):
+            if self.compression is not None:
+                sink = self._compressed = pa.CompressedOutputStream(
+                    pa.PythonFile(_KeepOpen(self._file), mode="w"), self.compression
+                )
             if self.fmt == "parquet":
                 import pyarrow.parquet as pq
 
@@ -620,7 +673,7 @@ class ResultWriter:
                     json.dumps(row, default=_json_default, ensure_ascii=False) + "\n"
                     for row in _json_rows(batch)
                 ).encode("utf-8")
-                self._file.write(lines)
+                (self._compressed or self._file).write(lines)
                 nbytes = len(lines)
             elif self.fmt in ("csv", "tsv"):
                 self._writer.write_batch(_binary_as_base64(batch))
@@ -659,6 +712,9 @@ class ResultWriter:
                     self.bytes_written += self._write_row_group(self._group_rows)
                 self._writer.close()
                 self._writer = None
+            if self._compressed is not None:
+                self._compressed.close()  # its last block and trailer
+                self._compressed = None
             assert self._file is not None
             self._file.flush()
             if self._tmp is None:
@@ -677,6 +733,12 @@ class ResultWriter:
         except Exception:
             pass
         self._writer = None
+        try:
+            if self._compressed is not None:
+                self._compressed.close()
+        except Exception:
+            pass
+        self._compressed = None
         try:
             if self._file is not None:
                 self._file.close()

@@ -647,6 +647,7 @@ def aggregate_files(
         The memory budget (``"256m"`` or bytes); default from ``EXTAGG_MEMORY``.
     output
         Write the result to this file (``"-"``: CSV to stdout) instead of returning a reader.
+        A text output named ``.gz``, ``.zst`` or ``.bz2`` (``out.csv.gz``) is compressed.
     output_format
         Format of ``output`` when its extension does not say (parquet, csv, tsv, jsonl,
         ipc).
