@@ -727,24 +727,11 @@ class ResultWriter:
         """Drop the partial output (idempotent)."""
         if self._tmp is None:
             return
-        try:
-            if self._writer is not None:
-                self._writer.close()
-        except Exception:
-            pass
-        self._writer = None
-        try:
-            if self._compressed is not None:
-                self._compressed.close()
-        except Exception:
-            pass
-        self._compressed = None
-        try:
-            if self._file is not None:
-                self._file.close()
-        except OSError:
-            pass
-        self._file = None
+        for closable in (self._writer, self._compressed, self._file):
+            if closable is not None:
+                with contextlib.suppress(Exception):  # a full disk fails them again
+                    closable.close()
+        self._writer = self._compressed = self._file = None
         try:
             os.unlink(self._tmp)
         except FileNotFoundError:
