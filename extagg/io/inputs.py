@@ -2177,7 +2177,9 @@ def open_input(
         if empty:
             log.info("input: %d empty file(s) skipped, e.g. %s", len(empty), min(empty))
             if len(empty) == len(files):
-                return _scan_of_nothing([f for f, _ in files], fmt, needed, filter_columns)
+                return _scan_of_nothing(
+                    [f for f, _ in files], fmt, needed, filter_columns, schema, column_types
+                )
             files = [(f, base) for f, base in files if f not in empty]
     delimiter = parse_delimiter(delimiter)
     options: dict[str, Any] = {
@@ -2472,12 +2474,33 @@ def _holds_no_text(path: str, encoding: str | None = None) -> bool:
 
 
 def _scan_of_nothing(
-    files: list[str], fmt: str, needed: Sequence[str], filter_columns: Sequence[str]
+    files: list[str],
+    fmt: str,
+    needed: Sequence[str],
+    filter_columns: Sequence[str],
+    declared: pa.Schema | None = None,
+    column_types: dict[str, pa.DataType] | None = None,
 ) -> InputScan:
-    """The scan of text files that are all empty: no rows, and no types to learn, so the
-    columns are of type ``null`` (as in a result of no input)."""
+    """The scan of text files that are all empty: no rows. A ``--schema`` (``declared``)
+    still names the columns — one it does not have is an unknown column, as with rows — and
+    gives their types; else a column takes its ``--column-types`` type, or ``null`` (as in a
+    result of no input), and since no header can tell a mistyped column name from a real
+    one, a warning says so."""
+    if declared is not None:
+        for name in [*needed, *filter_columns]:
+            if name not in declared.names:
+                raise unknown_column(name, declared.names)
+        types = {f.name: f.type for f in declared}
+    else:
+        types = dict(column_types or {})
+        log.warning(
+            "every input is empty (%s): no header names its columns, so those the query "
+            "names are not checked; the result has no rows",
+            files[0] if len(files) == 1 else f"{len(files)} files, e.g. {min(files)}",
+        )
+    fields = [pa.field(n, types.get(n, pa.null())) for n in needed]
     scan = InputScan(
-        files=files, format=fmt, schema=pa.schema([pa.field(n, pa.null()) for n in needed]),
+        files=files, format=fmt, schema=pa.schema(fields),
         columns=list(needed), filter=None, total_bytes=0, total_rows=0,
         row_groups_total=0, row_groups_selected=0,
     )  # fmt: skip

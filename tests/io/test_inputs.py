@@ -8,6 +8,7 @@ import datetime
 import decimal
 import gzip
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -1080,6 +1081,35 @@ def test_empty_text_files_hold_no_rows(tmp_path, fmt):
     assert extagg.aggregate_files(str(tmp_path), by="k", aggs=aggs).read_all().num_rows == 0
     got = extagg.aggregate_files(str(tmp_path), aggs=aggs).read_all().to_pylist()
     assert got == [{"s": None, "n": 0}]
+
+
+def test_empty_inputs_take_the_declared_schema_and_warn_without_one(tmp_path, caplog):
+    """Every input empty: a ``--schema`` still names the columns (one it lacks is an unknown
+    column, as with rows; the result has its types: a string key was of type null) and
+    ``--column-types`` types its columns; with neither no header can tell a mistyped column
+    from a real one (DuckDB and Polars refuse such a file), so a warning says the columns
+    went unchecked."""
+    (tmp_path / "a.csv").write_bytes(b"")
+    (tmp_path / "b.csv").write_text("\n")
+    schema = "k:string,v:int64"
+    aggs = {"s": ("v", "sum"), "n": ("*", "count")}
+    with pytest.raises(QueryError, match=r"unknown column 'kk'; did you mean 'k'\?"):
+        extagg.aggregate_files(str(tmp_path), by="kk", aggs=aggs, schema=schema, header=False)
+    with pytest.raises(QueryError, match="unknown column 'w'"):
+        extagg.aggregate_files(str(tmp_path), by="k", aggs=aggs, schema=schema, where="w > 1")
+    with caplog.at_level(logging.WARNING, logger="extagg"):
+        result = extagg.aggregate_files(str(tmp_path), by="k", aggs=aggs, schema=schema)
+        table = result.read_all()
+    assert table.num_rows == 0 and not caplog.records
+    assert table.schema.field("k").type == pa.string()
+    assert table.schema.field("s").type == pa.int64()
+    with caplog.at_level(logging.WARNING, logger="extagg"):
+        table = extagg.aggregate_files(
+            str(tmp_path), by="k", aggs=aggs, column_types={"k": "int32"}
+        ).read_all()
+    assert table.num_rows == 0 and table.schema.field("k").type == pa.int32()
+    assert "every input is empty (2 files, e.g." in caplog.text
+    assert "not checked" in caplog.text
 
 
 @pytest.mark.parametrize("name", ["h.csv", "h.csv.gz", "h.tsv"])
