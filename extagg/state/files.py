@@ -2,10 +2,13 @@
 
 Layout of ``<version>.delta`` and ``<version>.snapshot``::
 
-    header (16 bytes, never compressed)
-        magic  b"EXAGSTAT" · format version u8 · kind u8 (1 delta, 2 snapshot)
-        · compression u8 (0 none, 1 LZ4 frame) · flags u8 (bit 0: records sorted) · CRC32 of the 12
-        bytes before it (big-endian u32)
+    header (never compressed)
+        magic  b"EXAGSTAT" · format version u8 (2) · kind u8 (1 delta, 2 snapshot)
+        · compression u8 (0 none, 1 LZ4 frame) · flags u8 (bit 0: records sorted)
+        · store id length u16 · store id UTF-8 (``op=<operator>,part=<partition>,store=<name>``;
+        empty: not a store's, e.g. a merge pass's temporary file) · CRC32 of every header byte
+        before it (big-endian u32)
+        (format 1, still read: the first 12 bytes and their CRC32, 16 bytes in all)
     body (an LZ4 frame with block and content checksums, or raw bytes)
         records as in Spark's HDFS state store: int32 key size, key bytes, int32 value size, value
         bytes; value size -1 marks a delete (deltas only); key size -1 ends the records
@@ -14,7 +17,11 @@ Layout of ``<version>.delta`` and ``<version>.snapshot``::
 All integers are big-endian. Keys are encoded by :mod:`extagg.state.codec` (8-byte stable hash +
 encoding), and records are in strictly ascending bytewise key order, which is ascending
 ``stable_hash`` order. Readers stream the body in bounded chunks and check everything: a
-truncated, flipped, empty or foreign file raises :class:`extagg.errors.CorruptFileError`.
+truncated, flipped, empty or foreign file raises :class:`extagg.errors.CorruptFileError` — and
+so does a file of another store: one whose header's store id is not the store reading it (a
+partition's delta copied into another's folder: its records would be read as the other's
+state). The version is the file's name only, so the same records of one store give the same
+bytes in every version.
 
 Writes are atomic (:class:`extagg.state.atomic.AtomicFile`): a temp file in the same directory,
 created when the first bytes are written, flushed, fsynced and renamed over the final name.
@@ -43,6 +50,7 @@ __all__ = [
     "StateFileWriter",
     "StateFileReader",
     "StateFileListing",
+    "store_id",
     "state_file_name",
     "list_state_files",
     "remove_stale_temp_files",
@@ -51,7 +59,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 MAGIC = b"EXAGSTAT"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: the formats read: 1 had no store id in its header
+READ_FORMAT_VERSIONS = (1, 2)
 DELTA = "delta"
 SNAPSHOT = "snapshot"
 _KIND_CODES = {DELTA: 1, SNAPSHOT: 2}
@@ -61,7 +71,10 @@ _COMPRESSION_NAMES = {code: name for name, code in COMPRESSIONS.items()}
 FLAG_SORTED = 1
 
 _HEADER = struct.Struct(">8sBBBB")
-_HEADER_SIZE = _HEADER.size + 4
+#: format 2's header after the fields of ``_HEADER``: the store id's length
+_STORE_LENGTH = struct.Struct(">H")
+#: the longest store id a header holds
+MAX_STORE_ID_BYTES = 4096
 _S_I = struct.Struct(">i")
 _S_U32 = struct.Struct(">I")
 _TRAILER = struct.Struct(">QI")
@@ -74,6 +87,11 @@ WRITE_BUFFER_SIZE = 256 * 1024
 #: compressed bytes read at a time, and the most decompressed bytes produced per step
 READ_CHUNK_SIZE = 256 * 1024
 DECOMPRESSED_CHUNK_SIZE = 512 * 1024
+
+
+def store_id(operator_id: int, partition_id: int, store_name: str) -> str:
+    """The store id a state file's header names its store by (see the module docstring)."""
+    return f"op={operator_id},part={partition_id},store={store_name}"
 
 
 def state_file_name(version: int, kind: str) -> str:
@@ -102,10 +120,18 @@ class StateFileWriter:
 
     ``write(key_bytes, value_bytes)`` with ``value_bytes=None`` writes a delete (deltas only).
     Nothing touches the disk until :data:`WRITE_BUFFER_SIZE` bytes are buffered or
-    :meth:`commit` is called; :meth:`cancel` discards everything.
+    :meth:`commit` is called; :meth:`cancel` discards everything. The header records
+    ``store`` (a :func:`store_id`), which readers check.
     """
 
-    def __init__(self, path: str | os.PathLike[str], kind: str, compression: str = "lz4") -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        kind: str,
+        compression: str = "lz4",
+        *,
+        store: str = "",
+    ) -> None:
         if kind not in _KIND_CODES:
             raise ValueError(f"unknown state file kind {kind!r}")
         if compression not in COMPRESSIONS:
@@ -117,9 +143,13 @@ class StateFileWriter:
         self.compression = compression
         self._file = AtomicFile(path)
         self.path = self._file.path
+        store_bytes = store.encode("utf-8")
+        if len(store_bytes) > MAX_STORE_ID_BYTES:
+            raise ValueError(f"store id of {len(store_bytes)} bytes (at most {MAX_STORE_ID_BYTES})")
         head = _HEADER.pack(
             MAGIC, FORMAT_VERSION, _KIND_CODES[kind], COMPRESSIONS[compression], FLAG_SORTED
         )
+        head += _STORE_LENGTH.pack(len(store_bytes)) + store_bytes
         self._header = head + _S_U32.pack(zlib.crc32(head))
         self._compressor = (
             lz4.frame.LZ4FrameCompressor(
@@ -216,21 +246,31 @@ class StateFileReader:
     Opening reads and checks the header. Iterating decompresses at most
     :data:`DECOMPRESSED_CHUNK_SIZE` bytes at a time, checks sizes, key order, the record count,
     the body checksum and the end of the file, and closes the file when done. ``label`` (e.g.
-    the provider) is added to error messages.
+    the provider) is added to error messages. A header's store id must be ``store`` when
+    that is given (a header of format 1, or with no store id, is not checked).
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], expected_kind: str | None = None, label: str = ""
+        self,
+        path: str | os.PathLike[str],
+        expected_kind: str | None = None,
+        label: str = "",
+        *,
+        store: str | None = None,
     ) -> None:
         self.path = os.fspath(path)
         self.label = label
+        #: the store id the header names ("": none)
+        self.store = ""
+        self._header_size = 0
         self._handle: BinaryIO | None = open(self.path, "rb")  # noqa: SIM115 - closed in close()
         try:
             self._read_header(expected_kind)
+            self._check_store(store)
         except BaseException:
             self.close()
             raise
-        self._offset = _HEADER_SIZE
+        self._offset = self._header_size
         self._decompressor = lz4.frame.LZ4FrameDecompressor() if self.compression == "lz4" else None
 
     def _corrupt(self, reason: str, offset: int | None = None) -> CorruptFileError:
@@ -243,18 +283,38 @@ class StateFileReader:
 
     def _read_header(self, expected_kind: str | None) -> None:
         assert self._handle is not None
-        head = self._handle.read(_HEADER_SIZE)
+        head = self._handle.read(_HEADER.size + 4)
         if not head:
             raise self._corrupt("the file is empty (no header)", 0)
-        if len(head) < _HEADER_SIZE:
+        if len(head) < _HEADER.size + 4:
             raise self._corrupt(f"the file is too short for a header ({len(head)} bytes)", 0)
         magic, version, kind, compression, flags = _HEADER.unpack_from(head)
         if magic != MAGIC:
             raise self._corrupt(f"not an extagg state file (magic {magic!r})", 0)
-        if _S_U32.unpack_from(head, _HEADER.size)[0] != zlib.crc32(head[: _HEADER.size]):
+        if version not in READ_FORMAT_VERSIONS:
+            if _S_U32.unpack_from(head, _HEADER.size)[0] != zlib.crc32(head[: _HEADER.size]):
+                raise self._corrupt("header checksum mismatch", 0)
+            raise self._corrupt(
+                f"unsupported format version {version} (this extagg reads "
+                f"{', '.join(map(str, READ_FORMAT_VERSIONS))})",
+                8,
+            )
+        if version >= 2:  # the 4 bytes read after the fields: the id's length, 2 more
+            (store_length,) = _STORE_LENGTH.unpack_from(head, _HEADER.size)
+            if store_length > MAX_STORE_ID_BYTES:
+                raise self._corrupt(f"header store id of {store_length} bytes", _HEADER.size)
+            rest = store_length + _STORE_LENGTH.size
+            head += self._handle.read(rest)
+            if len(head) < _HEADER.size + 4 + rest:
+                raise self._corrupt(f"the file is too short for a header ({len(head)} bytes)", 0)
+        if _S_U32.unpack_from(head, len(head) - 4)[0] != zlib.crc32(head[:-4]):
             raise self._corrupt("header checksum mismatch", 0)
-        if version != FORMAT_VERSION:
-            raise self._corrupt(f"unsupported format version {version}", 8)
+        self._header_size = len(head)
+        if version >= 2:
+            try:
+                self.store = head[_HEADER.size + _STORE_LENGTH.size : -4].decode("utf-8")
+            except UnicodeDecodeError:
+                raise self._corrupt("header store id is not UTF-8", _HEADER.size) from None
         if kind not in _KIND_NAMES or compression not in _COMPRESSION_NAMES:
             raise self._corrupt(f"unknown kind {kind} or compression {compression}", 9)
         if flags != FLAG_SORTED:
@@ -263,6 +323,16 @@ class StateFileReader:
         self.compression = _COMPRESSION_NAMES[compression]
         if expected_kind is not None and self.kind != expected_kind:
             raise self._corrupt(f"holds a {self.kind} where a {expected_kind} was expected", 9)
+
+    def _check_store(self, store: str | None) -> None:
+        """A file of another store is corrupt in this one's folder: its records are not this
+        store's state."""
+        if store is not None and self.store and self.store != store:
+            raise self._corrupt(
+                f"its header says it belongs to store ({self.store}), not ({store}): a file "
+                "copied from another partition, operator or store",
+                _HEADER.size,
+            )
 
     def close(self) -> None:
         """Close the file (iteration also closes it at the end or on error)."""
@@ -328,7 +398,7 @@ class StateFileReader:
         if handle is None:
             raise ValueError(f"state file reader of {self.path} is closed")
         body_end = os.fstat(handle.fileno()).st_size - 4
-        pos = _HEADER_SIZE
+        pos = self._header_size
         crc = 0
         handle.seek(pos)
         while pos < body_end:
@@ -338,7 +408,7 @@ class StateFileReader:
             crc = zlib.crc32(data, crc)
             pos += len(data)
         stored = handle.read(4) if pos == body_end else b""
-        handle.seek(_HEADER_SIZE)
+        handle.seek(self._header_size)
         return len(stored) == 4 and _S_U32.unpack(stored)[0] == crc
 
     def _refill(self, buf: bytes, pos: int, crc: int, need: int) -> tuple[bytes, int]:

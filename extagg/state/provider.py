@@ -41,6 +41,7 @@ from extagg.state.files import (
     StateFileWriter,
     list_state_files,
     remove_stale_temp_files,
+    store_id,
 )
 from extagg.state.store import ReadStateStore, RemovedKey, StateStore
 from extagg.state.streams import (
@@ -103,6 +104,9 @@ class StateStoreProvider:
         self.operator_id = operator_id
         self.partition_id = partition_id
         self.store_name = store_name
+        #: the store id its files' headers carry, checked when they are read (a delta
+        #: copied from another partition's folder is corrupt here, not another's state)
+        self.store_id = store_id(operator_id, partition_id, store_name)
         self.conf = conf if conf is not None else StateStoreConf()
         if not isinstance(self.conf, StateStoreConf):
             raise TypeError(f"conf must be a StateStoreConf, not {type(conf).__name__}")
@@ -209,7 +213,7 @@ class StateStoreProvider:
             files.paths = list(paths)
             key = b""
             try:
-                records = open_version(paths, repr(self), self.conf.fan_in)
+                records = open_version(paths, repr(self), self.conf.fan_in, store=self.store_id)
                 try:
                     with closing(records):
                         for key, value in records:
@@ -237,7 +241,7 @@ class StateStoreProvider:
         allow_pickle = self.allow_pickle
         for path in paths:
             try:
-                reader = StateFileReader(path, DELTA, label=repr(self))
+                reader = StateFileReader(path, DELTA, label=repr(self), store=self.store_id)
             except FileNotFoundError:
                 raise missing_file_error(path, repr(self)) from None
             for key_bytes, value_bytes in deletes_first(reader):
@@ -287,6 +291,7 @@ class StateStoreProvider:
             self.conf.fan_in,
             allow_pickle=self.allow_pickle,
             files=files,
+            store=self.store_id,
         )
 
     def _set_current(self, version: int, num_keys: int, encoded_bytes: int) -> None:
@@ -313,7 +318,9 @@ class StateStoreProvider:
         there was none), which the commit fences on."""
         self._check_open()
         new_version = version + 1
-        delta = StateFileWriter(self._path(new_version, DELTA), DELTA, self.conf.compression)
+        delta = StateFileWriter(
+            self._path(new_version, DELTA), DELTA, self.conf.compression, store=self.store_id
+        )
         new_mapping: dict[Any, Any] | None = None
         try:
             for key_bytes, value_bytes, _value in sorted(changes.values(), key=_first):
@@ -416,9 +423,13 @@ class StateStoreProvider:
         files = VersionFiles(self.directory)
         old_records = self._open_records(listing, version, files)
         compression = self.conf.compression
-        delta = StateFileWriter(self._path(new_version, DELTA), DELTA, compression)
+        delta = StateFileWriter(
+            self._path(new_version, DELTA), DELTA, compression, store=self.store_id
+        )
         snapshot = (
-            StateFileWriter(self._path(new_version, SNAPSHOT), SNAPSHOT, compression)
+            StateFileWriter(
+                self._path(new_version, SNAPSHOT), SNAPSHOT, compression, store=self.store_id
+            )
             if due
             else None
         )
@@ -508,11 +519,14 @@ class StateStoreProvider:
             return
         # the files it is built from, as read: a retried batch may rewrite them meanwhile
         sources: dict[str, object] = {path: file_identity(path) for path in paths}
-        writer = StateFileWriter(self._path(last, SNAPSHOT), SNAPSHOT, self.conf.compression)
+        writer = StateFileWriter(
+            self._path(last, SNAPSHOT), SNAPSHOT, self.conf.compression, store=self.store_id
+        )
         try:
             for key, value in open_version_with_fallback(
-                listing, last, repr(self), self.conf.fan_in, allow_pickle=self.allow_pickle
-            ):
+                listing, last, repr(self), self.conf.fan_in, allow_pickle=self.allow_pickle,
+                store=self.store_id,
+            ):  # fmt: skip
                 writer.write(key, value)
         except BaseException:
             writer.cancel()

@@ -24,7 +24,13 @@ from extagg.state.errors import (
     StateFileNotFoundError,
     StateSourceOptionError,
 )
-from extagg.state.files import DELTA, StateFileListing, StateFileReader, list_state_files
+from extagg.state.files import (
+    DELTA,
+    StateFileListing,
+    StateFileReader,
+    list_state_files,
+    store_id,
+)
 from extagg.state.options import (
     check_batch_option,
     check_store_name_option,
@@ -116,6 +122,10 @@ class _Target:
 
     def directory(self, partition: int) -> str:
         return self.operator.store_directory(partition, self.store_name)
+
+    def store_id(self, partition: int) -> str:
+        """The store id the partition's state files carry in their headers."""
+        return store_id(self.operator.operator_id, partition, self.store_name)
 
     def label(self, partition: int) -> str:
         return (
@@ -276,11 +286,12 @@ def read_state(
             files = VersionFiles(listing.directory)
             if paths is None:  # past a corrupt snapshot
                 records = open_version_with_fallback(
-                    listing, version, label, allow_pickle=allow_pickle, files=files
-                )
+                    listing, version, label, allow_pickle=allow_pickle, files=files,
+                    store=target.store_id(partition),
+                )  # fmt: skip
             else:  # the snapshot asked for, or an error
                 files.paths = list(paths)
-                records = open_version(paths, label)
+                records = open_version(paths, label, store=target.store_id(partition))
             key = b""
             try:
                 with closing(records):
@@ -383,7 +394,9 @@ def read_change_feed(
             label = target.label(partition)
             for batch, delta in files:
                 try:
-                    reader = StateFileReader(delta, DELTA, label=label)
+                    reader = StateFileReader(
+                        delta, DELTA, label=label, store=target.store_id(partition)
+                    )
                 except FileNotFoundError:
                     raise StateFileNotFoundError(
                         f"[CANNOT_READ_STREAMING_STATE_FILE] Error reading streaming state file "

@@ -251,18 +251,19 @@ def files_for_version(
     return base, paths
 
 
-def _open_reader(path: str, label: str) -> StateFileReader:
+def _open_reader(path: str, label: str, store: str | None) -> StateFileReader:
     try:
-        return StateFileReader(path, label=label)
+        return StateFileReader(path, label=label, store=store)
     except FileNotFoundError:
         kind = "snapshot" if path.endswith(".snapshot") else "delta"
         raise missing_file_error(path, label, kind) from None
 
 
 def open_version(
-    paths: Sequence[str], label: str, fan_in: int = DEFAULT_FAN_IN
+    paths: Sequence[str], label: str, fan_in: int = DEFAULT_FAN_IN, *, store: str | None = None
 ) -> Generator[tuple[bytes, bytes], None, None]:
-    """Stream the live records of the version built from ``paths`` (base first).
+    """Stream the live records of the version built from ``paths`` (base first); ``store``:
+    the store id their headers must name (see :class:`StateFileReader`).
 
     More than ``fan_in`` files are merged in passes: the oldest ``fan_in`` into a temporary
     snapshot in the spill directories (``EXTAGG_SPILL_DIR`` or the system temp dir, see
@@ -281,7 +282,7 @@ def open_version(
             writer = StateFileWriter(merged_path, SNAPSHOT, compression="lz4")
             try:
                 for path in paths[:fan_in]:
-                    readers.append(_open_reader(path, label))
+                    readers.append(_open_reader(path, label, store))
                 for key, value in merge_records(readers):
                     writer.write(key, value)
                 writer.commit()
@@ -297,7 +298,7 @@ def open_version(
                 spill.remove(paths[0])
             paths = [merged_path, *paths[fan_in:]]
         for path in paths:
-            readers.append(_open_reader(path, label))
+            readers.append(_open_reader(path, label, store))
         yield from merge_records(readers)
     finally:
         for reader in readers:
@@ -347,13 +348,14 @@ def open_version_with_fallback(
     *,
     allow_pickle: bool = False,
     files: VersionFiles | None = None,
+    store: str | None = None,
 ) -> LiveRecords:
     """:func:`open_version` of the files that rebuild ``version``, its first record already
     read and decoded (a check; ``allow_pickle`` as the operator's): a snapshot whose header,
     first block or first record is corrupt is passed over for an older chain when one exists
     (with a warning), so one damaged snapshot does not make a version that its deltas still hold
     unreadable. Damage found later in the stream raises, as rows have gone out. ``files``, when
-    given, receives the paths of the chain read.
+    given, receives the paths of the chain read; ``store`` as for :func:`open_version`.
     """
     skip: set[int] = set()
     _start, paths = files_for_version(listing, version, label)
@@ -361,9 +363,9 @@ def open_version_with_fallback(
         files = VersionFiles(listing.directory)
     while True:
         files.paths = list(paths)
-        records = open_version(paths, label, fan_in)
+        records = open_version(paths, label, fan_in, store=store)
         try:
-            _check_small_snapshot(paths, label)
+            _check_small_snapshot(paths, label, store)
             first = next(records, None)
             if first is not None:
                 try:
@@ -387,7 +389,7 @@ def open_version_with_fallback(
 SMALL_SNAPSHOT_BYTES = 4 << 20
 
 
-def _check_small_snapshot(paths: Sequence[str], label: str) -> None:
+def _check_small_snapshot(paths: Sequence[str], label: str, store: str | None) -> None:
     """Read the chain's snapshot through (all its checks) if it is small; raises
     :class:`~extagg.errors.CorruptFileError` where it is damaged."""
     if not paths or not paths[0].endswith(".snapshot"):
@@ -397,7 +399,7 @@ def _check_small_snapshot(paths: Sequence[str], label: str) -> None:
             return
     except OSError:
         return  # opening it says what is wrong
-    with _open_reader(paths[0], label) as reader:
+    with _open_reader(paths[0], label, store) as reader:
         for _record in reader:
             pass
 

@@ -66,6 +66,39 @@ def test_same_records_give_identical_bytes(tmp_path):
     assert (tmp_path / "1.delta").read_bytes() == (tmp_path / "2.delta").read_bytes()
 
 
+@pytest.mark.parametrize("compression", ["lz4", "none"])
+def test_the_header_names_the_store_and_a_reader_checks_it(tmp_path, compression):
+    """Format 2's header carries the writer's store id (checked by a reader given one; not
+    by one given none); a flipped byte of it fails the header checksum; a format-1 file (no
+    store id) is read by every reader."""
+    recs = records(50, deletes_every=5)
+    path = tmp_path / "3.delta"
+    writer = StateFileWriter(path, DELTA, compression, store="op=0,part=1,store=default")
+    for key, value in recs:
+        writer.write(key, value)
+    writer.commit()
+    raw = path.read_bytes()
+    assert raw[8] == 2 and b"op=0,part=1,store=default" in raw[:64]
+    for store in (None, "op=0,part=1,store=default"):
+        with StateFileReader(path, DELTA, store=store) as reader:
+            assert reader.store == "op=0,part=1,store=default"
+            assert list(reader) == recs
+    with pytest.raises(CorruptFileError, match=r"store \(op=0,part=1,store=default\), not") as info:
+        StateFileReader(path, DELTA, label="p0", store="op=0,part=0,store=default")
+    assert info.value.path == str(path) and "copied from another partition" in info.value.reason
+    flipped = bytearray(raw)
+    flipped[20] ^= 0x01  # inside the store id
+    path.write_bytes(bytes(flipped))
+    with pytest.raises(CorruptFileError, match="header checksum mismatch"):
+        StateFileReader(path)
+    path.write_bytes(raw[:30])
+    with pytest.raises(CorruptFileError, match="too short for a header"):
+        StateFileReader(path)
+    raw_file(path, record(encode_key(1), b"\x01"), count=1)  # format 1
+    with StateFileReader(path, DELTA, store="op=0,part=0,store=default") as reader:
+        assert reader.store == "" and list(reader) == [(encode_key(1), b"\x01")]
+
+
 def test_writer_rejects_unsorted_and_repeated_keys_and_snapshot_deletes(tmp_path):
     writer = StateFileWriter(tmp_path / "1.delta", DELTA)
     writer.write(encode_key(1), b"\x00")

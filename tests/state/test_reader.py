@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from extagg.errors import CorruptFileError
 from extagg.state import (
     Checkpoint,
     CommittedBatchUnavailableError,
@@ -412,3 +413,32 @@ def test_operator_metadata_is_validated(checkpoint, mm):
             op.provider(0, bad, memory_manager=mm)
     op.provider(0, "left-keyToNumValues", memory_manager=mm).close()
     assert checkpoint.operator(0).metadata.store_names == ("default", "left-keyToNumValues")
+
+
+def test_a_delta_copied_from_another_partition_is_corrupt_there(checkpoint, mm):
+    """A delta in another store's folder (a restore that copied partition 1's ``2.delta`` over
+    partition 0's) was read as partition 0's changes: its keys appeared in partition 0, and
+    partition 1's keys in both. Its header names its store: every reader (the provider, the
+    state and the change feed) now raises ``CorruptFileError`` naming the file and both stores."""
+    op = checkpoint.operator(0, name="x", num_partitions=2)
+    for batch in range(2):
+        for partition in range(2):
+            commit_version(
+                op.provider(partition, memory_manager=mm), batch, {f"k{partition}": batch}
+            )
+        checkpoint.commit(batch)
+    assert rows_by_partition(read_state(checkpoint.path)) == {0: {"k0": 1}, 1: {"k1": 1}}
+    target = os.path.join(op.store_directory(0, "default"), "2.delta")
+    shutil.copyfile(os.path.join(op.store_directory(1, "default"), "2.delta"), target)
+    calls = {
+        "provider": lambda: op.provider(0, memory_manager=mm).get_read_store(2),
+        "read_state": lambda: list(read_state(checkpoint.path)),
+        "change feed": lambda: list(read_change_feed(checkpoint.path, 1, partition_id=0)),
+    }
+    for name, call in calls.items():
+        with pytest.raises(CorruptFileError, match="another partition") as info:
+            call()
+        assert info.value.path == target, name
+        assert "(op=0,part=1,store=default), not (op=0,part=0,store=default)" in str(info.value)
+    # partition 1 reads its own file as before
+    assert rows_by_partition(read_state(checkpoint.path, partition_id=1)) == {1: {"k1": 1}}
