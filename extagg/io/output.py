@@ -673,7 +673,8 @@ class ResultWriter:
                     json.dumps(row, default=_json_default, ensure_ascii=False) + "\n"
                     for row in _json_rows(batch)
                 ).encode("utf-8")
-                (self._compressed or self._file).write(lines)
+                sink = self._compressed if self._compressed is not None else self._file
+                sink.write(lines)
                 nbytes = len(lines)
             elif self.fmt in ("csv", "tsv"):
                 self._writer.write_batch(_binary_as_base64(batch))
