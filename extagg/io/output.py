@@ -16,6 +16,7 @@ import contextlib
 import datetime as dt
 import decimal
 import errno as errno_mod
+import gzip
 import json
 import logging
 import math
@@ -25,7 +26,7 @@ import stat
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, Any, Literal
 
 import pyarrow as pa
@@ -64,6 +65,10 @@ _EXT = {
 
 #: the codec of each compression suffix of a text output, matched in any case (``.CSV.GZ``)
 _CODECS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2"}
+#: gzip's level: the gzip command's default. Arrow's gzip stream has no level and uses 9,
+#: which took 4.5x the time of a plain CSV on a 1.5 M-row result (8.5 s against 1.9) for 4 %
+#: fewer bytes; its header holds no name and no time, so equal results give equal bytes
+GZIP_LEVEL = 6
 
 
 def output_compression(path: str) -> str | None:
@@ -300,6 +305,66 @@ def _json_rows(batch: pa.RecordBatch) -> list[dict[str, Any]]:
                 value = row[name]
                 row[name] = None if value is None else interval_text(value)
     return rows
+
+
+#: one value as ``json.dumps(value, default=_json_default, ensure_ascii=False)`` writes it
+_JSON_VALUE = json.JSONEncoder(default=_json_default, ensure_ascii=False).encode
+#: a string as JSON text, quoted and escaped (what ``json.dumps(..., ensure_ascii=False)`` calls)
+_JSON_STRING: Callable[[str], str] = json.encoder.encode_basestring
+
+
+def _json_texts(batch: pa.RecordBatch, i: int) -> pa.Array:
+    """Column ``i`` of ``batch`` (after :func:`_nanoseconds_as_json`) as the JSON text of each
+    value, as :func:`_json_rows` and ``json.dumps`` write it. Integers, booleans, dates and
+    decimals of scale 0-6 (which ``str(Decimal)`` writes without an exponent) by Arrow's
+    casts; floats by ``float.__repr__`` (json's own; Arrow's shortest text is laid out
+    otherwise: ``1`` for ``1.0``, ``1e+15``); strings by json's C escaper; anything else per
+    value through :func:`_json_rows`."""
+    col = batch.column(i)
+    typ = col.type
+    if pa.types.is_integer(typ) or pa.types.is_boolean(typ):
+        return pc.fill_null(col.cast(pa.string()), "null")
+    if pa.types.is_date(typ) or (pa.types.is_decimal(typ) and 0 <= typ.scale <= 6):
+        quoted = pc.binary_join_element_wise('"', col.cast(pa.string()), '"', "")
+        return pc.fill_null(quoted, "null")
+    values = col.to_pylist()
+    if pa.types.is_string(typ) or pa.types.is_large_string(typ):
+        texts = ["null" if v is None else _JSON_STRING(v) for v in values]
+    elif pa.types.is_floating(typ) and not col.null_count and pc.all(pc.is_finite(col)).as_py():
+        texts = list(map(float.__repr__, values))
+    else:
+        name = batch.schema.names[i]
+        rows = _json_rows(pa.RecordBatch.from_arrays([col], names=[name]))
+        texts = [_JSON_VALUE(row[name]) for row in rows]
+    return pa.array(texts, pa.string())
+
+
+def json_lines_by_row(batch: pa.RecordBatch) -> bytes:
+    """``batch`` as JSON Lines, a dict and a ``json.dumps`` per row: the reference
+    :func:`json_lines` is tested against."""
+    return "".join(
+        json.dumps(row, default=_json_default, ensure_ascii=False) + "\n"
+        for row in _json_rows(batch)
+    ).encode("utf-8")
+
+
+def json_lines(batch: pa.RecordBatch) -> bytes:
+    """``batch`` as JSON Lines, the bytes :func:`json_lines_by_row` gives (a row's keys in
+    column order, ``", "`` and ``": "`` between them), built a column at a time: a dict and a
+    ``json.dumps`` per row took 8 s of a 10 s run writing 1.5 M rows."""
+    if batch.num_columns == 0:
+        return b"{}\n" * batch.num_rows
+    batch = _nanoseconds_as_json(batch)
+    parts: list[Any] = []
+    for i, name in enumerate(batch.schema.names):
+        parts.append(("{" if i == 0 else ", ") + _JSON_STRING(name) + ": ")
+        parts.append(_json_texts(batch, i))
+    parts.append("}\n")
+    lines = pc.binary_join_element_wise(*parts, "")
+    _validity, offsets, data = lines.buffers()
+    bounds = memoryview(offsets).cast("i")  # int32, the platform's order as Arrow writes it
+    start, end = bounds[lines.offset], bounds[lines.offset + len(lines)]
+    return data[start:end].to_pybytes()
 
 
 def interval_text(value: Any) -> str:
@@ -605,7 +670,11 @@ class ResultWriter:
         self._opened = True
         sink: Any = self._file
         with self._disk_errors(0):
-            if self.compression is not None:
+            if self.compression == "gzip":  # closing it leaves the file open
+                sink = self._compressed = gzip.GzipFile(
+                    filename="", mode="wb", fileobj=self._file, compresslevel=GZIP_LEVEL, mtime=0
+                )
+            elif self.compression is not None:
                 sink = self._compressed = pa.CompressedOutputStream(
                     pa.PythonFile(_KeepOpen(self._file), mode="w"), self.compression
                 )
@@ -669,10 +738,7 @@ class ResultWriter:
         with self._disk_errors(nbytes):
             if self.fmt == "jsonl":
                 assert self._file is not None
-                lines = "".join(
-                    json.dumps(row, default=_json_default, ensure_ascii=False) + "\n"
-                    for row in _json_rows(batch)
-                ).encode("utf-8")
+                lines = json_lines(batch)
                 sink = self._compressed if self._compressed is not None else self._file
                 sink.write(lines)
                 nbytes = len(lines)
