@@ -188,3 +188,17 @@ def test_threads_quick_runs_and_every_thread_count_agrees(tmp_path: Path) -> Non
         assert run["peak_rss"] >= run["baseline_rss"] > 0
         digests.setdefault(r["case"]["name"], set()).add(run["digest"])
     assert all(len(d) == 1 for d in digests.values()), digests
+
+
+def test_outputs_quick_writes_every_format() -> None:
+    """``bench_outputs.py --quick``: every output of both engines written and sized."""
+    cmd = [sys.executable, str(BENCH / "bench_outputs.py"), "--quick"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line.split(" | ") for line in proc.stdout.splitlines() if line.startswith("| extagg")]
+    assert [row[1] for row in rows] == [".csv", ".csv.gz", ".csv.zst", ".csv.bz2", ".jsonl",
+                                        ".jsonl.gz", ".parquet"]  # fmt: skip
+    sizes = {row[1]: int(row[3].rstrip(" |").replace(",", "")) for row in rows}
+    assert sizes[".csv.gz"] < sizes[".csv"] / 2 and sizes[".jsonl"] > sizes[".csv"]
+    if importlib.util.find_spec("duckdb") is not None:
+        assert proc.stdout.count("| duckdb |") == 4
