@@ -1213,6 +1213,27 @@ def test_sigint_stops_and_leaves_no_files(tmp_path, fmt, signum, repeat):
     print(f"stopped {stopped:.2f} s after SIGINT")
 
 
+@pytest.mark.parametrize("name", ["out.csv.gz", "out.jsonl.zst"])
+def test_ctrl_c_while_a_compressed_output_is_written(tmp_path, name):
+    """A Ctrl-C while the result streams into a compressed output: exit 130, neither the
+    output nor its temporary file left (the compressor is closed, the file removed)."""
+    src = tmp_path / "big.parquet"
+    pq.write_table(table(2_000_000, keys=1_500_000, seed=12), src, row_group_size=200_000)
+    cmd = [sys.executable, "-m", "extagg", "aggregate", str(src), "--by", "k,u",
+           "--agg", "n=count(*)", "--agg", "s=sum(v)", "-o", str(tmp_path / name)]  # fmt: skip
+
+    def writing() -> bool:
+        temps = [p for p in tmp_path.iterdir() if p.name.startswith(f".{name}.")]
+        return any(p.stat().st_size > 256 << 10 for p in temps if p.exists())
+
+    returncode, err, _ = _signal_when(
+        cmd, _env(), writing, signal.SIGINT, "the output was written before the signal"
+    )
+    assert returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.parquet"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_while_kernels_compile_on_a_cold_cache_stops_at_once(tmp_path, signum):
