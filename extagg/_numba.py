@@ -126,7 +126,7 @@ def _ensure_runtime(target_context: Any, cache_dir: str | None = None) -> None:
 _NRT_MAGIC = b"extagg-nrt\x01"
 
 
-def runtime_cache_file(cache_dir: str, codegen: Any) -> str:
+def _runtime_cache_file(cache_dir: str, codegen: Any) -> str:
     """Where the runtime's object code for this numba, llvmlite and CPU is kept."""
     key = repr((numba.__version__, llvmlite.__version__, codegen.magic_tuple()))
     return os.path.join(cache_dir, f"extagg-nrt-{hashlib.sha256(key.encode()).hexdigest()[:16]}.o")
@@ -139,7 +139,7 @@ def _initialize_runtime(target_context: Any, cache_dir: str) -> None:
     for name, address in _nrt_python.c_helpers.items():
         llvm_binding.add_symbol(name if name.startswith("_") else "NRT_" + name, address)
     codegen = target_context.codegen()
-    path = runtime_cache_file(cache_dir, codegen)
+    path = _runtime_cache_file(cache_dir, codegen)
     state = _read_runtime(path)
     library = None
     if state is not None:
