@@ -10,7 +10,11 @@ from collections.abc import Sequence
 
 from extagg.errors import InputError
 
-__all__ = ["expand_input_paths", "output_is_an_input", "output_problem"]
+__all__ = ["COMPRESSION_CODECS", "expand_input_paths", "output_is_an_input", "output_problem"]
+
+#: the Arrow codec of each compression suffix of a text file, read or written, matched in any
+#: case (``.CSV.GZ``: Arrow's own detection knows lower case only)
+COMPRESSION_CODECS = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".zstd": "zstd"}
 
 
 def expand_input_paths(paths: Sequence[str]) -> list[tuple[str, str | None]]:

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
-from extagg._input_paths import expand_input_paths
+from extagg._input_paths import COMPRESSION_CODECS, expand_input_paths
 from extagg.errors import InputError, QueryError
 
 __all__ = ["InputScan", "ScanProgress", "open_input", "parse_type", "row_bytes", "FORMATS"]
@@ -47,7 +47,6 @@ CODED_SAMPLE_VALUES = 1 << 12
 CODED_PREFIX_ROWS = 1 << 15
 
 FORMATS = ("parquet", "csv", "tsv", "json", "ipc")
-_COMPRESSED = (".gz", ".zst", ".zstd", ".bz2")
 _EXT = {
     ".parquet": "parquet",
     ".pq": "parquet",
@@ -1233,10 +1232,6 @@ def sniff_delimiter(path: str, encoding: str | None = None) -> str:
     return found[0]
 
 
-#: the codec of each compression suffix, matched in any case (``.CSV.GZ``)
-_CODECS = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".zstd": "zstd"}
-
-
 def _text_stream(path: str, encoding: str | None = None) -> Any:
     """``path``'s bytes, decompressed if its extension says so (``.gz``, ``.bz2``, ``.zst``,
     in any case: Arrow's own detection knows lower case only, and ``.CSV.GZ`` was parsed
@@ -1244,7 +1239,7 @@ def _text_stream(path: str, encoding: str | None = None) -> Any:
     :class:`_Transcoded`)."""
     raw = _LOCAL.open_input_stream(path, compression=None)
     name = path.lower()
-    codec = next((c for suffix, c in _CODECS.items() if name.endswith(suffix)), None)
+    codec = next((c for suffix, c in COMPRESSION_CODECS.items() if name.endswith(suffix)), None)
     if codec is not None:
         raw = pa.CompressedInputStream(raw, codec)
     if encoding is None or _is_utf8(encoding):
@@ -1973,7 +1968,7 @@ def _size(path: str) -> int:
 def detect_format(path: str) -> str | None:
     """The format of ``path`` from its extension (compression suffixes looked through)."""
     name = path.lower()
-    for suffix in _COMPRESSED:
+    for suffix in COMPRESSION_CODECS:
         if name.endswith(suffix):
             name = name[: -len(suffix)]
             break
