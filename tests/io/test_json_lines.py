@@ -97,7 +97,5 @@ def test_every_line_is_json_and_non_finite_floats_are_strings():
 
 @pytest.mark.parametrize("rows", [0, 3])
 def test_a_batch_of_no_columns(rows):
-    batch = pa.RecordBatch.from_pydict({}).slice(0, 0) if rows == 0 else None
-    if batch is None:
-        batch = pa.record_batch([pa.array([1, 2, 3])], names=["k"]).select([])
-    assert json_lines(batch) == json_lines_by_row(batch)
+    batch = pa.record_batch([pa.array(range(rows))], names=["k"]).select([])
+    assert json_lines(batch) == json_lines_by_row(batch) == b"{}\n" * rows
