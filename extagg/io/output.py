@@ -333,11 +333,23 @@ def _json_texts(batch: pa.RecordBatch, i: int) -> pa.Array:
         texts = ["null" if v is None else _JSON_STRING(v) for v in values]
     elif pa.types.is_floating(typ) and not col.null_count and pc.all(pc.is_finite(col)).as_py():
         texts = list(map(float.__repr__, values))
+    elif pa.types.is_floating(typ):
+        texts = [_json_float_text(v) for v in values]
     else:
         name = batch.schema.names[i]
         rows = _json_rows(pa.RecordBatch.from_arrays([col], names=[name]))
         texts = [_JSON_VALUE(row[name]) for row in rows]
     return pa.array(texts, pa.string())
+
+
+def _json_float_text(value: float | None) -> str:
+    """A float (or null) as :func:`_json_rows` and ``json.dumps`` write it (see
+    :func:`_json_float`)."""
+    if value is None:
+        return "null"
+    if value - value == 0:  # finite
+        return float.__repr__(value)
+    return '"NaN"' if value != value else ('"Infinity"' if value > 0 else '"-Infinity"')
 
 
 def _isoformat(col: pa.Array) -> pa.Array:
