@@ -468,7 +468,7 @@ def _print_table(reader: Any, limit: int) -> None:
             have += part.num_rows
     out = sys.stdout
     if limit <= 0:  # --show 0: the count alone
-        out.write(f"{total:,} row(s)\n")
+        out.write(f"{_rows(total)}\n")
         out.flush()
         return
     from extagg.io.output import dates_beyond_python_as_text
@@ -488,8 +488,12 @@ def _print_table(reader: Any, limit: int) -> None:
         cells = (c[i].rjust(w) if r else c[i].ljust(w) for c, w, r in zip(cols, widths, numeric))
         out.write("  ".join(cells).rstrip() + "\n")
     more = f" (first {table.num_rows} shown; -o FILE writes all)" if total > table.num_rows else ""
-    out.write(f"{total:,} row(s){more}\n")
+    out.write(f"{_rows(total)}{more}\n")
     out.flush()
+
+
+def _rows(n: int) -> str:
+    return f"{n:,} row{'' if n == 1 else 's'}"
 
 
 #: control characters shown escaped in the table (a newline in a value broke its rows)

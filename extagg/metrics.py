@@ -196,18 +196,30 @@ class RunMetrics:
         if self.files_skipped:
             notes.append(f"{self.files_skipped:,} files skipped by their folder names")
         rg = f" ({'; '.join(notes)})" if notes else ""
+        spilled = (
+            "Nothing spilled"
+            if not self.spill_count
+            else f"Spilled {_counted(self.spill_count, 'time')}: "
+            f"{format_size(self.memory_bytes_spilled)} in memory, "
+            f"{format_size(self.disk_bytes_spilled)} on disk"
+        )
         return (
-            f"Read {self.rows_read:,} rows ({format_size(self.bytes_read)} in {self.files} "
-            f"file(s){rg}) into {self.groups:,} groups ({self.rows_out:,} rows out) in "
-            f"{self.wall_time_s:.2f} s, {self.rows_per_s:,.0f} rows/s. Spilled "
-            f"{self.spill_count} time(s): {format_size(self.memory_bytes_spilled)} in memory, "
-            f"{format_size(self.disk_bytes_spilled)} on disk. Peak memory granted "
+            f"Read {_counted(self.rows_read, 'row')} ({format_size(self.bytes_read)} in "
+            f"{_counted(self.files, 'file')}{rg}) into {_counted(self.groups, 'group')} "
+            f"({_counted(self.rows_out, 'row')} out) in "
+            f"{self.wall_time_s:.2f} s, {self.rows_per_s:,.0f} rows/s. {spilled}. "
+            "Peak memory granted "
             f"{format_size(self.peak_granted_bytes)} of a {format_size(self.budget_bytes)} "
             f"budget; peak RSS {format_size(self.peak_rss_bytes)} = fixed "
             f"{format_size(fixed)} (interpreter, imports, the query's kernels; "
             f"{format_size(self.rss_import_bytes)} before the first batch) + data "
             f"{format_size(data)}."
         )
+
+
+def _counted(n: int, noun: str) -> str:
+    """``1 row``, ``2 rows``, ``1,000 rows``."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 _METRICS: weakref.WeakKeyDictionary[Any, RunMetrics] = weakref.WeakKeyDictionary()

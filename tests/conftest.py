@@ -16,6 +16,8 @@ settings.register_profile(
 # CI: the same examples every run, so a red build is a regression, not a new random draw;
 # local runs keep exploring new examples (and save failures to .hypothesis/ for replay)
 settings.register_profile("ci", parent=settings.get_profile("extagg"), derandomize=True)
+# a longer search for a bug hunt: HYPOTHESIS_PROFILE=deep pytest -m "not slow" tests/...
+settings.register_profile("deep", parent=settings.get_profile("extagg"), max_examples=600)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "extagg"))
 
 

@@ -225,13 +225,13 @@ def test_table_without_output_and_csv_to_stdout(data, capsys):
     src, t = data
     assert main(["aggregate", str(src), "--by", "g", "--agg", "n=count(*)", "--sort", "-q"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["g", "n"] and lines[-1] == "4 row(s)"
+    assert lines[0].split() == ["g", "n"] and lines[-1] == "4 rows"
     assert [line.split()[0] for line in lines[2:6]] == ["a", "b", "c", "d"]
     assert main(["aggregate", str(src), *ARGS, "--show", "5", "-q"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == 2 + 5 + 1 and out[-1].startswith("500 row(s) (first 5 shown")
+    assert len(out) == 2 + 5 + 1 and out[-1].startswith("500 rows (first 5 shown")
     assert main(["aggregate", str(src), *ARGS, "--show", "0", "-q"]) == 0
-    assert capsys.readouterr().out == "500 row(s)\n"  # the count alone (was an empty table)
+    assert capsys.readouterr().out == "500 rows\n"  # the count alone (was an empty table)
     assert main(["aggregate", str(src), *ARGS, "-o", "-", "-q", "--sort"]) == 0
     csv = capsys.readouterr().out
     result = pacsv.read_csv(pa.BufferReader(csv.encode()))
@@ -247,7 +247,7 @@ def test_table_escapes_control_characters_and_counts_csv_rows_alone(tmp_path, ca
     assert main(["aggregate", str(src), "--by", "k", "--agg", "n=count(*)", "--sort", "-q"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines[2:5]] == ["multi\\nline", "plain", "tab\\there"]
-    assert lines[-1] == "3 row(s)"
+    assert lines[-1] == "3 rows"
     assert main(["aggregate", str(src), "--agg", "n=count(*)", "-o", "-", "-q"]) == 0
     assert capsys.readouterr().out.split() == ['"n"', "3"]
 

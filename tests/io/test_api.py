@@ -43,6 +43,16 @@ def test_reader_metrics_are_live_then_final(parquet, table):
     assert "Read 5,000 rows" in m.summary() and "40 groups" in m.summary()
 
 
+def test_summary_counts_read_as_english():
+    """One of a thing is singular; no spill is said so, not "Spilled 0 time(s)"."""
+    one = RunMetrics(rows_read=1, files=1, groups=1, rows_out=1).summary()
+    assert "Read 1 row (" in one and "in 1 file)" in one and "into 1 group (1 row out)" in one
+    assert "Nothing spilled." in one and "Spilled" not in one
+    many = RunMetrics(rows_read=2_000, files=3, groups=0, rows_out=0, spill_count=1).summary()
+    assert "Read 2,000 rows" in many and "in 3 files" in many and "into 0 groups (0 rows" in many
+    assert "Spilled 1 time:" in many
+
+
 def test_output_returns_metrics_and_respects_overwrite(tmp_path, parquet, table):
     out = tmp_path / "r.arrow"
     m = extagg.aggregate_files(str(parquet), by=["k", "s"], aggs=AGGS, output=str(out))
