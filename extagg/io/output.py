@@ -397,6 +397,95 @@ def json_lines(batch: pa.RecordBatch) -> bytes:
     return data[start:end].to_pybytes()
 
 
+#: column types whose text (Arrow's cast to string) never holds a quote, a delimiter or a
+#: line break: the CSV writer does not look into their values
+_PLAIN_TEXT_TYPES = (
+    pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal, pa.types.is_boolean,
+    pa.types.is_date, pa.types.is_time, pa.types.is_timestamp, pa.types.is_duration,
+    pa.types.is_null,
+)  # fmt: skip
+
+
+def _plain_text(typ: pa.DataType) -> bool:
+    return any(test(typ) for test in _PLAIN_TEXT_TYPES)
+
+
+def csv_field(text: str, delimiter: str) -> str:
+    """One CSV field: quoted, its ``"`` doubled, if it holds ``"``, the delimiter or a line
+    break, or is empty (``""``: a null is written as nothing); else as it is."""
+    if text == "" or any(c in text for c in ('"', delimiter, "\n", "\r")):
+        return '"' + text.replace('"', '""') + '"'
+    return text
+
+
+def csv_header(names: list[str], delimiter: str) -> bytes:
+    """The CSV header line of ``names``."""
+    return (delimiter.join(csv_field(name, delimiter) for name in names) + "\n").encode("utf-8")
+
+
+def _csv_texts(batch: pa.RecordBatch) -> list[tuple[pa.Array, bool]]:
+    """Each column as Arrow's text of it (the text Arrow's CSV writer writes: its cast to
+    string) and whether its values must be looked into for quoting."""
+    out = []
+    for col in batch.columns:
+        typ = col.type
+        if pa.types.is_dictionary(typ):
+            col = col.dictionary_decode()
+        text = col if pa.types.is_string(col.type) else col.cast(pa.string())
+        out.append((text, not _plain_text(typ)))
+    return out
+
+
+def csv_lines_by_row(batch: pa.RecordBatch, delimiter: str = ",") -> bytes:
+    """``batch`` as CSV lines (no header), a Python string per field: the reference
+    :func:`csv_lines` is tested against."""
+    columns = [
+        [
+            "" if value is None else csv_field(value, delimiter) if check else value
+            for value in text.to_pylist()
+        ]
+        for text, check in _csv_texts(batch)
+    ]
+    lines = (delimiter.join(fields) + "\n" for fields in zip(*columns))
+    return "".join(lines).encode("utf-8")
+
+
+def csv_lines(batch: pa.RecordBatch, delimiter: str = ",") -> bytes:
+    """``batch`` as CSV lines (no header), the bytes :func:`csv_lines_by_row` gives: a field
+    is quoted only where it must be (see :func:`csv_field`), as DuckDB and Polars write CSV;
+    Arrow's CSV writer quotes every string. Two compiled passes a column: the fields' sizes,
+    then their bytes at each row's next position."""
+    import numpy as np
+
+    from extagg.io import _csv_kernels as CK
+
+    n = batch.num_rows
+    if batch.num_columns == 0:
+        return b"\n" * n
+    texts = []
+    for text, check in _csv_texts(batch):
+        _validity, offsets, data = text.buffers()
+        bounds = np.frombuffer(offsets, dtype=np.int32)[text.offset : text.offset + n + 1]
+        chars = np.zeros(0, np.uint8) if data is None else np.frombuffer(data, dtype=np.uint8)
+        valid = (
+            np.zeros(0, np.bool_)
+            if text.null_count == 0
+            else text.is_valid().to_numpy(zero_copy_only=False)
+        )
+        texts.append((bounds, chars, valid, check))
+    sep = ord(delimiter)
+    lengths = np.full(n, len(texts), dtype=np.int64)  # the delimiters and the line break
+    for bounds, chars, valid, check in texts:
+        CK.csv_field_lengths(bounds, chars, valid, check, sep, lengths)
+    pos = np.zeros(n, dtype=np.int64)
+    np.cumsum(lengths[:-1], out=pos[1:])
+    out = np.empty(int(pos[-1] + lengths[-1]) if n else 0, dtype=np.uint8)
+    last = len(texts) - 1
+    for j, (bounds, chars, valid, check) in enumerate(texts):
+        CK.csv_write_fields(bounds, chars, valid, check, sep, sep if j < last else 10, out, pos)
+    return out.tobytes()
+
+
 def interval_text(value: Any) -> str:
     """A month-day-nano interval (``pyarrow.MonthDayNano``) as DuckDB writes one:
     ``1 year 2 months 3 days 04:05:06.000007``; ``00:00:00`` when it is empty."""
@@ -655,6 +744,7 @@ class ResultWriter:
         #: a text output's codec (``out.csv.gz``) and the compressed stream written through
         self.compression = output_compression(path) if fmt in ("csv", "tsv", "jsonl") else None
         self._compressed: Any = None
+        self._delimiter = "\t" if fmt == "tsv" else ","
         if path == "-":
             self.directory = "<stdout>"
             self._file = sys.stdout.buffer
@@ -720,12 +810,7 @@ class ResultWriter:
                     write_batch_size=PARQUET_WRITE_BATCH_ROWS,
                 )  # fmt: skip
             elif self.fmt in ("csv", "tsv"):
-                import pyarrow.csv as pacsv
-
-                options = pacsv.WriteOptions(delimiter="\t" if self.fmt == "tsv" else ",")
-                self._writer = pacsv.CSVWriter(
-                    sink, _text_schema(self.schema), write_options=options
-                )
+                sink.write(csv_header(self.schema.names, self._delimiter))
             elif self.fmt == "ipc":
                 self._writer = pa.ipc.new_file(sink, self.schema)
 
@@ -773,7 +858,11 @@ class ResultWriter:
                 sink.write(lines)
                 nbytes = len(lines)
             elif self.fmt in ("csv", "tsv"):
-                self._writer.write_batch(_binary_as_base64(batch))
+                assert self._file is not None
+                lines = csv_lines(_binary_as_base64(batch), self._delimiter)
+                sink = self._compressed if self._compressed is not None else self._file
+                sink.write(lines)
+                nbytes = len(lines)
             elif self.fmt in ("parquet", "ipc"):
                 self._group.append(batch)
                 self._group_rows += batch.num_rows

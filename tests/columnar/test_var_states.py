@@ -136,7 +136,8 @@ def test_long_values_under_a_tiny_budget_spill_and_merge(spill_dir) -> None:
 
 
 def test_arena_is_accounted_and_cleared_on_spill() -> None:
-    agg = HashAggregator(["k"], {"m": ("v", "max")}, memory="64m")
+    # the one-thread table's arena (threads keep one per thread partition's child)
+    agg = HashAggregator(["k"], {"m": ("v", "max")}, memory="64m", threads=1)
     big = "x" * 100_000
     agg.update(pa.table({"k": list(range(50)), "v": [big + str(i) for i in range(50)]}))
     arena = agg.table_state.var_arena

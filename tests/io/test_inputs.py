@@ -1685,7 +1685,7 @@ def test_numbers_with_a_decimal_comma(tmp_path, capsys):
     tsv.write_text("k\tv\na\t1,5\na\t2\n")
     assert main(["aggregate", str(tsv), "--by", "k", "--agg", "s=sum(v)", "--decimal-comma",
                  "-q", "-o", "-"]) == 0  # fmt: skip
-    assert capsys.readouterr().out.splitlines()[1] == '"a",3.5'
+    assert capsys.readouterr().out.splitlines()[1] == "a,3.5"
     assert main(["aggregate", str(src), "--by", "k", "--agg", "s=sum(v)", "-q", "-o", "-"]) == 2
     assert "--decimal-comma" in capsys.readouterr().err
     comma = tmp_path / "us.csv"
