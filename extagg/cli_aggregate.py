@@ -48,7 +48,10 @@ def add_aggregate_command(sub: Any) -> None:
         help="an aggregate, e.g. 'n=count(*)', 'total=sum(amount)' (repeatable); none: the "
         "distinct values of --by (SELECT DISTINCT)",
     )
-    p.add_argument("--where", help="filter on input columns, e.g. \"d <= date '1998-09-02'\"")
+    p.add_argument(
+        "--where",
+        help="filter on input columns, e.g. \"d <= date '1998-09-02' and lower(s) like 'a%%'\"",
+    )
     p.add_argument("--having", help="filter on result columns, e.g. 'n > 10'")
     p.add_argument("--memory", help="memory budget, e.g. 256m, 2g (default: EXTAGG_MEMORY/auto)")
     p.add_argument(

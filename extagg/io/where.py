@@ -16,6 +16,11 @@ Grammar (keywords are case-insensitive)::
     atom      := number | 'string' | date 'YYYY-MM-DD' | timestamp 'YYYY-MM-DD HH:MM:SS'
                | interval '1 day 2 hours' | interval number unit
                | true | false | null | column | "quoted column" | `quoted column` | "(" expr ")"
+               | function "(" [expr ("," expr)*] ")"
+
+``function`` is one of :data:`FUNCTIONS` (DuckDB's names: ``year(d)``, ``lower(s)``,
+``starts_with(s, 'x')``, ``regexp_matches(s, 're')``, ``substr(s, 2, 3)``, ``round(x, 2)``,
+``coalesce(a, b)``, ...); their patterns, positions and digit counts are literals.
 
 ``cmp`` is one of ``= == != <> < <= > >=``; a ``like`` pattern takes SQL's ``%`` (any
 characters) and ``_`` (one character), ``ilike`` ignores case; ``\\%``, ``\\_`` and ``\\\\``
@@ -884,6 +889,13 @@ class _Parser:
             self.i += 1
             name = tok.text[1:-1].replace('""', '"') if tok.text[0] == '"' else tok.text[1:-1]
             return self.column(name, tok.pos)
+        if (
+            tok.kind == "name"
+            and tok.word not in _KEYWORDS
+            and self.toks[self.i + 1].kind == "op"
+            and self.toks[self.i + 1].text == "("
+        ):
+            return self.function()
         if tok.kind == "name" and (
             tok.word not in _KEYWORDS
             or (tok.word in _LITERAL_WORDS and not self._starts_literal(tok.word))
@@ -900,6 +912,69 @@ class _Parser:
         elif type(value) is int:
             self._ints[id(expr)] = value
         return expr
+
+    def function(self) -> pc.Expression:
+        """``name(arg, ...)`` at the cursor: one of :data:`FUNCTIONS` (DuckDB's names and
+        meanings); a pattern, a position or a digit count must be a literal."""
+        at = self.tok
+        name = at.word
+        self.i += 2  # the name and "("
+        if name not in FUNCTIONS:
+            raise ExpressionError(
+                f"unknown function {at.text!r} (functions: {', '.join(sorted(FUNCTIONS))})",
+                self.text, at.pos,
+            )  # fmt: skip
+        kind, low, high = FUNCTIONS[name]
+        args: list[pc.Expression] = []
+        literals: list[Any] = []
+        if not self.take_op(")"):
+            while True:
+                if kind in _LITERAL_ARGS and args:  # the pattern, start, length or digits
+                    literals.append(self._function_literal(name, kind))
+                else:
+                    args.append(self.or_())
+                if self.take_op(")"):
+                    break
+                self.expect_op(",")
+        given = len(args) + len(literals)
+        if not low <= given <= high:
+            count = str(low) if low == high else f"{low} to {high}" if high < 99 else f"{low}+"
+            raise ExpressionError(
+                f"{name}() takes {count} argument{'s' if count != '1' else ''}, got {given}",
+                self.text, at.pos,
+            )  # fmt: skip
+        if kind == "coalesce":
+            return self.call(pc.coalesce, *args, at=at)
+        if kind == "pattern":
+            return self.call(_PATTERN_FUNCTIONS[name], args[0], at=at, pattern=literals[0])
+        if kind == "substr":
+            start = literals[0]
+            if start < 1:
+                raise ExpressionError(
+                    f"substr() counts from 1, got start {start}", self.text, at.pos
+                )
+            stop = start - 1 + literals[1] if len(literals) > 1 else _NO_STOP
+            if stop < start - 1:
+                raise ExpressionError("substr() length must be >= 0", self.text, at.pos)
+            return self.call(pc.utf8_slice_codeunits, args[0], at=at, start=start - 1, stop=stop)
+        if kind == "round":
+            digits = literals[0] if literals else 0
+            return self.call(
+                pc.round, args[0], at=at, ndigits=digits, round_mode="half_towards_infinity"
+            )
+        func, options = _VALUE_FUNCTIONS[name]
+        return self.call(func, args[0], at=at, **options)
+
+    def _function_literal(self, name: str, kind: str) -> Any:
+        tok = self.tok
+        value = self.literal_value() if tok.kind in ("string", "number", "op") else None
+        want_text = kind == "pattern"
+        if want_text and isinstance(value, str):
+            return value
+        if not want_text and type(value) is int:
+            return value
+        what = "a quoted text" if want_text else "a whole number"
+        raise ExpressionError(f"{name}() takes {what} here", self.text, tok.pos)
 
     def _starts_literal(self, word: str) -> bool:
         """Whether the ``date``/``timestamp``/``interval`` at the cursor starts a literal:
@@ -1110,6 +1185,37 @@ def _timestamp(when: dt.datetime, typ: pa.TimestampType) -> pa.Scalar:
 
 
 #: the operators of three-valued logic (their operands are tests)
+#: the functions of ``--where`` / ``--having``: name -> (kind, fewest, most arguments), with
+#: DuckDB's names and meanings (``dayofweek``: Sunday 0; ``length``: characters; ``round``:
+#: half away from zero; ``substr``: from 1)
+FUNCTIONS: dict[str, tuple[str, int, int]] = {
+    **{name: ("value", 1, 1) for name in (
+        "year", "quarter", "month", "day", "dayofweek", "dayofyear", "hour", "minute",
+        "second", "lower", "upper", "length", "trim", "ltrim", "rtrim", "abs", "floor", "ceil",
+    )},
+    "coalesce": ("coalesce", 1, 99),
+    "starts_with": ("pattern", 2, 2), "ends_with": ("pattern", 2, 2),
+    "contains": ("pattern", 2, 2), "regexp_matches": ("pattern", 2, 2),
+    "substr": ("substr", 2, 3), "substring": ("substr", 2, 3),
+    "round": ("round", 1, 2),
+}  # fmt: skip
+#: the kinds whose arguments after the first are literals (Arrow takes them as options)
+_LITERAL_ARGS = ("pattern", "substr", "round")
+_VALUE_FUNCTIONS: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
+    "year": (pc.year, {}), "quarter": (pc.quarter, {}), "month": (pc.month, {}),
+    "day": (pc.day, {}), "dayofweek": (pc.day_of_week, {"count_from_zero": True, "week_start": 7}),
+    "dayofyear": (pc.day_of_year, {}), "hour": (pc.hour, {}), "minute": (pc.minute, {}),
+    "second": (pc.second, {}), "lower": (pc.utf8_lower, {}), "upper": (pc.utf8_upper, {}),
+    "length": (pc.utf8_length, {}), "trim": (pc.utf8_trim_whitespace, {}),
+    "ltrim": (pc.utf8_ltrim_whitespace, {}), "rtrim": (pc.utf8_rtrim_whitespace, {}),
+    "abs": (pc.abs_checked, {}), "floor": (pc.floor, {}), "ceil": (pc.ceil, {}),
+}  # fmt: skip
+_PATTERN_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "starts_with": pc.starts_with, "ends_with": pc.ends_with,
+    "contains": pc.match_substring, "regexp_matches": pc.match_substring_regex,
+}  # fmt: skip
+#: ``utf8_slice_codeunits``' stop for "to the end"
+_NO_STOP = 2**62
 _LOGICAL = (pc.invert, pc.and_kleene, pc.or_kleene)
 #: the comparisons (NaN is equal to itself and above every number in them)
 _ORDER = (pc.equal, pc.not_equal, pc.less, pc.less_equal, pc.greater, pc.greater_equal)

@@ -884,3 +884,82 @@ def test_like_on_a_column_one_file_stores_as_dictionaries(tmp_path):
             where=text, format="parquet",
         ).read_all()  # fmt: skip
         assert got.column("n").to_pylist() == [n], text
+
+
+# ------------------------------------------------------------------------------ functions
+FUNCTION_CASES = [
+    ("year(d) = 1998 and month(d) = 9 and day(d) >= 2", [2, 3]),
+    ("quarter(d) = 3 and dayofyear(d) = 245", [2]),  # 1998-09-02 is day 245
+    ("dayofweek(d) = 3", [2]),  # a Wednesday: DuckDB counts Sunday as 0
+    ("lower(upper(s)) = 'a' or length(s) = 4", [1, None]),
+    ("starts_with(s, 'it') or ends_with(s, 'b')", [2, None]),
+    ("contains(s, '''') or regexp_matches(s, '^[ab]$') and i > 1", [2, None]),
+    ("substr(s, 2) = 't''s' or substring(s, 1, 1) = 'a'", [1, None]),
+    ("trim(' ' || s) = s", None),  # '||' is no operator: a syntax error (below)
+    ("round(f) = 2 and abs(-i) = 2", [2]),  # 1.5 rounds half away from zero
+    ("round(m, 1) = 0.1 and floor(f) = 3 and ceil(f) = 4", [None]),
+    ("coalesce(f, 0.0) = 0.0", [3]),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), [c for c in FUNCTION_CASES if c[1] is not None])
+def test_functions_as_in_duckdb(text, expected):
+    """DuckDB's names and meanings; the eager mask keeps the same rows as the expression."""
+    assert kept(text) == expected
+    parsed = parse_expression(text)
+    parsed.bind(TABLE.schema)
+    batch = TABLE.combine_chunks().to_batches()[0]
+    assert batch.filter(parsed.mask(batch)).column("i").to_pylist() == expected
+
+
+@pytest.mark.parametrize(("text", "expected"), [c for c in FUNCTION_CASES if c[1] is not None])
+def test_functions_agree_with_duckdb(text, expected):
+    duckdb = pytest.importorskip("duckdb")
+    con = duckdb.connect()
+    con.register("t", TABLE.append_column("rn", pa.array(range(TABLE.num_rows))))
+    rows = con.execute(f"select i from t where {text} order by rn").fetchall()
+    assert [r[0] for r in rows] == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "position", "words"),
+    [
+        ("median(i) > 1", 0, "unknown function 'median' (functions: abs, ceil, coalesce"),
+        ("year(s) = 1", 0, "'year' does not apply to string"),
+        ("year(d, 1) = 1", 0, "year() takes 1 argument, got 2"),
+        ("lower() = 'a'", 0, "lower() takes 1 argument, got 0"),
+        ("starts_with(s, s)", 15, "starts_with() takes a quoted text here"),
+        ("substr(s, 0) = 'a'", 0, "substr() counts from 1, got start 0"),
+        ("round(f, 'x') = 1", 9, "round() takes a whole number here"),
+        ("trim(' ' || s) = s", 9, "unexpected character '|'"),
+    ],
+)
+def test_function_errors_point_at_the_call(text, position, words):
+    with pytest.raises(ExpressionError) as err:
+        parse_expression(text).bind(TABLE.schema)
+    assert err.value.position == position
+    assert words in str(err.value)
+
+
+def test_a_column_named_like_a_function_is_still_a_column():
+    table = pa.table({"day": [1, 2, 3], "year": [2020, 2021, 2022]})
+    expr = parse_expression("day >= 2 and year < 2022").bind(table.schema)
+    assert ds.dataset(table).to_table(filter=expr).column("day").to_pylist() == [2]
+
+
+def test_row_groups_are_still_skipped_beside_a_function(tmp_path):
+    """A function's part of the filter cannot use the statistics; the rest still does."""
+    import pyarrow.parquet as pq
+
+    import extagg
+
+    path = tmp_path / "t.parquet"
+    days = pa.array([dt.date(2020, 1, 1) + dt.timedelta(days=i) for i in range(4_000)])
+    pq.write_table(pa.table({"d": days, "v": range(4_000)}), path, row_group_size=1_000)
+    reader = extagg.aggregate_files(
+        str(path), aggs="n=count(*)",
+        where="d < date '2020-03-01' and dayofweek(d) = 0",
+    )  # fmt: skip
+    assert reader.read_all().column("n").to_pylist() == [8]  # the Sundays of Jan and Feb 2020
+    metrics = extagg.run_metrics(reader)
+    assert (metrics.row_groups_read, metrics.row_groups_total) == (1, 4)
