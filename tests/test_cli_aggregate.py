@@ -459,7 +459,10 @@ def test_agg_columns_may_be_quoted(tmp_path, capsys):
             str(out), "-q"]  # fmt: skip
     assert main(argv) == 0, capsys.readouterr().err
     assert {r["my col"]: r["s"] for r in pq.read_table(out).to_pylist()} == {"a": 4.5, "b": 2.0}
-    assert main([*argv[:5], "s=sum(Prix (€))", *argv[6:]]) == 2
+    # unquoted, the name is no expression but a column of the file: read as that column
+    assert main([*argv[:5], "s=sum(Prix (€))", *argv[6:], "--overwrite"]) == 0
+    assert {r["my col"]: r["s"] for r in pq.read_table(out).to_pylist()} == {"a": 4.5, "b": 2.0}
+    assert main([*argv[:5], "s=sum(Prix (USD))", *argv[6:], "--overwrite"]) == 2
     assert "quoted: 'p=sum(\"Price (EUR)\")'" in capsys.readouterr().err
 
 

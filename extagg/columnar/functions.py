@@ -58,7 +58,10 @@ __all__ = [
     "unpack_var_states",
     "merge_var",
     "NO_AGGREGATES",
+    "ColumnName",
+    "ExpressionText",
     "agg_mapping",
+    "is_plain_name",
     "parse_agg_texts",
     "parse_aggs",
     "resolve",
@@ -155,9 +158,31 @@ NO_AGGREGATES: Mapping[str, Any] = MappingProxyType({})
 #: ``[NAME=]FUNC(COLUMN)``; a column whose name has parentheses or quotes is written quoted,
 #: ``sum("Price (EUR)")`` (a ``"`` inside doubled, as in SQL) or ``sum(`Price (EUR)`)``
 _AGG_TEXT = re.compile(
-    r"^\s*(?:(?P<name>[^=]+?)\s*=\s*)?(?P<func>[A-Za-z_]\w*)\s*"
-    r"\(\s*(?P<col>\"(?:[^\"]|\"\")*\"|`[^`]*`|[^)]*)\s*\)\s*$"
+    r"^\s*(?:(?P<name>[^=]+?)\s*=\s*)?(?P<func>[A-Za-z_]\w*)\s*\(\s*(?P<col>.*?)\s*\)\s*$"
 )
+#: a column name written as it is (as ``--where`` reads one): letters, digits, ``_``, ``.``
+_PLAIN_NAME = re.compile(r"[^\W\d][\w.]*")
+_QUOTED_NAME = re.compile(r'"(?:[^"]|"")*"|`[^`]*`')
+
+
+class ColumnName(str):
+    """An aggregate's argument quoted in its ``--agg`` text (``sum("unit-price")``): a column,
+    never an expression."""
+
+    __slots__ = ()
+
+
+class ExpressionText(str):
+    """An aggregate's argument written unquoted and not a plain name (``sum(price * (1 -
+    discount))``): an expression over the input's columns, computed for every batch — or, if
+    the input has no column it names, a column of that very name (``sum(unit-price)``)."""
+
+    __slots__ = ()
+
+
+def is_plain_name(text: str) -> bool:
+    """Whether ``text`` is ``*`` or a name ``--where`` would read as one column."""
+    return text == "*" or _PLAIN_NAME.fullmatch(text) is not None
 
 
 def parse_agg_texts(texts: Sequence[str]) -> dict[str, tuple[str, str]]:
@@ -172,7 +197,12 @@ def parse_agg_texts(texts: Sequence[str]) -> dict[str, tuple[str, str]]:
                 "'total=sum(amount)' (a column name with parentheses quoted: "
                 "'p=sum(\"Price (EUR)\")')"
             )
-        func, col = m.group("func"), _unquote(m.group("col").strip())
+        func, written = m.group("func"), m.group("col").strip()
+        col: str = _unquote(written)
+        if col != written:
+            col = ColumnName(col)
+        elif not is_plain_name(col):
+            col = ExpressionText(col)
         name = (m.group("name") or (f"{func}" if col == "*" else f"{func}_{col}")).strip()
         if not col:
             raise QueryError(f"aggregate {text!r} names no column (use count(*) to count rows)")
@@ -183,11 +213,11 @@ def parse_agg_texts(texts: Sequence[str]) -> dict[str, tuple[str, str]]:
 
 
 def _unquote(col: str) -> str:
-    if len(col) >= 2 and col[0] == col[-1] == '"':
-        return col[1:-1].replace('""', '"')
-    if len(col) >= 2 and col[0] == col[-1] == "`":
-        return col[1:-1]
-    return col
+    """A name quoted whole (in double quotes, a quote in it doubled, or in backquotes)
+    without its quotes; else ``col``."""
+    if _QUOTED_NAME.fullmatch(col) is None:
+        return col
+    return col[1:-1].replace('""', '"') if col[0] == '"' else col[1:-1]
 
 
 def agg_mapping(aggs: Any) -> Any:

@@ -2091,10 +2091,13 @@ def _closest(name: str, choices: Sequence[str]) -> str:
 
 
 def unknown_column(name: str, available: Sequence[str], what: str = "column") -> QueryError:
-    """The usage error for a column that is not there: the available ones and the closest."""
-    return QueryError(
+    """The usage error for a column that is not there: the available ones and the closest
+    (the name is kept as the error's ``column``)."""
+    error = QueryError(
         f"unknown {what} {name!r}{_closest(name, available)} (available: {', '.join(available)})"
     )
+    error.column = name  # type: ignore[attr-defined]
+    return error
 
 
 def open_input(
@@ -2314,11 +2317,12 @@ def open_input(
         if name not in available:
             error = unknown_column(name, available)
             if fmt == "json":  # its fields are those of the sample's objects
-                raise QueryError(
+                error = QueryError(
                     f"{error}; a JSON Lines field first set past the first block of a file "
                     f"(which the fields are read from) is not seen: declare it with "
                     f"--column-types {name}:TYPE"
                 )
+                error.column = name  # type: ignore[attr-defined]
             raise error
     for name in column_types or {}:  # a typo would leave the type it meant unused
         if name not in available:

@@ -24,7 +24,7 @@ from extagg._config import env_size, resolve_file_threads
 from extagg._input_paths import output_directory_problem, output_is_an_input, output_problem
 from extagg._interrupts import latched_interrupts, raise_if_interrupted
 from extagg._sysinfo import current_rss, peak_rss
-from extagg.errors import MemoryLimitError, OutputError, QueryError
+from extagg.errors import ExpressionError, MemoryLimitError, OutputError, QueryError
 from extagg.io.inputs import (
     TEXT_BLOCKS_AHEAD,
     TEXT_BLOCKS_HELD,
@@ -72,8 +72,10 @@ class FileQuery:
         spill_dirs: Sequence[str] | str | None,
         sort: bool,
         threads: int | None = None,
+        computed: Sequence[ComputedColumn] = (),
     ) -> None:
         self.scan = scan
+        self.computed = list(computed)
         try:  # the reader thread takes a core: see resolve_file_threads
             self.threads = resolve_file_threads(threads)
         except ValueError as exc:  # a bad EXTAGG_THREADS
@@ -148,7 +150,7 @@ class FileQuery:
         self._watching = tmm
         try:
             try:  # resolves every aggregate against its column's type: the result schema
-                agg.update(self.scan.schema.empty_table())
+                agg.update(self._with_computed(self.scan.schema.empty_table()))
             except TypeError as exc:
                 hint = ""
                 if self.scan.format in ("csv", "tsv", "json") and "of type string" in str(exc):
@@ -162,6 +164,8 @@ class FileQuery:
                 raise QueryError(f"{exc} (in {_files_named(self.scan.files)}){hint}") from None
             first = True
             for batch in self.scan.batches():
+                if self.computed:
+                    batch = self._with_computed(batch)
                 if first:
                     warm = factory(self.by, self.aggs, memory_manager=tmm,
                                    spill_dirs=self.spill_dirs, **options)  # fmt: skip
@@ -201,6 +205,13 @@ class FileQuery:
         reader = pa.RecordBatchReader.from_batches(schema, _ClosedWhenDropped(batches, self.close))
         register_metrics(reader, m)
         return reader
+
+    def _with_computed(self, batch: Any) -> Any:
+        """``batch`` (or an empty table) with the computed aggregate arguments appended, each
+        a column named by its expression's text."""
+        for column in self.computed:
+            batch = batch.append_column(column.name, column.values(batch))
+        return batch
 
     def _sync(self, agg: Any, started: float, final: bool = False) -> None:
         m = self.metrics
@@ -481,6 +492,102 @@ def _parse_where(text: str | None) -> ParsedExpression | None:
     return parse_expression(str(text))
 
 
+class ComputedColumn:
+    """An aggregate's argument that is an expression over the input's columns (``sum(price *
+    (1 - discount))``, DuckDB's and Spark's ``SUM(expr)``): computed for every batch by the
+    ``--where`` grammar's eager kernels and aggregated as a column named by its text. A 256-bit
+    decimal (a product past 38 digits of precision) is narrowed to ``decimal(38, scale)``,
+    which the aggregates take; a value past 38 digits there is an error naming the aggregate."""
+
+    def __init__(self, text: str, name: str, parsed: ParsedExpression, typ: pa.DataType) -> None:
+        self.text = text
+        #: the column's name in the batches: its text in parentheses, which no input column
+        #: read beside it has (the input may have one named as the text: ``a-b``)
+        self.name = name
+        self.parsed = parsed
+        self.type = typ
+        wide = pa.types.is_decimal256(typ) and typ.scale <= 38
+        self.narrowed = pa.decimal128(38, typ.scale) if wide else None
+
+    def values(self, batch: Any) -> Any:
+        """The expression's values for the rows of ``batch`` (a record batch or a table)."""
+        assert self.parsed.evaluate is not None
+        out = self.parsed.evaluate(batch)
+        if isinstance(out, pa.Scalar):  # no column in it (``sum(1)``)
+            out = pa.repeat(out, batch.num_rows)
+        if isinstance(batch, pa.RecordBatch) and isinstance(out, pa.ChunkedArray):
+            out = out.combine_chunks()
+        if self.narrowed is not None:
+            try:
+                out = out.cast(self.narrowed)
+            except pa.ArrowInvalid:
+                raise QueryError(
+                    f"the values of {self.text!r} pass 38 decimal digits ({self.type}); cast "
+                    "a column to double in the expression's place, or aggregate fewer digits"
+                ) from None
+        return out
+
+
+class _AggregateArguments:
+    """The aggregates' arguments read from the input: plain columns, and expressions
+    (:class:`ComputedColumn`) — an unquoted argument that is not a plain name. One that
+    reads a column the input does not have is taken for a column of its very name (a CSV
+    header ``unit-price``); quoted (``sum("a-b")``) it is always one."""
+
+    def __init__(self, asked: Mapping[str, Any]) -> None:
+        from extagg.columnar.functions import ColumnName, ExpressionText, is_plain_name
+
+        self.columns: list[str] = []
+        self.parsed: dict[str, ParsedExpression] = {}
+        #: unquoted arguments that do not parse: columns of that name, or this error
+        self.syntax: dict[str, ExpressionError] = {}
+        for spec in asked.values():
+            col = spec[0] if isinstance(spec, tuple) and spec else None
+            if not isinstance(col, str):
+                continue
+            if isinstance(col, ColumnName) or is_plain_name(col):
+                if col not in self.columns:
+                    self.columns.append(str(col))
+                continue
+            if col in self.parsed or col in self.syntax:
+                continue
+            try:
+                self.parsed[col] = parse_expression(col)
+            except ExpressionError as exc:
+                self.columns.append(col)
+                if isinstance(col, ExpressionText):
+                    self.syntax[col] = exc
+
+    def needed(self) -> list[str]:
+        """The input columns the aggregates read."""
+        read = [c for c in self.columns if c != "*"]
+        for parsed in self.parsed.values():
+            read.extend(parsed.columns)
+        return list(dict.fromkeys(read))
+
+    def take_as_columns(self, missing: str) -> list[str]:
+        """The expressions that read ``missing`` (a column the input lacks) become columns of
+        their text; those texts."""
+        texts = [t for t, p in self.parsed.items() if missing in p.columns]
+        for text in texts:
+            del self.parsed[text]
+            self.columns.append(text)
+        return texts
+
+    def computed(self, schema: pa.Schema) -> list[ComputedColumn]:
+        """The expressions fitted to the input's types (an operator whose operands do not fit:
+        an ``ExpressionError`` at it)."""
+        out = []
+        taken = set(schema.names)
+        for text, parsed in self.parsed.items():
+            name = f"({text})"
+            while name in taken:
+                name = f"({name})"
+            taken.add(name)
+            out.append(ComputedColumn(text, name, parsed, parsed.bind_value(schema)))
+        return out
+
+
 #: the keyword options of :func:`aggregate_files` that shape the scan and the aggregation
 SCAN_OPTIONS = (
     "format", "delimiter", "column_types", "schema", "header", "batch_rows", "spill_dirs",
@@ -521,7 +628,7 @@ def plan_query(
             raise QueryError("no keys and no aggregates: give by= (its distinct values) or aggs=")
         asked = NO_AGGREGATES
     try:
-        requests = parse_aggs(asked, distinct=True)
+        parse_aggs(asked, distinct=True)  # an unknown function: a usage error now
     except (TypeError, ValueError) as exc:
         raise QueryError(str(exc)) from None
     repeated = sorted({k for k in keys if keys.count(k) > 1})
@@ -559,7 +666,7 @@ def plan_query(
             raise QueryError(str(exc)) from None
     where_expr = _parse_where(where)
     having_expr = _parse_where(having)
-    needed = list(dict.fromkeys([*keys, *(r.column for r in requests if r.column)]))
+    arguments = _AggregateArguments(asked)
     types = {}
     if isinstance(column_types, str):  # as --column-types gives them: "a=int64,b=string"
         from extagg.io.inputs import parse_column_types
@@ -581,13 +688,37 @@ def plan_query(
             k: (v if isinstance(v, pa.DataType) else parse_type(str(v)))
             for k, v in column_types.items()
         }
-    scan = open_input(
-        paths, needed, filter=None if where_expr is None else where_expr.expression,
-        filter_columns=[] if where_expr is None else where_expr.columns, format=format,
-        delimiter=delimiter, column_types=types, schema=schema, header=header, quote=quote,
-        sample_bytes=sample, encoding=encoding, decimal_comma=decimal_comma,
-        bind_filter=None if where_expr is None else where_expr.bind,
-    )  # fmt: skip
+    first_error: QueryError | None = None
+    taken: list[str] = []  # expressions read as columns of their text
+    while True:
+        try:
+            scan = open_input(
+                paths, list(dict.fromkeys([*keys, *arguments.needed()])),
+                filter=None if where_expr is None else where_expr.expression,
+                filter_columns=[] if where_expr is None else where_expr.columns, format=format,
+                delimiter=delimiter, column_types=types, schema=schema, header=header,
+                quote=quote, sample_bytes=sample, encoding=encoding,
+                decimal_comma=decimal_comma,
+                bind_filter=None if where_expr is None else where_expr.bind,
+            )  # fmt: skip
+            break
+        except QueryError as exc:
+            missing = getattr(exc, "column", None)
+            if missing in arguments.syntax:  # neither a column nor an expression
+                syntax = arguments.syntax[missing]
+                raise QueryError(
+                    f"{exc}; read as an expression, {missing!r} fails: {syntax.reason} at "
+                    f"position {syntax.position} (a column name with spaces or parentheses is "
+                    "quoted: 'p=sum(\"Price (EUR)\")')"
+                ) from None
+            if first_error is not None and missing in taken:
+                raise first_error from None  # the expression's own unknown column says more
+            texts = [] if missing is None else arguments.take_as_columns(missing)
+            if not texts:
+                raise
+            taken.extend(texts)
+            first_error = first_error or exc
+    computed = arguments.computed(scan.schema)
     scan.batch_rows = batch_rows
     if where_expr is not None:
         scan.filter_mask = where_expr.mask
@@ -605,9 +736,20 @@ def plan_query(
                     "have no order here); leave --sort out, the groups are the same"
                 )
     kept_aggs = asked if asked is NO_AGGREGATES else dict(asked)  # NO_AGGREGATES by identity
+    if computed:  # the aggregates read the computed columns by their names
+        from extagg.columnar.functions import ColumnName
+
+        named = {c.text: c.name for c in computed}
+        kept_aggs = {
+            out: (named[spec[0]], *spec[1:])
+            if isinstance(spec, tuple) and spec[0] in named and not isinstance(spec[0], ColumnName)
+            else spec
+            for out, spec in kept_aggs.items()
+        }
     return FileQuery(
-        scan, keys, kept_aggs, having_expr, memory, memory_manager, spill_dirs, sort, threads
-    )
+        scan, keys, kept_aggs, having_expr, memory, memory_manager, spill_dirs, sort, threads,
+        computed,
+    )  # fmt: skip
 
 
 def aggregate_files(

@@ -125,6 +125,17 @@ class ParsedExpression:
         self.evaluate = parser.fn(expr)
         return expr
 
+    def bind_value(self, schema: pa.Schema) -> pa.DataType:
+        """Fit the expression to the input's column types as a value — an aggregate's
+        argument, ``sum(price * (1 - discount))`` — and return its type (operands that do not
+        fit: an :class:`~extagg.errors.ExpressionError` at their operator)."""
+        parser = _Parser(self.text, schema)
+        expr = parser.parse()
+        kind = parser.type_of(expr)
+        self.expression = expr
+        self.evaluate = parser.fn(expr)
+        return kind
+
     def mask(self, batch: pa.RecordBatch) -> pa.Array | None:
         """The rows of ``batch`` the expression keeps, as a boolean array (null: dropped), or
         ``None`` when it cannot be evaluated eagerly (then filter with :attr:`expression`).

@@ -90,7 +90,11 @@ def assert_identical(a: pa.Table, b: pa.Table) -> None:
     assert a.schema == b.schema
     for name in a.column_names:
         x, y = a[name].to_pylist(), b[name].to_pylist()
+        # a variance's relative rounding grows with mean^2 / variance (partial states merged
+        # in another order): 967.9999999923 against ...949 on values near 1e3 with little spread
         rel = 1e-12 if name.startswith(ROUNDED) else 0.0
+        if name.startswith(("var", "std")):
+            rel = 1e-9
         same = [values_match(u, v, rel=rel) if rel else (u == v or (u != u and v != v))
                 for u, v in zip(x, y)]  # fmt: skip
         assert len(x) == len(y) and all(same), f"column {name!r} differs: {x} != {y}"
