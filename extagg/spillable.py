@@ -475,15 +475,21 @@ class Spillable(MemoryConsumer, ABC, Generic[B]):
     def check_open(self, action: str) -> None:
         """Raise :class:`~extagg.errors.UsageError` unless records may still be folded, or
         the error of :meth:`fail` again (same type) if the engine stopped taking input."""
-        if self.phase == CLOSED and not self.read_started:
-            raise UsageError(self._closed_message())
-        if self.phase != OPEN:
-            raise UsageError(action)
         failure = self.failure
+        closed = self.phase == CLOSED and not self.read_started
+        if closed and failure is None:
+            raise UsageError(self._closed_message())
+        if self.phase != OPEN and not closed:
+            raise UsageError(action)
         if failure is not None:
+            then = (  # a threaded fold closes on a failure: its partitions' state is partial
+                "it closed then, releasing its records and files"
+                if closed
+                else "what was folded before it can still be read; close() it"
+            )
             message = (
                 f"{self.name} takes no more input after an earlier {type(failure).__name__}: "
-                f"{failure} (what was folded before it can still be read; close() it)"
+                f"{failure} ({then})"
             )
             again: BaseException
             if isinstance(failure, SpillError):

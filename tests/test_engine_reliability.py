@@ -594,12 +594,16 @@ def test_a_record_larger_than_the_budget_fails_when_inserted(spill_dir):
     assert files_under(spill_dir) == []
 
 
-def test_hash_aggregator_stops_taking_input_after_a_spill_error(spill_dir, monkeypatch):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_hash_aggregator_stops_taking_input_after_a_spill_error(spill_dir, monkeypatch, threads):
+    """Threaded, the aggregator closes on the failure (its partitions' state is partial) and
+    a later update() says why, as the one-thread engine does (it said "is closed")."""
     import extagg.spill.runfile as runfile
 
     agg = HashAggregator(
-        "k", {"n": ("*", "count")}, memory="64m", spill_dirs=[spill_dir], force_spill_rows=1000
-    )
+        "k", {"n": ("*", "count")}, memory="64m", spill_dirs=[spill_dir], force_spill_rows=1000,
+        threads=threads,
+    )  # fmt: skip
     batch = pa.record_batch({"k": np.arange(3000) % 1500})
     monkeypatch.setattr(runfile, "open_for_writing", lambda path: FullDisk(path, 10))
     with pytest.raises(SpillError) as err:
@@ -617,8 +621,10 @@ def test_hash_aggregator_stops_taking_input_after_a_spill_error(spill_dir, monke
 # -- 6. a dropped engine -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("engine", ["map", "columnar"])
+@pytest.mark.parametrize("engine", ["map", "columnar", "columnar-threads"])
 def test_a_dropped_engine_releases_files_and_grant_without_the_cyclic_gc(spill_dir, caplog, engine):
+    """Threaded, the fold's callbacks held the aggregator: dropped, it waited for the cyclic
+    GC with its files and grant."""
     tmm = task_memory_manager(UnifiedMemoryManager(max_memory="64m"), f"dropped-{engine}")
     if engine == "map":
         emap = ExternalAppendOnlyMap(
@@ -628,7 +634,7 @@ def test_a_dropped_engine_releases_files_and_grant_without_the_cyclic_gc(spill_d
     else:
         emap = HashAggregator(
             "k", {"n": ("*", "count")}, memory_manager=tmm, spill_dirs=[spill_dir],
-            force_spill_rows=1000,
+            force_spill_rows=1000, threads=2 if engine.endswith("threads") else 1,
         )  # fmt: skip
         emap.update(pa.record_batch({"k": np.arange(3000)}))
     assert files_under(spill_dir) and tmm.memory_used > 0

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -857,11 +858,13 @@ class HashAggregator(Spillable[ColumnBlock]):
             bits=bits,
             memory_manager=self.task_memory_manager.memory_manager,
             owner_task=self.task_memory_manager.task_id,
-            make_child=self._thread_child,
-            encode=lambda part, n, reuse: self._encode([part[k] for k in self.keys], n, reuse),
-            on_peak=self._note_peak,
-            make_local=self._thread_local_child if self._order_free else None,
-            merge=self._merge_thread_streams,
+            # through weak references: the fold held by this aggregator must not hold it in
+            # turn (dropped without close(), it is finalised at once, not by the cyclic GC)
+            make_child=_weakly(self._thread_child),
+            encode=_weakly(self._encode_part),
+            on_peak=_weakly(self._note_peak),
+            make_local=_weakly(self._thread_local_child) if self._order_free else None,
+            merge=_weakly(self._merge_thread_streams),
         )
         self._threaded = threaded
         try:
@@ -887,6 +890,11 @@ class HashAggregator(Spillable[ColumnBlock]):
         arena = MIN_VAR_ARENA if st.layout.has_var_states else 0
         least = self._table_bytes() + arena + plan.scratch_bytes + plan.io_bytes
         return max(least, min(INITIAL_MEMORY_THRESHOLD, max_memory // 16))
+
+    def _encode_part(
+        self, part: dict[str, Column], n: int, reuse: Any
+    ) -> EncodedKeys:  # the threads' encode: a slice's keys
+        return self._encode([part[k] for k in self.keys], n, reuse)
 
     def _thread_child(
         self, part: int, task: TaskMemoryManager, bits: int, name: str | None = None
@@ -1005,7 +1013,9 @@ class HashAggregator(Spillable[ColumnBlock]):
             with deferred_interrupts():
                 try:
                     self._fold_threaded(threaded, part, stop - start)
-                except BaseException:
+                except BaseException as exc:
+                    if isinstance(exc, Exception):  # what a later update() says (check_open)
+                        self.fail(exc)
                     self.close()
                     raise
             start = stop
@@ -1521,3 +1531,16 @@ def _same_values(original: pa.Array, round_trip: pa.Array) -> bool:
 
 def _numeric(t: pa.DataType) -> bool:
     return bool(pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t))
+
+
+def _weakly(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` (a bound method) called through a weak reference to its object."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        bound = ref()
+        if bound is None:
+            raise ReferenceError("the aggregator of this thread fold is gone")
+        return bound(*args, **kwargs)
+
+    return call
