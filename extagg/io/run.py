@@ -36,7 +36,7 @@ from extagg.io.inputs import (
 )
 from extagg.io.output import ResultWriter
 from extagg.io.output import output_format as pick_output_format
-from extagg.io.where import ParsedExpression, parse_expression
+from extagg.io.where import ParsedExpression, eager_cast, parse_expression
 from extagg.memory import MemoryConsumer
 from extagg.memory.sizing import MEMORY_ENV
 from extagg.metrics import RunMetrics, register_metrics
@@ -519,7 +519,7 @@ class ComputedColumn:
             out = out.combine_chunks()
         if self.narrowed is not None:
             try:
-                out = out.cast(self.narrowed)
+                out = eager_cast(out, self.narrowed)
             except pa.ArrowInvalid:
                 raise QueryError(
                     f"the values of {self.text!r} pass 38 decimal digits ({self.type}); cast "

@@ -1,0 +1,103 @@
+"""Decimal ``+ - *`` and 128/256-bit casts on the values' words: exactly Arrow's kernels'
+results (values, type, nulls) wherever they answer, and Arrow's kernels wherever they do not."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from extagg.io.decimal_arith import decimal_binary, decimal_cast
+
+OPS = [pc.add_checked, pc.subtract_checked, pc.multiply_checked, pc.add, pc.multiply]
+
+
+@st.composite
+def decimal_arrays(draw: st.DrawFn, n: int) -> pa.Array:
+    """A decimal array of ``n`` values (after an offset), small or past 63 bits, with nulls."""
+    bits = draw(st.sampled_from([128, 256]))
+    precision = draw(st.integers(1, 38 if bits == 128 else 60))
+    scale = draw(st.integers(0, min(precision, 12)))
+    digits = draw(st.sampled_from([min(precision, 6), precision]))  # mostly small values
+    top = 10**digits - 1
+    values = draw(st.lists(st.none() | st.integers(-top, top), min_size=n + 1, max_size=n + 1))
+    typ = (pa.decimal128 if bits == 128 else pa.decimal256)(precision, scale)
+    return _from_unscaled(values, typ).slice(1)
+
+
+def _from_unscaled(values: list[int | None], typ: pa.DataType) -> pa.Array:
+    """A decimal array of these unscaled values (built from its words: pyarrow's own
+    conversion of ``Decimal`` objects second-guesses the precision)."""
+    size = typ.bit_width // 8
+    data = b"".join(((v or 0) % (1 << typ.bit_width)).to_bytes(size, "little") for v in values)
+    valid = pa.array([v is not None for v in values]).buffers()[1]
+    nulls = sum(v is None for v in values)
+    return pa.Array.from_buffers(typ, len(values), [valid, pa.py_buffer(data)], null_count=nulls)
+
+
+@st.composite
+def operands(draw: st.DrawFn) -> tuple[object, object]:
+    n = draw(st.integers(1, 20))
+    left, right = draw(decimal_arrays(n)), draw(decimal_arrays(n))
+    if draw(st.booleans()):  # a literal on one side, as ``1 - l_discount``
+        value = draw(st.integers(-999, 999))
+        scalar = pa.scalar(Decimal(value), pa.decimal128(max(1, len(str(abs(value)))), 0))
+        left, right = (scalar, right) if draw(st.booleans()) else (left, scalar)
+    return left, right
+
+
+@settings(max_examples=400, deadline=None)
+@given(operands(), st.sampled_from(OPS))
+def test_arithmetic_is_arrows_wherever_it_answers(pair, func):
+    left, right = pair
+    try:
+        expected = func(left, right)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        expected = None  # Arrow refuses (a precision past 76 digits, an overflow)
+    got = decimal_binary(func, left, right)
+    if got is not None:
+        assert expected is not None
+        assert got.type == expected.type and got.equals(expected)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 20).flatmap(decimal_arrays), st.integers(1, 76))
+def test_casts_are_arrows_wherever_they_answer(arr, precision):
+    bits = 128 if precision <= 38 and arr.type.bit_width == 256 else 256
+    typ = (pa.decimal128 if bits == 128 else pa.decimal256)(
+        max(precision, arr.type.scale), arr.type.scale
+    )
+    try:
+        expected = arr.cast(typ)
+    except pa.ArrowInvalid:
+        expected = None
+    got = decimal_cast(arr, typ)
+    if got is not None:
+        assert expected is not None
+        assert got.type == expected.type and got.equals(expected)
+
+
+def test_the_words_are_used_for_small_values_and_arrow_past_63_bits():
+    small = pa.array([Decimal("1.25"), None, Decimal("-3.50")], pa.decimal256(30, 2))
+    other = pa.array([Decimal("2.0"), Decimal("1.0"), None], pa.decimal256(30, 1))
+    got = decimal_binary(pc.multiply_checked, small, other)
+    assert got is not None and got.to_pylist() == [Decimal("2.500"), None, None]
+    assert decimal_cast(small, pa.decimal128(38, 2)).to_pylist() == small.to_pylist()
+    huge = pa.array([Decimal(2**70)], pa.decimal256(40, 0))
+    assert decimal_binary(pc.add_checked, huge, huge) is None  # past 62 bits: Arrow's turn
+    assert decimal_cast(huge, pa.decimal128(38, 0)) is None
+    narrow = pa.array([Decimal(10**12)], pa.decimal256(20, 0))
+    assert decimal_cast(narrow, pa.decimal128(10, 0)) is None  # past the precision: Arrow raises
+
+
+@pytest.mark.parametrize("bits", [128, 256])
+def test_an_empty_or_all_null_operand(bits):
+    typ = (pa.decimal128 if bits == 128 else pa.decimal256)(20, 2)
+    assert decimal_binary(pc.add_checked, pa.array([], typ), pa.array([], typ)) is None
+    nulls = pa.array([None, None], typ)
+    got = decimal_binary(pc.add_checked, nulls, nulls)
+    assert got is None or got.equals(pc.add_checked(nulls, nulls))
