@@ -7,6 +7,8 @@ Queries:
 
 - ``q1``: TPC-H Q1's grouping and sums/means (without its computed columns):
   ``GROUP BY l_returnflag, l_linestatus WHERE l_shipdate <= date '1998-09-02'``;
+- ``q1full``: TPC-H Q1 as written, its ``sum(l_extendedprice * (1 - l_discount))`` and
+  ``sum(l_extendedprice * (1 - l_discount) * (1 + l_tax))`` too;
 - ``orderkey``: ``GROUP BY l_orderkey`` (1.5 M groups per SF) with count and ``sum(l_quantity)``;
 - ``partsupp``: ``GROUP BY l_partkey, l_suppkey`` with ``count_distinct(l_orderkey)``.
 
@@ -74,6 +76,17 @@ QUERIES: dict[str, dict[str, Any]] = {
             "avg_disc": ("l_discount", "mean"), "count_order": ("*", "count"),
         },
         "where": f"l_shipdate <= date '{CUTOFF}'",
+    },
+    "q1full": {  # TPC-H Q1 as written: its computed sums too
+        "by": ["l_returnflag", "l_linestatus"],
+        "aggs": {
+            "sum_qty": ("l_quantity", "sum"), "sum_base_price": ("l_extendedprice", "sum"),
+            "sum_disc_price": ("l_extendedprice * (1 - l_discount)", "sum"),
+            "sum_charge": ("l_extendedprice * (1 - l_discount) * (1 + l_tax)", "sum"),
+            "avg_qty": ("l_quantity", "mean"), "avg_price": ("l_extendedprice", "mean"),
+            "avg_disc": ("l_discount", "mean"), "count_order": ("*", "count"),
+        },
+        "where": "l_shipdate <= date '1998-12-01' - interval '90 days'",
     },
     "orderkey": {
         "by": ["l_orderkey"],
@@ -208,8 +221,9 @@ def child(case: dict[str, Any]) -> dict[str, Any]:
                 lf = lf.filter(pl.col("l_shipdate") <= pl.date(1998, 9, 2))
             exprs = []
             for n, (c, f) in q["aggs"].items():
-                e = {"sum": lambda c: pl.col(c).sum(), "mean": lambda c: pl.col(c).mean(),
-                     "count": lambda c: pl.len(), "count_distinct": lambda c: pl.col(c).n_unique()}[f](c)  # fmt: skip
+                col = pl.col(c) if c.isidentifier() else pl.sql_expr(c)  # q1full's products
+                e = {"sum": col.sum, "mean": col.mean, "count": pl.len,
+                     "count_distinct": col.n_unique}[f]()  # fmt: skip
                 exprs.append(e.alias(n))
             out = lf.group_by(q["by"]).agg(exprs).collect(engine="streaming")
             return out.to_arrow(), {}
