@@ -17,6 +17,13 @@ from tests.conftest import files_under
 AGGS = {"s": ("v", "sum"), "n": ("*", "count"), "hi": ("v", "max")}
 
 
+@pytest.fixture(autouse=True)
+def _one_thread(monkeypatch):
+    """These tests read the one-thread table's accounting and spills, also in a run of the
+    suite with ``EXTAGG_TEST_THREADS=2`` (threads: tests/columnar/test_threads.py)."""
+    monkeypatch.setenv("EXTAGG_THREADS", "1")
+
+
 def _data(n: int, keys: int, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     return {"k": rng.integers(0, keys, n), "v": rng.random(n)}
