@@ -542,7 +542,7 @@ class _AggregateArguments:
         #: unquoted arguments that do not parse: columns of that name, or this error
         self.syntax: dict[str, ExpressionError] = {}
         for spec in asked.values():
-            col = spec[0] if isinstance(spec, tuple) and spec else None
+            col = spec[0] if isinstance(spec, (tuple, list)) and spec else None
             if not isinstance(col, str):
                 continue
             if isinstance(col, ColumnName) or is_plain_name(col):
@@ -742,7 +742,9 @@ def plan_query(
         named = {c.text: c.name for c in computed}
         kept_aggs = {
             out: (named[spec[0]], *spec[1:])
-            if isinstance(spec, tuple) and spec[0] in named and not isinstance(spec[0], ColumnName)
+            if isinstance(spec, (tuple, list))
+            and spec[0] in named
+            and not isinstance(spec[0], ColumnName)
             else spec
             for out, spec in kept_aggs.items()
         }

@@ -47,7 +47,6 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from extagg.errors import ExpressionError, ExpressionOverflowError
-from extagg.io.decimal_arith import decimal_binary, decimal_cast
 
 __all__ = ["ParsedExpression", "parse_expression"]
 
@@ -1240,6 +1239,8 @@ def _decimal256_first(func: Callable[..., Any]) -> Callable[..., Any]:
 
     def run(left: Any, right: Any, **kw: Any) -> Any:
         if not kw and (_is_decimal256(left) or _is_decimal256(right)):
+            from extagg.io.decimal_arith import decimal_binary  # numba's, when first needed
+
             out = decimal_binary(func, left, right)
             if out is not None:
                 return out
@@ -1257,6 +1258,8 @@ def eager_cast(values: Any, typ: pa.DataType, safe: bool = True) -> Any:
         and pa.types.is_decimal(typ)
         and 256 in (values.type.bit_width, typ.bit_width)
     ):
+        from extagg.io.decimal_arith import decimal_cast  # numba's, when first needed
+
         out = decimal_cast(values, typ)
         if out is not None:
             return out
