@@ -34,29 +34,29 @@ def _fits(words, i):
 
 
 @_jit
+def _operand_at(words, value, i):
+    """(whether it fits, the value) of row ``i`` of an operand (a scalar: ``value``)."""
+    if words.shape[0] == 0:
+        return True, np.int64(value)
+    if not _fits(words, i):
+        return False, np.int64(0)
+    return True, words[i, 0]
+
+
+@_jit
 def decimal_arith(op, a_words, a_value, a_factor, b_words, b_value, b_factor, out):
     """``out[i] = a[i] * a_factor (op) b[i] * b_factor`` (``op``: ADD, SUBTRACT, MULTIPLY;
     a factor is the power of ten that lines the scales up, 1 for a product); ``False`` if a
     value or a result does not fit."""
     n = out.shape[0]
-    a_scalar = a_words.shape[0] == 0
-    b_scalar = b_words.shape[0] == 0
     limit = np.int64(LIMIT)
     a_most = limit // a_factor  # the largest operand its factor keeps below the limit
     b_most = limit // b_factor
     for i in range(n):
-        if a_scalar:
-            a = a_value
-        else:
-            if not _fits(a_words, i):
-                return False
-            a = a_words[i, 0]
-        if b_scalar:
-            b = b_value
-        else:
-            if not _fits(b_words, i):
-                return False
-            b = b_words[i, 0]
+        a_fits, a = _operand_at(a_words, a_value, i)
+        b_fits, b = _operand_at(b_words, b_value, i)
+        if not (a_fits and b_fits):
+            return False
         if a <= -limit or a >= limit or b <= -limit or b >= limit:
             return False
         if op == MULTIPLY:
