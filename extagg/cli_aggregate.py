@@ -38,14 +38,16 @@ def add_aggregate_command(sub: Any) -> None:
     p.add_argument("paths", nargs="+", help="files, globs or directories (hive key=value dirs)")
     p.add_argument(
         "--by", action="append", default=[],
-        help='key columns, comma separated; quote a name with spaces or commas: \'" name",x\'',
+        help="key columns or expressions, comma separated (e.g. 'year(d),k'); quote a name "
+        "with spaces or commas: '\" name\",x'",
     )  # fmt: skip
     p.add_argument(
         "--agg",
         action="append",
         default=[],
         metavar="NAME=FUNC(COL)",
-        help="an aggregate, e.g. 'n=count(*)', 'total=sum(amount)' (repeatable); none: the "
+        help="an aggregate, e.g. 'n=count(*)', 'total=sum(amount)', 'r=sum(p * (1 - d))' "
+        "(repeatable); none: the "
         "distinct values of --by (SELECT DISTINCT)",
     )
     p.add_argument(
@@ -212,7 +214,10 @@ def run_aggregate(args: argparse.Namespace) -> int:
 def split_names(text: str) -> list[str]:
     """The column names of a ``--by`` list: separated by commas, space around them dropped; a
     name in double quotes or backticks is taken as written (``" name"``, ``"name, full"``; a
-    doubled quote inside is one), as ``--agg`` and ``--where`` read quoted names."""
+    doubled quote inside is one), as ``--agg`` and ``--where`` read quoted names. An
+    unquoted key may be an expression, ``year(l_shipdate)``: its commas inside parentheses
+    or '' quotes do not separate keys."""
+    from extagg.columnar.functions import ColumnName
     from extagg.errors import QueryError
 
     names: list[str] = []
@@ -236,17 +241,35 @@ def split_names(text: str) -> list[str]:
                     break
                 name.append(text[i])
                 i += 1
-            names.append("".join(name))
+            names.append(ColumnName("".join(name)))
             while i < n and text[i] in " \t":
                 i += 1
             if i < n and text[i] != ",":
                 raise QueryError(f"expected ',' after a quoted name in --by {text!r}")
         else:
-            end = text.find(",", i)
-            end = n if end < 0 else end
+            end = _top_level_comma(text, i)
             names.append(text[i:end].strip())
             i = end
     return names
+
+
+def _top_level_comma(text: str, start: int) -> int:
+    """The index of the first comma at or after ``start`` outside parentheses and '' quotes
+    (the text's length if none)."""
+    depth, quoted = 0, False
+    for i in range(start, len(text)):
+        c = text[i]
+        if c == "'":
+            quoted = not quoted  # a doubled '' inside closes and opens again: the same
+        elif quoted:
+            continue
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth = max(0, depth - 1)
+        elif c == "," and depth == 0:
+            return i
+    return len(text)
 
 
 def _run_aggregate(args: argparse.Namespace) -> int:

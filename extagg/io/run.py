@@ -457,6 +457,8 @@ def _dictionary_keys(scan: InputScan, keys: Sequence[str]) -> list[str]:
     filtered = set(scan.filter_columns)
     out = []
     for name in keys:
+        if name not in scan.schema.names:  # a computed key
+            continue
         t = scan.schema.field(name).type
         if (pa.types.is_string(t) or pa.types.is_binary(t)) and name not in filtered:
             out.append(name)
@@ -499,8 +501,12 @@ class ComputedColumn:
     decimal (a product past 38 digits of precision) is narrowed to ``decimal(38, scale)``,
     which the aggregates take; a value past 38 digits there is an error naming the aggregate."""
 
-    def __init__(self, text: str, name: str, parsed: ParsedExpression, typ: pa.DataType) -> None:
+    def __init__(
+        self, text: str, name: str, parsed: ParsedExpression, typ: pa.DataType, key: bool = False
+    ) -> None:
         self.text = text
+        #: a key (``--by 'year(d)'``): the result's column, named as given
+        self.key = key
         #: the column's name in the batches: its text in parentheses, which no input column
         #: read beside it has (the input may have one named as the text: ``a-b``)
         self.name = name
@@ -529,20 +535,28 @@ class ComputedColumn:
 
 
 class _AggregateArguments:
-    """The aggregates' arguments read from the input: plain columns, and expressions
-    (:class:`ComputedColumn`) — an unquoted argument that is not a plain name. One that
-    reads a column the input does not have is taken for a column of its very name (a CSV
-    header ``unit-price``); quoted (``sum("a-b")``) it is always one."""
+    """What the query reads from the input: the keys and the aggregates' arguments, each a
+    plain column or an expression (:class:`ComputedColumn`) — an unquoted text that is not a
+    plain name (``--by 'year(l_shipdate)'``, ``sum(price * (1 - discount))``). One that reads
+    a column the input does not have is taken for a column of its very name (a CSV header
+    ``unit-price``); quoted (``sum("a-b")``) it is always one."""
 
-    def __init__(self, asked: Mapping[str, Any]) -> None:
+    def __init__(self, keys: Sequence[str], asked: Mapping[str, Any]) -> None:
         from extagg.columnar.functions import ColumnName, ExpressionText, is_plain_name
 
         self.columns: list[str] = []
         self.parsed: dict[str, ParsedExpression] = {}
         #: unquoted arguments that do not parse: columns of that name, or this error
         self.syntax: dict[str, ExpressionError] = {}
-        for spec in asked.values():
-            col = spec[0] if isinstance(spec, (tuple, list)) and spec else None
+        #: the expressions that are keys (their columns are named by their text: the result's)
+        self.keys = {k for k in keys if not isinstance(k, ColumnName) and not is_plain_name(k)}
+        args = [s[0] if isinstance(s, (tuple, list)) and s else None for s in asked.values()]
+        #: the expressions that are aggregates' arguments (columns named ``(text)``)
+        self.arguments = {
+            a for a in args
+            if isinstance(a, str) and not isinstance(a, ColumnName) and not is_plain_name(a)
+        }  # fmt: skip
+        for col in [*keys, *args]:
             if not isinstance(col, str):
                 continue
             if isinstance(col, ColumnName) or is_plain_name(col):
@@ -580,11 +594,15 @@ class _AggregateArguments:
         out = []
         taken = set(schema.names)
         for text, parsed in self.parsed.items():
-            name = f"({text})"
-            while name in taken:
-                name = f"({name})"
-            taken.add(name)
-            out.append(ComputedColumn(text, name, parsed, parsed.bind_value(schema)))
+            typ = parsed.bind_value(schema)
+            if text in self.keys:  # the result's key column, named as the key was given
+                out.append(ComputedColumn(text, text, parsed, typ, key=True))
+            if text in self.arguments:
+                name = f"({text})"
+                while name in taken:
+                    name = f"({name})"
+                taken.add(name)
+                out.append(ComputedColumn(text, name, parsed, typ))
         return out
 
 
@@ -666,7 +684,7 @@ def plan_query(
             raise QueryError(str(exc)) from None
     where_expr = _parse_where(where)
     having_expr = _parse_where(having)
-    arguments = _AggregateArguments(asked)
+    arguments = _AggregateArguments(keys, asked)
     types = {}
     if isinstance(column_types, str):  # as --column-types gives them: "a=int64,b=string"
         from extagg.io.inputs import parse_column_types
@@ -693,7 +711,7 @@ def plan_query(
     while True:
         try:
             scan = open_input(
-                paths, list(dict.fromkeys([*keys, *arguments.needed()])),
+                paths, arguments.needed(),
                 filter=None if where_expr is None else where_expr.expression,
                 filter_columns=[] if where_expr is None else where_expr.columns, format=format,
                 delimiter=delimiter, column_types=types, schema=schema, header=header,
@@ -729,6 +747,8 @@ def plan_query(
                 raise unknown_column(name, out_cols, "result column")
     if sort:
         for key in keys:
+            if key not in scan.schema.names:  # a computed key (a function's value)
+                continue
             typ = scan.schema.field(key).type
             if pa.types.is_nested(typ):
                 raise QueryError(
@@ -739,7 +759,7 @@ def plan_query(
     if computed:  # the aggregates read the computed columns by their names
         from extagg.columnar.functions import ColumnName
 
-        named = {c.text: c.name for c in computed}
+        named = {c.text: c.name for c in computed if not c.key}
         kept_aggs = {
             out: (named[spec[0]], *spec[1:])
             if isinstance(spec, (tuple, list))
