@@ -24,7 +24,13 @@ from extagg._config import env_size, resolve_file_threads
 from extagg._input_paths import output_directory_problem, output_is_an_input, output_problem
 from extagg._interrupts import latched_interrupts, raise_if_interrupted
 from extagg._sysinfo import current_rss, peak_rss
-from extagg.errors import ExpressionError, MemoryLimitError, OutputError, QueryError
+from extagg.errors import (
+    ExpressionError,
+    ExpressionOverflowError,
+    MemoryLimitError,
+    OutputError,
+    QueryError,
+)
 from extagg.io.inputs import (
     TEXT_BLOCKS_AHEAD,
     TEXT_BLOCKS_HELD,
@@ -163,9 +169,9 @@ class FileQuery:
                         hint += "; numbers written with a decimal comma (1,5) need --decimal-comma"
                 raise QueryError(f"{exc} (in {_files_named(self.scan.files)}){hint}") from None
             first = True
+            if self.computed:
+                self.scan.derive = self._with_computed
             for batch in self.scan.batches():
-                if self.computed:
-                    batch = self._with_computed(batch)
                 if first:
                     warm = factory(self.by, self.aggs, memory_manager=tmm,
                                    spill_dirs=self.spill_dirs, **options)  # fmt: skip
@@ -207,8 +213,8 @@ class FileQuery:
         return reader
 
     def _with_computed(self, batch: Any) -> Any:
-        """``batch`` (or an empty table) with the computed aggregate arguments appended, each
-        a column named by its expression's text."""
+        """``batch`` (or an empty table) with the computed keys and aggregate arguments
+        appended (see :class:`ComputedColumn`)."""
         for column in self.computed:
             batch = batch.append_column(column.name, column.values(batch))
         return batch
@@ -516,7 +522,18 @@ class ComputedColumn:
         self.narrowed = pa.decimal128(38, typ.scale) if wide else None
 
     def values(self, batch: Any) -> Any:
-        """The expression's values for the rows of ``batch`` (a record batch or a table)."""
+        """The expression's values for the rows of ``batch`` (a record batch or a table).
+        Arrow's errors on the values (a decimal past 38 digits) are a runtime
+        :class:`~extagg.errors.ExpressionOverflowError` naming the expression, not a read
+        error of the file."""
+        try:
+            return self._values(batch)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            raise ExpressionOverflowError(
+                f"computing {self.text!r} failed on a batch's values: {exc}", self.text, 0
+            ) from None
+
+    def _values(self, batch: Any) -> Any:
         assert self.parsed.evaluate is not None
         out = self.parsed.evaluate(batch)
         if isinstance(out, pa.Scalar):  # no column in it (``sum(1)``)
@@ -527,10 +544,11 @@ class ComputedColumn:
             try:
                 out = eager_cast(out, self.narrowed)
             except pa.ArrowInvalid:
-                raise QueryError(
-                    f"the values of {self.text!r} pass 38 decimal digits ({self.type}); cast "
-                    "a column to double in the expression's place, or aggregate fewer digits"
-                ) from None
+                raise ExpressionOverflowError(
+                    f"the values of {self.text!r} pass 38 decimal digits ({self.type}); "
+                    "cast a column to double in the expression's place, or aggregate fewer "
+                    "digits", self.text, 0,
+                ) from None  # fmt: skip
         return out
 
 

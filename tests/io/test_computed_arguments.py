@@ -146,3 +146,18 @@ def test_split_names_keeps_an_expressions_commas():
     names = split_names("year(d), substr(s, 1, 2),\"a, b\", coalesce(s, 'x,y'),k")
     assert names == ["year(d)", "substr(s, 1, 2)", "a, b", "coalesce(s, 'x,y')", "k"]
     assert isinstance(names[2], ColumnName) and not isinstance(names[0], ColumnName)
+
+
+def test_a_value_past_38_digits_is_a_runtime_error_naming_the_expression(tmp_path, capsys):
+    """A 256-bit product is aggregated as ``decimal(38, s)``: a value past that stops the run
+    (exit 1) naming the expression, not as a read error of the file."""
+    from decimal import Decimal
+
+    path = tmp_path / "big.parquet"
+    values = [Decimal(10**35), Decimal(10**36)]
+    pq.write_table(pa.table({"x": pa.array(values, pa.decimal128(38, 0))}), path)
+    out = extagg.aggregate_files(str(path), aggs="s=sum(x * 10)").read_all()
+    assert out.column("s").to_pylist() == [Decimal(11 * 10**36)]  # 38 digits: fits
+    assert main(["aggregate", str(path), "--agg", "s=sum(x * 100)", "-q"]) == 1
+    err = capsys.readouterr().err
+    assert "'x * 100'" in err and "38 decimal digits" in err and str(path) not in err
