@@ -42,7 +42,12 @@ from extagg.io.inputs import (
 )
 from extagg.io.output import ResultWriter
 from extagg.io.output import output_format as pick_output_format
-from extagg.io.where import ParsedExpression, eager_cast, parse_expression
+from extagg.io.where import (
+    ParsedExpression,
+    eager_cast,
+    parse_expression,
+    shared_subexpressions,
+)
 from extagg.memory import MemoryConsumer
 from extagg.memory.sizing import MEMORY_ENV
 from extagg.metrics import RunMetrics, register_metrics
@@ -215,8 +220,10 @@ class FileQuery:
     def _with_computed(self, batch: Any) -> Any:
         """``batch`` (or an empty table) with the computed keys and aggregate arguments
         appended (see :class:`ComputedColumn`)."""
-        for column in self.computed:
-            batch = batch.append_column(column.name, column.values(batch))
+        with shared_subexpressions():  # of one batch: appending makes another
+            values = [column.values(batch) for column in self.computed]
+        for column, array in zip(self.computed, values, strict=True):
+            batch = batch.append_column(column.name, array)
         return batch
 
     def _sync(self, agg: Any, started: float, final: bool = False) -> None:

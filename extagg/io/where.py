@@ -34,8 +34,10 @@ against them: an operator whose operands do not fit (``int_col = 'x'``) is an
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import re
+import threading
 import zoneinfo
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -720,7 +722,23 @@ class _Parser:
                     self.text, at.pos,
                 ) from None  # fmt: skip
         eager = _EAGER.get(func, func)
-        return self.made(expr, lambda b: eager(*(f(b) for f in fns), **kw))
+        if self._empty is None:
+            return self.made(expr, lambda b: eager(*(f(b) for f in fns), **kw))
+        try:  # the node's identity, for shared_subexpressions
+            key = (str(expr), str(self.type_of(expr)))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            return self.made(expr, lambda b: eager(*(f(b) for f in fns), **kw))
+
+        def run(batch: Any) -> Any:
+            memo = getattr(_SHARED, "values", None)
+            if memo is None:
+                return eager(*(f(batch) for f in fns), **kw)
+            slot = (id(batch), key)
+            if slot not in memo:
+                memo[slot] = eager(*(f(batch) for f in fns), **kw)
+            return memo[slot]
+
+        return self.made(expr, run)
 
     # -------------------------------------------------------------- helpers
     @property
@@ -1226,6 +1244,21 @@ _PATTERN_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "starts_with": pc.starts_with, "ends_with": pc.ends_with,
     "contains": pc.match_substring, "regexp_matches": pc.match_substring_regex,
 }  # fmt: skip
+
+
+_SHARED = threading.local()
+
+
+@contextlib.contextmanager
+def shared_subexpressions() -> Any:
+    """Within it, equal parts of the bound expressions evaluated on one batch (by their
+    operation, operands and type) are computed once: TPC-H Q1's two sums share
+    ``l_extendedprice * (1 - l_discount)``. Per thread; the batch must stay alive inside."""
+    _SHARED.values = {}
+    try:
+        yield
+    finally:
+        _SHARED.values = None
 
 
 def _is_decimal256(x: Any) -> bool:

@@ -963,3 +963,29 @@ def test_row_groups_are_still_skipped_beside_a_function(tmp_path):
     assert reader.read_all().column("n").to_pylist() == [8]  # the Sundays of Jan and Feb 2020
     metrics = extagg.run_metrics(reader)
     assert (metrics.row_groups_read, metrics.row_groups_total) == (1, 4)
+
+
+def test_equal_subexpressions_of_one_batch_are_computed_once(monkeypatch):
+    """Q1's two sums share ``price * (1 - discount)``: within ``shared_subexpressions`` it is
+    computed once a batch; outside, every expression computes its own."""
+    import pyarrow.compute as pc
+
+    from extagg.io import where
+
+    calls = []
+
+    def counted(left, right, **kw):
+        calls.append(1)
+        return pc.multiply_checked(left, right, **kw)
+
+    monkeypatch.setitem(where._EAGER, pc.multiply_checked, counted)
+    one, two = parse_expression("m * (1 - i)"), parse_expression("m * (1 - i) * 2")
+    one.bind_value(TABLE.schema), two.bind_value(TABLE.schema)
+    batch = TABLE.combine_chunks().to_batches()[0]
+    with where.shared_subexpressions():
+        first, second = one.evaluate(batch), two.evaluate(batch)
+    assert len(calls) == 2  # m * (1 - i) once, then * 2
+    assert second.equals(pc.multiply_checked(first, pa.scalar(Decimal(2), pa.decimal128(1, 0))))
+    calls.clear()
+    one.evaluate(batch), two.evaluate(batch)
+    assert len(calls) == 3
