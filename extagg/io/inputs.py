@@ -133,10 +133,6 @@ class InputScan:
     #: share of the budget counts otherwise; the run allows it only while that share has room
     filter_on_consumer: bool = True
     progress: ScanProgress = field(default_factory=ScanProgress)
-    #: columns computed from a batch's (the query's expressions: ``--by 'year(d)'``,
-    #: ``sum(p * (1 - d))``), appended where the filter step runs: on the reader thread
-    #: while the fold keeps up, beside the next batch's decoding otherwise
-    derive: Callable[[pa.RecordBatch], pa.RecordBatch] | None = None
     _parts: list[tuple[str, Any, ds.FileFormat, dict[str, Any]]] = field(default_factory=list)
 
     def batches(self) -> Iterator[pa.RecordBatch]:
@@ -148,16 +144,8 @@ class InputScan:
         marker, so the progress and an error's file are those of the batches taken."""
         parts = self._parts
         current = 0
-        derive = self.derive
-
-        def finish(piece: _Piece | _FileEnd) -> tuple[pa.RecordBatch | None, int] | _FileEnd:
-            out = _finish_piece(piece)
-            if derive is None or isinstance(out, _FileEnd) or not out[0] or not out[0].num_rows:
-                return out
-            return derive(out[0]), out[1]
-
         pieces = _prefetched(
-            self._pieces(), self.readahead, finish, lambda: self.filter_on_consumer
+            self._pieces(), self.readahead, _finish_piece, lambda: self.filter_on_consumer
         )
         small = _SmallBatches()
         try:

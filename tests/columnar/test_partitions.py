@@ -173,7 +173,7 @@ def test_disk_full_while_partitioning_fails_clearly_and_cleans_up(spill_dir, mon
     assert any("part-" in p for p in written)
     # some rows of the failed chunk may be on disk and others not: the aggregator is closed,
     # and a later update says after what (as a one-thread table's failed spill does)
-    with pytest.raises(SpillError, match="no more input after an earlier SpillError.*closed"):
+    with pytest.raises(SpillError, match=r"no more input after an earlier SpillError.*closed"):
         agg.update(table.slice(0, 10))
     assert agg.used == 0 and files_under(spill_dir) == []
 
