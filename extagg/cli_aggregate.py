@@ -217,7 +217,7 @@ def split_names(text: str) -> list[str]:
     doubled quote inside is one), as ``--agg`` and ``--where`` read quoted names. An
     unquoted key may be an expression, ``year(l_shipdate)``: its commas inside parentheses
     or '' quotes do not separate keys."""
-    from extagg.columnar.functions import ColumnName
+    from extagg._names import ColumnName  # not pyarrow: the memory pool is not chosen yet
     from extagg.errors import QueryError
 
     names: list[str] = []

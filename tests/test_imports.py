@@ -116,3 +116,26 @@ def test_top_level_help_and_usage_errors_load_no_command(argv: list[str]) -> Non
         f"from extagg.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass"
     )
     assert not loaded & {"extagg.cli_aggregate", "extagg.state", "numba", "pyarrow"}
+
+
+def test_the_aggregate_command_chooses_arrows_pool_before_pyarrow_loads(tmp_path) -> None:
+    """The command reads ``--by`` before it picks Arrow's memory pool (which Arrow reads once,
+    at import): a ``--by`` reader that imported pyarrow left mimalloc in place, and runs
+    peaked ~40 MiB higher above their fixed RSS (tests/io/test_memory.py caught it)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"k": ["a", "b"], "v": [1, 2]}), path)
+    argv = ["aggregate", str(path), "--by", '"k", lower(k)', "--agg", "s=sum(v * 2)", "-q",
+            "-o", str(tmp_path / "o.parquet")]  # fmt: skip
+    code = (
+        "import os, sys\nfrom extagg.cli import main\n"
+        f"assert main({argv!r}) == 0\n"
+        "import pyarrow as pa\n"
+        "print(os.environ.get('ARROW_DEFAULT_MEMORY_POOL'), pa.default_memory_pool().backend_name)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out[0] == out[1], out  # the pool the command asked for is the one Arrow uses

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from extagg._names import ColumnName, ExpressionText, is_plain_name, unquote
 from extagg.columnar import _kernels
 from extagg.columnar.columns import Column, decimal_array, is_decimal64, to_column
 from extagg.columnar.var_states import VarArena
@@ -58,10 +59,7 @@ __all__ = [
     "unpack_var_states",
     "merge_var",
     "NO_AGGREGATES",
-    "ColumnName",
-    "ExpressionText",
     "agg_mapping",
-    "is_plain_name",
     "parse_agg_texts",
     "parse_aggs",
     "resolve",
@@ -160,29 +158,6 @@ NO_AGGREGATES: Mapping[str, Any] = MappingProxyType({})
 _AGG_TEXT = re.compile(
     r"^\s*(?:(?P<name>[^=]+?)\s*=\s*)?(?P<func>[A-Za-z_]\w*)\s*\(\s*(?P<col>.*?)\s*\)\s*$"
 )
-#: a column name written as it is (as ``--where`` reads one): letters, digits, ``_``, ``.``
-_PLAIN_NAME = re.compile(r"[^\W\d][\w.]*")
-_QUOTED_NAME = re.compile(r'"(?:[^"]|"")*"|`[^`]*`')
-
-
-class ColumnName(str):
-    """An aggregate's argument quoted in its ``--agg`` text (``sum("unit-price")``): a column,
-    never an expression."""
-
-    __slots__ = ()
-
-
-class ExpressionText(str):
-    """An aggregate's argument written unquoted and not a plain name (``sum(price * (1 -
-    discount))``): an expression over the input's columns, computed for every batch — or, if
-    the input has no column it names, a column of that very name (``sum(unit-price)``)."""
-
-    __slots__ = ()
-
-
-def is_plain_name(text: str) -> bool:
-    """Whether ``text`` is ``*`` or a name ``--where`` would read as one column."""
-    return text == "*" or _PLAIN_NAME.fullmatch(text) is not None
 
 
 def parse_agg_texts(texts: Sequence[str]) -> dict[str, tuple[str, str]]:
@@ -198,7 +173,7 @@ def parse_agg_texts(texts: Sequence[str]) -> dict[str, tuple[str, str]]:
                 "'p=sum(\"Price (EUR)\")')"
             )
         func, written = m.group("func"), m.group("col").strip()
-        col: str = _unquote(written)
+        col: str = unquote(written)
         if col != written:
             col = ColumnName(col)
         elif not is_plain_name(col):
@@ -210,14 +185,6 @@ def parse_agg_texts(texts: Sequence[str]) -> dict[str, tuple[str, str]]:
             raise QueryError(f"two aggregates are named {name!r}")
         out[name] = (col, func)
     return out
-
-
-def _unquote(col: str) -> str:
-    """A name quoted whole (in double quotes, a quote in it doubled, or in backquotes)
-    without its quotes; else ``col``."""
-    if _QUOTED_NAME.fullmatch(col) is None:
-        return col
-    return col[1:-1].replace('""', '"') if col[0] == '"' else col[1:-1]
 
 
 def agg_mapping(aggs: Any) -> Any:

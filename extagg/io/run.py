@@ -150,7 +150,8 @@ class FileQuery:
             log.info("columns %s: aggregated by the generic engine", untyped)
             factory, options = ObjectAggregator, {}
         else:
-            self.scan.dictionary_columns = _dictionary_keys(self.scan, self.by)
+            computed_reads = [name for c in self.computed for name in c.parsed.columns]
+            self.scan.dictionary_columns = _dictionary_keys(self.scan, self.by, computed_reads)
         agg = factory(self.by, self.aggs, memory_manager=tmm, spill_dirs=self.spill_dirs, **options)
         m.budget_bytes = tmm.memory_manager.max_memory
         self._agg = agg
@@ -461,15 +462,18 @@ class _ScanMemory(MemoryConsumer):
             self.free_memory(self.used - want)
 
 
-def _dictionary_keys(scan: InputScan, keys: Sequence[str]) -> list[str]:
+def _dictionary_keys(
+    scan: InputScan, keys: Sequence[str], computed_reads: Sequence[str] = ()
+) -> list[str]:
     """The string key columns a Parquet or CSV scan reads as dictionary arrays: the columnar
     engine groups them by their codes (see :mod:`extagg.columnar.coded_keys`). Not those the
-    filter reads (it compares plain values). From CSV only when every key is such a column
+    filter or a computed key or argument reads (they take plain values: ``lower(k)`` has no
+    kernel for a dictionary). From CSV only when every key is such a column
     and a sample shows them few (:meth:`InputScan.few_distinct`): the codes are then used,
     and a text parser's dictionaries are built per block, unlike Parquet's stored ones."""
     if scan.format not in ("parquet", "csv", "tsv"):
         return []
-    filtered = set(scan.filter_columns)
+    filtered = {*scan.filter_columns, *computed_reads}
     out = []
     for name in keys:
         if name not in scan.schema.names:  # a computed key
@@ -569,7 +573,7 @@ class _AggregateArguments:
     ``unit-price``); quoted (``sum("a-b")``) it is always one."""
 
     def __init__(self, keys: Sequence[str], asked: Mapping[str, Any]) -> None:
-        from extagg.columnar.functions import ColumnName, ExpressionText, is_plain_name
+        from extagg._names import ColumnName, ExpressionText, is_plain_name
 
         self.columns: list[str] = []
         self.parsed: dict[str, ParsedExpression] = {}
@@ -784,7 +788,7 @@ def plan_query(
                 )
     kept_aggs = asked if asked is NO_AGGREGATES else dict(asked)  # NO_AGGREGATES by identity
     if computed:  # the aggregates read the computed columns by their names
-        from extagg.columnar.functions import ColumnName
+        from extagg._names import ColumnName
 
         named = {c.text: c.name for c in computed if not c.key}
         kept_aggs = {

@@ -1,0 +1,41 @@
+"""Column names as users write them in ``--by`` and ``--agg``: quoted (always a column), plain
+(a column), or neither (an expression over columns). Light on purpose: the command line reads
+``--by`` before pyarrow may be imported (it picks Arrow's memory pool first)."""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["ColumnName", "ExpressionText", "is_plain_name", "unquote"]
+
+#: a column name written as it is (as ``--where`` reads one): letters, digits, ``_``, ``.``
+_PLAIN_NAME = re.compile(r"[^\W\d][\w.]*")
+_QUOTED_NAME = re.compile(r'"(?:[^"]|"")*"|`[^`]*`')
+
+
+class ColumnName(str):
+    """A name quoted where it was given (``sum("unit-price")``, ``--by '"a, b"'``): a
+    column, never an expression."""
+
+    __slots__ = ()
+
+
+class ExpressionText(str):
+    """An aggregate's argument written unquoted and not a plain name (``sum(price * (1 -
+    discount))``): an expression over the input's columns, computed for every batch — or, if
+    the input has no column it names, a column of that very name (``sum(unit-price)``)."""
+
+    __slots__ = ()
+
+
+def is_plain_name(text: str) -> bool:
+    """Whether ``text`` is ``*`` or a name ``--where`` would read as one column."""
+    return text == "*" or _PLAIN_NAME.fullmatch(text) is not None
+
+
+def unquote(col: str) -> str:
+    """A name quoted whole (in double quotes, a quote in it doubled, or in backquotes)
+    without its quotes; else ``col``."""
+    if _QUOTED_NAME.fullmatch(col) is None:
+        return col
+    return col[1:-1].replace('""', '"') if col[0] == '"' else col[1:-1]
