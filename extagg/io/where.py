@@ -20,7 +20,8 @@ Grammar (keywords are case-insensitive)::
 
 ``function`` is one of :data:`FUNCTIONS` (DuckDB's names: ``year(d)``, ``lower(s)``,
 ``starts_with(s, 'x')``, ``regexp_matches(s, 're')``, ``substr(s, 2, 3)``, ``round(x, 2)``,
-``coalesce(a, b)``, ...); their patterns, positions and digit counts are literals.
+``coalesce(a, b)``, ``date_trunc('month', d)``, ``strftime(d, '%Y-%m')``, ...); their
+patterns, units, formats, positions and digit counts are literals.
 
 ``cmp`` is one of ``= == != <> < <= > >=``; a ``like`` pattern takes SQL's ``%`` (any
 characters) and ``_`` (one character), ``ilike`` ignores case; ``\\%``, ``\\_`` and ``\\\\``
@@ -959,8 +960,10 @@ class _Parser:
         literals: list[Any] = []
         if not self.take_op(")"):
             while True:
-                if kind in _LITERAL_ARGS and args:  # the pattern, start, length or digits
-                    literals.append(self._function_literal(name, kind))
+                if kind == "trunc" and not literals:  # date_trunc('month', d): the unit first
+                    literals.append(self._function_literal(name, text=True))
+                elif kind in _LITERAL_ARGS and args:  # the pattern, start, length or digits
+                    literals.append(self._function_literal(name, text=kind in _TEXT_ARGS))
                 else:
                     args.append(self.or_())
                 if self.take_op(")"):
@@ -977,6 +980,17 @@ class _Parser:
             return self.call(pc.coalesce, *args, at=at)
         if kind == "pattern":
             return self.call(_PATTERN_FUNCTIONS[name], args[0], at=at, pattern=literals[0])
+        if kind == "format":
+            return self.call(pc.strftime, args[0], at=at, format=literals[0])
+        if kind == "trunc":
+            unit = literals[0].lower()
+            if unit not in _TRUNC_UNITS:
+                raise ExpressionError(
+                    f"date_trunc() takes a unit of {', '.join(_TRUNC_UNITS)}, got {literals[0]!r}",
+                    self.text, at.pos,
+                )  # fmt: skip
+            # ISO weeks, from Monday, as DuckDB's; a date stays a date (DuckDB: a timestamp)
+            return self.call(pc.floor_temporal, args[0], at=at, unit=unit, week_starts_monday=True)
         if kind == "substr":
             start = literals[0]
             if start < 1:
@@ -995,15 +1009,14 @@ class _Parser:
         func, options = _VALUE_FUNCTIONS[name]
         return self.call(func, args[0], at=at, **options)
 
-    def _function_literal(self, name: str, kind: str) -> Any:
+    def _function_literal(self, name: str, text: bool) -> Any:
         tok = self.tok
         value = self.literal_value() if tok.kind in ("string", "number", "op") else None
-        want_text = kind == "pattern"
-        if want_text and isinstance(value, str):
+        if text and isinstance(value, str):
             return value
-        if not want_text and type(value) is int:
+        if not text and type(value) is int:
             return value
-        what = "a quoted text" if want_text else "a whole number"
+        what = "a quoted text" if text else "a whole number"
         raise ExpressionError(f"{name}() takes {what} here", self.text, tok.pos)
 
     def _starts_literal(self, word: str) -> bool:
@@ -1228,9 +1241,16 @@ FUNCTIONS: dict[str, tuple[str, int, int]] = {
     "contains": ("pattern", 2, 2), "regexp_matches": ("pattern", 2, 2),
     "substr": ("substr", 2, 3), "substring": ("substr", 2, 3),
     "round": ("round", 1, 2),
+    "date_trunc": ("trunc", 2, 2), "strftime": ("format", 2, 2),
 }  # fmt: skip
 #: the kinds whose arguments after the first are literals (Arrow takes them as options)
-_LITERAL_ARGS = ("pattern", "substr", "round")
+_LITERAL_ARGS = ("pattern", "substr", "round", "format")
+#: ... of them, those that are texts
+_TEXT_ARGS = ("pattern", "format")
+_TRUNC_UNITS = (
+    "year", "quarter", "month", "week", "day", "hour", "minute", "second", "millisecond",
+    "microsecond",
+)  # fmt: skip
 _VALUE_FUNCTIONS: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
     "year": (pc.year, {}), "quarter": (pc.quarter, {}), "month": (pc.month, {}),
     "day": (pc.day, {}), "dayofweek": (pc.day_of_week, {"count_from_zero": True, "week_start": 7}),

@@ -170,3 +170,22 @@ def test_a_key_read_by_an_expression_is_read_as_plain_values(lineitem):
     out = extagg.aggregate_files(path, by=["flag", "lower(flag)"], aggs="n=count(*)").read_all()
     got = {(r["flag"], r["lower(flag)"]): r["n"] for r in out.to_pylist()}
     assert got == {(f, f.lower()): sum(r["flag"] == f for r in rows) for f in "ANR"}
+
+
+def test_keys_by_month_and_formatted_dates(tmp_path):
+    """``--by "date_trunc('month', day)"``: the common bucket of a time series (a date stays a
+    date), and ``strftime`` for a text key."""
+    import datetime as dt
+
+    path = tmp_path / "days.parquet"
+    days = [dt.date(2024, 1, 1) + dt.timedelta(days=i) for i in range(100)]
+    pq.write_table(pa.table({"day": days, "v": range(100)}), path)
+    out = extagg.aggregate_files(
+        str(path), by=["date_trunc('month', day)", "strftime(day, '%Y-%m')"],
+        aggs="n=count(*)", sort=True,
+    ).read_all()  # fmt: skip
+    assert out.to_pylist() == [
+        {"date_trunc('month', day)": dt.date(2024, m, 1), "strftime(day, '%Y-%m')": f"2024-{m:02d}",
+         "n": n}
+        for m, n in ((1, 31), (2, 29), (3, 31), (4, 9))
+    ]  # fmt: skip

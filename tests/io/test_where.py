@@ -899,6 +899,9 @@ FUNCTION_CASES = [
     ("round(f) = 2 and abs(-i) = 2", [2]),  # 1.5 rounds half away from zero
     ("round(m, 1) = 0.1 and floor(f) = 3 and ceil(f) = 4", [None]),
     ("coalesce(f, 0.0) = 0.0", [3]),
+    ("date_trunc('month', d) = date '1998-09-01' and date_trunc('year', d) < d", [2, 3]),
+    ("date_trunc('week', d) = date '1998-08-31'", [2, 3]),  # ISO weeks: from Monday
+    ("strftime(d, '%Y-%m') = '1998-09' and date_trunc('quarter', d) = date '1998-07-01'", [2, 3]),
 ]
 
 
@@ -932,6 +935,9 @@ def test_functions_agree_with_duckdb(text, expected):
         ("substr(s, 0) = 'a'", 0, "substr() counts from 1, got start 0"),
         ("round(f, 'x') = 1", 9, "round() takes a whole number here"),
         ("trim(' ' || s) = s", 9, "unexpected character '|'"),
+        ("date_trunc('fortnight', d) = d", 0, "date_trunc() takes a unit of year, quarter"),
+        ("date_trunc(d, 'month') = d", 11, "date_trunc() takes a quoted text here"),
+        ("strftime(d, 5) = 'x'", 12, "strftime() takes a quoted text here"),
     ],
 )
 def test_function_errors_point_at_the_call(text, position, words):
