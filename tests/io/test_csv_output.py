@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from extagg.io.output import _binary_as_base64, csv_header, csv_lines, csv_lines_by_row
-from tests.io.test_json_lines import COLUMNS
+from tests.io.test_json_lines import COLUMNS, batches
 
 DELIMITERS = st.sampled_from([",", "\t"])
 #: text that is mostly what a CSV field must be quoted for
@@ -26,23 +26,13 @@ CSV_COLUMNS = {
 }
 
 
-@st.composite
-def batches(draw: st.DrawFn) -> pa.RecordBatch:
-    names = draw(
-        st.lists(st.sampled_from(sorted(CSV_COLUMNS)), min_size=1, max_size=4, unique=True)
-    )
-    rows = draw(st.integers(1, 12))
-    arrays = []
-    for name in names:
-        typ, values = CSV_COLUMNS[name]
-        data = draw(st.lists(st.none() | values, min_size=rows + 2, max_size=rows + 2))
-        arrays.append(pa.array(data, typ).slice(1, rows))  # an offset, as a result's slices
-    headers = draw(st.lists(CSV_TEXT, min_size=len(names), max_size=len(names)))
-    return pa.RecordBatch.from_arrays(arrays, names=[f"{n}{h}" for n, h in zip(names, headers)])
+def csv_batches() -> st.SearchStrategy[pa.RecordBatch]:
+    """Batches whose text (values and column names) is mostly what CSV must quote."""
+    return batches(CSV_COLUMNS, CSV_TEXT)
 
 
 @settings(max_examples=300, deadline=None)
-@given(batches(), DELIMITERS)
+@given(csv_batches(), DELIMITERS)
 def test_csv_lines_equal_the_per_field_reference(batch, delimiter):
     batch = _binary_as_base64(batch)  # as the writer hands them over: binaries as base64 text
     assert csv_lines(batch, delimiter) == csv_lines_by_row(batch, delimiter)
@@ -53,7 +43,7 @@ def _rows(text: bytes, delimiter: str) -> list[list[str]]:
 
 
 @settings(max_examples=200, deadline=None)
-@given(batches(), DELIMITERS)
+@given(csv_batches(), DELIMITERS)
 def test_read_back_as_the_rows_arrows_writer_gives(batch, delimiter):
     """The same fields as Arrow's CSV writer (which quotes every string), read by Python's
     ``csv`` module: only the quoting differs."""

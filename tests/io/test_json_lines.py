@@ -56,16 +56,26 @@ COLUMNS = {
 }
 
 
+#: what every column name of a batch ends with (a quote a writer must escape)
+QUOTED_SUFFIX = st.just(' "q"')
+
+
 @st.composite
-def batches(draw: st.DrawFn) -> pa.RecordBatch:
-    names = draw(st.lists(st.sampled_from(sorted(COLUMNS)), min_size=1, max_size=4, unique=True))
+def batches(
+    draw: st.DrawFn,
+    columns: dict[str, tuple[pa.DataType, st.SearchStrategy]] = COLUMNS,
+    suffixes: st.SearchStrategy[str] = QUOTED_SUFFIX,
+) -> pa.RecordBatch:
+    """1-4 of ``columns`` (name -> type, values), 1-12 rows after an offset, with nulls; each
+    column named by its kind and a drawn suffix."""
+    names = draw(st.lists(st.sampled_from(sorted(columns)), min_size=1, max_size=4, unique=True))
     rows = draw(st.integers(1, 12))
     arrays = []
     for name in names:
-        typ, values = COLUMNS[name]
+        typ, values = columns[name]
         data = draw(st.lists(st.none() | values, min_size=rows + 2, max_size=rows + 2))
         arrays.append(pa.array(data, typ).slice(1, rows))  # an offset, as a result's slices
-    return pa.RecordBatch.from_arrays(arrays, names=[f'{n} "q"' for n in names])
+    return pa.RecordBatch.from_arrays(arrays, names=[n + draw(suffixes) for n in names])
 
 
 @settings(max_examples=300, deadline=None)
