@@ -84,9 +84,13 @@ def _validity(*arrays: Any) -> tuple[pa.Buffer | None, int]:
     return pa.py_buffer(np.packbits(mask, bitorder="little")), int(len(mask) - mask.sum())
 
 
-def decimal_binary(func: Callable[..., Any], left: Any, right: Any) -> pa.Array | None:
+def decimal_binary(
+    func: Callable[..., Any], left: Any, right: Any, typ: pa.DataType | None = None
+) -> pa.Array | None:
     """``func(left, right)`` for decimal ``+ - *`` (arrays or scalars, at least one an array
-    of at least one row), or ``None`` (see the module docstring)."""
+    of at least one row), or ``None`` (see the module docstring). ``typ``: the result's type
+    when it is not Arrow's for these operands — 128-bit operands of a result that needs 256
+    bits, which Arrow computes only on operands cast to 256 bits (the same values)."""
     op = _OPS.get(func)
     array = left if isinstance(left, pa.Array) else right
     if op is None or not isinstance(array, pa.Array) or len(array) == 0:
@@ -94,10 +98,11 @@ def decimal_binary(func: Callable[..., Any], left: Any, right: Any) -> pa.Array 
     a, b = _operand(left), _operand(right)
     if a is None or b is None:
         return None
-    try:
-        typ = _result_type(func, left.type, right.type)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-        return None
+    if typ is None:
+        try:
+            typ = _result_type(func, left.type, right.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            return None
     if not pa.types.is_decimal(typ) or typ.bit_width not in _WIDTH:
         return None
     sa, sb = left.type.scale, right.type.scale

@@ -101,3 +101,38 @@ def test_an_empty_or_all_null_operand(bits):
     nulls = pa.array([None, None], typ)
     got = decimal_binary(pc.add_checked, nulls, nulls)
     assert got is None or got.equals(pc.add_checked(nulls, nulls))
+
+
+@st.composite
+def narrow_operands(draw: st.DrawFn) -> tuple[pa.Array, pa.Array]:
+    """Two 128-bit decimal arrays of many digits, as Parquet's money columns are typed."""
+    n = draw(st.integers(1, 20))
+    arrays = []
+    for _ in range(2):
+        precision = draw(st.integers(20, 38))
+        scale = draw(st.integers(0, 12))
+        digits = draw(st.sampled_from([6, 17, precision]))
+        top = 10**digits - 1
+        values = draw(st.lists(st.none() | st.integers(-top, top), min_size=n, max_size=n))
+        arrays.append(_from_unscaled(values, pa.decimal128(precision, scale)))
+    return arrays[0], arrays[1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(narrow_operands(), st.sampled_from(OPS))
+def test_a_result_past_38_digits_from_128_bit_operands_is_arrows_on_256_bit_ones(pair, func):
+    """``decimal(32, 4) * decimal(16, 2)`` (TPC-H Q1's charge) needs 256 bits: Arrow computes
+    it only on operands cast to 256 bits; given the result type, the words of the 128-bit
+    operands give the same array."""
+    left, right = pair
+    wide = [pa.decimal256(a.type.precision, a.type.scale) for a in pair]
+    try:
+        expected = func(left.cast(wide[0]), right.cast(wide[1]))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return  # past 76 digits or an overflow: the caller goes to doubles or raises
+    got = decimal_binary(func, left, right, expected.type)
+    if got is not None:
+        assert got.type == expected.type and got.equals(expected)
+    small = pa.array([Decimal("1.5"), None], pa.decimal128(38, 1))
+    product = decimal_binary(pc.multiply_checked, small, small, pa.decimal256(76, 2))
+    assert product is not None and product.to_pylist() == [Decimal("2.25"), None]

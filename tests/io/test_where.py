@@ -800,6 +800,27 @@ def test_arithmetic_of_38_digit_decimals(text, expected):
     assert bound_kept(text, DECIMALS_38) == expected
 
 
+def test_products_past_38_digits_of_small_and_of_large_values():
+    """A product of 128-bit decimals that needs 256 bits is computed from the 128-bit
+    values where they and the product fit 63 bits, by Arrow on 256-bit casts where not (a
+    value of 10^20 with two places): both give the expression's answer."""
+    table = pa.table({
+        "i": [1, 2, 3],
+        "p": pa.array([Decimal("12.50"), Decimal("1e20"), None], pa.decimal128(38, 2)),
+        "q": pa.array([Decimal("2"), Decimal("3"), Decimal("1")], pa.decimal128(20, 2)),
+    })  # fmt: skip
+    assert bound_kept("p * q > 20", table) == [1, 2]
+    assert bound_kept("p * q * q = 50", table) == [1]
+    assert bound_kept("p * q = 3e20", table) == [2]
+    batch = table.to_batches()[0]
+    parsed = parse_expression("p * q")
+    parsed.bind_value(table.schema)
+    assert parsed.evaluate is not None
+    got = parsed.evaluate(batch)
+    assert pa.types.is_decimal256(got.type)
+    assert got.to_pylist() == [Decimal("25.0000"), Decimal("3e20"), None]
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
