@@ -14,7 +14,7 @@ import numpy as np
 
 from extagg._numba import jit
 
-__all__ = ["decimal_arith", "decimal_resize"]
+__all__ = ["decimal_arith", "decimal_resize", "low_words_bound", "write_words"]
 
 _jit = jit()
 
@@ -106,3 +106,35 @@ def decimal_resize(words, out, bound):
             for k in range(1, width):
                 out[i, k] = sign
     return True
+
+
+@_jit
+def low_words_bound(words):
+    """The largest magnitude among the values of ``words`` (a decimal array's rows), or -1
+    if a value does not fit 63 bits or reaches :data:`LIMIT` (one pass, no branch a row)."""
+    low = np.int64(0)
+    high = np.int64(0)
+    bad = False
+    for i in range(words.shape[0]):
+        v = words[i, 0]
+        sign = v >> 63
+        for k in range(1, words.shape[1]):
+            bad |= words[i, k] != sign
+        low = min(low, v)
+        high = max(high, v)
+    limit = np.int64(LIMIT)
+    if bad or low <= -limit or high >= limit:
+        return -1
+    return max(high, -low)
+
+
+@_jit
+def write_words(values, out):
+    """``values`` (int64) as decimal words: ``out[i, 0] = values[i]``, the other words of
+    the row its sign."""
+    for i in range(values.shape[0]):
+        v = values[i]
+        out[i, 0] = v
+        sign = v >> 63
+        for k in range(1, out.shape[1]):
+            out[i, k] = sign

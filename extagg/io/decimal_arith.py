@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from extagg.io import _decimal_kernels as K
 
-__all__ = ["decimal_binary", "decimal_cast"]
+__all__ = ["DecimalInts", "decimal_binary", "decimal_cast", "decimal_ints"]
 
 _WIDTH = {128: 2, 256: 4}  # 64-bit words a value
 _OPS = {
@@ -142,3 +142,99 @@ def decimal_cast(arr: Any, typ: pa.DataType) -> pa.Array | None:
         return None
     bitmap, nulls = _validity(arr)
     return pa.Array.from_buffers(typ, len(arr), [bitmap, data], null_count=nulls)
+
+
+class DecimalInts:
+    """Decimal values as 64-bit unscaled integers, passed between decimal ``+ - *`` of an
+    expression: each operation is one NumPy pass with no check (the magnitudes' bound,
+    carried along, shows that no value can overflow), and the 128- or 256-bit words are
+    written once, for the result (:meth:`to_arrow`). TPC-H Q1's ``l_extendedprice * (1 -
+    l_discount) * (1 + l_tax)`` took three Arrow kernels, two casts to 256 bits and a product
+    of those; now three reads of the columns' low words, four passes and one write."""
+
+    __slots__ = ("values", "type", "bound", "nulls")
+
+    def __init__(
+        self, values: np.ndarray, typ: pa.DataType, bound: int, nulls: tuple[pa.Array, ...]
+    ) -> None:
+        #: the unscaled values (at null rows: anything)
+        self.values = values
+        #: the Arrow type of the expression they are the values of
+        self.type = typ
+        #: no value's magnitude is above it (below 2^62)
+        self.bound = bound
+        #: the arrays whose nulls are the values' nulls
+        self.nulls = nulls
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def to_arrow(self, typ: pa.DataType | None = None) -> pa.Array:
+        """The values as an Arrow decimal array of their type, or of ``typ`` (the same scale,
+        a precision that holds :attr:`bound`: ``decimal(38, s)`` for a 256-bit result)."""
+        typ = self.type if typ is None else typ
+        assert typ.scale == self.type.scale and (
+            typ.precision >= 19 or self.bound < 10**typ.precision
+        )
+        n = len(self.values)
+        data, out = _pool_words(n, _WIDTH[typ.bit_width])
+        K.write_words(self.values, out)
+        bitmap, nulls = _validity(*self.nulls)
+        return pa.Array.from_buffers(typ, n, [bitmap, data], null_count=nulls)
+
+
+def _ints_operand(x: Any) -> tuple[Any, int, int, tuple[pa.Array, ...]] | None:
+    """An operand as (unscaled values — an array, or a scalar's ``int`` —, scale, bound of
+    the magnitudes, arrays with its nulls), or ``None`` (not a decimal, a value past 62 bits,
+    a null scalar)."""
+    if isinstance(x, DecimalInts):
+        return x.values, x.type.scale, x.bound, x.nulls
+    if isinstance(x, pa.Scalar):
+        found = _operand(x)
+        if found is None:
+            return None
+        return found[1], x.type.scale, abs(found[1]), ()
+    if isinstance(x, pa.Array) and pa.types.is_decimal(x.type):
+        words = _words(x)
+        if words is None:
+            return None
+        bound = int(K.low_words_bound(words))
+        if bound < 0:
+            return None
+        return words[:, 0], x.type.scale, bound, ((x,) if x.null_count else ())
+    return None
+
+
+def decimal_ints(
+    func: Callable[..., Any], left: Any, right: Any, typ: pa.DataType
+) -> DecimalInts | None:
+    """``func(left, right)`` (decimal ``+ - *`` whose result has type ``typ``: Arrow's for
+    these operands, or the 256-bit one where Arrow needs them cast) as :class:`DecimalInts`,
+    from decimal arrays, scalars and :class:`DecimalInts`, at least one not a scalar; or
+    ``None`` where a value or a result might not fit 62 bits (the caller then runs Arrow's
+    kernel on the operands as Arrow arrays)."""
+    op = _OPS.get(func)
+    if op is None or not pa.types.is_decimal(typ):
+        return None
+    a, b = _ints_operand(left), _ints_operand(right)
+    if a is None or b is None or (isinstance(a[0], int) and isinstance(b[0], int)):
+        return None
+    (va, sa, ba, na), (vb, sb, bb, nb) = a, b
+    if op == K.MULTIPLY:
+        bound = ba * bb
+        if typ.scale != sa + sb or bound >= K.LIMIT:
+            return None
+        values = va * vb
+    else:
+        if typ.scale < max(sa, sb):
+            return None
+        fa, fb = 10 ** (typ.scale - sa), 10 ** (typ.scale - sb)
+        bound = ba * fa + bb * fb
+        if bound >= K.LIMIT:
+            return None
+        if fa != 1:
+            va = va * fa
+        if fb != 1:
+            vb = vb * fb
+        values = va + vb if op == K.ADD else va - vb
+    return DecimalInts(np.asarray(values, dtype=np.int64), typ, bound, na + nb)

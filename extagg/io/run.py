@@ -547,8 +547,11 @@ class ComputedColumn:
             ) from None
 
     def _values(self, batch: Any) -> Any:
-        assert self.parsed.evaluate is not None
-        out = self.parsed.evaluate(batch)
+        assert self.parsed.evaluate_values is not None
+        out = self.parsed.evaluate_values(batch)
+        to_arrow = getattr(out, "to_arrow", None)
+        if to_arrow is not None:  # a decimal's 64-bit values: written once, narrowed already
+            return to_arrow(self.narrowed)
         if isinstance(out, pa.Scalar):  # no column in it (``sum(1)``)
             out = pa.repeat(out, batch.num_rows)
         if isinstance(batch, pa.RecordBatch) and isinstance(out, pa.ChunkedArray):

@@ -101,6 +101,10 @@ class ParsedExpression:
     positions: dict[str, int] = field(default_factory=dict)  # column -> first position
     #: the same expression as eager ``pyarrow.compute`` calls on a batch's columns
     evaluate: Callable[[pa.RecordBatch], Any] | None = None
+    #: :attr:`evaluate` that may return a decimal's values as
+    #: :class:`~extagg.io.decimal_arith.DecimalInts` (``to_arrow(type)`` writes them once, in
+    #: the type the caller needs); set by :meth:`bind_value`
+    evaluate_values: Callable[[pa.RecordBatch], Any] | None = None
 
     def bind(self, schema: pa.Schema) -> pc.Expression:
         """Fit the expression to the input's column types (``schema``: at least the columns it
@@ -137,6 +141,7 @@ class ParsedExpression:
         kind = parser.type_of(expr)
         self.expression = expr
         self.evaluate = parser.fn(expr)
+        self.evaluate_values = parser.values_fn(expr)
         return kind
 
     def mask(self, batch: pa.RecordBatch) -> pa.Array | None:
@@ -192,6 +197,8 @@ class _Parser:
         self.columns: dict[str, int] = {}
         #: each expression built (by ``id``; held in ``_made``) → its eager evaluation
         self._fns: dict[int, Callable[[pa.RecordBatch], Any]] = {}
+        #: the expressions whose eager form may return DecimalInts (fn() converts them)
+        self._decimal_ints: set[int] = set()
         self._made: list[pc.Expression] = []
         #: the quoted-string and date/timestamp literals built (by ``id``) → value and token
         self._quoted: dict[int, tuple[str | pa.Scalar, _Tok]] = {}
@@ -222,7 +229,15 @@ class _Parser:
         return self.made(pc.scalar(value), _constant(value))
 
     def fn(self, expr: pc.Expression) -> Callable[[pa.RecordBatch], Any]:
-        """The eager form of an expression this parser built."""
+        """The eager form of an expression this parser built (Arrow values)."""
+        fn = self._fns[id(expr)]
+        if id(expr) not in self._decimal_ints:
+            return fn
+        return lambda batch: _arrow_value(fn(batch))
+
+    def values_fn(self, expr: pc.Expression) -> Callable[[pa.RecordBatch], Any]:
+        """The eager form of ``expr`` that may return a decimal's values as
+        :class:`~extagg.io.decimal_arith.DecimalInts` (see :meth:`_decimal_arithmetic`)."""
         return self._fns[id(expr)]
 
     def fit_quoted(
@@ -509,10 +524,12 @@ class _Parser:
                     left, right = self.cast(left, pa.float64()), self.cast(right, pa.float64())
                     narrow = None
                 left_type, right_type = self.type_of(left), self.type_of(right)
-        if narrow is not None and func in _WIDE_DECIMAL:
-            return self._widened_decimal(
-                self.call(func, left, right, at=at), func, narrow, (left_type, right_type)
-            )
+        if (
+            func in _DECIMAL_ARITHMETIC
+            and pa.types.is_decimal(left_type)
+            and pa.types.is_decimal(right_type)
+        ):
+            return self._decimal_arithmetic(func, left, right, at, narrow)
         if func in _CHECKED:
             return self._checked(self.call(func, left, right, at=at), func, left, right, at)
         if func not in _ORDER or not (
@@ -649,32 +666,58 @@ class _Parser:
         typ = self.type_of(expr)
         return expr if pa.types.is_decimal256(typ) else self.cast(expr, _decimal256(typ))
 
-    def _widened_decimal(
+    def _decimal_arithmetic(
         self,
-        expr: pc.Expression,
         func: Callable[..., Any],
-        narrow: tuple[pc.Expression, pc.Expression],
-        wide_types: tuple[pa.DataType, pa.DataType],
+        left: pc.Expression,
+        right: pc.Expression,
+        at: _Tok,
+        narrow: tuple[pc.Expression, pc.Expression] | None,
     ) -> pc.Expression:
-        """``expr``, a decimal ``+ - *`` of operands ``narrow`` (one 128-bit at least) whose
-        result needs 256 bits, computed eagerly from the operands' own values
-        (:func:`~extagg.io.decimal_arith.decimal_binary` with the result type): casting both
-        operands to 256 bits first took ~60 % of TPC-H Q1's ``l_extendedprice * (1 -
-        l_discount) * (1 + l_tax)``. Arrow's kernels on the cast operands where it cannot."""
+        """A decimal ``+ - *`` whose eager form computes on 64-bit unscaled values
+        (:class:`~extagg.io.decimal_arith.DecimalInts`, passed on to the decimal operations
+        over it, turned into an Arrow array only for any other use: :meth:`fn`) where every
+        value allows it, and on Arrow's kernels where not. ``narrow``: the operands before
+        their cast to 256 bits, when the result needs 256 bits (the values are the same:
+        casting both first had taken ~60 % of TPC-H Q1's ``l_extendedprice * (1 -
+        l_discount) * (1 + l_tax)``)."""
+        expr = self.call(func, left, right, at=at)
         typ = self.type_of(expr)
-        left_fn, right_fn = self.fn(narrow[0]), self.fn(narrow[1])
-        wide = _EAGER.get(func, func)
+        if not pa.types.is_decimal(typ):
+            return expr
+        wide_types = (self.type_of(left), self.type_of(right))
+        operands = (left, right) if narrow is None else narrow
+        left_fn, right_fn = self._fns[id(operands[0])], self._fns[id(operands[1])]
+        arrow = _EAGER.get(func, func)
+        key = ("ints", str(expr), str(typ))
 
-        def run(batch: pa.RecordBatch) -> Any:
-            left, right = left_fn(batch), right_fn(batch)
-            from extagg.io.decimal_arith import decimal_binary  # numba's, when first needed
+        def compute(batch: Any) -> Any:
+            from extagg.io.decimal_arith import decimal_binary, decimal_ints  # numba's
 
-            out = decimal_binary(func, left, right, typ)
+            a, b = left_fn(batch), right_fn(batch)
+            out = decimal_ints(func, a, b, typ)
             if out is not None:
                 return out
-            return wide(eager_cast(left, wide_types[0]), eager_cast(right, wide_types[1]))
+            a, b = _arrow_value(a), _arrow_value(b)
+            if narrow is None:
+                return arrow(a, b)
+            out = decimal_binary(func, a, b, typ)
+            if out is not None:
+                return out
+            return arrow(eager_cast(a, wide_types[0]), eager_cast(b, wide_types[1]))
 
-        return self.made(expr, run)
+        def run(batch: Any) -> Any:
+            memo = getattr(_SHARED, "values", None)
+            if memo is None:
+                return compute(batch)
+            slot = (id(batch), key)
+            if slot not in memo:
+                memo[slot] = compute(batch)
+            return memo[slot]
+
+        self.made(expr, run)
+        self._decimal_ints.add(id(expr))
+        return expr
 
     def _dividend_for_spark_scale(
         self, left: pc.Expression, left_type: pa.DataType, right_type: pa.DataType
@@ -1364,8 +1407,17 @@ _EAGER: dict[Callable[..., Any], Callable[..., Any]] = {
     for f in (pc.add_checked, pc.subtract_checked, pc.multiply_checked, pc.add, pc.subtract,
               pc.multiply)
 }  # fmt: skip
-#: the decimal operations :func:`~extagg.io.decimal_arith.decimal_binary` computes
-_WIDE_DECIMAL = frozenset(_EAGER)
+#: the decimal operations computed on DecimalInts (:func:`~extagg.io.decimal_arith.decimal_ints`)
+_DECIMAL_ARITHMETIC = frozenset(_EAGER)
+
+
+def _arrow_value(value: Any) -> Any:
+    """An eager value as Arrow's: :class:`~extagg.io.decimal_arith.DecimalInts` as an array
+    of its type; anything else as it is."""
+    to_arrow = getattr(value, "to_arrow", None)
+    return value if to_arrow is None else to_arrow()
+
+
 #: ``utf8_slice_codeunits``' stop for "to the end"
 _NO_STOP = 2**62
 _LOGICAL = (pc.invert, pc.and_kleene, pc.or_kleene)

@@ -3,7 +3,8 @@ results (values, type, nulls) wherever they answer, and Arrow's kernels wherever
 
 from __future__ import annotations
 
-from decimal import Decimal
+import re
+from decimal import Decimal, localcontext
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -136,3 +137,107 @@ def test_a_result_past_38_digits_from_128_bit_operands_is_arrows_on_256_bit_ones
     small = pa.array([Decimal("1.5"), None], pa.decimal128(38, 1))
     product = decimal_binary(pc.multiply_checked, small, small, pa.decimal256(76, 2))
     assert product is not None and product.to_pylist() == [Decimal("2.25"), None]
+
+
+@st.composite
+def decimal_tables(draw: st.DrawFn) -> pa.Table:
+    """Three decimal columns (128 or 256 bits, values small or up to their precision, nulls),
+    read after an offset as a scan's slices are."""
+    n = draw(st.integers(1, 12))
+    columns = {}
+    for name in ("a", "b", "c"):
+        bits = draw(st.sampled_from([128, 128, 256]))
+        precision = draw(st.integers(1, 38 if bits == 128 else 45))
+        scale = draw(st.integers(0, min(precision, 8)))
+        top = 10 ** draw(st.sampled_from([min(precision, 5), precision])) - 1
+        values = draw(st.lists(st.none() | st.integers(-top, top), min_size=n + 2, max_size=n + 2))
+        typ = (pa.decimal128 if bits == 128 else pa.decimal256)(precision, scale)
+        columns[name] = _from_unscaled(values, typ).slice(2)
+    return pa.table(columns)
+
+
+def _arithmetic(depth: int) -> st.SearchStrategy[str]:
+    leaf = st.sampled_from(["a", "b", "c", "1", "2", "1.5", "0.01", "100"])
+    if depth == 0:
+        return leaf
+    sub = _arithmetic(depth - 1)
+    return leaf | st.builds(
+        lambda x, op, y: f"({x} {op} {y})", sub, st.sampled_from(["+", "-", "*"]), sub
+    )
+
+
+def _exact(text: str, row: dict[str, Decimal | None]) -> Decimal | None:
+    """The expression's value on one row in Python's decimals (null if an operand is)."""
+    if any(row[name] is None for name in re.findall(r"\b[abc]\b", text)):
+        return None
+    with localcontext() as ctx:
+        ctx.prec = 300
+        return eval(text, {"__builtins__": {}}, {**row, **_LITERALS})
+
+
+_LITERALS = {"Decimal": Decimal}
+
+
+@settings(max_examples=300, deadline=None)
+@given(decimal_tables(), _arithmetic(3))
+def test_decimal_expressions_compute_exact_values(table, text):
+    """Eagerly, decimal ``+ - *`` pass their values on as 64-bit integers where they fit, and
+    go to Arrow's kernels where not: either way each row's value is the exact one (Python's
+    decimals), in the expression's type, null where an operand is null."""
+    from extagg.errors import ExpressionError
+    from extagg.io.where import parse_expression, shared_subexpressions
+
+    parsed = parse_expression(text)
+    try:
+        kind = parsed.bind_value(table.schema)
+    except ExpressionError:
+        return  # operands the grammar refuses
+    if not pa.types.is_decimal(kind):
+        return  # past 76 digits: doubles
+    batch = table.combine_chunks().to_batches()[0]
+    assert parsed.evaluate is not None and parsed.evaluate_values is not None
+    try:
+        with shared_subexpressions():
+            got = parsed.evaluate(batch)
+            values = parsed.evaluate_values(batch)
+    except pa.ArrowInvalid:
+        return  # a value past the result's precision: Arrow's overflow error
+    if isinstance(got, pa.Scalar):
+        return  # literals only
+    expected = [_exact(_python(text), row) for row in batch.to_pylist()]
+    assert got.type == kind, text
+    assert got.to_pylist() == expected, text
+    if hasattr(values, "to_arrow"):
+        assert values.to_arrow().equals(got), text
+
+
+def _python(text: str) -> str:
+    """The expression's literals as Python decimals."""
+    return re.sub(r"(?<![\w.])(\d+(?:\.\d+)?)", r'Decimal("\1")', text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-(2**70), 2**70), min_size=0, max_size=30), st.sampled_from([2, 4]))
+def test_the_bound_and_word_kernels_against_python(values, width):
+    """``low_words_bound`` is the largest magnitude, or -1 past 62 bits; ``write_words``
+    writes each value sign-extended (both beside their plain Python form)."""
+    import numpy as np
+
+    from extagg.io import _decimal_kernels as K
+
+    words = (
+        np.array(
+            [[(v >> (64 * k)) % 2**64 for k in range(width)] for v in values]
+            or np.zeros((0, width)),
+            dtype=np.uint64,
+        )
+        .view(np.int64)
+        .reshape(-1, width)
+    )
+    fits = all(abs(v) < K.LIMIT for v in values)
+    assert K.low_words_bound(words) == (max((abs(v) for v in values), default=0) if fits else -1)
+    small = np.array([v for v in values if abs(v) < K.LIMIT], dtype=np.int64)
+    out = np.full((len(small), width), 7, dtype=np.int64)
+    K.write_words(small, out)
+    back = [sum(int(w) % 2**64 << (64 * k) for k, w in enumerate(row)) for row in out]
+    assert [b - (1 << 64 * width) if b >> (64 * width - 1) else b for b in back] == small.tolist()
