@@ -37,11 +37,11 @@ from extagg.errors import (
 )
 
 if TYPE_CHECKING:
-    from extagg.columnar.api import aggregate
     from extagg.columnar.hash_aggregator import HashAggregator
     from extagg.generic.aggregator import Aggregator
     from extagg.generic.external_map import ExternalAppendOnlyMap
     from extagg.hashing import stable_hash
+    from extagg.io.expressions import aggregate
     from extagg.io.run import aggregate_files
     from extagg.metrics import RunMetrics, SpillMetrics, run_metrics
     from extagg.spillable import Spillable
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
 #: public name -> the module that defines it (imported on first use)
 _LAZY = {
-    "aggregate": "extagg.columnar.api",
+    "aggregate": "extagg.io.expressions",
     "HashAggregator": "extagg.columnar.hash_aggregator",
     "Aggregator": "extagg.generic.aggregator",
     "ExternalAppendOnlyMap": "extagg.generic.external_map",

@@ -25,11 +25,15 @@ from extagg._input_paths import output_directory_problem, output_is_an_input, ou
 from extagg._interrupts import latched_interrupts, raise_if_interrupted
 from extagg._sysinfo import current_rss, peak_rss
 from extagg.errors import (
-    ExpressionError,
-    ExpressionOverflowError,
     MemoryLimitError,
     OutputError,
     QueryError,
+)
+from extagg.io.expressions import (
+    AggregateArguments,
+    ComputedColumn,
+    computed_aggs,
+    with_computed,
 )
 from extagg.io.inputs import (
     TEXT_BLOCKS_AHEAD,
@@ -44,9 +48,7 @@ from extagg.io.output import ResultWriter
 from extagg.io.output import output_format as pick_output_format
 from extagg.io.where import (
     ParsedExpression,
-    eager_cast,
     parse_expression,
-    shared_subexpressions,
 )
 from extagg.memory import MemoryConsumer
 from extagg.memory.sizing import MEMORY_ENV
@@ -222,12 +224,8 @@ class FileQuery:
 
     def _with_computed(self, batch: Any) -> Any:
         """``batch`` (or an empty table) with the computed keys and aggregate arguments
-        appended (see :class:`ComputedColumn`)."""
-        with shared_subexpressions():  # of one batch: appending makes another
-            values = [column.values(batch) for column in self.computed]
-        for column, array in zip(self.computed, values, strict=True):
-            batch = batch.append_column(column.name, array)
-        return batch
+        appended (see :class:`~extagg.io.expressions.ComputedColumn`)."""
+        return with_computed(batch, self.computed)
 
     def _sync(self, agg: Any, started: float, final: bool = False) -> None:
         m = self.metrics
@@ -513,133 +511,6 @@ def _parse_where(text: str | None) -> ParsedExpression | None:
     return parse_expression(str(text))
 
 
-class ComputedColumn:
-    """An aggregate's argument that is an expression over the input's columns (``sum(price *
-    (1 - discount))``, DuckDB's and Spark's ``SUM(expr)``): computed for every batch by the
-    ``--where`` grammar's eager kernels and aggregated as a column named by its text. A 256-bit
-    decimal (a product past 38 digits of precision) is narrowed to ``decimal(38, scale)``,
-    which the aggregates take; a value past 38 digits there is an error naming the aggregate."""
-
-    def __init__(
-        self, text: str, name: str, parsed: ParsedExpression, typ: pa.DataType, key: bool = False
-    ) -> None:
-        self.text = text
-        #: a key (``--by 'year(d)'``): the result's column, named as given
-        self.key = key
-        #: the column's name in the batches: its text in parentheses, which no input column
-        #: read beside it has (the input may have one named as the text: ``a-b``)
-        self.name = name
-        self.parsed = parsed
-        self.type = typ
-        wide = pa.types.is_decimal256(typ) and typ.scale <= 38
-        self.narrowed = pa.decimal128(38, typ.scale) if wide else None
-
-    def values(self, batch: Any) -> Any:
-        """The expression's values for the rows of ``batch`` (a record batch or a table).
-        Arrow's errors on the values (a decimal past 38 digits) are a runtime
-        :class:`~extagg.errors.ExpressionOverflowError` naming the expression, not a read
-        error of the file."""
-        try:
-            return self._values(batch)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-            raise ExpressionOverflowError(
-                f"computing {self.text!r} failed on a batch's values: {exc}", self.text, 0
-            ) from None
-
-    def _values(self, batch: Any) -> Any:
-        assert self.parsed.evaluate_values is not None
-        out = self.parsed.evaluate_values(batch)
-        to_arrow = getattr(out, "to_arrow", None)
-        if to_arrow is not None:  # a decimal's 64-bit values: written once, narrowed already
-            return to_arrow(self.narrowed)
-        if isinstance(out, pa.Scalar):  # no column in it (``sum(1)``)
-            out = pa.repeat(out, batch.num_rows)
-        if isinstance(batch, pa.RecordBatch) and isinstance(out, pa.ChunkedArray):
-            out = out.combine_chunks()
-        if self.narrowed is not None:
-            try:
-                out = eager_cast(out, self.narrowed)
-            except pa.ArrowInvalid:
-                raise ExpressionOverflowError(
-                    f"the values of {self.text!r} pass 38 decimal digits ({self.type}); "
-                    "cast a column to double in the expression's place, or aggregate fewer "
-                    "digits", self.text, 0,
-                ) from None  # fmt: skip
-        return out
-
-
-class _AggregateArguments:
-    """What the query reads from the input: the keys and the aggregates' arguments, each a
-    plain column or an expression (:class:`ComputedColumn`) — an unquoted text that is not a
-    plain name (``--by 'year(l_shipdate)'``, ``sum(price * (1 - discount))``). One that reads
-    a column the input does not have is taken for a column of its very name (a CSV header
-    ``unit-price``); quoted (``sum("a-b")``) it is always one."""
-
-    def __init__(self, keys: Sequence[str], asked: Mapping[str, Any]) -> None:
-        from extagg._names import ColumnName, ExpressionText, is_plain_name
-
-        self.columns: list[str] = []
-        self.parsed: dict[str, ParsedExpression] = {}
-        #: unquoted arguments that do not parse: columns of that name, or this error
-        self.syntax: dict[str, ExpressionError] = {}
-        #: the expressions that are keys (their columns are named by their text: the result's)
-        self.keys = {k for k in keys if not isinstance(k, ColumnName) and not is_plain_name(k)}
-        args = [s[0] if isinstance(s, (tuple, list)) and s else None for s in asked.values()]
-        #: the expressions that are aggregates' arguments (columns named ``(text)``)
-        self.arguments = {
-            a for a in args
-            if isinstance(a, str) and not isinstance(a, ColumnName) and not is_plain_name(a)
-        }  # fmt: skip
-        for col in [*keys, *args]:
-            if not isinstance(col, str):
-                continue
-            if isinstance(col, ColumnName) or is_plain_name(col):
-                if col not in self.columns:
-                    self.columns.append(str(col))
-                continue
-            if col in self.parsed or col in self.syntax:
-                continue
-            try:
-                self.parsed[col] = parse_expression(col)
-            except ExpressionError as exc:
-                self.columns.append(col)
-                if isinstance(col, ExpressionText):
-                    self.syntax[col] = exc
-
-    def needed(self) -> list[str]:
-        """The input columns the aggregates read."""
-        read = [c for c in self.columns if c != "*"]
-        for parsed in self.parsed.values():
-            read.extend(parsed.columns)
-        return list(dict.fromkeys(read))
-
-    def take_as_columns(self, missing: str) -> list[str]:
-        """The expressions that read ``missing`` (a column the input lacks) become columns of
-        their text; those texts."""
-        texts = [t for t, p in self.parsed.items() if missing in p.columns]
-        for text in texts:
-            del self.parsed[text]
-            self.columns.append(text)
-        return texts
-
-    def computed(self, schema: pa.Schema) -> list[ComputedColumn]:
-        """The expressions fitted to the input's types (an operator whose operands do not fit:
-        an ``ExpressionError`` at it)."""
-        out = []
-        taken = set(schema.names)
-        for text, parsed in self.parsed.items():
-            typ = parsed.bind_value(schema)
-            if text in self.keys:  # the result's key column, named as the key was given
-                out.append(ComputedColumn(text, text, parsed, typ, key=True))
-            if text in self.arguments:
-                name = f"({text})"
-                while name in taken:
-                    name = f"({name})"
-                taken.add(name)
-                out.append(ComputedColumn(text, name, parsed, typ))
-        return out
-
-
 #: the keyword options of :func:`aggregate_files` that shape the scan and the aggregation
 SCAN_OPTIONS = (
     "format", "delimiter", "column_types", "schema", "header", "batch_rows", "spill_dirs",
@@ -718,7 +589,7 @@ def plan_query(
             raise QueryError(str(exc)) from None
     where_expr = _parse_where(where)
     having_expr = _parse_where(having)
-    arguments = _AggregateArguments(keys, asked)
+    arguments = AggregateArguments(keys, asked)
     types = {}
     if isinstance(column_types, str):  # as --column-types gives them: "a=int64,b=string"
         from extagg.io.inputs import parse_column_types
@@ -791,17 +662,7 @@ def plan_query(
                 )
     kept_aggs = asked if asked is NO_AGGREGATES else dict(asked)  # NO_AGGREGATES by identity
     if computed:  # the aggregates read the computed columns by their names
-        from extagg._names import ColumnName
-
-        named = {c.text: c.name for c in computed if not c.key}
-        kept_aggs = {
-            out: (named[spec[0]], *spec[1:])
-            if isinstance(spec, (tuple, list))
-            and spec[0] in named
-            and not isinstance(spec[0], ColumnName)
-            else spec
-            for out, spec in kept_aggs.items()
-        }
+        kept_aggs = computed_aggs(kept_aggs, computed)
     return FileQuery(
         scan, keys, kept_aggs, having_expr, memory, memory_manager, spill_dirs, sort, threads,
         computed,

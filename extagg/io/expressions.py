@@ -1,0 +1,338 @@
+"""Keys and aggregate arguments that are expressions over the input's columns —
+``--by 'year(l_shipdate)'``, ``sum(l_extendedprice * (1 - l_discount))``, as DuckDB's and
+Spark's ``GROUP BY expr`` and ``SUM(expr)`` — computed for each batch as columns the engine
+aggregates; and :func:`aggregate`, :func:`extagg.columnar.aggregate` with them, on Arrow data
+in memory (:func:`extagg.aggregate_files` plans its own for files).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from extagg.errors import ExpressionError, ExpressionOverflowError, QueryError
+from extagg.io.where import ParsedExpression, eager_cast, parse_expression, shared_subexpressions
+
+__all__ = ["AggregateArguments", "ComputedColumn", "aggregate", "with_computed"]
+
+
+class ComputedColumn:
+    """An aggregate's argument that is an expression over the input's columns (``sum(price *
+    (1 - discount))``, DuckDB's and Spark's ``SUM(expr)``): computed for every batch by the
+    ``--where`` grammar's eager kernels and aggregated as a column named by its text. A 256-bit
+    decimal (a product past 38 digits of precision) is narrowed to ``decimal(38, scale)``,
+    which the aggregates take; a value past 38 digits there is an error naming the aggregate."""
+
+    def __init__(
+        self, text: str, name: str, parsed: ParsedExpression, typ: pa.DataType, key: bool = False
+    ) -> None:
+        self.text = text
+        #: a key (``--by 'year(d)'``): the result's column, named as given
+        self.key = key
+        #: the column's name in the batches: its text in parentheses, which no input column
+        #: read beside it has (the input may have one named as the text: ``a-b``)
+        self.name = name
+        self.parsed = parsed
+        self.type = typ
+        wide = pa.types.is_decimal256(typ) and typ.scale <= 38
+        self.narrowed = pa.decimal128(38, typ.scale) if wide else None
+
+    def values(self, batch: Any) -> Any:
+        """The expression's values for the rows of ``batch`` (a record batch or a table).
+        Arrow's errors on the values (a decimal past 38 digits) are a runtime
+        :class:`~extagg.errors.ExpressionOverflowError` naming the expression, not a read
+        error of the file."""
+        try:
+            return self._values(batch)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            raise ExpressionOverflowError(
+                f"computing {self.text!r} failed on a batch's values: {exc}", self.text, 0
+            ) from None
+
+    def _values(self, batch: Any) -> Any:
+        assert self.parsed.evaluate_values is not None
+        out = self.parsed.evaluate_values(batch)
+        to_arrow = getattr(out, "to_arrow", None)
+        if to_arrow is not None:  # a decimal's 64-bit values: written once, narrowed already
+            return to_arrow(self.narrowed)
+        if isinstance(out, pa.Scalar):  # no column in it (``sum(1)``)
+            out = pa.repeat(out, batch.num_rows)
+        if isinstance(batch, pa.RecordBatch) and isinstance(out, pa.ChunkedArray):
+            out = out.combine_chunks()
+        if self.narrowed is not None:
+            try:
+                out = eager_cast(out, self.narrowed)
+            except pa.ArrowInvalid:
+                raise ExpressionOverflowError(
+                    f"the values of {self.text!r} pass 38 decimal digits ({self.type}); "
+                    "cast a column to double in the expression's place, or aggregate fewer "
+                    "digits", self.text, 0,
+                ) from None  # fmt: skip
+        return out
+
+
+class AggregateArguments:
+    """What the query reads from the input: the keys and the aggregates' arguments, each a
+    plain column or an expression (:class:`ComputedColumn`) — an unquoted text that is not a
+    plain name (``--by 'year(l_shipdate)'``, ``sum(price * (1 - discount))``). One that reads
+    a column the input does not have is taken for a column of its very name (a CSV header
+    ``unit-price``); quoted (``sum("a-b")``) it is always one."""
+
+    def __init__(self, keys: Sequence[str], asked: Mapping[str, Any]) -> None:
+        from extagg._names import ColumnName, ExpressionText, is_plain_name
+
+        self.columns: list[str] = []
+        self.parsed: dict[str, ParsedExpression] = {}
+        #: unquoted arguments that do not parse: columns of that name, or this error
+        self.syntax: dict[str, ExpressionError] = {}
+        #: the expressions that are keys (their columns are named by their text: the result's)
+        self.keys = {k for k in keys if not isinstance(k, ColumnName) and not is_plain_name(k)}
+        args = [s[0] if isinstance(s, (tuple, list)) and s else None for s in asked.values()]
+        #: the expressions that are aggregates' arguments (columns named ``(text)``)
+        self.arguments = {
+            a for a in args
+            if isinstance(a, str) and not isinstance(a, ColumnName) and not is_plain_name(a)
+        }  # fmt: skip
+        for col in [*keys, *args]:
+            if not isinstance(col, str):
+                continue
+            if isinstance(col, ColumnName) or is_plain_name(col):
+                if col not in self.columns:
+                    self.columns.append(str(col))
+                continue
+            if col in self.parsed or col in self.syntax:
+                continue
+            try:
+                self.parsed[col] = parse_expression(col)
+            except ExpressionError as exc:
+                self.columns.append(col)
+                if isinstance(col, ExpressionText):
+                    self.syntax[col] = exc
+
+    def needed(self) -> list[str]:
+        """The input columns the aggregates read."""
+        read = [c for c in self.columns if c != "*"]
+        for parsed in self.parsed.values():
+            read.extend(parsed.columns)
+        return list(dict.fromkeys(read))
+
+    def take_as_column(self, text: str) -> None:
+        """The expression ``text`` is a column of that name."""
+        del self.parsed[text]
+        self.columns.append(text)
+
+    def take_as_columns(self, missing: str) -> list[str]:
+        """The expressions that read ``missing`` (a column the input lacks) become columns of
+        their text; those texts."""
+        texts = [t for t, p in self.parsed.items() if missing in p.columns]
+        for text in texts:
+            del self.parsed[text]
+            self.columns.append(text)
+        return texts
+
+    def computed(self, schema: pa.Schema) -> list[ComputedColumn]:
+        """The expressions fitted to the input's types (an operator whose operands do not fit:
+        an ``ExpressionError`` at it)."""
+        out = []
+        taken = set(schema.names)
+        for text, parsed in self.parsed.items():
+            typ = parsed.bind_value(schema)
+            if text in self.keys:  # the result's key column, named as the key was given
+                out.append(ComputedColumn(text, text, parsed, typ, key=True))
+            if text in self.arguments:
+                name = f"({text})"
+                while name in taken:
+                    name = f"({name})"
+                taken.add(name)
+                out.append(ComputedColumn(text, name, parsed, typ))
+        return out
+
+
+def with_computed(batch: Any, computed: Sequence[ComputedColumn]) -> Any:
+    """``batch`` (a record batch or a table) with the computed keys and aggregate arguments
+    appended (see :class:`ComputedColumn`)."""
+    with shared_subexpressions():  # of one batch: appending makes another
+        values = [column.values(batch) for column in computed]
+    for column, array in zip(computed, values, strict=True):
+        batch = batch.append_column(column.name, array)
+    return batch
+
+
+def computed_aggs(
+    asked: Mapping[str, Any], computed: Sequence[ComputedColumn]
+) -> Mapping[str, Any]:
+    """``asked`` with each expression argument replaced by its computed column's name."""
+    from extagg._names import ColumnName
+
+    named = {c.text: c.name for c in computed if not c.key}
+    return {
+        out: (named[spec[0]], *spec[1:])
+        if isinstance(spec, (tuple, list))
+        and spec[0] in named
+        and not isinstance(spec[0], ColumnName)
+        else spec
+        for out, spec in asked.items()
+    }
+
+
+def aggregate(
+    source: Any,
+    keys: str | Sequence[str],
+    aggs: Mapping[str, tuple[str, str]] | Sequence[str] | str,
+    *,
+    progress: bool | Callable[..., None] = False,
+    **options: Any,
+) -> pa.Table:
+    """Group ``source`` by ``keys`` and compute ``aggs`` in one call; returns a ``pyarrow.Table``.
+
+    :func:`extagg.columnar.aggregate` (the same parameters, result and errors), whose keys
+    and aggregates' arguments may also be expressions over the input's columns, in the
+    grammar of ``extagg aggregate --where`` (docs/files.md): ``aggregate(t, "year(d)",
+    {"rev": ("price * (1 - disc)", "sum")})``, or ``["rev=sum(price * (1 - disc))"]``. A
+    key expression's result column is named by its text. A text that is a column of the
+    input is that column (``unit-price``), whatever it would parse as.
+
+    Parameters
+    ----------
+    source
+        One batch (pyarrow ``RecordBatch`` or ``Table``, pandas ``DataFrame``, dict of NumPy
+        arrays), a ``pyarrow.RecordBatchReader``, a ``pyarrow.dataset.Dataset`` (scanned with
+        only the columns the query reads), an object that exports Arrow data by its PyCapsule
+        interface (a Polars ``DataFrame``, a DuckDB relation), or an iterable of batches (read
+        lazily). With expressions, pandas and dicts are converted with ``pyarrow``.
+    keys
+        Grouping column names or expressions.
+    aggs
+        Output name → ``(column or expression, function)``; ``("*", "count")`` counts rows.
+        Or the ``extagg aggregate --agg`` texts: ``["n=count(*)", "total=sum(amount)"]``.
+    progress
+        ``True`` shows a bar of rows folded on stderr; a callable gets the live
+        :class:`~extagg.metrics.SpillMetrics` after every batch.
+    **options
+        Passed to :class:`~extagg.HashAggregator` (``memory``, ``memory_manager``,
+        ``spill_dirs``, ``threads``, ...).
+
+    Returns
+    -------
+    pyarrow.Table
+        Key columns then one column per aggregate, rows in key-hash order; the run's metrics
+        in its schema metadata (``extagg.run_metrics(table)``).
+
+    Raises
+    ------
+    ValueError, TypeError, OverflowError
+        As :func:`extagg.columnar.aggregate`; :class:`~extagg.errors.QueryError` (a
+        ``ValueError``) for an expression that reads a column the input lacks (the available
+        ones, the closest), :class:`~extagg.errors.ExpressionError` for operands that do not
+        fit their operator, :class:`~extagg.errors.ExpressionOverflowError` for a value past
+        its type (a decimal past 38 digits).
+
+    Examples
+    --------
+    >>> import pyarrow as pa
+    >>> t = pa.table({"k": ["a", "b", "a"], "p": [10.0, 20.0, 30.0], "d": [0.5, 0.0, 0.1]})
+    >>> out = aggregate(t, "k", ["rev=sum(p * (1 - d))", "n=count(*)"])
+    >>> sorted(out.to_pylist(), key=lambda r: r["k"])
+    [{'k': 'a', 'rev': 32.0, 'n': 2}, {'k': 'b', 'rev': 20.0, 'n': 1}]
+    """
+    from extagg.columnar.api import aggregate as aggregate_columns
+    from extagg.columnar.functions import NO_AGGREGATES, agg_mapping
+
+    asked = agg_mapping(aggs)
+    key_list = [keys] if isinstance(keys, str) else list(keys)
+    arguments = AggregateArguments(key_list, {} if asked is NO_AGGREGATES else asked)
+    if not arguments.parsed:
+        return aggregate_columns(source, keys, aggs, progress=progress, **options)
+    schema, batches = _arrow_batches(source, arguments)
+    for text, parsed in list(arguments.parsed.items()):
+        if text in schema.names:  # a column named like an expression (``unit-price``)
+            arguments.take_as_column(text)
+            continue
+        missing = [c for c in parsed.columns if c not in schema.names]
+        if missing:
+            raise _unknown(missing[0], schema.names, f"in {text!r}")
+    if not arguments.parsed:
+        reader = pa.RecordBatchReader.from_batches(schema, batches)  # the types, even of none
+        return aggregate_columns(reader, keys, aggs, progress=progress, **options)
+    for text, error in arguments.syntax.items():
+        if text not in schema.names:
+            raise _unknown(
+                text, schema.names,
+                f"(read as an expression, it fails: {error.reason} at position {error.position})",
+            )  # fmt: skip
+    computed = arguments.computed(schema)
+    out = aggregate_columns(
+        (with_computed(batch, computed) for batch in batches),
+        keys,
+        computed_aggs(asked, computed) if asked is not NO_AGGREGATES else asked,
+        progress=progress,
+        **options,
+    )
+    return out
+
+
+def _unknown(name: str, available: Sequence[str], where: str) -> QueryError:
+    from extagg.io.inputs import unknown_column
+
+    error = unknown_column(name, available)
+    error.args = (f"{error.args[0]} {where}",)
+    return error
+
+
+def _arrow_batches(
+    source: Any, arguments: AggregateArguments
+) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    """``source`` as its schema and its record batches (a dataset scanned for the columns
+    the query reads; pandas and dicts converted), read lazily."""
+    from extagg.columnar.columns import arrow_stream, is_batch, is_dataset
+
+    stream = arrow_stream(source)
+    if stream is not None:
+        source = stream
+    if is_dataset(source):
+        names = source.schema.names
+        read = [c for c in arguments.needed() if c in names]
+        source = source.scanner(columns=read).to_reader()
+    if isinstance(source, pa.RecordBatchReader):
+        return source.schema, iter(source)
+    if is_batch(source):
+        table = _as_arrow(source)
+        return table.schema, iter(table.to_batches())
+    try:
+        items: Iterable[Any] = iter(source)
+    except TypeError:
+        raise TypeError(
+            "aggregate()'s source must be a pyarrow RecordBatch, Table, RecordBatchReader or "
+            "Dataset, a pandas DataFrame, a dict of NumPy arrays, or an iterable of them; not "
+            f"{type(source).__module__}.{type(source).__qualname__}"
+        ) from None
+    converted = (_as_arrow(item) for item in items)
+    first = next(converted, None)
+    if first is None:
+        raise QueryError("aggregate() with expressions needs at least one batch (their types)")
+    return first.schema, _record_batches(first, converted)
+
+
+def _record_batches(first: pa.Table, rest: Iterator[pa.Table]) -> Iterator[pa.RecordBatch]:
+    yield from first.to_batches()
+    for table in rest:
+        yield from table.to_batches()
+
+
+def _as_arrow(obj: Any) -> pa.Table:
+    """One batch as an Arrow table: pandas through ``pyarrow.Table.from_pandas`` (no index),
+    a dict of arrays through ``pyarrow.table``."""
+    if isinstance(obj, pa.Table):
+        return obj
+    if isinstance(obj, pa.RecordBatch):
+        return pa.Table.from_batches([obj])
+    if isinstance(obj, Mapping):
+        return pa.table(dict(obj))
+    if type(obj).__name__ == "DataFrame" and hasattr(obj, "columns"):
+        return pa.Table.from_pandas(obj, preserve_index=False)
+    raise TypeError(
+        f"aggregate() with expressions reads Arrow data; not {type(obj).__module__}."
+        f"{type(obj).__qualname__}"
+    )
