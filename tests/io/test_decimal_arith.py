@@ -241,3 +241,22 @@ def test_the_bound_and_word_kernels_against_python(values, width):
     K.write_words(small, out)
     back = [sum(int(w) % 2**64 << (64 * k) for k, w in enumerate(row)) for row in out]
     assert [b - (1 << 64 * width) if b >> (64 * width - 1) else b for b in back] == small.tolist()
+
+
+def test_what_null_rows_hold_does_not_matter():
+    """A null row's words may hold anything (Arrow does not zero them): a large value there
+    neither fails the narrow result type nor shows in the result."""
+    import numpy as np
+
+    from extagg.io.where import parse_expression
+
+    words = np.array([[125, 0], [10**15, 0], [-250, -1]], dtype=np.int64)
+    valid = pa.array([True, False, True]).buffers()[1]
+    column = pa.Array.from_buffers(
+        pa.decimal128(3, 2), 3, [valid, pa.py_buffer(words.tobytes())], null_count=1
+    )
+    batch = pa.record_batch({"d": column})
+    parsed = parse_expression("1 - d * 2")
+    assert parsed.bind_value(batch.schema) == pa.decimal128(6, 2)
+    assert parsed.evaluate is not None
+    assert parsed.evaluate(batch).to_pylist() == [Decimal("-1.50"), None, Decimal("6.00")]
