@@ -467,6 +467,9 @@ class _Parser:
         the truncated division, with the dividend's sign); floats compare with NaN equal to
         itself and above every other number (Arrow follows IEEE: ``x != x`` kept NaN rows, ``x > 5``
         dropped them, and ``max`` puts NaN last)."""
+        months = self._calendar_interval(func, left, right, at)
+        if months is not None:
+            return months
         if self._empty is None:
             return self.call(func, left, right, at=at)
         left_type, right_type = self.type_of(left), self.type_of(right)
@@ -663,6 +666,50 @@ class _Parser:
             opposite = pc.less_equal if func is pc.greater else pc.less
             return lambda b: pc.invert(opposite(column(b), literal.value))
         return lambda b: func(column(b), literal.value)
+
+    def _calendar_interval(
+        self, func: Callable[..., Any], left: pc.Expression, right: pc.Expression, at: _Tok
+    ) -> pc.Expression | None:
+        """``date '1994-01-01' + interval '1' year`` (TPC-H's form): a date or timestamp
+        literal plus or minus an interval of months, as the timestamp DuckDB gives; ``None``
+        when no operand is such an interval. Months beside anything else (a column: Arrow has
+        no calendar arithmetic) are a usage error at the operator."""
+        fns = self.fn(left), self.fn(right)
+        kinds = [
+            isinstance(f, _Constant) and pa.types.is_interval(f.value.type) for f in fns
+        ]  # fmt: skip
+        if not any(kinds):
+            return None
+        if func is pc.add_checked and kinds[0] and not kinds[1]:
+            fns, kinds = (fns[1], fns[0]), [False, True]
+        when = fns[0]
+        usage = (
+            f"{at.text!r}: an interval of months or years goes after a date or timestamp "
+            "literal (date '1994-01-01' + interval '1' year); beside a column, give the length "
+            "in days (interval '30 days')"
+        )
+        if (
+            kinds[0]
+            or func not in (pc.add_checked, pc.subtract_checked)
+            or not isinstance(when, _Constant)
+            or not (pa.types.is_date(when.value.type) or pa.types.is_timestamp(when.value.type))
+        ):
+            raise ExpressionError(usage, self.text, at.pos)
+        start = when.value.as_py()
+        if start is None:
+            return self.constant(pa.scalar(None, pa.timestamp("us")))
+        interval = fns[1].value.as_py()  # type: ignore[attr-defined]
+        sign = 1 if func is pc.add_checked else -1
+        if not isinstance(start, dt.datetime):
+            start = dt.datetime.combine(start, dt.time())
+        try:
+            moved = add_months(start, sign * interval.months) + sign * dt.timedelta(
+                days=interval.days, microseconds=interval.nanoseconds // 1000
+            )
+        except (ValueError, OverflowError) as exc:
+            raise ExpressionError(str(exc), self.text, at.pos) from None
+        zone = getattr(when.value.type, "tz", None)
+        return self.constant(pa.scalar(moved, pa.timestamp("us", tz=zone)))
 
     def _as_decimal256(self, expr: pc.Expression) -> pc.Expression:
         """A decimal operand as a 256-bit decimal of its precision and scale."""
@@ -1152,18 +1199,30 @@ class _Parser:
         if word == "interval":
             self.i += 1
             lit = self.tok
-            if lit.kind == "number" and self.toks[self.i + 1].kind == "name":
+            after = self.toks[self.i + 1]
+            unit = after.kind == "name" and (
+                after.word in _INTERVAL_UNITS or after.word in _MONTH_UNITS
+            )
+            if lit.kind == "number" and after.kind == "name":
                 self.i += 2
-                text = f"{lit.text} {self.toks[self.i - 1].text}"
+                text = f"{lit.text} {after.text}"
+            elif lit.kind == "string" and unit:  # interval '1' year, as TPC-H writes it
+                self.i += 2
+                text = f"{lit.text[1:-1]} {after.text}"
             elif lit.kind == "string":
                 self.i += 1
                 text = lit.text[1:-1]
             else:
                 raise self.error("expected a quoted length after 'interval' ('1 day 2 hours')")
             try:
-                return pa.scalar(interval_micros(text), pa.duration("us"))
+                months, micros = interval_parts(text)
             except ValueError as exc:
                 raise ExpressionError(str(exc), self.text, lit.pos) from None
+            if months:  # calendar months: added to a date or timestamp literal (binary)
+                return pa.scalar(
+                    pa.MonthDayNano([months, 0, micros * 1000]), pa.month_day_nano_interval()
+                )
+            return pa.scalar(micros, pa.duration("us"))
         if word in ("date", "timestamp"):
             self.i += 1
             lit = self.tok
@@ -1203,31 +1262,46 @@ def interval_micros(text: str) -> int:
     """The microseconds of an interval's text, as DuckDB and Postgres write one: parts of a
     number and a unit (``1 day 2 hours``, ``90 minutes``, ``1.5 h``, ``-3 days``), then
     optionally a clock (``1 day 02:30:00``, ``00:00:01.5``). Months and years have no fixed
-    length and are refused, as is a length past a microsecond's precision."""
+    length and are refused here (see :func:`interval_parts`), as is a length past a
+    microsecond's precision."""
+    months, micros = interval_parts(text)
+    if months:
+        raise ValueError(
+            f"interval {text!r}: months and years have no fixed length; here the length is "
+            "given in days (interval '30 days')"
+        )
+    return micros
+
+
+def interval_parts(text: str) -> tuple[int, int]:
+    """An interval's text as (whole months, microseconds): :func:`interval_micros`' forms,
+    and months and years (``1 year``, ``3 months``, ``1 year 2 days``), which a date or a
+    timestamp literal adds as calendar months (``date '1994-01-31' + interval '1 month'`` is
+    February's last day), as DuckDB does."""
     rest, total, seen = text.strip().lower(), Decimal(0), False
+    months = Decimal(0)
     while rest:
         m = _INTERVAL_PART.match(rest)
         if m is None:
             break
         unit = _INTERVAL_UNITS.get(m.group(2))
-        if unit is None:
-            if m.group(2).rstrip("s") in ("month", "mon", "year", "yr", "decade", "century"):
-                raise ValueError(
-                    f"interval {text!r}: months and years have no fixed length here; give the "
-                    "length in days (interval '30 days')"
-                )
+        month_unit = _MONTH_UNITS.get(m.group(2))
+        if unit is None and month_unit is None:
             raise ValueError(
                 f"interval {text!r}: unknown unit {m.group(2)!r} (use microseconds, "
-                "milliseconds, seconds, minutes, hours, days or weeks)"
+                "milliseconds, seconds, minutes, hours, days, weeks, months or years)"
             )
-        total += Decimal(m.group(1)) * unit
+        if month_unit is not None:
+            months += Decimal(m.group(1)) * month_unit
+        else:
+            total += Decimal(m.group(1)) * unit  # type: ignore[operator]
         rest, seen = rest[m.end() :].lstrip(), True
     if rest:
         clock = _INTERVAL_CLOCK.fullmatch(rest)
         if clock is None:
             raise ValueError(
                 f"interval {text!r} is not a length of time ('1 day 2 hours', '90 minutes', "
-                "'01:30:00')"
+                "'01:30:00', '1 year')"
             )
         sign, hours, minutes, seconds = clock.groups()
         length = (
@@ -1239,7 +1313,32 @@ def interval_micros(text: str) -> int:
         raise ValueError(f"interval {text!r} is empty")
     if total != total.to_integral_value():
         raise ValueError(f"interval {text!r} is finer than a microsecond")
-    return int(total)
+    if months != months.to_integral_value():
+        raise ValueError(f"interval {text!r}: months and years are counted whole")
+    return int(months), int(total)
+
+
+#: the months of each calendar unit an interval's text may give
+_MONTH_UNITS = {
+    **dict.fromkeys(("month", "months", "mon", "mons"), 1),
+    **dict.fromkeys(("year", "years", "yr", "yrs", "y"), 12),
+    **dict.fromkeys(("decade", "decades"), 120),
+    **dict.fromkeys(("century", "centuries"), 1200),
+}
+
+
+def add_months(when: dt.date, months: int) -> dt.date:
+    """``when`` (a date or a datetime) ``months`` calendar months later (earlier if negative),
+    its day kept or, past the new month's end, that end (``2024-01-31`` + 1: ``2024-02-29``),
+    as DuckDB, Postgres and Spark's ``add_months``."""
+    import calendar
+
+    total = when.year * 12 + when.month - 1 + months
+    year, month = divmod(total, 12)
+    if not dt.MINYEAR <= year <= dt.MAXYEAR:
+        raise ValueError(f"{when} + {months} months is past the years a date may have")
+    day = min(when.day, calendar.monthrange(year, month + 1)[1])
+    return when.replace(year=year, month=month + 1, day=day)
 
 
 def _read_as(value: str | pa.Scalar, typ: pa.DataType) -> pa.Scalar | None:
