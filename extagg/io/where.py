@@ -14,14 +14,16 @@ Grammar (keywords are case-insensitive)::
     product   := unary (("*" | "/") unary)*
     unary     := "-" unary | atom
     atom      := number | 'string' | date 'YYYY-MM-DD' | timestamp 'YYYY-MM-DD HH:MM:SS'
-               | interval '1 day 2 hours' | interval number unit
+               | interval '1 day 2 hours' | interval number unit | interval '1' year
                | true | false | null | column | "quoted column" | `quoted column` | "(" expr ")"
                | function "(" [expr ("," expr)*] ")"
+               | case [sum] (when expr then expr)+ [else expr] end
 
 ``function`` is one of :data:`FUNCTIONS` (DuckDB's names: ``year(d)``, ``lower(s)``,
 ``starts_with(s, 'x')``, ``regexp_matches(s, 're')``, ``substr(s, 2, 3)``, ``round(x, 2)``,
-``coalesce(a, b)``, ``date_trunc('month', d)``, ``strftime(d, '%Y-%m')``, ...); their
-patterns, units, formats, positions and digit counts are literals.
+``coalesce(a, b)``, ``if(c, a, b)``, ``date_trunc('month', d)``, ``strftime(d, '%Y-%m')``,
+...); their patterns, units, formats, positions and digit counts are literals. ``case``
+(searched, or ``case x when a``) and ``if`` give the first true branch's value (SQL's).
 
 ``cmp`` is one of ``= == != <> < <= > >=``; a ``like`` pattern takes SQL's ``%`` (any
 characters) and ``_`` (one character), ``ilike`` ignores case; ``\\%``, ``\\_`` and ``\\\\``
@@ -1055,6 +1057,8 @@ class _Parser:
             self.i += 1
             name = tok.text[1:-1].replace('""', '"') if tok.text[0] == '"' else tok.text[1:-1]
             return self.column(name, tok.pos)
+        if tok.word == "case" and self._starts_case():
+            return self.case()
         if (
             tok.kind == "name"
             and tok.word not in _KEYWORDS
@@ -1113,6 +1117,8 @@ class _Parser:
             )  # fmt: skip
         if kind == "coalesce":
             return self.call(pc.coalesce, *args, at=at)
+        if kind == "if":
+            return self._case([(args[0], args[1])], args[2], at)
         if kind == "pattern":
             return self.call(_PATTERN_FUNCTIONS[name], args[0], at=at, pattern=literals[0])
         if kind == "format":
@@ -1153,6 +1159,104 @@ class _Parser:
             return value
         what = "a quoted text" if text else "a whole number"
         raise ExpressionError(f"{name}() takes {what} here", self.text, tok.pos)
+
+    def _starts_case(self) -> bool:
+        """Whether the ``case`` at the cursor starts a ``case`` expression: ``when`` follows,
+        or (``case x when ...``) a value does; before an operator, a comma, a parenthesis or
+        the end it is a column named ``case``."""
+        after = self.toks[self.i + 1]
+        return after.word == "when" or not (
+            after.kind == "end" or (after.kind == "op" and after.text != "(")
+        )
+
+    def case(self) -> pc.Expression:
+        """``case when c then v [when ...] [else e] end``, or ``case x when a then v ...
+        end`` (``x = a``), as in SQL: the value of the first condition that is true (a null
+        one is not), else ``e`` or null; the values' types made alike as ``+`` makes them."""
+        at = self.tok
+        self.i += 1
+        subject = None if self.tok.word == "when" else self.sum_()
+        branches: list[tuple[pc.Expression, pc.Expression]] = []
+        while (when := self.tok) and self.take_word("when"):
+            test = (
+                self.or_() if subject is None else self.binary(pc.equal, subject, self.sum_(), when)
+            )
+            if not self.take_word("then"):
+                raise self.error("expected 'then'")
+            branches.append((test, self.or_()))
+        if not branches:
+            raise self.error("expected 'when'")
+        otherwise = self.or_() if self.take_word("else") else None
+        if not self.take_word("end"):
+            raise self.error("expected 'when', 'else' or 'end'")
+        return self._case(branches, otherwise, at)
+
+    def _case(
+        self,
+        branches: list[tuple[pc.Expression, pc.Expression]],
+        otherwise: pc.Expression | None,
+        at: _Tok,
+    ) -> pc.Expression:
+        """Nested ``if_else`` from the last branch (``if(c, a, b)`` is one branch)."""
+        false = self.constant(pa.scalar(False))
+        result = otherwise if otherwise is not None else self.constant(pa.scalar(None))
+        for test, value in reversed(branches):
+            kind = None if self._empty is None else self.type_of(test)
+            if kind is not None and not (pa.types.is_boolean(kind) or pa.types.is_null(kind)):
+                raise ExpressionError(
+                    f"a condition of {at.text!r} is a value of type {kind}, not a test "
+                    "(compare it: x > 0)", self.text, at.pos,
+                )  # fmt: skip
+            true = self.call(pc.coalesce, self._as_bool(test), false)
+            value, result = self._alike(value, result, at)
+            result = self.call(pc.if_else, true, value, result, at=at)
+        return result
+
+    def _as_bool(self, expr: pc.Expression) -> pc.Expression:
+        """A condition that may be the null literal (``when null then``): a boolean."""
+        if self._empty is not None and pa.types.is_null(self.type_of(expr)):
+            return self.cast(expr, pa.bool_())
+        return expr
+
+    def _alike(
+        self, left: pc.Expression, right: pc.Expression, at: _Tok
+    ) -> tuple[pc.Expression, pc.Expression]:
+        """Two values of one type, as ``+`` and ``coalesce`` make SQL's types alike: an
+        integer beside a decimal a decimal, a decimal or an integer beside a float a float, a
+        null literal the other's type, two integers or two decimals the wider."""
+        if self._empty is None:
+            return left, right
+        lt, rt = self.type_of(left), self.type_of(right)
+        if lt == rt:
+            return left, right
+        if pa.types.is_null(lt):
+            return self.cast(left, rt), right
+        if pa.types.is_null(rt):
+            return left, self.cast(right, lt)
+        if pa.types.is_decimal(lt) and pa.types.is_integer(rt):
+            right = self._as_decimal(right, rt)
+        elif pa.types.is_integer(lt) and pa.types.is_decimal(rt):
+            left = self._as_decimal(left, lt)
+        elif pa.types.is_floating(lt) != pa.types.is_floating(rt) and all(
+            _is_number(t) for t in (lt, rt)
+        ):
+            left, right = self.cast(left, pa.float64()), self.cast(right, pa.float64())
+        lt, rt = self.type_of(left), self.type_of(right)
+        if lt == rt:
+            return left, right
+        try:  # Arrow's common type of the two (int32 and int64, two decimals, two strings)
+            common = pc.if_else(pa.scalar(True), self._empty_of(lt), self._empty_of(rt)).type
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            raise ExpressionError(
+                f"the values of {at.text!r} are of types {lt} and {rt}, which do not mix",
+                self.text, at.pos,
+            ) from None  # fmt: skip
+        return (left if lt == common else self.cast(left, common),
+                right if rt == common else self.cast(right, common))  # fmt: skip
+
+    @staticmethod
+    def _empty_of(typ: pa.DataType) -> pa.Array:
+        return pa.array([], typ)
 
     def _starts_literal(self, word: str) -> bool:
         """Whether the ``date``/``timestamp``/``interval`` at the cursor starts a literal:
@@ -1424,6 +1528,7 @@ FUNCTIONS: dict[str, tuple[str, int, int]] = {
         "second", "lower", "upper", "length", "trim", "ltrim", "rtrim", "abs", "floor", "ceil",
     )},
     "coalesce": ("coalesce", 1, 99),
+    "if": ("if", 3, 3),
     "starts_with": ("pattern", 2, 2), "ends_with": ("pattern", 2, 2),
     "contains": ("pattern", 2, 2), "regexp_matches": ("pattern", 2, 2),
     "substr": ("substr", 2, 3), "substring": ("substr", 2, 3),

@@ -1100,3 +1100,53 @@ def test_months_beside_a_column_are_a_usage_error_at_the_operator():
         parse_expression("d + interval '1 month' > date '1994-01-01'").bind(DATES.schema)
     assert "beside a column, give the length in days" in str(err.value)
     assert err.value.position == 2
+
+
+CASE_EXPRESSIONS = [
+    "case when i > 2 then 1 else 0 end",
+    "case when f > 1 then m else 0 end",  # an integer beside a decimal: a decimal
+    "case when i = 1 then f when i = 2 then i else null end",  # an integer beside a float
+    "case s when 'a' then 'A' when 'it''s' then 'quote' end",  # no else: null
+    "case when b then i end",  # a null condition is not true
+    "if(m > 1, s, 'small')",
+    "if(d > date '1998-09-01', 1, 2) * 10",
+    "case when null then 1 else 2 end",
+]
+
+
+@pytest.mark.parametrize("text", CASE_EXPRESSIONS)
+def test_case_and_if_give_duckdbs_values(text):
+    """``case when ... then ... else ... end`` (searched and simple) and DuckDB's ``if``:
+    conditional aggregates (``sum(case when mode = 'MAIL' then 1 else 0 end)``, TPC-H
+    Q12) were a syntax error. Each row's value is DuckDB's, where DuckDB is installed."""
+    parsed = parse_expression(text)
+    parsed.bind_value(TABLE.schema)
+    assert parsed.evaluate is not None
+    batch = TABLE.combine_chunks().to_batches()[0]
+    got = parsed.evaluate(batch)
+    ours = [got.as_py()] * batch.num_rows if isinstance(got, pa.Scalar) else got.to_pylist()
+    by_expression = ds.dataset(TABLE).to_table(columns={"x": parsed.expression})
+    assert by_expression.column("x").to_pylist() == ours
+    duckdb = pytest.importorskip("duckdb")
+    con = duckdb.connect()
+    con.register("t", TABLE.append_column("rn", pa.array(range(TABLE.num_rows))))
+    theirs = [r[0] for r in con.execute(f"select {text} from t order by rn").fetchall()]
+    assert [float(v) if isinstance(v, Decimal) else v for v in theirs] == [
+        float(v) if isinstance(v, Decimal) else v for v in ours
+    ]
+
+
+def test_case_in_a_filter_and_errors_at_its_words():
+    assert bound_kept("case when i > 2 then s = 'b' else true end") == bound_kept(
+        "i <= 2 or i is null or s = 'b'"  # a null i is not > 2: the else
+    )
+    for text, words in [
+        ("case when i then 1 end = 1", "is a value of type int64, not a test"),
+        ("case when i > 1 then s else 1 end = 'x'", "of types string and int64, which do not mix"),
+        ("case when i > 1 then 1 = 1", "expected 'when', 'else' or 'end'"),
+        ("case i > 1", "expected 'when'"),
+    ]:
+        with pytest.raises(ExpressionError, match=words):
+            parse_expression(text).bind(TABLE.schema)
+    table = pa.table({"case": [1, 2, 3], "i": [1, 2, 3]})  # a column named case
+    assert bound_kept("case > 1", table) == [2, 3]
