@@ -466,6 +466,25 @@ def test_agg_columns_may_be_quoted(tmp_path, capsys):
     assert "quoted: 'p=sum(\"Price (EUR)\")'" in capsys.readouterr().err
 
 
+def test_count_distinct_as_sql_writes_it(tmp_path, capsys):
+    """``count(distinct x)`` (SQL's, DuckDB's) is ``count_distinct(x)``; it was read as a
+    column named ``distinct x``. Another function with ``distinct`` is a usage error."""
+    from extagg.columnar.functions import parse_agg_texts
+
+    assert parse_agg_texts(["u=count(distinct url)", "COUNT( DISTINCT  a * 2 )"]) == {
+        "u": ("url", "count_distinct"), "count_distinct_a * 2": ("a * 2", "count_distinct"),
+    }  # fmt: skip
+    src = tmp_path / "e.parquet"
+    pq.write_table(pa.table({"k": [1, 1, 2, 1], "url": ["a", "b", "a", "a"]}), src)
+    argv = ["aggregate", str(src), "--by", "k", "--agg", "u=count(distinct url)", "-o", "-", "-q"]
+    assert main(argv) == 0
+    assert sorted(capsys.readouterr().out.split()) == sorted(["k,u", "1,2", "2,1"])
+    assert main([*argv[:5], "s=sum(distinct url)", *argv[6:]]) == 2
+    assert "sum(distinct ...) in 's=sum(distinct url)' is not an aggregate here" in (
+        capsys.readouterr().err
+    )
+
+
 def test_outputs_get_the_umask_permissions_or_those_they_replace(tmp_path, data, capsys):
     """The temp file an output is written through (``mkstemp``: 0600) had its mode kept by
     the rename: outputs only their writer could read."""

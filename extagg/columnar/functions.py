@@ -160,9 +160,14 @@ _AGG_TEXT = re.compile(
 )
 
 
+#: SQL's ``count(distinct x)``: the word before the argument
+_DISTINCT = re.compile(r"distinct\s+", re.IGNORECASE)
+
+
 def parse_agg_texts(texts: Sequence[str]) -> dict[str, tuple[str, str]]:
     """``['n=count(*)', 'sum(x)']`` → ``{"n": ("*", "count"), "sum_x": ("x", "sum")}`` (the
-    ``--agg`` form; an unnamed aggregate is called ``func_column``)."""
+    ``--agg`` form; an unnamed aggregate is called ``func_column``; SQL's ``count(distinct
+    x)`` is ``count_distinct(x)``)."""
     out: dict[str, tuple[str, str]] = {}
     for text in texts:
         m = _AGG_TEXT.match(text) if isinstance(text, str) else None
@@ -173,6 +178,14 @@ def parse_agg_texts(texts: Sequence[str]) -> dict[str, tuple[str, str]]:
                 "'p=sum(\"Price (EUR)\")')"
             )
         func, written = m.group("func"), m.group("col").strip()
+        distinct = _DISTINCT.match(written)
+        if distinct is not None:  # SQL's count(distinct x)
+            if func.lower() != "count":
+                raise QueryError(
+                    f"{func}(distinct ...) in {text!r} is not an aggregate here; "
+                    "count(distinct x) (count_distinct(x)) is"
+                )
+            func, written = "count_distinct", written[distinct.end() :].strip()
         col: str = unquote(written)
         if col != written:
             col = ColumnName(col)
