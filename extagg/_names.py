@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["ColumnName", "ExpressionText", "is_plain_name", "unquote"]
+__all__ = ["ColumnName", "ExpressionText", "is_plain_name", "split_top_level", "unquote"]
 
 #: a column name written as it is (as ``--where`` reads one): letters, digits, ``_``, ``.``
 _PLAIN_NAME = re.compile(r"[^\W\d][\w.]*")
@@ -39,3 +39,25 @@ def unquote(col: str) -> str:
     if _QUOTED_NAME.fullmatch(col) is None:
         return col
     return col[1:-1].replace('""', '"') if col[0] == '"' else col[1:-1]
+
+
+def split_top_level(text: str) -> list[str]:
+    """``text`` cut at its commas outside parentheses and quotes (``''``, ``""``, backquotes),
+    each part stripped, empty ones left out: ``'"a, b" desc, n'`` is ``['"a, b" desc', 'n']``."""
+    parts: list[str] = []
+    depth, quote, start = 0, "", 0
+    for i, c in enumerate(text):
+        if quote:
+            if c == quote:
+                quote = ""  # a doubled quote inside closes and opens again: the same
+        elif c in "'\"`":
+            quote = c
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth = max(0, depth - 1)
+        elif c == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    parts.append(text[start:].strip())
+    return [p for p in parts if p]

@@ -64,6 +64,12 @@ def add_aggregate_command(sub: Any) -> None:
     p.add_argument("--output-format", help="parquet, csv, tsv, jsonl or ipc (default: extension)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
     p.add_argument("--sort", action="store_true", help="sort results by the keys")
+    p.add_argument(
+        "--order-by",
+        metavar="COLS",
+        help="sort results by result columns, e.g. 'n desc, user' (instead of --sort)",
+    )
+    p.add_argument("--limit", type=_rows_shown, metavar="N", help="keep the first N result rows")
     p.add_argument("--format", help="input format: parquet, csv, tsv, json, ipc")
     p.add_argument(
         "--delimiter",
@@ -305,7 +311,8 @@ def _run_aggregate(args: argparse.Namespace) -> int:
             _check_summary_path(args, output)
         query = plan_query(
             args.paths, by=by, aggs=aggs, where=args.where, having=args.having,
-            memory=args.memory, spill_dirs=args.spill_dirs, sort=args.sort, format=args.format,
+            memory=args.memory, spill_dirs=args.spill_dirs, sort=args.sort,
+            order_by=args.order_by, limit=args.limit, format=args.format,
             delimiter=args.delimiter, column_types=_column_types(args.column_types),
             schema=_schema(args.schema), header=not args.no_header, threads=args.threads,
             encoding=args.encoding, quote=args.quote, decimal_comma=args.decimal_comma,

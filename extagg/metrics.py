@@ -129,15 +129,18 @@ class RunMetrics:
         Parquet files whose hive folder names ``where`` excludes: left out unopened (their
         row groups are not in ``row_groups_total``).
     groups
-        Distinct groups aggregated.
+        Distinct groups aggregated (with ``limit``: those merged before the limit was
+        reached, when ``groups_partial``).
+    groups_partial
+        The result was cut at ``limit`` before every group was merged.
     rows_out
-        Result rows produced (after ``having``).
+        Result rows produced (after ``having`` and ``limit``).
     spill_count, num_spill_files
         Times the aggregation spilled, and run files written.
     memory_bytes_spilled, disk_bytes_spilled
         Bytes released from memory by spills, and bytes written to disk.
     sort_runs
-        Sorted runs written by the external sort of ``sort=True``.
+        Sorted runs written by the external sort of ``sort=True`` or ``order_by``.
     peak_granted_bytes, budget_bytes
         Peak memory granted by the memory manager, and the budget.
     wall_time_s, input_time_s
@@ -163,6 +166,7 @@ class RunMetrics:
     row_groups_total: int = 0
     files_skipped: int = 0
     groups: int = 0
+    groups_partial: bool = False
     rows_out: int = 0
     spill_count: int = 0
     num_spill_files: int = 0
@@ -205,7 +209,8 @@ class RunMetrics:
         )
         return (
             f"Read {_counted(self.rows_read, 'row')} ({format_size(self.bytes_read)} in "
-            f"{_counted(self.files, 'file')}{rg}) into {_counted(self.groups, 'group')} "
+            f"{_counted(self.files, 'file')}{rg}) into "
+            f"{'at least ' if self.groups_partial else ''}{_counted(self.groups, 'group')} "
             f"({_counted(self.rows_out, 'row')} out) in "
             f"{self.wall_time_s:.2f} s, {self.rows_per_s:,.0f} rows/s. {spilled}. "
             "Peak memory granted "

@@ -541,6 +541,68 @@ def test_sort_under_a_tiny_budget_uses_runs(tmp_path, capsys):
     assert not [p for p in (tmp_path / "spill").rglob("*") if p.is_file()]
 
 
+@pytest.mark.parametrize("limit", [None, 7])
+def test_order_by_result_columns_descending_in_runs_with_a_limit(tmp_path, capsys, limit):
+    """``--order-by 'n desc, s, g, k'`` sorts by aggregates and keys, each way, nulls last
+    (DuckDB's); ``--limit`` keeps the first rows (a top-N: each run keeps that many). Under a
+    budget that needs sort runs, and every run file gone afterwards."""
+    t = table(200_000, keys=100_000, seed=5)
+    src = tmp_path / "big.parquet"
+    pq.write_table(t, src)
+    out = tmp_path / "top.parquet"
+    summary = tmp_path / "s.json"
+    argv = [
+        "aggregate", str(src), "--by", "g,k", "--agg", "n=count(*)", "--agg", "s=max(u)",
+        "--memory", "3m", "--order-by", "n desc, s, g DESC, k", "-o", str(out),
+        "--json-summary", str(summary), "--spill-dir", str(tmp_path / "spill"), "-q",
+    ]  # fmt: skip
+    if limit is not None:
+        argv += ["--limit", str(limit)]
+    assert main(argv) == 0, capsys.readouterr().err
+    result = pq.read_table(out).to_pylist()
+    grouped = t.group_by(["g", "k"]).aggregate([([], "count_all"), ("u", "max")]).to_pylist()
+    expected = sorted(grouped, key=lambda r: (-r["count_all"], r["u_max"], _desc(r["g"]), r["k"]))
+    expected = expected if limit is None else expected[:limit]
+    assert [(r["g"], r["k"], r["n"], r["s"]) for r in result] == [
+        (r["g"], r["k"], r["count_all"], r["u_max"]) for r in expected
+    ]
+    info = json.loads(summary.read_text())
+    assert info["sort_runs"] > 1
+    assert not [p for p in (tmp_path / "spill").rglob("*") if p.is_file()]
+
+
+def _desc(text: str) -> tuple[int, ...]:
+    return tuple(-ord(c) for c in text)
+
+
+def test_order_by_and_limit_from_python_and_their_errors(tmp_path, capsys):
+    src = tmp_path / "n.parquet"
+    pq.write_table(
+        pa.table({"k": [1, 2, 3, 1, 2, None], "v": [5.0, None, 1.0, 2.0, None, 3.0]}), src
+    )
+    reader = extagg.aggregate_files(src, by="k", aggs=["s=sum(v)"], order_by=["s desc"])
+    assert reader.read_all().to_pylist() == [
+        {"k": 1, "s": 7.0}, {"k": None, "s": 3.0}, {"k": 3, "s": 1.0}, {"k": 2, "s": None},
+    ]  # fmt: skip
+    first = extagg.aggregate_files(src, by="k", aggs=["n=count(*)"], limit=2).read_all()
+    every = extagg.aggregate_files(src, by="k", aggs=["n=count(*)"]).read_all()
+    assert first.to_pylist() == every.slice(0, 2).to_pylist()  # hash order, cut
+    none = extagg.aggregate_files(src, by="k", aggs=["n=count(*)"], order_by="k", limit=0)
+    assert none.read_all().num_rows == 0
+    with pytest.raises(extagg.QueryError, match=r"unknown result column 'ss'.*did you mean 's'"):
+        extagg.aggregate_files(src, by="k", aggs=["s=sum(v)"], order_by="ss desc")
+    with pytest.raises(extagg.QueryError, match="not both"):
+        extagg.aggregate_files(src, by="k", aggs=["s=sum(v)"], order_by="s", sort=True)
+    with pytest.raises(extagg.QueryError, match="limit must be a whole number"):
+        extagg.aggregate_files(src, by="k", aggs=["s=sum(v)"], limit=-1)
+    with pytest.raises(SystemExit) as stop:  # argparse's usage error
+        main(["aggregate", str(src), "--by", "k", "--agg", "s=sum(v)", "--limit", "x"])
+    assert stop.value.code == 2 and "give a number of rows" in capsys.readouterr().err
+    assert main(["aggregate", str(src), "--by", "k", "--agg", "s=sum(v)", "--order-by",
+                 "nope", "-q"]) == 2  # fmt: skip
+    assert "unknown result column 'nope'" in capsys.readouterr().err
+
+
 def test_sort_by_a_half_float_key_in_runs(tmp_path, capsys):
     """``--sort`` by a ``float16`` column raised ``ArrowNotImplementedError: halffloat`` (a
     traceback): Arrow's sort has no half-float kernel. Sorted as float32, in runs too."""

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import difflib
 import errno
+import itertools
 import logging
 import os
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -55,7 +56,10 @@ from extagg.memory.sizing import MEMORY_ENV
 from extagg.metrics import RunMetrics, register_metrics
 from extagg.spillable import Spillable
 
-__all__ = ["FileQuery", "aggregate_files", "plan_query"]
+if TYPE_CHECKING:
+    from extagg.io.sort import SortKey
+
+__all__ = ["FileQuery", "aggregate_files", "parse_order_by", "plan_query"]
 
 log = logging.getLogger(__name__)
 
@@ -83,9 +87,10 @@ class FileQuery:
         memory: int | str | None,
         memory_manager: Any,
         spill_dirs: Sequence[str] | str | None,
-        sort: bool,
+        order: Sequence[SortKey] = (),
         threads: int | None = None,
         computed: Sequence[ComputedColumn] = (),
+        limit: int | None = None,
     ) -> None:
         self.scan = scan
         self.computed = list(computed)
@@ -99,7 +104,10 @@ class FileQuery:
         self.memory = memory
         self.memory_manager = memory_manager
         self.spill_dirs = spill_dirs
-        self.sort = sort
+        #: the result columns sorted by, each with its direction (empty: hash order)
+        self.order = list(order)
+        #: the result rows kept at most (after the order)
+        self.limit = limit
         self.metrics = RunMetrics(
             files=len(scan.files), bytes_total=scan.total_bytes, rows_total=scan.total_rows,
             row_groups_total=scan.row_groups_total, files_skipped=scan.files_skipped,
@@ -210,10 +218,15 @@ class FileQuery:
         self._scan_memory.close_memory()  # the scan is over: its buffers go back to the pool
         batches = self._results(agg, started, progress)
         self._streams.append(weakref.ref(batches))
-        if self.sort and self.by:
+        if self.order:
             from extagg.io.sort import external_sort
 
-            batches = external_sort(batches, schema, self.by, tmm, self.spill_dirs, m)
+            batches = external_sort(
+                batches, schema, self.order, tmm, self.spill_dirs, m, limit=self.limit
+            )
+            self._streams.append(weakref.ref(batches))
+        if self.limit is not None:
+            batches = _first_rows(batches, self.limit, m)
             self._streams.append(weakref.ref(batches))
         # pyarrow's close() of a reader over a Python iterator leaves the iterator open: its
         # spill files and grant go when the reader is dropped (a reader imported through the
@@ -484,6 +497,56 @@ def _dictionary_keys(
     return out
 
 
+def _first_rows(
+    batches: Iterator[pa.RecordBatch], limit: int, metrics: RunMetrics
+) -> Iterator[pa.RecordBatch]:
+    """The first ``limit`` rows of ``batches``; the rest is not read (``batches`` closed at
+    once: its files deleted), and ``metrics`` say so (``rows_out``, ``groups_partial``)."""
+    left = limit
+    try:
+        for batch in batches:
+            if batch.num_rows > left:
+                batch = batch.slice(0, left)
+                metrics.groups_partial = True
+            left -= batch.num_rows
+            if batch.num_rows:
+                yield batch
+            if left <= 0:
+                if not metrics.groups_partial:  # cut exactly at a batch's end: any more?
+                    metrics.groups_partial = any(b.num_rows for b in itertools.islice(batches, 1))
+                break
+    finally:
+        metrics.rows_out = limit - left
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
+
+
+def parse_order_by(order_by: str | Sequence[str], columns: Sequence[str]) -> list[SortKey]:
+    """``"n desc, user"`` (or ``["n desc", "user"]``) as sort keys over the result's
+    ``columns``: a name (quoted if it has spaces or commas: ``'"Prix (EUR)" desc'``),
+    optionally ``asc`` or ``desc`` (DuckDB's and SQL's; nulls last either way). An unknown
+    name is a usage error listing the result's columns."""
+    from extagg._names import split_top_level, unquote
+
+    items = split_top_level(order_by) if isinstance(order_by, str) else list(order_by)
+    keys: list[SortKey] = []
+    for item in items:
+        text = str(item).strip()
+        direction = "ascending"
+        words = text.rsplit(None, 1)
+        if len(words) == 2 and words[1].lower() in ("asc", "desc"):
+            text = words[0].strip()
+            direction = "descending" if words[1].lower() == "desc" else "ascending"
+        name = unquote(text)
+        if name not in columns:
+            raise unknown_column(name, list(columns), "result column")
+        keys.append((name, direction))
+    if not keys:
+        raise QueryError("order_by names no result column (give 'column [desc], ...')")
+    return keys
+
+
 def _files_named(files: Sequence[str]) -> str:
     if len(files) == 1:
         return files[0]
@@ -529,6 +592,8 @@ def plan_query(
     memory_manager: Any = None,
     spill_dirs: Sequence[str] | str | None = None,
     sort: bool = False,
+    order_by: str | Sequence[str] | None = None,
+    limit: int | None = None,
     format: str | None = None,
     delimiter: str | None = None,
     column_types: Mapping[str, Any] | str | None = None,
@@ -650,22 +715,31 @@ def plan_query(
         for name in having_expr.columns:
             if name not in out_cols:
                 raise unknown_column(name, out_cols, "result column")
-    if sort:
-        for key in keys:
-            if key not in scan.schema.names:  # a computed key (a function's value)
-                continue
-            typ = scan.schema.field(key).type
-            if pa.types.is_nested(typ):
-                raise QueryError(
-                    f"--sort cannot order key {key!r} of type {typ} (lists, structs and maps "
-                    "have no order here); leave --sort out, the groups are the same"
-                )
+    order: list[SortKey] = []
+    if order_by is not None and (not isinstance(order_by, str) or order_by.strip()):
+        if sort:
+            raise QueryError("give sort (by the keys) or order_by, not both")
+        names = [*keys, *(() if asked is NO_AGGREGATES else asked)]
+        order = parse_order_by(order_by, names)
+    elif sort:
+        order = [(k, "ascending") for k in keys]
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise QueryError(f"limit must be a whole number of rows, 0 or more; got {limit!r}")
+    for key, _ in order:
+        if key not in keys or key not in scan.schema.names:  # an aggregate; a computed key
+            continue
+        typ = scan.schema.field(key).type
+        if pa.types.is_nested(typ):
+            raise QueryError(
+                f"--sort cannot order key {key!r} of type {typ} (lists, structs and maps "
+                "have no order here); leave --sort out, the groups are the same"
+            )
     kept_aggs = asked if asked is NO_AGGREGATES else dict(asked)  # NO_AGGREGATES by identity
     if computed:  # the aggregates read the computed columns by their names
         kept_aggs = computed_aggs(kept_aggs, computed)
     return FileQuery(
-        scan, keys, kept_aggs, having_expr, memory, memory_manager, spill_dirs, sort, threads,
-        computed,
+        scan, keys, kept_aggs, having_expr, memory, memory_manager, spill_dirs, order, threads,
+        computed, limit,
     )  # fmt: skip
 
 
@@ -681,6 +755,8 @@ def aggregate_files(
     output_format: str | None = None,
     overwrite: bool = False,
     sort: bool = False,
+    order_by: str | Sequence[str] | None = None,
+    limit: int | None = None,
     progress: ProgressArg = False,
     **options: Any,
 ) -> pa.RecordBatchReader | RunMetrics:
@@ -715,6 +791,12 @@ def aggregate_files(
     sort
         Sort the result by the keys (an external sort in the same budget); otherwise results
         come in hash order of the keys.
+    order_by
+        Sort the result by these result columns instead, each ``asc`` (the default) or
+        ``desc``, nulls last: ``"n desc, user"`` or ``["n desc", "user"]``.
+    limit
+        Keep the first ``limit`` rows of the result (of its order: with ``order_by``, a
+        top-N, whose sort keeps ``limit`` rows a run).
     progress
         ``True`` for a bar on stderr, or a callable given the live
         :class:`~extagg.metrics.RunMetrics`.
@@ -768,7 +850,7 @@ def aggregate_files(
         if problem is not None:
             raise QueryError(problem)
     query = plan_query(paths, by=by, aggs=aggs, where=where, having=having, memory=memory,
-                       sort=sort, **options)  # fmt: skip
+                       sort=sort, order_by=order_by, limit=limit, **options)  # fmt: skip
     clash = output_is_an_input(out, query.scan.files)
     if clash is not None:
         query.close()

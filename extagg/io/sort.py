@@ -1,4 +1,5 @@
-"""External sort of result batches by key columns, inside the memory manager's budget.
+"""External sort of result batches by columns, each ascending or descending (nulls last, as
+DuckDB orders them), inside the memory manager's budget.
 
 Batches are buffered while the memory manager grants their size (the aggregator still needs
 the rest while its results are read); when it does not, the buffer is sorted and written as
@@ -12,7 +13,9 @@ The merge holds a few copies of one batch per run, granted by the memory manager
 grant does not cover every run, runs are merged into longer runs first, as many at a time as
 it covers (at least two, at most :data:`MAX_FAN_IN`). Runs are read with plain reads, not
 memory-mapped (mapped pages stay in the process's RSS). Rows with equal keys keep no
-particular order (result groups are unique, so there are none).
+particular order (result groups are unique, so there are none when the keys are sorted by).
+With a ``limit``, each sorted buffer keeps only its first ``limit`` rows: a top-N over many
+groups writes runs of ``limit`` rows at most.
 """
 
 from __future__ import annotations
@@ -36,7 +39,10 @@ from extagg.memory.task import Consumer
 from extagg.metrics import RunMetrics
 from extagg.spill.tempdir import SpillDirs
 
-__all__ = ["external_sort"]
+__all__ = ["SortKey", "external_sort"]
+
+#: a column to sort by and its direction: ``("n", "descending")``
+SortKey = tuple[str, str]
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +84,14 @@ class _SortBuffer(MemoryConsumer):
         self,
         tmm: TaskMemoryManager,
         schema: pa.Schema,
-        keys: Sequence[str],
+        keys: Sequence[SortKey],
         dirs: SpillDirs,
         metrics: RunMetrics | None,
+        limit: int | None = None,
     ) -> None:
         super().__init__(tmm, None)
+        #: the rows wanted at most (a run keeps its first ``limit``)
+        self.limit = limit
         self.batches: list[pa.RecordBatch] = []
         #: the memory granted for :attr:`batches` (a batch's grant may be short of its size)
         self.batches_granted = 0
@@ -104,7 +113,9 @@ class _SortBuffer(MemoryConsumer):
         with self.lock:
             if not self.batches:
                 return 0
-            self.runs.append(_write_run(self.batches, self.schema, self.keys, self.dirs))
+            self.runs.append(
+                _write_run(self.batches, self.schema, self.keys, self.dirs, self.limit)
+            )
             self.batches.clear()
             freed, self.batches_granted = self.batches_granted, 0
             self.free_memory(freed)
@@ -118,22 +129,24 @@ class _SortBuffer(MemoryConsumer):
         return self.write_run()
 
 
-def _sort_indices(table: pa.Table, keys: Sequence[str]) -> pa.Array:
-    """The row order of ``table`` by ``keys``; half floats are compared as ``float32``, 32-
-    and 64-bit decimals as ``decimal128``, extension types (``arrow.uuid``) by their storage
-    (the same orders; Arrow's sort has no kernel for them: a ``--sort`` by one raised
-    ``ArrowNotImplementedError: halffloat``, "Sorting not supported for type
+def _sort_indices(table: pa.Table, keys: Sequence[SortKey]) -> pa.Array:
+    """The row order of ``table`` by ``keys`` (nulls last); half floats are compared as
+    ``float32``, 32- and 64-bit decimals as ``decimal128``, extension types (``arrow.uuid``)
+    by their storage (the same orders; Arrow's sort has no kernel for them: a ``--sort`` by
+    one raised ``ArrowNotImplementedError: halffloat``, "Sorting not supported for type
     extension<arrow.uuid>"); a month-day-nano interval by its length with 30-day months and
     24-hour days, as DuckDB orders them."""
     columns: dict[str, pa.ChunkedArray] = {}
-    for i, k in enumerate(keys):
+    sort_keys: list[tuple[str, str]] = []
+    for i, (k, direction) in enumerate(keys):
         column = table.column(k)
         if column.type == pa.month_day_nano_interval():
             columns[f"{i}d"], columns[f"{i}n"] = _interval_order(column)
+            sort_keys += [(f"{i}d", direction), (f"{i}n", direction)]
         else:
             columns[str(i)] = _sortable(column)
-    sort_keys = [(name, "ascending") for name in columns]
-    return pc.sort_indices(pa.table(columns), sort_keys=sort_keys)
+            sort_keys.append((str(i), direction))
+    return pc.sort_indices(pa.table(columns), sort_keys=sort_keys)  # nulls last
 
 
 #: nanoseconds in a day
@@ -174,24 +187,28 @@ def _sortable(column: pa.ChunkedArray) -> pa.ChunkedArray:
     return column
 
 
-def _sorted(table: pa.Table, keys: Sequence[str]) -> pa.Table:
-    return table.take(_sort_indices(table, keys))
+def _sorted(table: pa.Table, keys: Sequence[SortKey], limit: int | None = None) -> pa.Table:
+    order = _sort_indices(table, keys)
+    return table.take(order if limit is None else order[:limit])
 
 
 def external_sort(
     batches: Iterator[pa.RecordBatch],
     schema: pa.Schema,
-    keys: Sequence[str],
+    keys: Sequence[str | SortKey],
     tmm: TaskMemoryManager,
     spill_dirs: Sequence[str] | str | None,
     metrics: RunMetrics | None = None,
+    limit: int | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """``batches`` sorted by ``keys`` ascending (nulls last), in bounded memory."""
+    """``batches`` sorted by ``keys`` (a name: ascending; or ``(name, "descending")``), nulls
+    last, in bounded memory; only the first ``limit`` rows if given."""
+    order: list[SortKey] = [(k, "ascending") if isinstance(k, str) else k for k in keys]
     dirs = SpillDirs(
         list(spill_dirs) if spill_dirs is not None and not isinstance(spill_dirs, str)
         else spill_dirs
     )  # fmt: skip
-    buf = _SortBuffer(tmm, schema, keys, dirs, metrics)
+    buf = _SortBuffer(tmm, schema, order, dirs, metrics, limit)
     runs = buf.runs
     try:
         for batch in batches:
@@ -207,13 +224,13 @@ def external_sort(
         with buf.lock:
             buf.taking = False
         if not runs:
-            table = _sorted(pa.Table.from_batches(buf.batches, schema=schema), keys)
+            table = _sorted(pa.Table.from_batches(buf.batches, schema=schema), order, limit)
             buf.batches.clear()
             yield from table.to_batches(max_chunksize=RUN_BATCH_ROWS)
             return
         buf.write_run()
         started = time.perf_counter()
-        yield from _merge_runs(runs, schema, keys, buf, dirs, metrics)
+        yield from _merge_runs(runs, schema, order, buf, dirs, metrics)
         if metrics is not None:  # the merge comes after the run's last measure
             metrics.peak_rss_bytes = max(metrics.peak_rss_bytes, peak_rss())
             metrics.wall_time_s += time.perf_counter() - started
@@ -229,10 +246,14 @@ def _note_granted(buf: _SortBuffer, metrics: RunMetrics | None) -> None:
 
 
 def _write_run(
-    batches: list[pa.RecordBatch], schema: pa.Schema, keys: Sequence[str], dirs: SpillDirs
+    batches: list[pa.RecordBatch],
+    schema: pa.Schema,
+    keys: Sequence[SortKey],
+    dirs: SpillDirs,
+    limit: int | None = None,
 ) -> _Run:
-    """``batches`` sorted into a run file."""
-    table = _sorted(pa.Table.from_batches(batches, schema=schema), keys)
+    """``batches`` sorted into a run file (its first ``limit`` rows)."""
+    table = _sorted(pa.Table.from_batches(batches, schema=schema), keys, limit)
     row_bytes = max(1, table.nbytes // max(1, table.num_rows))
     share = table.nbytes // RUN_BATCH_SHARE // row_bytes
     rows = max(MIN_RUN_BATCH_ROWS, min(RUN_BATCH_ROWS, share))
@@ -322,7 +343,7 @@ def _write_error(path: str, size: int | None, exc: OSError) -> SpillError:
 def _merge_runs(
     runs: list[_Run],
     schema: pa.Schema,
-    keys: Sequence[str],
+    keys: Sequence[SortKey],
     buf: _SortBuffer,
     dirs: SpillDirs,
     metrics: RunMetrics | None,
@@ -349,7 +370,7 @@ def _merge_runs(
 
 
 def _merge(
-    runs: list[_Run], schema: pa.Schema, keys: Sequence[str], rows: int
+    runs: list[_Run], schema: pa.Schema, keys: Sequence[SortKey], rows: int
 ) -> Iterator[pa.RecordBatch]:
     """The rows of ``runs`` in order, in batches of at most ``rows`` rows."""
     files = []
@@ -366,7 +387,7 @@ def _merge(
 
 
 def _merge_files(
-    files: list[Any], runs: list[_Run], schema: pa.Schema, keys: Sequence[str], rows: int
+    files: list[Any], runs: list[_Run], schema: pa.Schema, keys: Sequence[SortKey], rows: int
 ) -> Iterator[pa.RecordBatch]:
     next_batch = [0] * len(runs)
     last_row: list[pa.Table | None] = [None] * len(runs)  # last loaded row of each run
