@@ -18,6 +18,7 @@ Grammar (keywords are case-insensitive)::
                | true | false | null | column | "quoted column" | `quoted column` | "(" expr ")"
                | function "(" [expr ("," expr)*] ")"
                | case [sum] (when expr then expr)+ [else expr] end
+               | cast "(" expr as type ")"        (and postfix: atom "::" type)
 
 ``function`` is one of :data:`FUNCTIONS` (DuckDB's names: ``year(d)``, ``lower(s)``,
 ``starts_with(s, 'x')``, ``regexp_matches(s, 're')``, ``substr(s, 2, 3)``, ``round(x, 2)``,
@@ -51,7 +52,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from extagg.errors import ExpressionError, ExpressionOverflowError
+from extagg.errors import ExpressionError, ExpressionOverflowError, QueryError
 
 __all__ = ["ParsedExpression", "parse_expression"]
 
@@ -61,7 +62,7 @@ _TOKEN = re.compile(
       | (?P<string>'(?:[^']|'')*')
       | (?P<quoted>"(?:[^"]|"")*"|`[^`]*`)
       | (?P<name>[^\W\d][\w.]*)
-      | (?P<op><=|>=|<>|!=|==|[=<>(),+\-*/%])
+      | (?P<op>::|<=|>=|<>|!=|==|[=<>(),+\-*/%])
     )""",
     re.VERBOSE,
 )
@@ -1042,10 +1043,104 @@ class _Parser:
     def unary(self) -> pc.Expression:
         at = self.tok
         if at.kind == "op" and at.text == "-" and self.toks[self.i + 1].kind == "number":
-            return self.atom()  # a negative number: one literal (typed as a positive one is)
+            return self.postfix(self.atom())  # a negative number: one literal
         if self.take_op("-"):
             return self.call(pc.negate_checked, self.unary(), at=at)
-        return self.atom()
+        return self.postfix(self.atom())
+
+    def postfix(self, expr: pc.Expression) -> pc.Expression:
+        """``x::type`` (DuckDB's and Postgres' cast), any number of times."""
+        while (at := self.tok) and self.take_op("::"):
+            expr = self._cast_to(expr, self._type_name(), at)
+        return expr
+
+    def cast_call(self) -> pc.Expression:
+        """``cast(x as type)`` at the cursor."""
+        at = self.tok
+        self.i += 2  # cast (
+        value = self.or_()
+        if not self.take_word("as"):
+            raise self.error("expected 'as' and a type: cast(x as double)")
+        typ = self._type_name()
+        self.expect_op(")")
+        return self._cast_to(value, typ, at)
+
+    def _type_name(self) -> pa.DataType:
+        """A type's name at the cursor: SQL's (``integer``, ``bigint``, ``double``,
+        ``varchar``, ``decimal(15, 2)``, ``date``, ``timestamp``, ...) or Arrow's (``int64``,
+        ``float32``, ``string``, ...)."""
+        tok = self.tok
+        if tok.kind != "name":
+            raise self.error(
+                "expected a type (integer, bigint, double, decimal(p, s), varchar, date, ...)"
+            )
+        self.i += 1
+        if tok.word == "double" and self.tok.word == "precision":
+            self.i += 1
+        args: list[int] = []
+        if self.take_op("("):
+            while True:
+                if self.tok.kind != "number" or not self.tok.text.isdigit():
+                    raise self.error("expected a whole number in the type's parentheses")
+                args.append(int(self.tok.text))
+                self.i += 1
+                if self.take_op(")"):
+                    break
+                self.expect_op(",")
+        name = tok.word
+        if name in ("decimal", "numeric", "dec"):
+            precision, scale = {0: (18, 3), 1: (args[0] if args else 0, 0)}.get(
+                len(args), tuple(args[:2]) if len(args) == 2 else (0, 0)
+            )  # DuckDB's decimal is decimal(18, 3)
+            if not (1 <= precision <= 76 and 0 <= scale <= precision):
+                raise ExpressionError(
+                    f"decimal({precision}, {scale}) is not a decimal type (precision 1 to 76, "
+                    "scale 0 to the precision)", self.text, tok.pos,
+                )  # fmt: skip
+            return (pa.decimal128 if precision <= 38 else pa.decimal256)(precision, scale)
+        if args and name not in ("varchar", "char", "character"):
+            raise ExpressionError(f"type {tok.text!r} takes no arguments", self.text, tok.pos)
+        typ = _SQL_TYPES.get(name)
+        if typ is not None:
+            return typ
+        from extagg.io.inputs import parse_type
+
+        try:
+            return parse_type(name)
+        except QueryError:
+            raise ExpressionError(
+                f"unknown type {tok.text!r} (integer, bigint, smallint, tinyint, double, real, "
+                "decimal(p, s), varchar, boolean, date, timestamp, or Arrow's: int64, float32, "
+                "string, ...)", self.text, tok.pos,
+            ) from None  # fmt: skip
+
+    def _cast_to(self, expr: pc.Expression, typ: pa.DataType, at: _Tok) -> pc.Expression:
+        """``expr`` cast to ``typ``, checked against its type (a value that does not convert
+        is an error when the batch is computed, as in DuckDB)."""
+        if self._empty is None:
+            return self.cast(expr, typ)
+        source = self.type_of(expr)
+        if source == typ:
+            return expr
+        try:
+            pc.cast(self._empty_of(source), typ)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            raise ExpressionError(f"{source} cannot be cast to {typ}", self.text, at.pos) from None
+        # DuckDB's casts round where Arrow's refuse to lose digits: a float to an integer
+        # half to even (2.5 -> 2, as C's nearbyint), a decimal to an integer or to fewer
+        # places half away from zero (1.25 -> 1.3, -2.55 -> -3)
+        if pa.types.is_floating(source) and pa.types.is_integer(typ):
+            expr = self.call(pc.round, expr, round_mode="half_to_even")
+        elif pa.types.is_decimal(source) and pa.types.is_integer(typ):
+            expr = self.call(pc.round, expr, round_mode="half_towards_infinity")
+        elif pa.types.is_decimal(source) and pa.types.is_decimal(typ) and typ.scale < source.scale:
+            expr = self.call(pc.round, expr, ndigits=typ.scale, round_mode="half_towards_infinity")
+        elif pa.types.is_integer(source) and pa.types.is_decimal(typ):
+            # Arrow refuses any decimal of fewer digits than the integer type may have (an
+            # int64 into decimal(18, 3)); through 38 digits, each value is checked instead
+            wide = pa.decimal128(38, 0) if typ.bit_width == 128 else pa.decimal256(76, 0)
+            expr = self.cast(expr, wide)
+        return self.cast(expr, typ)
 
     def atom(self) -> pc.Expression:
         tok = self.tok
@@ -1059,6 +1154,12 @@ class _Parser:
             return self.column(name, tok.pos)
         if tok.word == "case" and self._starts_case():
             return self.case()
+        if (
+            tok.word == "cast"
+            and self.toks[self.i + 1].kind == "op"
+            and self.toks[self.i + 1].text == "("
+        ):
+            return self.cast_call()
         if (
             tok.kind == "name"
             and tok.word not in _KEYWORDS
@@ -1616,6 +1717,18 @@ _EAGER: dict[Callable[..., Any], Callable[..., Any]] = {
     f: _decimal256_first(f)
     for f in (pc.add_checked, pc.subtract_checked, pc.multiply_checked, pc.add, pc.subtract,
               pc.multiply)
+}  # fmt: skip
+#: SQL's type names (DuckDB's, Spark's) for ``cast(x as type)`` and ``x::type``; Arrow's names
+#: (``int8`` is 8 bits there, as in ``--column-types``) are read by ``parse_type``
+_SQL_TYPES: dict[str, pa.DataType] = {
+    "tinyint": pa.int8(), "smallint": pa.int16(), "int2": pa.int16(), "integer": pa.int32(),
+    "int": pa.int32(), "int4": pa.int32(), "bigint": pa.int64(), "long": pa.int64(),
+    "utinyint": pa.uint8(), "usmallint": pa.uint16(), "uinteger": pa.uint32(),
+    "ubigint": pa.uint64(), "real": pa.float32(), "float4": pa.float32(),
+    "float": pa.float32(), "double": pa.float64(), "float8": pa.float64(),
+    "varchar": pa.string(), "char": pa.string(), "character": pa.string(), "text": pa.string(),
+    "string": pa.string(), "boolean": pa.bool_(), "bool": pa.bool_(), "date": pa.date32(),
+    "timestamp": pa.timestamp("us"), "datetime": pa.timestamp("us"), "blob": pa.binary(),
 }  # fmt: skip
 #: the decimal operations computed on DecimalInts (:func:`~extagg.io.decimal_arith.decimal_ints`)
 _DECIMAL_ARITHMETIC = frozenset(_EAGER)

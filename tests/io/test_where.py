@@ -1150,3 +1150,70 @@ def test_case_in_a_filter_and_errors_at_its_words():
             parse_expression(text).bind(TABLE.schema)
     table = pa.table({"case": [1, 2, 3], "i": [1, 2, 3]})  # a column named case
     assert bound_kept("case > 1", table) == [2, 3]
+
+
+CASTS = pa.table({
+    "s": ["1", "22", None, "-7"],
+    "f": [1.5, 2.5, -3.7, None],
+    "i": [1, 2, 3, 4],
+    "d": pa.array([Decimal("1.25"), None, Decimal("-2.55"), Decimal("0.05")],
+                  pa.decimal128(10, 2)),
+    "ds": ["2024-01-05", "2024-02-01", None, "1999-12-31"],
+})  # fmt: skip
+CAST_EXPRESSIONS = [
+    "cast(s as integer) + 1",
+    "s::bigint * 2",
+    "cast(f as int)",  # half to even, as DuckDB
+    "cast(d as decimal(12, 1))",  # half away from zero
+    "cast(d as integer)",
+    "cast(i as decimal) * 2",  # decimal(18, 3)
+    "i::double / 4",
+    "cast(ds as date) > date '2024-01-10'",
+    "cast(f as double precision) + cast(i as real)",
+    "d::varchar",
+]
+
+
+@pytest.mark.parametrize("text", CAST_EXPRESSIONS)
+def test_casts_give_duckdbs_values(text):
+    """``cast(x as type)`` and ``x::type`` with SQL's type names (and Arrow's): DuckDB's
+    values, rounding where Arrow's cast would refuse (a float or a decimal to an integer, a
+    decimal to fewer places, an int64 into a decimal of fewer digits)."""
+    parsed = parse_expression(text)
+    parsed.bind_value(CASTS.schema)
+    assert parsed.evaluate is not None
+    got = parsed.evaluate(CASTS.to_batches()[0]).to_pylist()
+    duckdb = pytest.importorskip("duckdb")
+    con = duckdb.connect()
+    con.register("t", CASTS.append_column("rn", pa.array(range(CASTS.num_rows))))
+    theirs = [r[0] for r in con.execute(f"select {text} from t order by rn").fetchall()]
+    assert got == theirs
+
+
+@pytest.mark.parametrize(
+    ("text", "position", "words"),
+    [
+        ("cast(i as date) > 1", 0, "int64 cannot be cast to date32"),
+        ("cast(i as foo) > 1", 10, "unknown type 'foo'"),
+        ("cast(i) > 1", 6, "expected 'as' and a type"),
+        ("i::decimal(80, 2) > 1", 3, "decimal(80, 2) is not a decimal type"),
+        ("i::integer(3) > 1", 3, "type 'integer' takes no arguments"),
+    ],
+)
+def test_bad_casts_are_usage_errors_at_their_place(text, position, words):
+    with pytest.raises(ExpressionError) as err:
+        parse_expression(text).bind(CASTS.schema)
+    assert words in str(err.value) and err.value.position == position
+
+
+def test_a_value_that_does_not_convert_stops_the_run(tmp_path, capsys):
+    """As in DuckDB, ``cast('x' as integer)`` is an error when the batch is computed: exit 1
+    naming the expression, not a wrong or a null value."""
+    import pyarrow.parquet as pq
+
+    from extagg.cli import main
+
+    src = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"k": [1, 2], "s": ["1", "x"]}), src)
+    assert main(["aggregate", str(src), "--by", "k", "--agg", "n=sum(s::int)", "-q"]) == 1
+    assert "s::int" in capsys.readouterr().err
