@@ -485,6 +485,18 @@ def test_count_distinct_as_sql_writes_it(tmp_path, capsys):
     )
 
 
+def test_an_expression_over_aggregates_says_what_to_do(capsys):
+    """``r=sum(a) / sum(b)`` was read as ``sum`` of a column ``a) / sum(b`` (an unknown
+    column); it is a usage error that says to aggregate each part."""
+    from extagg.columnar.functions import parse_agg_texts
+
+    with pytest.raises(extagg.QueryError, match="an expression over aggregates"):
+        parse_agg_texts(["r=sum(a) / sum(b)"])
+    assert parse_agg_texts(["s=sum((a) * (b))", "t=max(c = ')')"]) == {
+        "s": ("(a) * (b)", "sum"), "t": ("c = ')'", "max"),
+    }  # fmt: skip
+
+
 def test_outputs_get_the_umask_permissions_or_those_they_replace(tmp_path, data, capsys):
     """The temp file an output is written through (``mkstemp``: 0600) had its mode kept by
     the rename: outputs only their writer could read."""

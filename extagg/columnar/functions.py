@@ -160,6 +160,23 @@ _AGG_TEXT = re.compile(
 )
 
 
+def _balanced(text: str) -> bool:
+    """Whether the parentheses of ``text`` outside its quotes close in order."""
+    depth, quote = 0, ""
+    for c in text:
+        if quote:
+            quote = "" if c == quote else quote
+        elif c in "'\"`":
+            quote = c
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth < 0:
+                return False
+    return depth == 0
+
+
 #: SQL's ``count(distinct x)``: the word before the argument
 _DISTINCT = re.compile(r"distinct\s+", re.IGNORECASE)
 
@@ -178,6 +195,12 @@ def parse_agg_texts(texts: Sequence[str]) -> dict[str, tuple[str, str]]:
                 "'p=sum(\"Price (EUR)\")')"
             )
         func, written = m.group("func"), m.group("col").strip()
+        if not _balanced(written):  # sum(a) / sum(b): the argument closed before the end
+            raise QueryError(
+                f"cannot read aggregate {text!r}: an expression over aggregates is not one "
+                "aggregate; give each its own --agg ('a=sum(x)' and 'b=sum(y)') and compute "
+                "a / b from the result"
+            )
         distinct = _DISTINCT.match(written)
         if distinct is not None:  # SQL's count(distinct x)
             if func.lower() != "count":

@@ -22,8 +22,9 @@ Grammar (keywords are case-insensitive)::
 
 ``function`` is one of :data:`FUNCTIONS` (DuckDB's names: ``year(d)``, ``lower(s)``,
 ``starts_with(s, 'x')``, ``regexp_matches(s, 're')``, ``substr(s, 2, 3)``, ``round(x, 2)``,
-``coalesce(a, b)``, ``if(c, a, b)``, ``date_trunc('month', d)``, ``strftime(d, '%Y-%m')``,
-...); their patterns, units, formats, positions and digit counts are literals. ``case``
+``coalesce(a, b)``, ``if(c, a, b)``, ``greatest(a, b)``, ``nullif(a, b)``,
+``date_trunc('month', d)``, ``strftime(d, '%Y-%m')``, ...); their patterns, units,
+formats, positions and digit counts are literals. ``case``
 (searched, or ``case x when a``) and ``if`` give the first true branch's value (SQL's).
 
 ``cmp`` is one of ``= == != <> < <= > >=``; a ``like`` pattern takes SQL's ``%`` (any
@@ -1220,6 +1221,23 @@ class _Parser:
             return self.call(pc.coalesce, *args, at=at)
         if kind == "if":
             return self._case([(args[0], args[1])], args[2], at)
+        if kind == "extreme":  # nulls left out, as DuckDB's greatest/least; the types alike
+            for k in range(1, len(args)):
+                for j in range(k):
+                    args[j], args[k] = self._alike(args[j], args[k], at)
+            func = pc.max_element_wise if name == "greatest" else pc.min_element_wise
+            return self.call(func, *args, at=at, skip_nulls=True)
+        if kind == "nullif":  # null where a = b, else a
+            value, other = args
+            same = self.call(
+                pc.coalesce,
+                self.binary(pc.equal, value, other, at),
+                self.constant(pa.scalar(False)),
+            )
+            kind_of = self.type_of(value) if self._empty is not None else pa.null()
+            return self.call(
+                pc.if_else, same, self.constant(pa.scalar(None, kind_of)), value, at=at
+            )
         if kind == "pattern":
             return self.call(_PATTERN_FUNCTIONS[name], args[0], at=at, pattern=literals[0])
         if kind == "format":
@@ -1630,6 +1648,7 @@ FUNCTIONS: dict[str, tuple[str, int, int]] = {
     )},
     "coalesce": ("coalesce", 1, 99),
     "if": ("if", 3, 3),
+    "greatest": ("extreme", 1, 99), "least": ("extreme", 1, 99), "nullif": ("nullif", 2, 2),
     "starts_with": ("pattern", 2, 2), "ends_with": ("pattern", 2, 2),
     "contains": ("pattern", 2, 2), "regexp_matches": ("pattern", 2, 2),
     "substr": ("substr", 2, 3), "substring": ("substr", 2, 3),

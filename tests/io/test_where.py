@@ -1111,14 +1111,19 @@ CASE_EXPRESSIONS = [
     "if(m > 1, s, 'small')",
     "if(d > date '1998-09-01', 1, 2) * 10",
     "case when null then 1 else 2 end",
+    "greatest(i, f)",  # nulls left out, as DuckDB
+    "least(i, 2, m)",
+    "nullif(s, 'a')",
+    "greatest(s, 'b')",
 ]
 
 
 @pytest.mark.parametrize("text", CASE_EXPRESSIONS)
 def test_case_and_if_give_duckdbs_values(text):
-    """``case when ... then ... else ... end`` (searched and simple) and DuckDB's ``if``:
-    conditional aggregates (``sum(case when mode = 'MAIL' then 1 else 0 end)``, TPC-H
-    Q12) were a syntax error. Each row's value is DuckDB's, where DuckDB is installed."""
+    """``case when ... then ... else ... end`` (searched and simple), DuckDB's ``if``,
+    ``greatest``, ``least`` and ``nullif``: conditional aggregates (``sum(case when mode =
+    'MAIL' then 1 else 0 end)``, TPC-H Q12) were a syntax error. Each row's value is DuckDB's,
+    where DuckDB is installed."""
     parsed = parse_expression(text)
     parsed.bind_value(TABLE.schema)
     assert parsed.evaluate is not None
