@@ -33,7 +33,7 @@ def add_aggregate_command(sub: Any) -> None:
         "aggregate",
         help="group the rows of Parquet/CSV/JSON Lines/Arrow files (larger than memory)",
         description="Group the rows of files by keys and compute aggregates, in bounded memory. "
-        "Results come in hash order of the keys unless --sort is given.",
+        "Results come in hash order of the keys unless --sort or --order-by is given.",
     )
     p.add_argument("paths", nargs="+", help="files, globs or directories (hive key=value dirs)")
     p.add_argument(
@@ -46,9 +46,9 @@ def add_aggregate_command(sub: Any) -> None:
         action="append",
         default=[],
         metavar="NAME=FUNC(COL)",
-        help="an aggregate, e.g. 'n=count(*)', 'total=sum(amount)', 'r=sum(p * (1 - d))' "
-        "(repeatable); none: the "
-        "distinct values of --by (SELECT DISTINCT)",
+        help="an aggregate, e.g. 'n=count(*)', 'total=sum(amount)', 'r=sum(p * (1 - d))', "
+        "'u=count(distinct x)', 'avg_d=sum(p * d) / sum(p)' (repeatable); none: the distinct "
+        "values of --by (SELECT DISTINCT)",
     )
     p.add_argument(
         "--where",
@@ -292,10 +292,9 @@ def _run_aggregate(args: argparse.Namespace) -> int:
         use_returning_memory_pool()
         import_arrow_without_pandas()
         return_freed_pages_sooner()
-        from extagg.columnar.functions import parse_agg_texts
         from extagg.io.run import plan_query
 
-        aggs = parse_agg_texts(args.agg) if args.agg else None  # None: the distinct keys
+        aggs = list(args.agg) if args.agg else None  # None: the distinct keys
 
         output = args.output
         fmt = None

@@ -485,16 +485,57 @@ def test_count_distinct_as_sql_writes_it(tmp_path, capsys):
     )
 
 
-def test_an_expression_over_aggregates_says_what_to_do(capsys):
-    """``r=sum(a) / sum(b)`` was read as ``sum`` of a column ``a) / sum(b`` (an unknown
-    column); it is a usage error that says to aggregate each part."""
+def test_expressions_over_aggregates(tmp_path, capsys):
+    """``--agg 'r=sum(a) / sum(b)'`` (TPC-H Q14's ``100 * sum(case ...) / sum(...)``) was read
+    as ``sum`` of a column ``a) / sum(b``: each aggregate inside is computed by the engine
+    (hidden), the expression on the result; ``--having`` and ``--order-by`` see its name, and
+    the columns come in the order given. In the ``{name: (column, function)}`` form it stays
+    a usage error that says what to do."""
     from extagg.columnar.functions import parse_agg_texts
 
+    src = tmp_path / "r.parquet"
+    t = table(5_000, keys=40, seed=9)
+    pq.write_table(t, src)
+    out = tmp_path / "r.parquet.out.parquet"
+    argv = [
+        "aggregate", str(src), "--by", "k", "--agg", "n=count(*)",
+        "--agg", "ratio = sum(v) / sum(u + 1)",
+        "--agg", "pct=100.0 * sum(case when g = 'a' then 1 else 0 end) / count(*)",
+        "--agg", "spread=max(v) - min(v)", "--having", "pct > 20", "--order-by", "ratio desc",
+        "--memory", "2m", "-o", str(out), "--output-format", "parquet", "-q",
+    ]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    result = pq.read_table(out)
+    assert result.column_names == ["k", "n", "ratio", "pct", "spread"]
+    rows = t.to_pylist()
+    expected = []
+    for k in sorted({r["k"] for r in rows}):
+        mine = [r for r in rows if r["k"] == k]
+        pct = 100.0 * sum(r["g"] == "a" for r in mine) / len(mine)
+        if pct > 20:
+            ratio = sum(r["v"] for r in mine) / sum(r["u"] + 1 for r in mine)
+            spread = max(r["v"] for r in mine) - min(r["v"] for r in mine)
+            expected.append((k, len(mine), ratio, pct, spread))
+    expected.sort(key=lambda e: -e[2])
+    got = result.to_pylist()
+    assert [(r["k"], r["n"]) for r in got] == [(e[0], e[1]) for e in expected]
+    for r, e in zip(got, expected, strict=True):
+        assert float(r["ratio"]) == pytest.approx(e[2], rel=1e-12)
+        assert float(r["pct"]) == pytest.approx(e[3], rel=1e-12)  # a decimal, as 100.0 is
+        assert float(r["spread"]) == pytest.approx(e[4], rel=1e-12)
     with pytest.raises(extagg.QueryError, match="an expression over aggregates"):
-        parse_agg_texts(["r=sum(a) / sum(b)"])
+        parse_agg_texts(["sum(a) / sum(b)"])  # no name
+    with pytest.raises(extagg.QueryError, match="an expression over aggregates"):
+        extagg.aggregate_files(src, by="k", aggs={"r": "sum(v) / sum(u)"})
     assert parse_agg_texts(["s=sum((a) * (b))", "t=max(c = ')')"]) == {
         "s": ("(a) * (b)", "sum"), "t": ("c = ')'", "max"),
     }  # fmt: skip
+    assert main([*argv[:5], "r=sum(g) / count(*)", "-q"]) == 2  # the call named by its text
+    assert "aggregate 'sum(g)': sum('g') is not supported" in capsys.readouterr().err
+    assert main([*argv[:5], "r=max(g) / count(*)", "-q"]) == 2  # the expression by its name
+    assert "aggregate 'r': '/' does not apply to string" in capsys.readouterr().err
+    assert main([*argv[:5], "r=sum(v) / sum(v)", *argv[-5:], "--overwrite"]) == 0  # one sum
+    assert pq.read_table(out).column_names == ["k", "r"]
 
 
 def test_outputs_get_the_umask_permissions_or_those_they_replace(tmp_path, data, capsys):

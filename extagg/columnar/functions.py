@@ -197,9 +197,9 @@ def parse_agg_texts(texts: Sequence[str]) -> dict[str, tuple[str, str]]:
         func, written = m.group("func"), m.group("col").strip()
         if not _balanced(written):  # sum(a) / sum(b): the argument closed before the end
             raise QueryError(
-                f"cannot read aggregate {text!r}: an expression over aggregates is not one "
-                "aggregate; give each its own --agg ('a=sum(x)' and 'b=sum(y)') and compute "
-                "a / b from the result"
+                f"cannot read aggregate {text!r}: an expression over aggregates is one of the "
+                "aggregate texts with a name ('r=sum(a) / sum(b)'; in Python aggs=[...] of "
+                "such texts)"
             )
         distinct = _DISTINCT.match(written)
         if distinct is not None:  # SQL's count(distinct x)

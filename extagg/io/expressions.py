@@ -15,7 +15,14 @@ import pyarrow as pa
 from extagg.errors import ExpressionError, ExpressionOverflowError, QueryError
 from extagg.io.where import ParsedExpression, eager_cast, parse_expression, shared_subexpressions
 
-__all__ = ["AggregateArguments", "ComputedColumn", "aggregate", "with_computed"]
+__all__ = [
+    "AggregateArguments",
+    "ComputedColumn",
+    "aggregate",
+    "result_columns",
+    "split_aggregate_expressions",
+    "with_computed",
+]
 
 
 class ComputedColumn:
@@ -237,6 +244,50 @@ def aggregate(
     >>> sorted(out.to_pylist(), key=lambda r: r["k"])
     [{'k': 'a', 'rev': 32.0, 'n': 2}, {'k': 'b', 'rev': 20.0, 'n': 1}]
     """
+    post: list[tuple[str, str]] = []
+    if isinstance(aggs, str) or (
+        isinstance(aggs, Sequence) and aggs and all(isinstance(a, str) for a in aggs)
+    ):  # texts: some may be expressions over aggregates (r=sum(a) / sum(b))
+        engine, post, outputs = split_aggregate_expressions(
+            [aggs] if isinstance(aggs, str) else list(aggs)
+        )
+        aggs = engine
+    table = _aggregate(source, keys, aggs, progress, options)
+    if not post:
+        return table
+    key_names = [keys] if isinstance(keys, str) else list(keys)
+    return with_results_computed(table, post, [*key_names, *outputs])
+
+
+def with_results_computed(
+    table: pa.Table, post: Sequence[tuple[str, str]], names: Sequence[str]
+) -> pa.Table:
+    """``table`` (an aggregation's result) with the expressions over its aggregates ``post``
+    (``(output, expression text)``) computed, and only ``names``, in that order."""
+    columns = result_columns([(name, parse_expression(text)) for name, text in post], table.schema)
+    out = with_computed(table, columns).select(list(names))
+    return out.replace_schema_metadata(table.schema.metadata)
+
+
+def result_columns(
+    post: Sequence[tuple[str, ParsedExpression]], schema: pa.Schema
+) -> list[ComputedColumn]:
+    """The expressions over aggregates ``post`` fitted to the result's ``schema``, as
+    columns named by their outputs (operands that do not fit: a usage error naming it)."""
+    columns = []
+    for name, parsed in post:
+        try:
+            typ = parsed.bind_value(schema)
+        except ExpressionError as exc:
+            raise QueryError(f"aggregate {name!r}: {exc.reason}") from None
+        columns.append(ComputedColumn(name, name, parsed, typ))
+    return columns
+
+
+def _aggregate(
+    source: Any, keys: str | Sequence[str], aggs: Any, progress: Any, options: dict[str, Any]
+) -> pa.Table:
+    """:func:`aggregate` of plain aggregates (of columns or expressions over columns)."""
     from extagg.columnar.api import aggregate as aggregate_columns
     from extagg.columnar.functions import NO_AGGREGATES, agg_mapping
 
@@ -336,3 +387,113 @@ def _as_arrow(obj: Any) -> pa.Table:
         f"aggregate() with expressions reads Arrow data; not {type(obj).__module__}."
         f"{type(obj).__qualname__}"
     )
+
+
+def split_aggregate_expressions(
+    texts: Sequence[str],
+) -> tuple[Sequence[str] | dict[str, Any], list[tuple[str, str]], list[str]]:
+    """``--agg`` texts, some of which may be expressions over aggregates (``r=sum(a) /
+    sum(b)``, ``pct=100.0 * count(*) / count(x)``, TPC-H Q14's ``100 * sum(case ...) /
+    sum(...)``), as (the aggregates the engine computes: ``texts`` itself when there is no
+    such expression, else ``{output: (column, function)}`` where each call inside an
+    expression is one more aggregate named by its text, equal calls computed once; the
+    expressions to compute on the result, over those names; the output names in the order
+    given)."""
+    from extagg.columnar.functions import ALIASES, DISTINCT_FUNCTIONS, FUNCTIONS, parse_agg_texts
+
+    known = {f.lower() for f in (*FUNCTIONS, *DISTINCT_FUNCTIONS, *ALIASES, "size")}
+    engine: dict[str, Any] = {}
+    post: list[tuple[str, str]] = []
+    outputs: list[str] = []
+    for text in texts:
+        name, rest = _named(text)
+        calls = _aggregate_calls(rest, known) if name is not None else []
+        if not calls or (len(calls) == 1 and calls[0] == (0, len(rest))):
+            one = parse_agg_texts([text])  # one aggregate, or its own error
+            engine.update(one)
+            outputs.extend(one)
+            continue
+        assert name is not None
+        pieces, at = [], 0
+        for start, end in calls:
+            call = rest[start:end].strip()
+            ((_, spec),) = parse_agg_texts([call]).items()
+            if engine.setdefault(call, spec) != spec:
+                raise QueryError(f"an aggregate is named {call!r}, as a call in {text!r} is")
+            pieces += [rest[at:start], '"' + call.replace('"', '""') + '"']
+            at = end
+        pieces.append(rest[at:])
+        post.append((name, "".join(pieces)))
+        outputs.append(name)
+    return (engine if post else texts), post, outputs
+
+
+def _named(text: str) -> tuple[str | None, str]:
+    """``"name = rest"`` as (name, rest), or (``None``, text) without a name."""
+    depth, quote = 0, ""
+    for i, c in enumerate(text):
+        if quote:
+            quote = "" if c == quote else quote
+        elif c in "'\"`":
+            quote = c
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == "=" and depth == 0:
+            if text[i + 1 : i + 2] == "=" or text[i - 1 : i] in ("<", ">", "!"):
+                return None, text  # a comparison, not a name
+            name = text[:i].strip()
+            return (name or None), text[i + 1 :].strip()
+        elif c in "(<>!":
+            break
+    return None, text.strip()
+
+
+def _aggregate_calls(text: str, known: set[str]) -> list[tuple[int, int]]:
+    """The ``(start, end)`` of each call of an aggregate function (``sum(...)``) in ``text``,
+    outside quotes, outermost only."""
+    calls: list[tuple[int, int]] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c in "'\"`":
+            close = text.find(c, i + 1)
+            i = n if close < 0 else close + 1
+            continue
+        if c.isalpha() or c == "_":
+            j = i
+            while j < n and (text[j].isalnum() or text[j] in "_."):
+                j += 1
+            k = j
+            while k < n and text[k] == " ":
+                k += 1
+            if text[i:j].lower() in known and k < n and text[k] == "(":
+                end = _closing(text, k)
+                if end < 0:
+                    return []  # unbalanced: the aggregate's own error says so
+                calls.append((i, end + 1))
+                i = end + 1
+                continue
+            i = j
+            continue
+        i += 1
+    return calls
+
+
+def _closing(text: str, open_at: int) -> int:
+    """The index of the parenthesis closing the one at ``open_at`` (quotes skipped), or -1."""
+    depth, quote = 0, ""
+    for i in range(open_at, len(text)):
+        c = text[i]
+        if quote:
+            quote = "" if c == quote else quote
+        elif c in "'\"`":
+            quote = c
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+    return -1

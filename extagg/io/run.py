@@ -34,6 +34,8 @@ from extagg.io.expressions import (
     AggregateArguments,
     ComputedColumn,
     computed_aggs,
+    result_columns,
+    split_aggregate_expressions,
     with_computed,
 )
 from extagg.io.inputs import (
@@ -108,6 +110,11 @@ class FileQuery:
         self.order = list(order)
         #: the result rows kept at most (after the order)
         self.limit = limit
+        #: expressions over aggregates (``r=sum(a) / sum(b)``): computed on the result from
+        #: hidden aggregates (see split_aggregate_expressions), then the result's columns are
+        #: the keys and :attr:`outputs`, in order
+        self.post: list[tuple[str, ParsedExpression]] = []
+        self.outputs: list[str] = []
         self.metrics = RunMetrics(
             files=len(scan.files), bytes_total=scan.total_bytes, rows_total=scan.total_rows,
             row_groups_total=scan.row_groups_total, files_skipped=scan.files_skipped,
@@ -209,6 +216,9 @@ class FileQuery:
                 m.rss_fixed_bytes = current_rss()
             schema = agg.schema
             assert schema is not None
+            finish = self._post_columns(schema)
+            if finish is not None:
+                schema = finish(schema.empty_table()).schema
         except BaseException:
             self._scan_memory.close_memory()
             agg.close()
@@ -216,7 +226,7 @@ class FileQuery:
             raise
         m.input_time_s = time.perf_counter() - started
         self._scan_memory.close_memory()  # the scan is over: its buffers go back to the pool
-        batches = self._results(agg, started, progress)
+        batches = self._results(agg, started, progress, finish)
         self._streams.append(weakref.ref(batches))
         if self.order:
             from extagg.io.sort import external_sort
@@ -262,18 +272,40 @@ class FileQuery:
             self._rss_read_at = now
             m.peak_rss_bytes = peak_rss()
 
+    def _post_columns(self, schema: pa.Schema) -> Callable[[Any], Any] | None:
+        """What turns a result batch of the aggregator (``schema``) into one of the query
+        when it has expressions over aggregates: those computed (a usage error where their
+        operands do not fit), the hidden aggregates left out; ``None`` without any."""
+        if not self.post:
+            return None
+        columns = result_columns(self.post, schema)
+        keep = [*self.by, *self.outputs]
+
+        def finish(batch: Any) -> Any:
+            return with_computed(batch, columns).select(keep)
+
+        return finish
+
     def _results(
-        self, agg: Any, started: float, progress: Callable[[RunMetrics], None] | None
+        self,
+        agg: Any,
+        started: float,
+        progress: Callable[[RunMetrics], None] | None,
+        finish: Callable[[Any], Any] | None = None,
     ) -> Iterator[pa.RecordBatch]:
         m = self.metrics
         try:
             schema = getattr(agg, "schema", None)
+            if finish is not None and schema is not None:
+                schema = finish(schema.empty_table()).schema
             if self.having is not None and schema is not None:
                 # typed as the results are (a quoted value read as its column's type; a test
                 # that is not one, or operands that do not fit, a usage error at its operator)
                 self.having.bind(schema)
             for batch in agg.results():
                 m.groups += batch.num_rows
+                if finish is not None:
+                    batch = finish(batch)
                 if self.having is not None:
                     batch = _having(batch, self.having)
                 m.rows_out += batch.num_rows
@@ -610,6 +642,15 @@ def plan_query(
     from extagg.columnar.functions import NO_AGGREGATES, agg_mapping, parse_aggs
 
     keys = [by] if isinstance(by, str) else list(by)
+    post: list[tuple[str, str]] = []
+    outputs: list[str] = []
+    if isinstance(aggs, str) or (
+        isinstance(aggs, Sequence) and aggs and all(isinstance(a, str) for a in aggs)
+    ):  # --agg texts: some may be expressions over aggregates (r=sum(a) / sum(b))
+        texts = [aggs] if isinstance(aggs, str) else list(aggs)
+        engine, post, outputs = split_aggregate_expressions(texts)
+        if post:
+            aggs = engine
     asked: Mapping[str, Any] | None = agg_mapping(aggs)
     if asked is None or asked is NO_AGGREGATES:  # SELECT DISTINCT by
         if not keys:
@@ -622,7 +663,7 @@ def plan_query(
     repeated = sorted({k for k in keys if keys.count(k) > 1})
     if repeated:
         raise QueryError(f"key column(s) {repeated} given twice in by")
-    clash = sorted(set(keys) & set(asked))
+    clash = sorted(set(keys) & {*asked, *(name for name, _ in post)})
     if clash:
         raise QueryError(
             f"aggregate output(s) {clash} have the names of key columns: rename them "
@@ -710,8 +751,9 @@ def plan_query(
     scan.batch_rows = batch_rows
     if where_expr is not None:
         scan.filter_mask = where_expr.mask
+    results = [*keys, *(outputs if post else asked)]  # the result's columns
     if having_expr is not None:
-        out_cols = [*keys, *asked]
+        out_cols = results
         for name in having_expr.columns:
             if name not in out_cols:
                 raise unknown_column(name, out_cols, "result column")
@@ -719,7 +761,7 @@ def plan_query(
     if order_by is not None and (not isinstance(order_by, str) or order_by.strip()):
         if sort:
             raise QueryError("give sort (by the keys) or order_by, not both")
-        names = [*keys, *(() if asked is NO_AGGREGATES else asked)]
+        names = [*keys, *(() if asked is NO_AGGREGATES else results[len(keys) :])]
         order = parse_order_by(order_by, names)
     elif sort:
         order = [(k, "ascending") for k in keys]
@@ -737,10 +779,14 @@ def plan_query(
     kept_aggs = asked if asked is NO_AGGREGATES else dict(asked)  # NO_AGGREGATES by identity
     if computed:  # the aggregates read the computed columns by their names
         kept_aggs = computed_aggs(kept_aggs, computed)
-    return FileQuery(
+    query = FileQuery(
         scan, keys, kept_aggs, having_expr, memory, memory_manager, spill_dirs, order, threads,
         computed, limit,
     )  # fmt: skip
+    if post:
+        query.post = [(name, parse_expression(text)) for name, text in post]
+        query.outputs = outputs
+    return query
 
 
 def aggregate_files(

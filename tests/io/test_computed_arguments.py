@@ -263,3 +263,25 @@ def test_aggregate_keeps_columns_named_like_expressions_and_names_unknown_ones()
         extagg.aggregate(pa.table({"k": [1], "s": ["x"]}), "k", ["t=sum(s * 2)"])
     plain = extagg.aggregate(table, "k", {"u": ("unit-price", "sum")})  # no expression at all
     assert plain.num_rows == 2
+
+
+def test_aggregate_computes_expressions_over_aggregates(lineitem):
+    """``extagg.aggregate(t, keys, ["r=sum(a) / sum(b)"])`` as ``--agg`` takes it: each call an
+    aggregate the engine computes, the expression on the result, the columns in order."""
+    path, rows = lineitem
+    table = pq.read_table(path)
+    out = extagg.aggregate(
+        table, "flag",
+        ["n=count(*)", "disc=sum(price * disc) / sum(price)", "span=max(qty) - min(qty)"],
+        memory="1m",
+    )  # fmt: skip
+    assert out.column_names == ["flag", "n", "disc", "span"]
+    assert extagg.run_metrics(out).records_read == ROWS
+    got = {r["flag"]: r for r in out.to_pylist()}
+    for flag in "ANR":
+        mine = [r for r in rows if r["flag"] == flag]
+        exact = sum(r["price"] * r["disc"] for r in mine) / sum(r["price"] for r in mine)
+        assert abs(got[flag]["disc"] - exact) < Decimal("1e-20")
+        assert got[flag]["span"] == max(r["qty"] for r in mine) - min(r["qty"] for r in mine)
+    with pytest.raises(QueryError, match="aggregate 'bad': '/' does not apply to string"):
+        extagg.aggregate(table, "flag", ["bad=max(name) / count(*)"])
