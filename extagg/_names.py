@@ -5,8 +5,16 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
-__all__ = ["ColumnName", "ExpressionText", "is_plain_name", "split_top_level", "unquote"]
+__all__ = [
+    "ColumnName",
+    "ExpressionText",
+    "is_plain_name",
+    "outside_quotes",
+    "split_top_level",
+    "unquote",
+]
 
 #: a column name written as it is (as ``--where`` reads one): letters, digits, ``_``, ``.``
 _PLAIN_NAME = re.compile(r"[^\W\d][\w.]*")
@@ -41,22 +49,35 @@ def unquote(col: str) -> str:
     return col[1:-1].replace('""', '"') if col[0] == '"' else col[1:-1]
 
 
+def outside_quotes(text: str, start: int = 0) -> Iterator[tuple[int, str, int]]:
+    """``(index, character, depth)`` of each character of ``text`` from ``start`` that is
+    outside quotes (``''``, ``""``, backquotes), with the parenthesis depth after it (a ``(``
+    at the depth it opens, a ``)`` at the one it closes to): the one scan that splitting at
+    top-level commas, finding a call's closing parenthesis and checking balance share."""
+    depth, quote = 0, ""
+    for i in range(start, len(text)):
+        c = text[i]
+        if quote:
+            if c == quote:
+                quote = ""  # a doubled quote inside closes and opens again: the same
+            continue
+        if c in "'\"`":
+            quote = c
+            continue
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        yield i, c, depth
+
+
 def split_top_level(text: str) -> list[str]:
     """``text`` cut at its commas outside parentheses and quotes (``''``, ``""``, backquotes),
     each part stripped, empty ones left out: ``'"a, b" desc, n'`` is ``['"a, b" desc', 'n']``."""
     parts: list[str] = []
-    depth, quote, start = 0, "", 0
-    for i, c in enumerate(text):
-        if quote:
-            if c == quote:
-                quote = ""  # a doubled quote inside closes and opens again: the same
-        elif c in "'\"`":
-            quote = c
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth = max(0, depth - 1)
-        elif c == "," and depth == 0:
+    start = 0
+    for i, c, depth in outside_quotes(text):
+        if c == "," and depth == 0:
             parts.append(text[start:i].strip())
             start = i + 1
     parts.append(text[start:].strip())

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from extagg._names import ColumnName, ExpressionText, is_plain_name, unquote
+from extagg._names import ColumnName, ExpressionText, is_plain_name, outside_quotes, unquote
 from extagg.columnar import _kernels
 from extagg.columnar.columns import Column, decimal_array, is_decimal64, to_column
 from extagg.columnar.var_states import VarArena
@@ -162,18 +162,10 @@ _AGG_TEXT = re.compile(
 
 def _balanced(text: str) -> bool:
     """Whether the parentheses of ``text`` outside its quotes close in order."""
-    depth, quote = 0, ""
-    for c in text:
-        if quote:
-            quote = "" if c == quote else quote
-        elif c in "'\"`":
-            quote = c
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-            if depth < 0:
-                return False
+    depth = 0
+    for _, _, depth in outside_quotes(text):
+        if depth < 0:
+            return False
     return depth == 0
 
 

@@ -429,23 +429,17 @@ def split_aggregate_expressions(
 
 
 def _named(text: str) -> tuple[str | None, str]:
-    """``"name = rest"`` as (name, rest), or (``None``, text) without a name."""
-    depth, quote = 0, ""
-    for i, c in enumerate(text):
-        if quote:
-            quote = "" if c == quote else quote
-        elif c in "'\"`":
-            quote = c
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-        elif c == "=" and depth == 0:
-            if text[i + 1 : i + 2] == "=" or text[i - 1 : i] in ("<", ">", "!"):
-                return None, text  # a comparison, not a name
+    """``"name = rest"`` as (name, rest), or (``None``, text) without a name (an operator
+    or a parenthesis before any ``=``)."""
+    from extagg._names import outside_quotes
+
+    for i, c, depth in outside_quotes(text):
+        if c == "=" and depth == 0:
+            if text[i + 1 : i + 2] == "=":
+                break  # a comparison, not a name
             name = text[:i].strip()
             return (name or None), text[i + 1 :].strip()
-        elif c in "(<>!":
+        if c in "(<>!":
             break
     return None, text.strip()
 
@@ -483,17 +477,9 @@ def _aggregate_calls(text: str, known: set[str]) -> list[tuple[int, int]]:
 
 def _closing(text: str, open_at: int) -> int:
     """The index of the parenthesis closing the one at ``open_at`` (quotes skipped), or -1."""
-    depth, quote = 0, ""
-    for i in range(open_at, len(text)):
-        c = text[i]
-        if quote:
-            quote = "" if c == quote else quote
-        elif c in "'\"`":
-            quote = c
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-            if depth == 0:
-                return i
+    from extagg._names import outside_quotes
+
+    for i, c, depth in outside_quotes(text, open_at):
+        if c == ")" and depth == 0:
+            return i
     return -1
