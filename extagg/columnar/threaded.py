@@ -163,6 +163,21 @@ class _Slice:
         self.bounds = bounds
 
 
+def _is_key_word(col: Column, enc: EncodedKeys) -> bool:
+    """Whether ``col`` is the one key, its values the words of ``enc`` (the same memory)."""
+    values = col.values
+    return (
+        values is not None
+        and col.valid is None
+        and values.ndim == 1
+        and values.dtype.itemsize == 8
+        and values.dtype.kind in "iu"
+        and enc.words.shape[1] == 1
+        and len(values) == len(enc.words)
+        and values.ctypes.data == enc.words.ctypes.data
+    )
+
+
 class ThreadedFold:
     """The thread partitions of one aggregator, their children and the pool that folds them.
 
@@ -397,6 +412,14 @@ class ThreadedFold:
             enc = EncodedKeys.take_many([(s.enc, rows) for s, rows in parts], self.bits, reuse)
             sub = {}
             for name in parts[0][0].cols:
+                # an 8-byte integer key without nulls is its own encoded word (see
+                # ``_column_words``): a view of the words gathered, not gathered again
+                if all(_is_key_word(s.cols[name], s.enc) for s, _ in parts):
+                    first = parts[0][0].cols[name]
+                    assert first.values is not None
+                    words = enc.words[:, 0].view(first.values.dtype)
+                    sub[name] = Column(name, first.kind, first.arrow_type, words)
+                    continue
                 # a string key's bytes are its encoded keys' (one string key): gathered once
                 shared = all(
                     s.cols[name].data is s.enc.var_data
