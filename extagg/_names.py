@@ -12,6 +12,8 @@ __all__ = [
     "ExpressionText",
     "is_plain_name",
     "outside_quotes",
+    "split_alias",
+    "split_key_aliases",
     "split_top_level",
     "unquote",
 ]
@@ -82,3 +84,42 @@ def split_top_level(text: str) -> list[str]:
             start = i + 1
     parts.append(text[start:].strip())
     return [p for p in parts if p]
+
+
+def split_alias(text: str) -> tuple[str, str | None]:
+    """A key written ``EXPR AS NAME`` (SQL's alias; ``as`` in any case, outside parentheses
+    and quotes; ``NAME`` plain or quoted) as ``(EXPR, NAME)``; any other text as ``(text,
+    None)``. ``cast(x as int)`` has its ``as`` inside parentheses: no alias."""
+    cut = -1
+    for i, c, depth in outside_quotes(text):
+        if (
+            depth == 0
+            and c in "aA"
+            and text[i : i + 2].lower() == "as"
+            and i > 0
+            and text[i - 1].isspace()
+            and i + 2 < len(text)
+            and text[i + 2].isspace()
+        ):
+            cut = i
+    if cut < 0:
+        return text, None
+    expr, name = text[:cut].strip(), text[cut + 2 :].strip()
+    if not expr or not (is_plain_name(name) or _QUOTED_NAME.fullmatch(name)):
+        return text, None
+    return expr, unquote(name)
+
+
+def split_key_aliases(keys: list[str]) -> tuple[list[str], list[str]]:
+    """``keys`` as given (``"year(d) as y"``, ``'"Unit" AS u'``, ``"k"``) as the keys to group
+    by and the result's names for them: ``(["year(d)", "Unit", "k"], ["y", "u", "k"])``, the
+    quoted ``"Unit"`` a :class:`ColumnName`. A :class:`ColumnName` is taken whole."""
+    grouped: list[str] = []
+    names: list[str] = []
+    for key in keys:
+        expr, alias = (key, None) if isinstance(key, ColumnName) else split_alias(key)
+        if alias is not None and _QUOTED_NAME.fullmatch(expr):
+            expr = ColumnName(unquote(expr))
+        grouped.append(expr)
+        names.append(key if alias is None else alias)
+    return grouped, names

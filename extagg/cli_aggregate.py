@@ -38,8 +38,8 @@ def add_aggregate_command(sub: Any) -> None:
     p.add_argument("paths", nargs="+", help="files, globs or directories (hive key=value dirs)")
     p.add_argument(
         "--by", action="append", default=[],
-        help="key columns or expressions, comma separated (e.g. 'year(d),k'); quote a name "
-        "with spaces or commas: '\" name\",x'",
+        help="key columns or expressions, comma separated (e.g. 'year(d) AS y,k'); quote a "
+        "name with spaces or commas: '\" name\",x'",
     )  # fmt: skip
     p.add_argument(
         "--agg",
@@ -223,7 +223,7 @@ def split_names(text: str) -> list[str]:
     doubled quote inside is one), as ``--agg`` and ``--where`` read quoted names. An
     unquoted key may be an expression, ``year(l_shipdate)``: its commas inside parentheses
     or '' quotes do not separate keys."""
-    from extagg._names import ColumnName  # not pyarrow: the memory pool is not chosen yet
+    from extagg._names import ColumnName, split_alias  # not pyarrow: the pool is not chosen yet
     from extagg.errors import QueryError
 
     names: list[str] = []
@@ -234,6 +234,7 @@ def split_names(text: str) -> list[str]:
         if i >= n:
             break
         if text[i] in '"`':
+            start = i
             quote, i, name = text[i], i + 1, []
             while True:
                 if i >= n:
@@ -247,11 +248,18 @@ def split_names(text: str) -> list[str]:
                     break
                 name.append(text[i])
                 i += 1
-            names.append(ColumnName("".join(name)))
             while i < n and text[i] in " \t":
                 i += 1
             if i < n and text[i] != ",":
-                raise QueryError(f"expected ',' after a quoted name in --by {text!r}")
+                end = _top_level_comma(text, i)
+                if split_alias(text[start:end].strip())[1] is None:
+                    raise QueryError(
+                        f"expected ',' or 'as NAME' after a quoted name in --by {text!r}"
+                    )
+                names.append(text[start:end].strip())  # '"Unit price" as p': split later
+                i = end
+                continue
+            names.append(ColumnName("".join(name)))
         else:
             end = _top_level_comma(text, i)
             names.append(text[i:end].strip())
@@ -260,20 +268,12 @@ def split_names(text: str) -> list[str]:
 
 
 def _top_level_comma(text: str, start: int) -> int:
-    """The index of the first comma at or after ``start`` outside parentheses and '' quotes
-    (the text's length if none)."""
-    depth, quoted = 0, False
-    for i in range(start, len(text)):
-        c = text[i]
-        if c == "'":
-            quoted = not quoted  # a doubled '' inside closes and opens again: the same
-        elif quoted:
-            continue
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth = max(0, depth - 1)
-        elif c == "," and depth == 0:
+    """The index of the first comma at or after ``start`` outside parentheses and quotes
+    (``''``, ``""``, backquotes; the text's length if none)."""
+    from extagg._names import outside_quotes
+
+    for i, c, depth in outside_quotes(text, start):
+        if c == "," and depth <= 0:
             return i
     return len(text)
 

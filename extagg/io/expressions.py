@@ -12,6 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from extagg._names import split_key_aliases
 from extagg.errors import ExpressionError, ExpressionOverflowError, QueryError
 from extagg.io.where import ParsedExpression, eager_cast, parse_expression, shared_subexpressions
 
@@ -245,6 +246,7 @@ def aggregate(
     [{'k': 'a', 'rev': 32.0, 'n': 2}, {'k': 'b', 'rev': 20.0, 'n': 1}]
     """
     post: list[tuple[str, str]] = []
+    outputs: list[str] = []
     if isinstance(aggs, str) or (
         isinstance(aggs, Sequence) and aggs and all(isinstance(a, str) for a in aggs)
     ):  # texts: some may be expressions over aggregates (r=sum(a) / sum(b))
@@ -252,11 +254,23 @@ def aggregate(
             [aggs] if isinstance(aggs, str) else list(aggs)
         )
         aggs = engine
-    table = _aggregate(source, keys, aggs, progress, options)
-    if not post:
-        return table
-    key_names = [keys] if isinstance(keys, str) else list(keys)
-    return with_results_computed(table, post, [*key_names, *outputs])
+    key_list, key_names = split_key_aliases([keys] if isinstance(keys, str) else list(keys))
+    if key_names != key_list:
+        repeated = sorted({k for k in key_names if key_names.count(k) > 1})
+        if repeated:
+            raise QueryError(f"two keys named {repeated}: give them different names")
+        from extagg.columnar.functions import agg_mapping
+
+        clash = sorted(set(key_names) & {*(agg_mapping(aggs) or ()), *outputs})
+        if clash:
+            raise QueryError(f"aggregate output(s) {clash} have the names of key columns")
+    table = _aggregate(source, key_list, aggs, progress, options)
+    if post:
+        table = with_results_computed(table, post, [*key_list, *outputs])
+    if key_names != key_list:
+        names = [*key_names, *table.schema.names[len(key_list) :]]
+        table = table.rename_columns(names).replace_schema_metadata(table.schema.metadata)
+    return table
 
 
 def with_results_computed(

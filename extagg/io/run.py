@@ -14,6 +14,7 @@ import errno
 import itertools
 import logging
 import os
+import re
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -24,6 +25,7 @@ import pyarrow as pa
 from extagg._config import env_size, resolve_file_threads
 from extagg._input_paths import output_directory_problem, output_is_an_input, output_problem
 from extagg._interrupts import latched_interrupts, raise_if_interrupted
+from extagg._names import split_key_aliases
 from extagg._sysinfo import current_rss, peak_rss
 from extagg.errors import (
     MemoryLimitError,
@@ -115,6 +117,8 @@ class FileQuery:
         #: the keys and :attr:`outputs`, in order
         self.post: list[tuple[str, ParsedExpression]] = []
         self.outputs: list[str] = []
+        #: the result's names of the keys (``--by 'year(d) as y'``: ``y``), in order
+        self.key_names: list[str] = list(by)
         self.metrics = RunMetrics(
             files=len(scan.files), bytes_total=scan.total_bytes, rows_total=scan.total_rows,
             row_groups_total=scan.row_groups_total, files_skipped=scan.files_skipped,
@@ -219,6 +223,8 @@ class FileQuery:
             finish = self._post_columns(schema)
             if finish is not None:
                 schema = finish(schema.empty_table()).schema
+            if self.key_names != self.by:
+                schema = self._renamed(schema.empty_table()).schema
         except BaseException:
             self._scan_memory.close_memory()
             agg.close()
@@ -286,6 +292,10 @@ class FileQuery:
 
         return finish
 
+    def _renamed(self, batch: Any) -> Any:
+        """A result batch (keys first) with the keys' names the query gave them."""
+        return batch.rename_columns([*self.key_names, *batch.schema.names[len(self.by) :]])
+
     def _results(
         self,
         agg: Any,
@@ -298,6 +308,9 @@ class FileQuery:
             schema = getattr(agg, "schema", None)
             if finish is not None and schema is not None:
                 schema = finish(schema.empty_table()).schema
+            renamed = self.key_names != self.by
+            if renamed and schema is not None:
+                schema = self._renamed(schema.empty_table()).schema
             if self.having is not None and schema is not None:
                 # typed as the results are (a quoted value read as its column's type; a test
                 # that is not one, or operands that do not fit, a usage error at its operator)
@@ -306,6 +319,8 @@ class FileQuery:
                 m.groups += batch.num_rows
                 if finish is not None:
                     batch = finish(batch)
+                if renamed:
+                    batch = self._renamed(batch)
                 if self.having is not None:
                     batch = _having(batch, self.having)
                 m.rows_out += batch.num_rows
@@ -529,6 +544,18 @@ def _dictionary_keys(
     return out
 
 
+def _with_alias_hint(error: QueryError, keys: Sequence[str]) -> QueryError:
+    """``error`` (an unknown column), with how to name a key when a key reads as ``NAME=EXPR``
+    whose ``NAME`` is that column (``--agg``'s way of naming, which ``--by`` reads as ``=``)."""
+    missing = getattr(error, "column", None)
+    for key in keys:
+        named = re.match(r"\s*([^\W\d][\w.]*)\s*=(?!=)\s*(.+)", key, re.S)
+        if named is not None and named.group(1) == missing:
+            hint = f"{named.group(2).strip()} AS {missing}"
+            return QueryError(f"{error}; to name a key, write it as --by {hint!r}")
+    return error
+
+
 def _first_rows(
     batches: Iterator[pa.RecordBatch], limit: int, metrics: RunMetrics
 ) -> Iterator[pa.RecordBatch]:
@@ -641,7 +668,7 @@ def plan_query(
     from extagg._config import parse_size
     from extagg.columnar.functions import NO_AGGREGATES, agg_mapping, parse_aggs
 
-    keys = [by] if isinstance(by, str) else list(by)
+    keys, key_names = split_key_aliases([by] if isinstance(by, str) else list(by))
     post: list[tuple[str, str]] = []
     outputs: list[str] = []
     if isinstance(aggs, str) or (
@@ -663,7 +690,10 @@ def plan_query(
     repeated = sorted({k for k in keys if keys.count(k) > 1})
     if repeated:
         raise QueryError(f"key column(s) {repeated} given twice in by")
-    clash = sorted(set(keys) & {*asked, *(name for name, _ in post)})
+    repeated = sorted({k for k in key_names if key_names.count(k) > 1})
+    if repeated:
+        raise QueryError(f"two keys named {repeated} in by: give them different names")
+    clash = sorted(set(key_names) & {*asked, *(name for name, _ in post)})
     if clash:
         raise QueryError(
             f"aggregate output(s) {clash} have the names of key columns: rename them "
@@ -741,7 +771,7 @@ def plan_query(
                     "quoted: 'p=sum(\"Price (EUR)\")')"
                 ) from None
             if first_error is not None and missing in taken:
-                raise first_error from None  # the expression's own unknown column says more
+                raise _with_alias_hint(first_error, keys) from None  # its own column says more
             texts = [] if missing is None else arguments.take_as_columns(missing)
             if not texts:
                 raise
@@ -751,7 +781,7 @@ def plan_query(
     scan.batch_rows = batch_rows
     if where_expr is not None:
         scan.filter_mask = where_expr.mask
-    results = [*keys, *(outputs if post else asked)]  # the result's columns
+    results = [*key_names, *(outputs if post else asked)]  # the result's columns
     if having_expr is not None:
         out_cols = results
         for name in having_expr.columns:
@@ -761,14 +791,16 @@ def plan_query(
     if order_by is not None and (not isinstance(order_by, str) or order_by.strip()):
         if sort:
             raise QueryError("give sort (by the keys) or order_by, not both")
-        names = [*keys, *(() if asked is NO_AGGREGATES else results[len(keys) :])]
+        names = [*key_names, *(() if asked is NO_AGGREGATES else results[len(keys) :])]
         order = parse_order_by(order_by, names)
     elif sort:
-        order = [(k, "ascending") for k in keys]
+        order = [(k, "ascending") for k in key_names]
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise QueryError(f"limit must be a whole number of rows, 0 or more; got {limit!r}")
-    for key, _ in order:
-        if key not in keys or key not in scan.schema.names:  # an aggregate; a computed key
+    grouped_by = dict(zip(key_names, keys, strict=True))
+    for name, _ in order:
+        key = grouped_by.get(name)
+        if key is None or key not in scan.schema.names:  # an aggregate; a computed key
             continue
         typ = scan.schema.field(key).type
         if pa.types.is_nested(typ):
@@ -786,6 +818,7 @@ def plan_query(
     if post:
         query.post = [(name, parse_expression(text)) for name, text in post]
         query.outputs = outputs
+    query.key_names = key_names
     return query
 
 
