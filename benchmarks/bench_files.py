@@ -9,6 +9,8 @@ Queries:
   ``GROUP BY l_returnflag, l_linestatus WHERE l_shipdate <= date '1998-09-02'``;
 - ``q1full``: TPC-H Q1 as written, its ``sum(l_extendedprice * (1 - l_discount))`` and
   ``sum(l_extendedprice * (1 - l_discount) * (1 + l_tax))`` too;
+- ``q6``: TPC-H Q6, a global ``sum(l_extendedprice * l_discount)`` under a selective filter
+  (a year of ship dates, a discount range, ``l_quantity < 24``: 2 % of the rows kept);
 - ``orderkey``: ``GROUP BY l_orderkey`` (1.5 M groups per SF) with count and ``sum(l_quantity)``;
 - ``partsupp``: ``GROUP BY l_partkey, l_suppkey`` with ``count_distinct(l_orderkey)``.
 
@@ -88,6 +90,12 @@ QUERIES: dict[str, dict[str, Any]] = {
         },
         "where": "l_shipdate <= date '1998-12-01' - interval '90 days'",
     },
+    "q6": {  # TPC-H Q6: no key, a selective filter on decimals and dates
+        "by": [],
+        "aggs": {"revenue": ("l_extendedprice * l_discount", "sum")},
+        "where": "l_shipdate >= date '1994-01-01' and l_shipdate < date '1995-01-01' "
+                 "and l_discount between 0.05 and 0.07 and l_quantity < 24",
+    },
     "orderkey": {
         "by": ["l_orderkey"],
         "aggs": {"n": ("*", "count"), "qty": ("l_quantity", "sum")},
@@ -99,6 +107,15 @@ QUERIES: dict[str, dict[str, Any]] = {
         "where": None,
     },
 }  # fmt: skip
+#: each query's ``where`` as a Polars expression (``pl`` given)
+POLARS_FILTERS: dict[str, Any] = {
+    "q1": lambda pl: pl.col("l_shipdate") <= pl.date(1998, 9, 2),
+    "q1full": lambda pl: pl.col("l_shipdate") <= pl.date(1998, 9, 2),
+    "q6": lambda pl: (pl.col("l_shipdate") >= pl.date(1994, 1, 1))
+    & (pl.col("l_shipdate") < pl.date(1995, 1, 1))
+    & pl.col("l_discount").is_between(0.05, 0.07)
+    & (pl.col("l_quantity") < 24),
+}
 SQL_FUNC = {"sum": "sum({})", "mean": "avg({})", "count": "count(*)",
             "count_distinct": "count(DISTINCT {})"}  # fmt: skip
 
@@ -202,7 +219,10 @@ def child(case: dict[str, Any]) -> dict[str, Any]:
         cols = [SQL_FUNC[f].format(c) + f" AS {n}" for n, (c, f) in q["aggs"].items()]
         where = "" if not q["where"] else f" WHERE {q['where']}"
         keys = ", ".join(q["by"])
-        sql = f"SELECT {keys}, {', '.join(cols)} FROM {src}{where} GROUP BY {keys}"
+        if keys:
+            sql = f"SELECT {keys}, {', '.join(cols)} FROM {src}{where} GROUP BY {keys}"
+        else:  # a global aggregate
+            sql = f"SELECT {', '.join(cols)} FROM {src}{where}"
 
         def run() -> tuple[Any, dict[str, Any]]:
             res = con.execute(sql)
@@ -218,14 +238,15 @@ def child(case: dict[str, Any]) -> dict[str, Any]:
                 else pl.scan_csv(path, try_parse_dates=True)
             )
             if q["where"]:
-                lf = lf.filter(pl.col("l_shipdate") <= pl.date(1998, 9, 2))
+                lf = lf.filter(POLARS_FILTERS[case["query"]](pl))
             exprs = []
             for n, (c, f) in q["aggs"].items():
                 col = pl.col(c) if c.isidentifier() else pl.sql_expr(c)  # q1full's products
                 e = {"sum": col.sum, "mean": col.mean, "count": pl.len,
                      "count_distinct": col.n_unique}[f]()  # fmt: skip
                 exprs.append(e.alias(n))
-            out = lf.group_by(q["by"]).agg(exprs).collect(engine="streaming")
+            grouped = lf.group_by(q["by"]).agg(exprs) if q["by"] else lf.select(exprs)
+            out = grouped.collect(engine="streaming")
             return out.to_arrow(), {}
 
     import_seconds = time.perf_counter() - imported
