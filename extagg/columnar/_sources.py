@@ -44,7 +44,8 @@ class TableSource(BlockSource[ColumnBlock]):
     one partition are ranges of its sorted slots, independent of each other (with 10 M groups
     gathering is half of reading the results). The batches gathered ahead are held in the
     budget (as ``source_bytes``) until handed out, and not gathered ahead when that memory is
-    not granted, nor for string keys or states (a batch's rows then depend on its bytes).
+    not granted. A batch with string keys or states ends where its bytes reach
+    ``batch_var_bytes``: the ranges are found one after the other, then gathered side by side.
     """
 
     def __init__(self, st: TableState, table: TypedHashTable, ordered: bool = True) -> None:
@@ -98,7 +99,7 @@ class TableSource(BlockSource[ColumnBlock]):
                 self.pos += step
                 return block
             assert self.gids is not None
-            if st.read_pool is not None and st.read_lanes > 1 and self._fixed_width():
+            if st.read_pool is not None and st.read_lanes > 1:
                 return self._gather_ahead(st.read_pool, st.read_lanes)
             stop, block = next(
                 st.layout.iter_sorted(
@@ -114,20 +115,23 @@ class TableSource(BlockSource[ColumnBlock]):
             self.pos = stop
             return block
 
-    def _fixed_width(self) -> bool:
-        """Whether every batch is ``run_rows`` groups (no string key or state bytes)."""
-        assert self.table is not None
-        return not self.table.has_var and not self.st.layout.var_len_states()
-
     def _gather_ahead(self, submit: Callable[..., Future[ColumnBlock]], lanes: int) -> ColumnBlock:
-        """The next batch, gathered while the pool gathers up to ``lanes - 1`` more."""
+        """The next batch, gathered while the pool gathers up to ``lanes - 1`` more (their
+        ranges found first, one after the other: a batch with string keys or states ends
+        where its bytes reach ``batch_var_bytes``)."""
         st = self.st
         table, hashes, gids = self.table, self.hashes, self.gids
         assert table is not None and hashes is not None and gids is not None
         rows = max(1, st.run_rows)
-        stop = min(self.groups, self.pos + lanes * rows)
-        ranges = [(lo, min(stop, lo + rows)) for lo in range(self.pos, stop, rows)]
-        extra = (ranges[-1][1] - ranges[0][1]) * st.layout.fixed_row_bytes
+        ranges: list[tuple[int, int]] = []
+        extra = 0  # the bytes of the batches after the first
+        lo = self.pos
+        while lo < self.groups and len(ranges) < lanes:
+            hi, var_bytes = st.layout.batch_stop(table, gids, lo, rows, st.batch_var_bytes)
+            if ranges:
+                extra += (hi - lo) * st.layout.fixed_row_bytes + var_bytes
+            ranges.append((lo, hi))
+            lo = hi
         if len(ranges) > 1 and not st.budget.hold_more(extra):
             ranges, extra = ranges[:1], 0
         st.source_bytes += extra

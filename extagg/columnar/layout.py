@@ -130,13 +130,28 @@ class BlockLayout:
         """
         n = len(hashes)
         pos = start
-        lens = [table.payload[i] for i in self.var_len_states()]
         while pos < n:
-            stop = min(n, pos + batch_rows)
-            if (table.has_var or lens) and batch_var_bytes > 0:
-                stop = pos + _rows_within(table, slot_gids[pos:stop], batch_var_bytes, lens)
+            stop, _ = self.batch_stop(table, slot_gids, pos, batch_rows, batch_var_bytes)
             yield stop, self.gather(table, hashes[pos:stop], slot_gids[pos:stop], arena)
             pos = stop
+
+    def batch_stop(
+        self,
+        table: TypedHashTable,
+        slot_gids: np.ndarray,
+        start: int,
+        batch_rows: int,
+        batch_var_bytes: int,
+    ) -> tuple[int, int]:
+        """Where the result batch that starts at sorted group ``start`` ends — after at most
+        ``batch_rows`` groups and about ``batch_var_bytes`` key and string state bytes — and
+        its key and string state bytes (0 when not counted: no limit, or none)."""
+        stop = min(len(slot_gids), start + batch_rows)
+        lens = [table.payload[i] for i in self.var_len_states()]
+        if (table.has_var or lens) and batch_var_bytes > 0:
+            rows, var_bytes = _rows_within(table, slot_gids[start:stop], batch_var_bytes, lens)
+            return start + rows, var_bytes
+        return stop, 0
 
     # -- merging -----------------------------------------------------------------------------
 
@@ -285,14 +300,15 @@ def global_row_untyped(requests: Sequence[F.AggregateRequest]) -> pa.RecordBatch
 
 def _rows_within(
     table: TypedHashTable, slot_gids: np.ndarray, limit: int, lens: Sequence[np.ndarray] = ()
-) -> int:
+) -> tuple[int, int]:
     """How many leading groups of ``slot_gids`` fit in ``limit`` key bytes and string state
-    bytes (``lens``: the lengths of the states, -1 for none) (at least one)."""
+    bytes (``lens``: the lengths of the states, -1 for none) (at least one), and their bytes."""
     gids = slot_gids.astype(np.int64) - 1
     sizes = np.zeros(len(gids), dtype=np.int64)
     if table.has_var:
         sizes += table.var_offsets[gids + 1] - table.var_offsets[gids]
     for length in lens:
         sizes += np.maximum(length[gids], 0)
-    fits = int(np.searchsorted(np.cumsum(sizes), limit, side="right"))
-    return max(1, fits)
+    total = np.cumsum(sizes)
+    fits = max(1, int(np.searchsorted(total, limit, side="right")))
+    return fits, int(total[fits - 1]) if len(total) else 0
