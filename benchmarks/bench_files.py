@@ -111,10 +111,12 @@ QUERIES: dict[str, dict[str, Any]] = {
 POLARS_FILTERS: dict[str, Any] = {
     "q1": lambda pl: pl.col("l_shipdate") <= pl.date(1998, 9, 2),
     "q1full": lambda pl: pl.col("l_shipdate") <= pl.date(1998, 9, 2),
-    "q6": lambda pl: (pl.col("l_shipdate") >= pl.date(1994, 1, 1))
-    & (pl.col("l_shipdate") < pl.date(1995, 1, 1))
-    & pl.col("l_discount").is_between(0.05, 0.07)
-    & (pl.col("l_quantity") < 24),
+    "q6": lambda pl: (
+        (pl.col("l_shipdate") >= pl.date(1994, 1, 1))
+        & (pl.col("l_shipdate") < pl.date(1995, 1, 1))
+        & pl.col("l_discount").is_between(0.05, 0.07)
+        & (pl.col("l_quantity") < 24)
+    ),
 }
 SQL_FUNC = {"sum": "sum({})", "mean": "avg({})", "count": "count(*)",
             "count_distinct": "count(DISTINCT {})"}  # fmt: skip
