@@ -545,7 +545,9 @@ class _Parser:
         if func not in _ORDER or not (
             pa.types.is_floating(left_type) or pa.types.is_floating(right_type)
         ):
-            return self.call(func, left, right, at=at)
+            test = self.call(func, left, right, at=at)
+            fast = self._eager_decimal_test(func, left, right) if func in _ORDER else None
+            return test if fast is None else self.made(test, fast)
         # Spark's order: NaN = NaN, NaN above every number. Each form names is_nan of every
         # float operand, also where IEEE's answer needs no help: a Parquet row group's min/max
         # leave NaN out, so a test without it (``not (f <= 5)``) would skip row groups
@@ -671,6 +673,32 @@ class _Parser:
             return lambda b: pc.invert(opposite(column(b), literal.value))
         return lambda b: func(column(b), literal.value)
 
+    def _eager_decimal_test(
+        self, func: Callable[..., Any], left: pc.Expression, right: pc.Expression
+    ) -> Callable[[pa.RecordBatch], Any] | None:
+        """A decimal column of at most 18 digits compared with a literal, on batches: the
+        unscaled values (a decimal128's low 64-bit words) against the literal scaled to the
+        column's scale, in one NumPy comparison (TPC-H Q6's ``l_discount between 0.05 and
+        0.07``: 3.5 ns a row in Arrow's decimal kernel, which rescales the pair). None for
+        other operands; the expression itself is unchanged (row groups pruned as before)."""
+        fns = self.fn(left), self.fn(right)
+        types = self.type_of(left), self.type_of(right)
+        if isinstance(fns[0], _Constant):
+            func, fns, types = _MIRROR[func], (fns[1], fns[0]), (types[1], types[0])
+        column, literal = fns
+        typ = types[0]
+        if (
+            not isinstance(literal, _Constant)
+            or isinstance(column, _Constant)
+            or not pa.types.is_decimal128(typ)
+            or typ.precision > 18
+        ):
+            return None
+        value = literal.value.as_py()
+        if not isinstance(value, (int, Decimal)):
+            return None  # a null literal: Arrow's null answer
+        return _unscaled_test(column, typ, func, Decimal(value))
+
     def _calendar_interval(
         self, func: Callable[..., Any], left: pc.Expression, right: pc.Expression, at: _Tok
     ) -> pc.Expression | None:
@@ -737,8 +765,8 @@ class _Parser:
         l_discount) * (1 + l_tax)``)."""
         expr = self.call(func, left, right, at=at)
         typ = self.type_of(expr)
-        if not pa.types.is_decimal(typ):
-            return expr
+        if not pa.types.is_decimal(typ) or isinstance(self._fns[id(expr)], _Constant):
+            return expr  # literals only (``0.06 - 0.01``): computed once by Arrow (call)
         wide_types = (self.type_of(left), self.type_of(right))
         operands = (left, right) if narrow is None else narrow
         left_fn, right_fn = self._fns[id(operands[0])], self._fns[id(operands[1])]
@@ -1821,6 +1849,64 @@ def _int_range(typ: pa.DataType) -> tuple[int, int]:
 
 def _as_bool(fn: Callable[[pa.RecordBatch], Any]) -> Callable[[pa.RecordBatch], Any]:
     return lambda batch: pc.cast(fn(batch), pa.bool_())
+
+
+#: beyond any unscaled value of a decimal of at most 18 digits
+_DECIMAL64_BOUND = 10**18
+
+
+def _unscaled_test(
+    column: Callable[[pa.RecordBatch], Any], typ: pa.DataType, func: Callable[..., Any],
+    literal: Decimal,
+) -> Callable[[pa.RecordBatch], Any]:  # fmt: skip
+    """``func(column, literal)`` for a ``decimal128`` column ``typ`` of at most 18 digits, as
+    a comparison of its unscaled values with an integer: ``x < 0.065`` at scale 2 is ``u < 7``
+    (the literal times ``10**scale``, rounded up for ``<``/``>=``, down for ``<=``/``>``;
+    ``=`` a value between two steps is false, ``!=`` true). Null values stay null."""
+    import decimal
+
+    import numpy as np
+
+    with decimal.localcontext() as ctx:
+        ctx.prec = 100
+        scaled = literal.scaleb(typ.scale)
+        down = int(scaled.to_integral_value(rounding=decimal.ROUND_FLOOR))
+        up = int(scaled.to_integral_value(rounding=decimal.ROUND_CEILING))
+    constant: bool | None = None
+    op: Any
+    if func is pc.less:
+        op, bound = np.less, up
+    elif func is pc.less_equal:
+        op, bound = np.less_equal, down
+    elif func is pc.greater:
+        op, bound = np.greater, down
+    elif func is pc.greater_equal:
+        op, bound = np.greater_equal, up
+    else:
+        op, bound = (np.equal if func is pc.equal else np.not_equal), down
+        if down != up:  # between two steps of the column's scale
+            constant = func is pc.not_equal
+    bound = max(-_DECIMAL64_BOUND, min(_DECIMAL64_BOUND, bound))
+
+    def test(batch: pa.RecordBatch) -> Any:
+        values = column(batch)
+        if isinstance(values, pa.ChunkedArray):
+            values = values.combine_chunks()
+        n = len(values)
+        words = values.buffers()[1]
+        if constant is not None:
+            out = np.full(n, constant)
+        elif words is None:  # no values buffer (every value null)
+            out = np.zeros(n, dtype=np.bool_)
+        else:
+            start = 2 * values.offset  # a decimal128 is two int64 words, the low one first
+            low = np.frombuffer(words, dtype=np.int64)[start : start + 2 * n : 2]
+            out = op(low, bound)
+        if values.null_count == 0:
+            return pa.array(out, type=pa.bool_())
+        return pa.array(out, type=pa.bool_(), mask=values.is_null().to_numpy(zero_copy_only=False))
+
+    return test
 
 
 @dataclass(frozen=True)

@@ -1222,3 +1222,53 @@ def test_a_value_that_does_not_convert_stops_the_run(tmp_path, capsys):
     pq.write_table(pa.table({"k": [1, 2], "s": ["1", "x"]}), src)
     assert main(["aggregate", str(src), "--by", "k", "--agg", "n=sum(s::int)", "-q"]) == 1
     assert "s::int" in capsys.readouterr().err
+
+
+_COMPARE = {
+    "<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b, "=": lambda a, b: a == b, "!=": lambda a, b: a != b,
+}  # fmt: skip
+
+
+@given(
+    precision=st.integers(1, 18),
+    data=st.data(),
+    op=st.sampled_from(sorted(_COMPARE)),
+    literal_scale=st.integers(0, 6),
+    literal_digits=st.integers(-(10**21), 10**21),
+    skip=st.integers(0, 3),
+    flip=st.booleans(),
+)
+def test_decimal_column_against_a_literal_compares_unscaled_values(
+    precision, data, op, literal_scale, literal_digits, skip, flip
+):
+    """A decimal column of at most 18 digits compared with a literal is evaluated on its
+    unscaled 64-bit values (the literal rounded to the column's scale up or down as the
+    operator needs): the mask equals Python's exact answer for every row, nulls null, on a
+    sliced batch, either side of the operator, literals beyond any value or between two
+    steps of the column's scale."""
+    scale = data.draw(st.integers(0, precision))
+    top = 10**precision - 1
+    unscaled = data.draw(
+        st.lists(st.one_of(st.none(), st.integers(-top, top)), min_size=1, max_size=40)
+    )
+    values = [None if u is None else Decimal(u).scaleb(-scale) for u in unscaled]
+    column = pa.array(values, pa.decimal128(precision, scale)).slice(min(skip, len(values) - 1))
+    batch = pa.record_batch({"x": column})
+    literal = Decimal(literal_digits).scaleb(-literal_scale)
+    near = [v for v in values if v is not None]
+    if near and data.draw(st.booleans()):  # at a value, or a fraction of a step beside it
+        delta = Decimal(data.draw(st.integers(-9, 9))).scaleb(-scale - data.draw(st.integers(0, 2)))
+        literal = data.draw(st.sampled_from(near)) + delta
+    shown = format(literal, "f")  # not 1E+3: a number with an exponent is a float
+    text = f"{shown} {op} x" if flip else f"x {op} {shown}"
+    parsed = parse_expression(text)
+    parsed.bind(batch.schema)
+    got = parsed.mask(batch)
+    assert got is not None
+    compare = _COMPARE[op]
+    want = [
+        None if v is None else (compare(literal, v) if flip else compare(v, literal))
+        for v in values[min(skip, len(values) - 1) :]
+    ]
+    assert got.to_pylist() == want
