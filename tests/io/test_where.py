@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import operator
 import re
 from decimal import Decimal
 
@@ -28,6 +29,11 @@ TABLE = pa.Table.from_pylist(
          ("m", pa.decimal128(15, 2)), ("b", pa.bool_())]
     ),
 )  # fmt: skip
+
+
+#: the comparison operators of the grammar, as Python's
+_COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+            "=": operator.eq, "!=": operator.ne}  # fmt: skip
 
 
 def kept(text: str) -> list[int | None]:
@@ -137,13 +143,9 @@ def test_comparisons_match_python(values, low, high, op):
     table = pa.table({"x": pa.array(values, pa.int64())})
     text = f"x {op} {low} or x between {min(low, high)} and {max(low, high)}"
     got = ds.dataset(table).to_table(filter=parse_expression(text).expression)
-    ops = {
-        "<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
-        ">=": lambda a, b: a >= b, "=": lambda a, b: a == b, "!=": lambda a, b: a != b,
-    }  # fmt: skip
     want = [
         v for v in values
-        if v is not None and (ops[op](v, low) or min(low, high) <= v <= max(low, high))
+        if v is not None and (_COMPARE[op](v, low) or min(low, high) <= v <= max(low, high))
     ]  # fmt: skip
     assert got.column("x").to_pylist() == want
 
@@ -1222,12 +1224,6 @@ def test_a_value_that_does_not_convert_stops_the_run(tmp_path, capsys):
     pq.write_table(pa.table({"k": [1, 2], "s": ["1", "x"]}), src)
     assert main(["aggregate", str(src), "--by", "k", "--agg", "n=sum(s::int)", "-q"]) == 1
     assert "s::int" in capsys.readouterr().err
-
-
-_COMPARE = {
-    "<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
-    ">=": lambda a, b: a >= b, "=": lambda a, b: a == b, "!=": lambda a, b: a != b,
-}  # fmt: skip
 
 
 @given(
