@@ -7,6 +7,7 @@ in memory (:func:`extagg.aggregate_files` plans its own for files).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -14,7 +15,14 @@ import pyarrow as pa
 
 from extagg._names import split_key_aliases
 from extagg.errors import ExpressionError, ExpressionOverflowError, QueryError
-from extagg.io.where import ParsedExpression, eager_cast, parse_expression, shared_subexpressions
+from extagg.io.where import (
+    ParsedExpression,
+    StructField,
+    eager_cast,
+    parse_expression,
+    shared_subexpressions,
+    struct_field,
+)
 
 __all__ = [
     "AggregateArguments",
@@ -93,11 +101,19 @@ class AggregateArguments:
 
         self.columns: list[str] = []
         self.parsed: dict[str, ParsedExpression] = {}
-        #: unquoted arguments that do not parse: columns of that name, or this error
+        #: unquoted keys and arguments that do not parse: columns of that name, or this error
         self.syntax: dict[str, ExpressionError] = {}
         #: the expressions that are keys (their columns are named by their text: the result's)
         self.keys = {k for k in keys if not isinstance(k, ColumnName) and not is_plain_name(k)}
+        #: the keys and arguments given as plain names (a dotted one may be a struct's field)
+        self._plain_keys = {k for k in keys if not isinstance(k, ColumnName) and is_plain_name(k)}
         args = [s[0] if isinstance(s, (tuple, list)) and s else None for s in asked.values()]
+        self._plain_args = {
+            a for a in args
+            if isinstance(a, str) and not isinstance(a, ColumnName) and is_plain_name(a)
+        }  # fmt: skip
+        #: the dotted names read as fields of struct columns (see :meth:`read_struct_field`)
+        self.fields: dict[str, StructField] = {}
         #: the expressions that are aggregates' arguments (columns named ``(text)``)
         self.arguments = {
             a for a in args
@@ -116,7 +132,7 @@ class AggregateArguments:
                 self.parsed[col] = parse_expression(col)
             except ExpressionError as exc:
                 self.columns.append(col)
-                if isinstance(col, ExpressionText):
+                if isinstance(col, ExpressionText) or col in self.keys:
                     self.syntax[col] = exc
 
     def needed(self) -> list[str]:
@@ -139,6 +155,36 @@ class AggregateArguments:
             del self.parsed[text]
             self.columns.append(text)
         return texts
+
+    def read_struct_field(self, name: str, field: StructField) -> None:
+        """The dotted name ``name`` (a column the input lacks) is ``field`` of a struct
+        column: a key or an argument given as ``name`` becomes an expression reading that
+        column (the result's key column keeps the name), and so do the expressions that
+        read it."""
+        self.fields[name] = field
+        if name in self.columns and (name in self._plain_keys or name in self._plain_args):
+            self.columns.remove(name)
+            self.parsed[name] = parse_expression(name, self.fields)
+            if name in self._plain_keys:
+                self.keys.add(name)
+            if name in self._plain_args:
+                self.arguments.add(name)
+        for text, parsed in list(self.parsed.items()):
+            if name in parsed.columns:
+                self.parsed[text] = parse_expression(text, self.fields)
+
+    def read_struct_fields(self, schema: pa.Schema) -> None:
+        """Every dotted name read that ``schema`` lacks and that is a field of one of its
+        struct columns: read as that field (see :meth:`read_struct_field`)."""
+        structs = {f.name: f.type for f in schema if pa.types.is_struct(f.type)}
+        if not structs:
+            return
+        names = [*self.columns, *(c for p in self.parsed.values() for c in p.columns)]
+        for name in dict.fromkeys(names):
+            if "." in name and name not in schema.names and name not in self.fields:
+                field = struct_field(name, structs)
+                if field is not None:
+                    self.read_struct_field(name, field)
 
     def computed(self, schema: pa.Schema) -> list[ComputedColumn]:
         """The expressions fitted to the input's types (an operator whose operands do not fit:
@@ -308,7 +354,10 @@ def _aggregate(
     asked = agg_mapping(aggs)
     key_list = [keys] if isinstance(keys, str) else list(keys)
     arguments = AggregateArguments(key_list, {} if asked is NO_AGGREGATES else asked)
-    if not arguments.parsed:
+    structs = False  # whether a dotted name may be a field of a struct column of the source
+    if any("." in c for c in arguments.columns):
+        structs, source = _holds_arrow(source)
+    if not arguments.parsed and not structs:
         return aggregate_columns(source, keys, aggs, progress=progress, **options)
     schema, batches = _arrow_batches(source, arguments)
     for text, parsed in list(arguments.parsed.items()):
@@ -346,6 +395,29 @@ def _unknown(name: str, available: Sequence[str], where: str) -> QueryError:
     return error
 
 
+def _holds_arrow(source: Any) -> tuple[bool, Any]:
+    """Whether ``source`` holds Arrow data (pyarrow's batches, tables, readers, datasets, an
+    Arrow stream export, an iterable whose first item is a pyarrow batch or table), and
+    ``source`` to read from then (an iterable's first item put back). pandas and dicts do
+    not: their columns go to the engine as they are."""
+    from extagg.columnar.columns import is_batch, is_dataset
+
+    if isinstance(source, (pa.RecordBatch, pa.Table, pa.RecordBatchReader)) or is_dataset(source):
+        return True, source
+    if is_batch(source):  # pandas (whose frames export Arrow streams too), a dict
+        return False, source
+    if hasattr(source, "__arrow_c_stream__") or type(source).__name__ in ("Scanner", "LazyFrame"):
+        return True, source
+    try:
+        items = iter(source)
+    except TypeError:
+        return False, source  # the engine's error names what it takes
+    first = next(items, None)
+    if first is None:
+        return False, iter(())
+    return isinstance(first, (pa.RecordBatch, pa.Table)), itertools.chain([first], items)
+
+
 def _arrow_batches(
     source: Any, arguments: AggregateArguments
 ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
@@ -358,12 +430,15 @@ def _arrow_batches(
         source = stream
     if is_dataset(source):
         names = source.schema.names
+        arguments.read_struct_fields(source.schema)
         read = [c for c in arguments.needed() if c in names]
         source = source.scanner(columns=read).to_reader()
     if isinstance(source, pa.RecordBatchReader):
+        arguments.read_struct_fields(source.schema)
         return source.schema, iter(source)
     if is_batch(source):
         table = _as_arrow(source)
+        arguments.read_struct_fields(table.schema)
         return table.schema, iter(table.to_batches())
     try:
         items: Iterable[Any] = iter(source)
@@ -377,6 +452,7 @@ def _arrow_batches(
     first = next(converted, None)
     if first is None:
         raise QueryError("aggregate() with expressions needs at least one batch (their types)")
+    arguments.read_struct_fields(first.schema)
     return first.schema, _record_batches(first, converted)
 
 

@@ -2093,6 +2093,19 @@ def _closest(name: str, choices: Sequence[str]) -> str:
     return f"; did you mean {best[0]!r}?" if best else ""
 
 
+def _not_a_struct_field(name: str, schema: pa.Schema, path: str) -> None:
+    """Refuse ``--column-types`` for ``name`` when it is a field inside one of ``schema``'s
+    struct columns: declared, it would be a top-level field of that name, never set (nulls);
+    a field inside an object takes the type the object's sample gave it."""
+    for f in schema:
+        if pa.types.is_struct(f.type) and name.startswith(f"{f.name}."):
+            raise QueryError(
+                f"--column-types {name}: {path} has it as a field inside the object column "
+                f"{f.name!r}, whose fields take the types the first block gives them; "
+                f"convert it in the query instead (cast({name} as TYPE))"
+            )
+
+
 def unknown_column(name: str, available: Sequence[str], what: str = "column") -> QueryError:
     """The usage error for a column that is not there: the available ones and the closest
     (the name is kept as the error's ``column``)."""
@@ -2260,6 +2273,7 @@ def open_input(
                     # a field the query reads, first set past the sample, declared (one it
                     # does not read stays a typo: "did you mean")
                     if name not in typed.names and name in read_cols:
+                        _not_a_struct_field(name, typed, path)
                         typed = typed.append(pa.field(name, given))
                 per_file.append((path, typed))
             elif fmt == "ipc" and is_ipc_stream(path):
@@ -2316,9 +2330,22 @@ def open_input(
             "(Parquet and Arrow files carry their types)"
         )
     available = list(dict.fromkeys([n for _, s in per_file for n in s.names] + list(hive)))
+    #: the struct columns, by name (their fields over every file): a dotted name the input
+    #: lacks may be a field of one (``payload.user``), which the caller reads as an expression
+    structs: dict[str, pa.DataType] = {}
+    for _, file_schema in per_file:
+        for f in file_schema:
+            if pa.types.is_struct(f.type) and f.name not in structs:
+                try:
+                    structs[f.name] = _unify_column(f.name, per_file).type
+                except InputError:  # reported as such once the query's columns are known
+                    structs[f.name] = f.type
     for name in [*needed, *filter_columns]:
         if name not in available:
             error = unknown_column(name, available)
+            error.struct_types = structs  # type: ignore[attr-defined]
+            if any(name.startswith(f"{root}.") for root in structs):
+                raise error  # a field inside a struct, not a column the sample missed
             if fmt == "json":  # its fields are those of the sample's objects
                 error = QueryError(
                     f"{error}; a JSON Lines field first set past the first block of a file "
@@ -2326,6 +2353,7 @@ def open_input(
                     f"--column-types {name}:TYPE"
                 )
                 error.column = name  # type: ignore[attr-defined]
+                error.struct_types = structs  # type: ignore[attr-defined]
             raise error
     for name in column_types or {}:  # a typo would leave the type it meant unused
         if name not in available:

@@ -54,6 +54,7 @@ from extagg.io.output import output_format as pick_output_format
 from extagg.io.where import (
     ParsedExpression,
     parse_expression,
+    struct_field,
 )
 from extagg.memory import MemoryConsumer
 from extagg.memory.sizing import MEMORY_ENV
@@ -763,12 +764,22 @@ def plan_query(
             break
         except QueryError as exc:
             missing = getattr(exc, "column", None)
+            field = None
+            if missing is not None and missing not in arguments.fields:
+                field = struct_field(missing, getattr(exc, "struct_types", {}))
+            if missing is not None and field is not None:  # ``payload.user``: a struct's field
+                arguments.read_struct_field(missing, field)
+                if where_expr is not None and missing in where_expr.columns:
+                    where_expr = parse_expression(str(where), arguments.fields)
+                continue
             if missing in arguments.syntax:  # neither a column nor an expression
                 syntax = arguments.syntax[missing]
+                is_key = missing in arguments.keys
+                quoted = "--by '\"Price (EUR)\"'" if is_key else "'p=sum(\"Price (EUR)\")'"
                 raise QueryError(
                     f"{exc}; read as an expression, {missing!r} fails: {syntax.reason} at "
                     f"position {syntax.position} (a column name with spaces or parentheses is "
-                    "quoted: 'p=sum(\"Price (EUR)\")')"
+                    f"quoted: {quoted})"
                 ) from None
             if first_error is not None and missing in taken:
                 raise _with_alias_hint(first_error, keys) from None  # its own column says more

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import difflib
 import re
 import threading
 import zoneinfo
@@ -55,7 +56,10 @@ import pyarrow.dataset as ds
 
 from extagg.errors import ExpressionError, ExpressionOverflowError, QueryError
 
-__all__ = ["ParsedExpression", "parse_expression"]
+__all__ = ["ParsedExpression", "StructField", "parse_expression", "struct_field"]
+
+#: a field inside a struct column: the column's name and the field names down to it
+StructField = tuple[str, tuple[str, ...]]
 
 _TOKEN = re.compile(
     r"""\s*(?:
@@ -109,6 +113,9 @@ class ParsedExpression:
     #: :class:`~extagg.io.decimal_arith.DecimalInts` (``to_arrow(type)`` writes them once, in
     #: the type the caller needs); set by :meth:`bind_value`
     evaluate_values: Callable[[pa.RecordBatch], Any] | None = None
+    #: dotted names read as fields of struct columns: ``"payload.user.id"`` ->
+    #: ``("payload", ("user", "id"))`` (see :func:`parse_expression`)
+    fields: Mapping[str, StructField] = field(default_factory=dict)
 
     def bind(self, schema: pa.Schema) -> pc.Expression:
         """Fit the expression to the input's column types (``schema``: at least the columns it
@@ -119,7 +126,7 @@ class ParsedExpression:
         than Arrow's error from deep in the scan. A column whose type is ``null`` (all nulls:
         a JSON field never set, a Parquet column of nulls) takes the type of the values it is
         tested ``in``: ``null in (...)`` is null, so the row is dropped, as in SQL."""
-        parser = _Parser(self.text, schema)
+        parser = _Parser(self.text, schema, self.fields)
         expr = parser.parse()
         kind = parser.type_of(expr)
         if not (pa.types.is_boolean(kind) or pa.types.is_null(kind)):
@@ -140,7 +147,7 @@ class ParsedExpression:
         """Fit the expression to the input's column types as a value — an aggregate's
         argument, ``sum(price * (1 - discount))`` — and return its type (operands that do not
         fit: an :class:`~extagg.errors.ExpressionError` at their operator)."""
-        parser = _Parser(self.text, schema)
+        parser = _Parser(self.text, schema, self.fields)
         expr = parser.parse()
         kind = parser.type_of(expr)
         self.expression = expr
@@ -194,11 +201,17 @@ def _tokenize(text: str) -> list[_Tok]:
 
 
 class _Parser:
-    def __init__(self, text: str, schema: pa.Schema | None = None) -> None:
+    def __init__(
+        self,
+        text: str,
+        schema: pa.Schema | None = None,
+        fields: Mapping[str, StructField] | None = None,
+    ) -> None:
         self.text = text
         self.toks = _tokenize(text)
         self.i = 0
         self.columns: dict[str, int] = {}
+        self.fields = fields or {}
         #: each expression built (by ``id``; held in ``_made``) → its eager evaluation
         self._fns: dict[int, Callable[[pa.RecordBatch], Any]] = {}
         #: the expressions whose eager form may return DecimalInts (fn() converts them)
@@ -1180,7 +1193,7 @@ class _Parser:
         if tok.kind == "quoted":
             self.i += 1
             name = tok.text[1:-1].replace('""', '"') if tok.text[0] == '"' else tok.text[1:-1]
-            return self.column(name, tok.pos)
+            return self.column(name, tok.pos, quoted=True)
         if tok.word == "case" and self._starts_case():
             return self.case()
         if (
@@ -1411,7 +1424,13 @@ class _Parser:
         after = self.toks[self.i + 1]
         return after.kind == "string" or (word == "interval" and after.kind == "number")
 
-    def column(self, name: str, pos: int) -> pc.Expression:
+    def column(self, name: str, pos: int, quoted: bool = False) -> pc.Expression:
+        if not quoted and name in self.fields:  # a struct column's field (never when quoted)
+            root, path = self.fields[name]
+            self.columns.setdefault(root, pos)
+            return self.made(
+                pc.field(root, *path), lambda b: pc.struct_field(b.column(root), list(path))
+            )
         self.columns.setdefault(name, pos)
         schema = None if self._empty is None else self._empty.schema
         if (
@@ -2019,8 +2038,50 @@ def like_regex(pattern: str) -> str:
     return "".join(out)
 
 
-def parse_expression(text: str) -> ParsedExpression:
-    """Parse ``text`` (see the module docstring) into a ``pyarrow.compute`` expression."""
-    parser = _Parser(text)
+def parse_expression(
+    text: str, fields: Mapping[str, StructField] | None = None
+) -> ParsedExpression:
+    """Parse ``text`` (see the module docstring) into a ``pyarrow.compute`` expression.
+
+    ``fields``: the unquoted dotted names that are fields of struct columns (a JSON object's
+    ``payload.user``), each its column and path; the expression then reads the struct column.
+    Other dotted names are columns of that name (a CSV header ``user.id``)."""
+    parser = _Parser(text, fields=fields)
     expr = parser.parse()
-    return ParsedExpression(expr, list(parser.columns), text, dict(parser.columns), parser.fn(expr))
+    parsed = ParsedExpression(
+        expr, list(parser.columns), text, dict(parser.columns), parser.fn(expr)
+    )
+    parsed.fields = dict(fields or {})
+    return parsed
+
+
+def struct_field(name: str, struct_types: Mapping[str, pa.DataType]) -> StructField | None:
+    """``name`` read as a field of one of the struct columns ``struct_types``
+    (``payload.user.id``: column ``payload``, path ``("user", "id")``; the longest column
+    name that is a prefix wins, as a column may have a dot in its name), or ``None`` when no
+    struct column starts it. A path that leaves the struct's fields is a
+    :class:`~extagg.errors.QueryError` naming the fields there are."""
+    parts = name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        root = ".".join(parts[:cut])
+        if root not in struct_types:
+            continue
+        typ, path = struct_types[root], parts[cut:]
+        for depth, step in enumerate(path):
+            at = ".".join([root, *path[:depth]])
+            if not pa.types.is_struct(typ):
+                raise QueryError(f"{name!r}: {at!r} is a {typ}, not a struct with fields")
+            index = typ.get_field_index(step)
+            if index < 0:
+                names = [typ.field(i).name for i in range(typ.num_fields)]
+                close = difflib.get_close_matches(step, names, n=1, cutoff=0.5)
+                error = QueryError(
+                    f"unknown field {step!r} in struct {'field' if depth else 'column'} {at!r}"
+                    f"{f'; did you mean {close[0]!r}?' if close else ''} (its fields: "
+                    f"{', '.join(names)})"
+                )
+                error.column = name  # type: ignore[attr-defined]
+                raise error
+            typ = typ.field(index).type
+        return root, tuple(path)
+    return None

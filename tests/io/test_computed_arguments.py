@@ -111,6 +111,26 @@ def test_expression_errors_are_usage_errors_that_say_why(lineitem, capsys, agg, 
     assert words in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("key", "words"),
+    [
+        ("date_trunc(month, name)", "fails: date_trunc() takes a quoted text here at position 11"),
+        ("qty +", "'qty +' fails: expected a value"),
+    ],
+)
+def test_a_key_that_is_neither_a_column_nor_an_expression_says_why(lineitem, capsys, key, words):
+    """A key that does not parse is taken for a column of its text (a CSV header ``a-b``);
+    when the input has none, the error says where the expression fails, not only that no
+    column is named so."""
+    path, _ = lineitem
+    with pytest.raises(QueryError) as caught:
+        extagg.aggregate_files(path, by=[key], aggs="n=count(*)")
+    assert words in str(caught.value)
+    assert "quoted: --by '\"Price (EUR)\"'" in str(caught.value)
+    assert main(["aggregate", path, "--by", key, "--agg", "n=count(*)", "-q"]) == 2
+    assert words in capsys.readouterr().err
+
+
 def test_keys_may_be_expressions(lineitem, capsys):
     """``--by 'lower(name), qty % 3'``: keys computed per batch, named as given; spilling and
     sorted the same."""
