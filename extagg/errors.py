@@ -20,6 +20,7 @@ __all__ = [
     "SpillError",
     "SumOverflowError",
     "ExpressionOverflowError",
+    "ExpressionValueError",
     "UsageError",
     "QueryError",
     "ExpressionError",
@@ -228,6 +229,22 @@ class ExpressionOverflowError(_AtPosition, ExtaggError, OverflowError):
         The expression's text.
     position
         The 0-based offset of the operator.
+    """
+
+
+class ExpressionValueError(_AtPosition, ExtaggError, ValueError):
+    """A value that an expression's function cannot take, found on a row (``strptime`` of a
+    text not in its format). A runtime error, unlike :class:`ExpressionError`: the message
+    names the value and shows the expression with a caret under the function.
+
+    Parameters
+    ----------
+    reason
+        The function and the value.
+    expression
+        The expression's text.
+    position
+        The 0-based offset of the function's name.
     """
 
 

@@ -34,6 +34,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from extagg._input_paths import COMPRESSION_CODECS, expand_input_paths
+from extagg._names import is_plain_name
 from extagg.errors import InputError, QueryError
 
 __all__ = ["InputScan", "ScanProgress", "open_input", "parse_type", "row_bytes", "FORMATS"]
@@ -2346,7 +2347,7 @@ def open_input(
             error.struct_types = structs  # type: ignore[attr-defined]
             if any(name.startswith(f"{root}.") for root in structs):
                 raise error  # a field inside a struct, not a column the sample missed
-            if fmt == "json":  # its fields are those of the sample's objects
+            if fmt == "json" and is_plain_name(name):  # fields are those of the sample's objects
                 error = QueryError(
                     f"{error}; a JSON Lines field first set past the first block of a file "
                     f"(which the fields are read from) is not seen: declare it with "

@@ -23,7 +23,8 @@ Grammar (keywords are case-insensitive)::
 ``function`` is one of :data:`FUNCTIONS` (DuckDB's names: ``year(d)``, ``lower(s)``,
 ``starts_with(s, 'x')``, ``regexp_matches(s, 're')``, ``substr(s, 2, 3)``, ``round(x, 2)``,
 ``coalesce(a, b)``, ``if(c, a, b)``, ``greatest(a, b)``, ``nullif(a, b)``,
-``date_trunc('month', d)``, ``strftime(d, '%Y-%m')``, ...); their patterns, units,
+``date_trunc('month', d)``, ``strftime(d, '%Y-%m')``, ``strptime(s, '%d/%m/%Y')``,
+...); their patterns, units,
 formats, positions and digit counts are literals. ``case``
 (searched, or ``case x when a``) and ``if`` give the first true branch's value (SQL's).
 
@@ -54,7 +55,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from extagg.errors import ExpressionError, ExpressionOverflowError, QueryError
+from extagg.errors import ExpressionError, ExpressionOverflowError, ExpressionValueError, QueryError
 
 __all__ = ["ParsedExpression", "StructField", "parse_expression", "struct_field"]
 
@@ -1283,6 +1284,8 @@ class _Parser:
             return self.call(_PATTERN_FUNCTIONS[name], args[0], at=at, pattern=literals[0])
         if kind == "format":
             return self.call(pc.strftime, args[0], at=at, format=literals[0])
+        if kind == "parse":
+            return self._strptime(args[0], literals[0], at, strict=name == "strptime")
         if kind == "trunc":
             unit = literals[0].lower()
             if unit not in _TRUNC_UNITS:
@@ -1309,6 +1312,37 @@ class _Parser:
             )
         func, options = _VALUE_FUNCTIONS[name]
         return self.call(func, args[0], at=at, **options)
+
+    def _strptime(self, text: pc.Expression, format: str, at: _Tok, strict: bool) -> pc.Expression:
+        """DuckDB's ``strptime(text, format)``: a timestamp (microseconds) read by the C
+        library's format (``'%d/%m/%Y %H:%M'``); a text not in the format is an error naming
+        it (``try_strptime``: null)."""
+        if self._empty is not None:
+            typ = self.type_of(self.decoded(text))
+            if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
+                raise ExpressionError(f"{at.text}() reads a text, not {typ}", self.text, at.pos)
+            text = self.decoded(text)
+        expr = self.call(pc.strptime, text, at=at, format=format, unit="us", error_is_null=True)
+        if not strict:
+            return expr
+        parsed, read, source, where = self.fn(expr), self.fn(text), self.text, at.pos
+
+        def checked(batch: Any) -> Any:
+            out = parsed(batch)
+            if isinstance(out, pa.Scalar):
+                values = read(batch)
+                if not out.is_valid and values.is_valid:
+                    raise _not_in_format(values.as_py(), format, source, where)
+                return out
+            if out.null_count:
+                values = read(batch)
+                if out.null_count > values.null_count:
+                    missed = pc.and_(pc.is_null(out), pc.is_valid(values))
+                    first = pc.index(missed, True).as_py()
+                    raise _not_in_format(values[first].as_py(), format, source, where)
+            return out
+
+        return self.made(expr, checked)
 
     def _function_literal(self, name: str, text: bool) -> Any:
         tok = self.tok
@@ -1701,11 +1735,12 @@ FUNCTIONS: dict[str, tuple[str, int, int]] = {
     "substr": ("substr", 2, 3), "substring": ("substr", 2, 3),
     "round": ("round", 1, 2),
     "date_trunc": ("trunc", 2, 2), "strftime": ("format", 2, 2),
+    "strptime": ("parse", 2, 2), "try_strptime": ("parse", 2, 2),
 }  # fmt: skip
 #: the kinds whose arguments after the first are literals (Arrow takes them as options)
-_LITERAL_ARGS = ("pattern", "substr", "round", "format")
+_LITERAL_ARGS = ("pattern", "substr", "round", "format", "parse")
 #: ... of them, those that are texts
-_TEXT_ARGS = ("pattern", "format")
+_TEXT_ARGS = ("pattern", "format", "parse")
 _TRUNC_UNITS = (
     "year", "quarter", "month", "week", "day", "hour", "minute", "second", "millisecond",
     "microsecond",
@@ -1938,6 +1973,14 @@ class _Constant:
 
     def __call__(self, batch: pa.RecordBatch) -> pa.Scalar:
         return self.value
+
+
+def _not_in_format(value: str, format: str, text: str, position: int) -> ExpressionValueError:
+    return ExpressionValueError(
+        f"strptime: {value!r} is not a time in the format {format!r} (try_strptime gives "
+        "null for such values)",
+        text, position,
+    )  # fmt: skip
 
 
 def _constant(value: pa.Scalar) -> Callable[[pa.RecordBatch], pa.Scalar]:

@@ -972,6 +972,54 @@ def test_function_errors_point_at_the_call(text, position, words):
     assert words in str(err.value)
 
 
+def test_strptime_reads_text_in_a_format_as_duckdb_does(tmp_path, capsys):
+    """``strptime`` stops at a text not in its format, naming it; ``try_strptime`` gives
+    null there; both give what Python's ``datetime.strptime`` (and DuckDB) give elsewhere."""
+    import pyarrow.csv as pacsv
+
+    import extagg
+    from extagg.cli import main
+    from extagg.errors import ExpressionValueError
+
+    texts = [
+        "01/02/2024 10:00",
+        "29/02/2024 23:59",
+        None,
+        "31/12/1999 00:00",
+        "bad",
+        "1/3/2024 7:05",
+    ]
+    fmt = "%d/%m/%Y %H:%M"
+    table = pa.table({"s": texts, "v": list(range(len(texts)))})
+    want = [None if t in (None, "bad") else dt.datetime.strptime(t, fmt) for t in texts]
+    parsed = parse_expression(f"try_strptime(s, '{fmt}')")
+    assert parsed.bind_value(table.schema) == pa.timestamp("us")
+    assert parsed.evaluate(table).to_pylist() == want
+    strict = parse_expression(f"strptime(s, '{fmt}')")
+    strict.bind_value(table.schema)
+    assert strict.evaluate(table.slice(0, 4)).to_pylist() == want[:4]
+    with pytest.raises(ExpressionValueError, match="strptime: 'bad' is not a time in the format"):
+        strict.evaluate(table)
+    path = tmp_path / "t.csv"
+    pacsv.write_csv(table, path)
+    argv = ["aggregate", str(path), "--by", f"month(strptime(s, '{fmt}')) AS m", "--agg",
+            "n=count(*)", "-q"]  # fmt: skip
+    assert main(argv) == 1
+    assert "'bad' is not a time" in capsys.readouterr().err
+    out = extagg.aggregate_files(
+        str(path), by=f"month(try_strptime(s, '{fmt}')) AS m", aggs="n=count(*)", sort=True
+    ).read_all()
+    assert out.to_pylist() == [{"m": 2, "n": 2}, {"m": 3, "n": 1}, {"m": 12, "n": 1},
+                               {"m": None, "n": 2}]  # fmt: skip
+    with pytest.raises(ExpressionError, match=r"strptime\(\) reads a text, not int64"):
+        parse_expression("strptime(v, '%d')").bind_value(table.schema)
+    duckdb = pytest.importorskip("duckdb")
+    con = duckdb.connect()
+    con.register("t", table)
+    got = con.execute(f"select try_strptime(s, '{fmt}') from t").fetchall()
+    assert [r[0] for r in got] == want
+
+
 def test_a_column_named_like_a_function_is_still_a_column():
     table = pa.table({"day": [1, 2, 3], "year": [2020, 2021, 2022]})
     expr = parse_expression("day >= 2 and year < 2022").bind(table.schema)
