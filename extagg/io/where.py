@@ -24,6 +24,7 @@ Grammar (keywords are case-insensitive)::
 ``starts_with(s, 'x')``, ``regexp_matches(s, 're')``, ``substr(s, 2, 3)``, ``round(x, 2)``,
 ``coalesce(a, b)``, ``if(c, a, b)``, ``greatest(a, b)``, ``nullif(a, b)``,
 ``date_trunc('month', d)``, ``strftime(d, '%Y-%m')``, ``strptime(s, '%d/%m/%Y')``,
+``to_timestamp(unix_seconds)``, ``split_part(s, ',', 2)``, ``regexp_extract(s, 're', 1)``,
 ...); their patterns, units,
 formats, positions and digit counts are literals. ``case``
 (searched, or ``case x when a``) and ``if`` give the first true branch's value (SQL's).
@@ -1246,7 +1247,10 @@ class _Parser:
                 if kind == "trunc" and not literals:  # date_trunc('month', d): the unit first
                     literals.append(self._function_literal(name, text=True))
                 elif kind in _LITERAL_ARGS and args:  # the pattern, start, length or digits
-                    literals.append(self._function_literal(name, text=kind in _TEXT_ARGS))
+                    text = kind in _TEXT_ARGS or (
+                        kind in ("split_part", "extract") and not literals
+                    )
+                    literals.append(self._function_literal(name, text=text))
                 else:
                     args.append(self.or_())
                 if self.take_op(")"):
@@ -1286,6 +1290,21 @@ class _Parser:
             return self.call(pc.strftime, args[0], at=at, format=literals[0])
         if kind == "parse":
             return self._strptime(args[0], literals[0], at, strict=name == "strptime")
+        if kind == "to_timestamp":
+            return self._to_timestamp(args[0], at)
+        if kind == "epoch":
+            return self._epoch(args[0], at, millis=name == "epoch_ms")
+        if kind == "concat":
+            return self._concat(args, at)
+        if kind == "replace":
+            text = self._text_argument(args[0], at)
+            return self.call(
+                pc.replace_substring, text, at=at, pattern=literals[0], replacement=literals[1]
+            )
+        if kind == "split_part":
+            return self._split_part(args[0], literals[0], literals[1], at)
+        if kind == "extract":
+            return self._regexp_extract(args[0], literals[0], literals[1:], at)
         if kind == "trunc":
             unit = literals[0].lower()
             if unit not in _TRUNC_UNITS:
@@ -1343,6 +1362,115 @@ class _Parser:
             return out
 
         return self.made(expr, checked)
+
+    def _text_argument(self, expr: pc.Expression, at: _Tok) -> pc.Expression:
+        """A text function's argument, its values (a dictionary decoded); anything but text
+        is a usage error at the function."""
+        if self._empty is None:
+            return expr
+        typ = self.type_of(self.decoded(expr))
+        if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
+            raise ExpressionError(f"{at.text}() reads a text, not {typ}", self.text, at.pos)
+        return self.decoded(expr)
+
+    def _to_timestamp(self, seconds: pc.Expression, at: _Tok) -> pc.Expression:
+        """DuckDB's ``to_timestamp(seconds)``: seconds since 1970 (a Unix time, fractions
+        too) as a UTC timestamp, to the microsecond."""
+        if self._empty is not None and not _is_number(self.type_of(seconds)):
+            raise ExpressionError(
+                f"to_timestamp() reads seconds (a number), not {self.type_of(seconds)}",
+                self.text, at.pos,
+            )  # fmt: skip
+        micros = self.call(
+            pc.multiply, self.cast(seconds, pa.float64()), self.constant(pa.scalar(1e6)), at=at
+        )
+        whole = self.cast(self.call(pc.round, micros, at=at), pa.int64())
+        return self.cast(whole, pa.timestamp("us", tz="UTC"))
+
+    def _epoch(self, when: pc.Expression, at: _Tok, millis: bool) -> pc.Expression:
+        """DuckDB's ``epoch(t)`` (seconds since 1970, a double) and ``epoch_ms(t)`` (whole
+        milliseconds, rounded down) of a date or timestamp (a zoned one: its instant)."""
+        if self._empty is not None:
+            typ = self.type_of(when)
+            if not (pa.types.is_timestamp(typ) or pa.types.is_date(typ)):
+                raise ExpressionError(
+                    f"{at.text}() reads a date or timestamp, not {typ}", self.text, at.pos
+                )
+            tz = typ.tz if pa.types.is_timestamp(typ) else None
+            if not pa.types.is_timestamp(typ) or typ.unit != "us":
+                when = self.made(
+                    when.cast(pa.timestamp("us", tz=tz), safe=False),
+                    _unsafe_cast(self.fn(when), pa.timestamp("us", tz=tz)),
+                )
+        micros = self.cast(self.cast(when, pa.int64()), pa.float64())
+        scale = 1e3 if millis else 1e6
+        value = self.call(pc.divide, micros, self.constant(pa.scalar(scale)), at=at)
+        if not millis:
+            return value
+        return self.cast(self.call(pc.floor, value, at=at), pa.int64())
+
+    def _concat(self, args: list[pc.Expression], at: _Tok) -> pc.Expression:
+        """DuckDB's ``concat(a, ...)``: the values as text, one after the other, a null as
+        nothing (all null: an empty text)."""
+        texts = []
+        for arg in args:
+            typ = self.type_of(arg) if self._empty is not None else pa.string()
+            if pa.types.is_dictionary(typ) or pa.types.is_large_string(typ):
+                arg = self.decoded(arg)
+                typ = self.type_of(arg)
+            texts.append(arg if pa.types.is_string(typ) else self.cast(arg, pa.string()))
+        return self.call(
+            pc.binary_join_element_wise, *texts, self.constant(pa.scalar("")),
+            at=at, null_handling="replace", null_replacement="",
+        )  # fmt: skip
+
+    def _split_part(self, text: pc.Expression, sep: str, index: int, at: _Tok) -> pc.Expression:
+        """DuckDB's ``split_part(s, sep, n)``: the ``n``-th part (from 1; from the end when
+        negative) of ``s`` cut at each ``sep``, an empty text where there is none (``n`` 0,
+        past the parts); ``sep`` empty cuts every character."""
+        text = self._text_argument(text, at)
+        if sep == "":
+            start = index - 1 if index > 0 else index
+            stop = index if index not in (0, -1) else (0 if index == 0 else _NO_STOP)
+            return self.call(pc.utf8_slice_codeunits, text, at=at, start=start, stop=stop)
+        if index < 0:  # from the end: the same of the reversed text, reversed back
+            text = self.call(pc.utf8_reverse, text, at=at)
+            sep, count = sep[::-1], -index
+        else:
+            count = index
+        parts = self.call(pc.split_pattern, text, at=at, pattern=sep)
+        start = max(count - 1, 0)
+        part = self.call(pc.list_slice, parts, at=at, start=start, stop=start + (count > 0))
+        joined = self.call(pc.binary_join, part, self.constant(pa.scalar("")), at=at)
+        return self.call(pc.utf8_reverse, joined, at=at) if index < 0 else joined
+
+    def _regexp_extract(
+        self, text: pc.Expression, pattern: str, group: list[int], at: _Tok
+    ) -> pc.Expression:
+        """DuckDB's ``regexp_extract(s, pattern[, group])``: the first match of ``pattern``
+        (RE2) in ``s``, or its ``group``-th group (from 1), an empty text where it does not
+        match."""
+        text = self._text_argument(text, at)
+        named, names = _named_groups(pattern)
+        number = group[0] if group else 0
+        if not 0 <= number < len(names):
+            raise ExpressionError(
+                f"regexp_extract() group {number}: the pattern has {len(names) - 1} group(s)",
+                self.text, at.pos,
+            )  # fmt: skip
+        try:
+            pc.extract_regex(pa.array([""], pa.string()), pattern=named)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            reason = str(exc).split(":", 1)[-1].strip()
+            raise ExpressionError(
+                f"regexp_extract() pattern {pattern!r} is not a regular expression ({reason})",
+                self.text, at.pos,
+            ) from None  # fmt: skip
+        matches = self.call(pc.extract_regex, text, at=at, pattern=named)
+        found = self.call(pc.struct_field, matches, at=at, indices=[names[number]])
+        empty = self.call(pc.coalesce, found, self.constant(pa.scalar("")), at=at)
+        missing = self.constant(pa.scalar(None, pa.string()))
+        return self.call(pc.if_else, self.call(pc.is_null, text, at=at), missing, empty, at=at)
 
     def _function_literal(self, name: str, text: bool) -> Any:
         tok = self.tok
@@ -1736,11 +1864,23 @@ FUNCTIONS: dict[str, tuple[str, int, int]] = {
     "round": ("round", 1, 2),
     "date_trunc": ("trunc", 2, 2), "strftime": ("format", 2, 2),
     "strptime": ("parse", 2, 2), "try_strptime": ("parse", 2, 2),
+    "to_timestamp": ("to_timestamp", 1, 1), "epoch": ("epoch", 1, 1), "epoch_ms": ("epoch", 1, 1),
+    "concat": ("concat", 1, 99), "replace": ("replace", 3, 3),
+    "split_part": ("split_part", 3, 3), "regexp_extract": ("extract", 2, 3),
 }  # fmt: skip
 #: the kinds whose arguments after the first are literals (Arrow takes them as options)
-_LITERAL_ARGS = ("pattern", "substr", "round", "format", "parse")
-#: ... of them, those that are texts
-_TEXT_ARGS = ("pattern", "format", "parse")
+_LITERAL_ARGS = (
+    "pattern",
+    "substr",
+    "round",
+    "format",
+    "parse",
+    "replace",
+    "split_part",
+    "extract",
+)
+#: ... of them, those that are texts (``split_part``'s and ``regexp_extract``'s first only)
+_TEXT_ARGS = ("pattern", "format", "parse", "replace")
 _TRUNC_UNITS = (
     "year", "quarter", "month", "week", "day", "hour", "minute", "second", "millisecond",
     "microsecond",
@@ -1973,6 +2113,50 @@ class _Constant:
 
     def __call__(self, batch: pa.RecordBatch) -> pa.Scalar:
         return self.value
+
+
+def _named_groups(pattern: str) -> tuple[str, list[str]]:
+    """``pattern`` with every capturing group named (Arrow's ``extract_regex`` takes named
+    groups only) and the whole match a group of its own; the groups' names by number (0: the
+    whole match). A group the pattern names keeps its name."""
+    out, names = ["(?P<_extagg_0>"], ["_extagg_0"]
+    i, in_class = 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            out.append(pattern[i : i + 2])
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            start = i + 1 + (pattern[i + 1 : i + 2] == "^")
+            if pattern[start : start + 1] == "]":  # a ] first in a class is itself
+                out.append(pattern[i : start + 1])
+                i = start + 1
+                continue
+        elif c == "(":
+            named = re.match(r"\(\?P?<(\w+)>", pattern[i:])
+            if named:
+                names.append(named.group(1))
+                out.append(f"(?P<{named.group(1)}>")
+                i += named.end()
+                continue
+            if pattern[i + 1 : i + 2] != "?":  # a plain group: numbered, so named
+                names.append(f"_extagg_{len(names)}")
+                out.append(f"(?P<{names[-1]}>")
+                i += 1
+                continue
+        out.append(c)
+        i += 1
+    out.append(")")
+    return "".join(out), names
+
+
+def _unsafe_cast(fn: Callable[[Any], Any], typ: pa.DataType) -> Callable[[Any], Any]:
+    """``fn``'s values cast to ``typ`` losing precision (nanoseconds to microseconds)."""
+    return lambda batch: eager_cast(fn(batch), typ, safe=False)
 
 
 def _not_in_format(value: str, format: str, text: str, position: int) -> ExpressionValueError:

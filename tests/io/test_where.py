@@ -1020,6 +1020,101 @@ def test_strptime_reads_text_in_a_format_as_duckdb_does(tmp_path, capsys):
     assert [r[0] for r in got] == want
 
 
+#: text, number and time values for the functions below, nulls and edge values among them
+TEXTS_AND_TIMES = pa.table({
+    "s": ["a,b,c", "user_123_x", None, "", "a,,b", "héllo,wörld", "zzz"],
+    "n": [1700000000, 0, None, -1, 86400, 1, 2],
+    "f": [1700000000.5, -0.25, None, 1e9, 0.000001, 2.5, 3.0],
+    "ts": pa.array([dt.datetime(2024, 1, 1, 0, 0, 1, 500000),
+                    dt.datetime(1969, 12, 31, 23, 59, 59, 999500), None, dt.datetime(2000, 1, 1),
+                    dt.datetime(2024, 2, 29, 12), dt.datetime(1970, 1, 1),
+                    dt.datetime(1900, 1, 1)], pa.timestamp("us")),
+    "zoned": pa.array([dt.datetime(2024, 1, 1, 5, tzinfo=dt.timezone.utc)] * 7,
+                      pa.timestamp("ns", tz="Europe/Paris")),
+    "d": pa.array([dt.date(2024, 1, 2), dt.date(1969, 12, 31), None, dt.date(2000, 1, 1),
+                   dt.date(2024, 2, 29), dt.date(1970, 1, 1), dt.date(1900, 1, 1)]),
+    "i": [1, 2, None, 4, 5, 6, 7],
+})  # fmt: skip
+
+
+def _utc(values: list) -> list:
+    return [
+        v.astimezone(dt.timezone.utc).replace(tzinfo=None)
+        if isinstance(v, dt.datetime) and v.tzinfo
+        else v
+        for v in values
+    ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "to_timestamp(n)", "to_timestamp(f)", "epoch(ts)", "epoch_ms(ts)", "epoch(d)",
+        "epoch_ms(d)", "epoch(zoned)", "concat(s, '-', i)", "concat(s, NULL)",
+        "replace(s, ',', ';')", "replace(s, 'l', '')", "split_part(s, ',', 1)",
+        "split_part(s, ',', 2)", "split_part(s, ',', 4)", "split_part(s, ',', -1)",
+        "split_part(s, ',', -2)", "split_part(s, ',', 0)", "split_part(s, '', 2)",
+        "split_part(s, '', -1)", "split_part(s, '_', 2)",
+        "regexp_extract(s, '([a-z]+)_([0-9]+)', 2)", "regexp_extract(s, '[0-9]+')",
+        "regexp_extract(s, 'b|(x)', 1)", "regexp_extract(s, '(?P<w>[a-z]+)', 1)",
+        "regexp_extract(s, '[^,]+$')", "regexp_extract(s, '[(]|(l+)', 1)",
+    ],
+)  # fmt: skip
+def test_text_and_time_functions_agree_with_duckdb(text):
+    """Unix times, text pieces and regex groups: the eager form, the Arrow expression (which
+    a Parquet scan may filter by) and DuckDB give the same values, nulls included."""
+    table = TEXTS_AND_TIMES
+    parsed = parse_expression(text)
+    parsed.bind_value(table.schema)
+    eager = parsed.evaluate(table).to_pylist()
+    by_arrow = ds.dataset(table).to_table(columns={"v": parsed.expression})
+    assert by_arrow.column("v").to_pylist() == eager
+    duckdb = pytest.importorskip("duckdb")
+    con = duckdb.connect()
+    con.register("t", table)
+    want = [r[0] for r in con.execute(f"select {text} from t").fetchall()]
+    assert _utc(eager) == _utc(want)
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("to_timestamp(s)", "to_timestamp() reads seconds (a number), not string"),
+        ("epoch(i)", "epoch() reads a date or timestamp, not int64"),
+        ("replace(i, 'a', 'b')", "replace() reads a text, not int64"),
+        ("split_part(s, 1, 2)", "split_part() takes a quoted text here"),
+        ("split_part(s, ',', 'x')", "split_part() takes a whole number here"),
+        ("regexp_extract(s, 'a(b', 0)", "regexp_extract() pattern 'a(b' is not a regular"),
+        ("regexp_extract(s, 'a(b)', 2)", "regexp_extract() group 2: the pattern has 1 group"),
+    ],
+)
+def test_text_and_time_function_errors(text, words):
+    with pytest.raises(ExpressionError, match=re.escape(words)):
+        parse_expression(text).bind_value(TEXTS_AND_TIMES.schema)
+
+
+def test_unix_times_bucket_a_json_log_by_day(tmp_path):
+    """The common case whole: a log's Unix seconds, grouped by day."""
+    import extagg
+
+    path = tmp_path / "log.jsonl"
+    start = 1_700_000_000
+    path.write_text("".join(f'{{"t": {start + 3600 * h}, "v": {h}}}\n' for h in range(72)))
+    out = extagg.aggregate_files(
+        str(path), by="date_trunc('day', to_timestamp(t)) AS day",
+        aggs=["n=count(*)", "v=sum(v)"], sort=True,
+    ).read_all()  # fmt: skip
+    days: dict[dt.datetime, list[int]] = {}
+    for h in range(72):
+        when = dt.datetime.fromtimestamp(start + 3600 * h, dt.timezone.utc)
+        acc = days.setdefault(when.replace(hour=0, minute=0, second=0), [0, 0])
+        acc[0] += 1
+        acc[1] += h
+    assert [(r["day"].astimezone(dt.timezone.utc), r["n"], r["v"]) for r in out.to_pylist()] == [
+        (day, n, v) for day, (n, v) in sorted(days.items())
+    ]
+
+
 def test_a_column_named_like_a_function_is_still_a_column():
     table = pa.table({"day": [1, 2, 3], "year": [2020, 2021, 2022]})
     expr = parse_expression("day >= 2 and year < 2022").bind(table.schema)
