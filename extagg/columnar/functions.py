@@ -89,6 +89,7 @@ ALIASES = {
     "std_samp": "std",
     "stddev_pop": "std_pop",
     "size": "count",  # of every row, as pandas' size: count(*) whatever the column
+    "any_value": "first_non_null",  # DuckDB's: the first value that is not null
 }
 """Other accepted spellings (SQL and pandas names) → canonical function name."""
 #: a variance's mergeable state (see the module docstring), for two-stage aggregation

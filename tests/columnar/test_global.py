@@ -74,3 +74,25 @@ def test_global_matches_reference_with_spills(values: list[int | None], every: i
         table = pa.Table.from_batches(out) if out else aggregate([], keys=[], aggs=AGGS)
         assert table.num_rows == 1
         assert_same_groups(result_dict(table, []), want)
+
+
+def test_any_value_is_the_first_value_that_is_not_null():
+    """DuckDB's ``any_value``: ``first_non_null``'s values, spilled or not."""
+    import pyarrow as pa
+
+    import extagg
+
+    keys = [i % 50 for i in range(2000)]
+    values = [None if i < 120 or i % 3 else f"v{i}" for i in range(2000)]
+    table = pa.table({"k": keys, "v": values})
+    for memory in (None, "1m"):
+        got = extagg.aggregate(
+            table, "k", {"a": ("v", "any_value"), "f": ("v", "first_non_null")}, memory=memory
+        )
+        rows = got.to_pylist()
+        assert all(r["a"] == r["f"] for r in rows)
+        want = {}
+        for k, v in zip(keys, values, strict=True):
+            if v is not None:
+                want.setdefault(k, v)
+        assert {r["k"]: r["a"] for r in rows} == want
