@@ -10,6 +10,8 @@ from collections.abc import Iterator
 __all__ = [
     "ColumnName",
     "ExpressionText",
+    "PLAIN_NAME",
+    "dotted_parts",
     "is_plain_name",
     "outside_quotes",
     "split_alias",
@@ -18,8 +20,10 @@ __all__ = [
     "unquote",
 ]
 
-#: a column name written as it is (as ``--where`` reads one): letters, digits, ``_``, ``.``
-_PLAIN_NAME = re.compile(r"[^\W\d][\w.]*")
+#: a column name written as it is (as ``--where`` reads one): letters, digits, ``_``, ``.``;
+#: after a dot, a quoted part (a struct's field ``payload."user-agent"``)
+PLAIN_NAME = r'[^\W\d][\w.]*(?:(?<=\.)(?:"(?:[^"]|"")*"|`[^`]*`)[\w.]*)*'
+_PLAIN_NAME = re.compile(PLAIN_NAME)
 _QUOTED_NAME = re.compile(r'"(?:[^"]|"")*"|`[^`]*`')
 
 
@@ -41,6 +45,18 @@ class ExpressionText(str):
 def is_plain_name(text: str) -> bool:
     """Whether ``text`` is ``*`` or a name ``--where`` would read as one column."""
     return text == "*" or _PLAIN_NAME.fullmatch(text) is not None
+
+
+def dotted_parts(name: str) -> list[str]:
+    """``name`` cut at its dots outside quotes, each part unquoted: ``payload."user-agent"``
+    is ``["payload", "user-agent"]``."""
+    parts, start = [], 0
+    for i, c, _ in outside_quotes(name):
+        if c == ".":
+            parts.append(unquote(name[start:i]))
+            start = i + 1
+    parts.append(unquote(name[start:]))
+    return parts
 
 
 def unquote(col: str) -> str:

@@ -56,6 +56,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from extagg._names import PLAIN_NAME, dotted_parts
 from extagg.errors import ExpressionError, ExpressionOverflowError, ExpressionValueError, QueryError
 
 __all__ = ["ParsedExpression", "StructField", "parse_expression", "struct_field"]
@@ -68,7 +69,9 @@ _TOKEN = re.compile(
         (?P<number>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)
       | (?P<string>'(?:[^']|'')*')
       | (?P<quoted>"(?:[^"]|"")*"|`[^`]*`)
-      | (?P<name>[^\W\d][\w.]*)
+      | (?P<name>"""
+    + PLAIN_NAME
+    + r""")
       | (?P<op>::|<=|>=|<>|!=|==|[=<>(),+\-*/%])
     )""",
     re.VERBOSE,
@@ -2288,7 +2291,7 @@ def struct_field(name: str, struct_types: Mapping[str, pa.DataType]) -> StructFi
     name that is a prefix wins, as a column may have a dot in its name), or ``None`` when no
     struct column starts it. A path that leaves the struct's fields is a
     :class:`~extagg.errors.QueryError` naming the fields there are."""
-    parts = name.split(".")
+    parts = dotted_parts(name)  # ``payload."user-agent"``: a quoted field
     for cut in range(len(parts) - 1, 0, -1):
         root = ".".join(parts[:cut])
         if root not in struct_types:

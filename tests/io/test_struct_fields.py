@@ -216,3 +216,21 @@ def test_pandas_columns_named_with_dots_go_to_the_engine_as_they_are():
             {"a.b": "x", "s": 4, "n": 2},
             {"a.b": "y", "s": 2, "n": 1},
         ]
+
+
+def test_a_field_whose_name_needs_quotes(tmp_path, capsys):
+    """``headers."user-agent"``: a quoted part after a dot, as DuckDB writes it; anywhere a
+    field goes (a key, an argument, ``--where``)."""
+    path = tmp_path / "h.jsonl"
+    lines = [
+        {"headers": {"user-agent": "curl", "x.y": 1}},
+        {"headers": {"user-agent": "curl", "x.y": 2}},
+        {"headers": {"user-agent": "firefox", "x.y": 4}},
+        {"headers": None},
+    ]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    argv = ["aggregate", str(path), "--by", 'headers."user-agent" AS agent',
+            "--agg", 's=sum(headers."x.y")', "--where", 'headers."x.y" < 4 or headers is null',
+            "--sort", "-o", "-", "-q"]  # fmt: skip
+    assert main(argv) == 0
+    assert capsys.readouterr().out.splitlines() == ["agent,s", "curl,3", ","]
