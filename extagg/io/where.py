@@ -1339,11 +1339,7 @@ class _Parser:
         """DuckDB's ``strptime(text, format)``: a timestamp (microseconds) read by the C
         library's format (``'%d/%m/%Y %H:%M'``); a text not in the format is an error naming
         it (``try_strptime``: null)."""
-        if self._empty is not None:
-            typ = self.type_of(self.decoded(text))
-            if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
-                raise ExpressionError(f"{at.text}() reads a text, not {typ}", self.text, at.pos)
-            text = self.decoded(text)
+        text = self._text_argument(text, at)
         expr = self.call(pc.strptime, text, at=at, format=format, unit="us", error_is_null=True)
         if not strict:
             return expr
