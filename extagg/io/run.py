@@ -167,7 +167,10 @@ class FileQuery:
         tmm = resolve_task_memory_manager(self.memory, self.memory_manager)
         factory: Any = DistinctAggregator if has_distinct(self.aggs) else HashAggregator
         options: dict[str, Any] = {"threads": self.threads}
-        untyped = untyped_columns(self.scan.schema, self.scan.columns)
+        # the columns the aggregation reads: not a struct read only for its fields (computed)
+        empty = self._with_computed(self.scan.schema.empty_table())
+        read = [*self.by, *(s[0] for s in self.aggs.values() if isinstance(s, (tuple, list)))]
+        untyped = untyped_columns(empty.schema, [c for c in read if c != "*"])
         if untyped:  # nested or null-typed columns: Python objects in the generic engine
             log.info("columns %s: aggregated by the generic engine", untyped)
             factory, options = ObjectAggregator, {}
@@ -184,7 +187,7 @@ class FileQuery:
         self._watching = tmm
         try:
             try:  # resolves every aggregate against its column's type: the result schema
-                agg.update(self._with_computed(self.scan.schema.empty_table()))
+                agg.update(empty)
             except TypeError as exc:
                 hint = ""
                 if self.scan.format in ("csv", "tsv", "json") and "of type string" in str(exc):

@@ -234,3 +234,24 @@ def test_a_field_whose_name_needs_quotes(tmp_path, capsys):
             "--sort", "-o", "-", "-q"]  # fmt: skip
     assert main(argv) == 0
     assert capsys.readouterr().out.splitlines() == ["agent,s", "curl,3", ","]
+
+
+def test_a_struct_read_for_its_fields_leaves_the_columnar_engine_in_charge(jsonl_files, caplog):
+    """The struct column read only for the fields computed from it is not aggregated: the
+    typed engine folds the fields (the struct beside them had sent the whole query to the
+    generic engine, Python per row: 7 s instead of 1.4 on 2 M JSON lines). A struct that is
+    itself a key still goes to the generic engine, and gives the same groups."""
+    path, rows = jsonl_files
+    with caplog.at_level("INFO", logger="extagg"):
+        fields = extagg.aggregate_files(path, by=["payload.geo.country"], aggs="n=count(*)")
+        by_field = {r["payload.geo.country"]: r["n"] for r in fields.read_all().to_pylist()}
+    assert "generic engine" not in caplog.text
+    with caplog.at_level("INFO", logger="extagg"):
+        whole = extagg.aggregate_files(path, by=["payload"], aggs="n=count(*)").read_all()
+    assert "generic engine" in caplog.text
+    by_struct: dict[object, int] = {}
+    for r in whole.to_pylist():
+        country = None if r["payload"] is None else r["payload"]["geo"]["country"]
+        by_struct[country] = by_struct.get(country, 0) + r["n"]
+    want = _reference(rows, ["payload.geo.country"], lambda r: True)
+    assert by_field == by_struct == {k[0]: v[0] for k, v in want.items()}
