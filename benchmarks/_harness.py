@@ -91,10 +91,28 @@ def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+#: the peak RSS of this process before the last :func:`reset_peak_rss`
+_PEAK_BEFORE_RESET = 0
+
+
+def process_peak_rss() -> int:
+    """The peak RSS of this process over its whole life: ``VmHWM`` (this process image's own)
+    and the peak before any reset. Not ``ru_maxrss``, which carries the parent's RSS over a
+    fork and exec (the children of a parent holding 200 MiB all reported >= 200 MiB), unless
+    there is no ``/proc``."""
+    kib = _status_kib("VmHWM")
+    if kib is None:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return max(_PEAK_BEFORE_RESET, kib * 1024)
+
+
 # A twin of extagg._sysinfo.reset_peak_rss on purpose: the peers' child processes (DuckDB, Polars,
 # pandas, ExternalMerger) must not import extagg, whose package import loads numpy, numba and more.
 def reset_peak_rss() -> bool:
-    """Reset the kernel's peak-RSS counter to the current RSS (Linux ≥ 4.0); False if not possible."""
+    """Reset the kernel's peak-RSS counter to the current RSS (Linux ≥ 4.0); False if not possible.
+    The peak before it is kept for :func:`process_peak_rss`."""
+    global _PEAK_BEFORE_RESET
+    _PEAK_BEFORE_RESET = max(_PEAK_BEFORE_RESET, peak_rss())
     try:
         with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
             f.write("5")
@@ -151,7 +169,7 @@ def run_guarded(block: Callable[[], dict[str, Any]]) -> None:
 def child_result(payload: dict[str, Any]) -> None:
     """Print the child's result line for the parent (the last line of its stdout)."""
     payload = dict(payload)
-    payload["process_peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    payload["process_peak_rss"] = process_peak_rss()
     sys.stdout.write(RESULT_PREFIX + json.dumps(payload) + "\n")
     sys.stdout.flush()
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -56,13 +55,15 @@ def child(args: argparse.Namespace) -> None:
     run_once(key, value, args.batch, args.memory)  # warm-up (compile/cache load, page faults)
     runs = [run_once(key, value, args.batch, args.memory) for _ in range(args.repeat)]
     times = [r["seconds"] for r in runs]
+    from extagg._sysinfo import peak_rss
+
     out = dict(runs[-1])
     out.update(
         median_s=statistics.median(times),
         min_s=min(times),
         max_s=max(times),
         rows_per_s=args.rows / statistics.median(times),
-        peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        peak_rss=peak_rss(),  # this process's own (ru_maxrss carries the parent's over exec)
         memory=args.memory,
     )
     print(json.dumps(out))

@@ -172,6 +172,21 @@ def test_files_quick_runs_and_answers_match_duckdb(tmp_path: Path) -> None:
             assert mine["sums"][name] == pytest.approx(value, rel=rel), (query, name)
 
 
+def test_json_quick_runs_and_answers_match_duckdb(tmp_path: Path) -> None:
+    pytest.importorskip("duckdb")
+    payload = _run("bench_json.py", tmp_path, "--engines", "extagg", "duckdb")
+    summaries = {
+        (r["case"]["query"], r["case"]["engine"]): r["summary"] for r in payload["results"]
+    }
+    assert all("error" not in s for s in summaries.values()), summaries
+    for query in ("country", "hourly"):
+        mine, duck = summaries[(query, "extagg")], summaries[(query, "duckdb")]
+        assert mine["groups"] == duck["groups"] and duck["groups"][0] > 4
+        assert set(mine["sums"]) == set(duck["sums"]) and duck["sums"]
+        for name, value in duck["sums"].items():
+            assert mine["sums"][name] == pytest.approx(value, rel=1e-9), (query, name)
+
+
 def test_threads_quick_runs_and_every_thread_count_agrees(tmp_path: Path) -> None:
     payload = _run("bench_threads.py", tmp_path, "--threads", "1", "2", "--workloads", "str-quick")
     results = payload["results"]
