@@ -202,18 +202,30 @@ def parse_agg_texts(texts: Sequence[str]) -> dict[str, tuple[str, str]]:
                     "count(distinct x) (count_distinct(x)) is"
                 )
             func, written = "count_distinct", written[distinct.end() :].strip()
+        default_name = None
+        if func.lower() == "count_if":  # DuckDB's and Spark's: the rows the condition holds for
+            default_name = f"count_if_{written}"
+            func, written = count_if(written)
         col: str = unquote(written)
         if col != written:
             col = ColumnName(col)
         elif not is_plain_name(col):
             col = ExpressionText(col)
-        name = (m.group("name") or (f"{func}" if col == "*" else f"{func}_{col}")).strip()
+        name = m.group("name") or default_name
+        name = (name or (f"{func}" if col == "*" else f"{func}_{col}")).strip()
         if not col:
             raise QueryError(f"aggregate {text!r} names no column (use count(*) to count rows)")
         if name in out:
             raise QueryError(f"two aggregates are named {name!r}")
         out[name] = (col, func)
     return out
+
+
+def count_if(condition: str) -> tuple[str, str]:
+    """``count_if(condition)`` as Spark defines it: ``count(case when condition then 1 end)``,
+    the rows the condition holds for (0 where it never does, no rows included; DuckDB 2.0 gives
+    null where every condition is null)."""
+    return "count", ExpressionText(f"case when {condition} then 1 end")
 
 
 def agg_mapping(aggs: Any) -> Any:
@@ -233,7 +245,7 @@ def agg_mapping(aggs: Any) -> Any:
                         raise QueryError(f"two aggregates are named {name!r}")
                     out[name] = (output, func)
             elif not isinstance(spec, str):
-                out[output] = spec
+                out[output] = _with_count_if(spec)
             elif "(" in spec:
                 match = _AGG_TEXT.match(spec)
                 if match is None or match.group("name") is not None:
@@ -250,7 +262,23 @@ def agg_mapping(aggs: Any) -> Any:
         return parse_agg_texts([aggs])
     if isinstance(aggs, Sequence) and aggs and all(isinstance(a, str) for a in aggs):
         return parse_agg_texts(aggs)
+    if isinstance(aggs, Mapping) and any(_with_count_if(s) is not s for s in aggs.values()):
+        return {output: _with_count_if(spec) for output, spec in aggs.items()}
     return aggs
+
+
+def _with_count_if(spec: Any) -> Any:
+    """A ``(condition, "count_if")`` pair as :func:`count_if` gives it; any other as it is."""
+    if (
+        isinstance(spec, (tuple, list))
+        and len(spec) == 2
+        and isinstance(spec[1], str)
+        and spec[1].lower() == "count_if"
+        and isinstance(spec[0], str)
+    ):
+        func, condition = count_if(spec[0])
+        return (condition, func)
+    return spec
 
 
 def _function_list(spec: Any) -> bool:
