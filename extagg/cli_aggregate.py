@@ -38,8 +38,9 @@ def add_aggregate_command(sub: Any) -> None:
     p.add_argument("paths", nargs="+", help="files, globs or directories (hive key=value dirs)")
     p.add_argument(
         "--by", action="append", default=[],
-        help="key columns or expressions, comma separated (e.g. 'year(d) AS y,k'); quote a "
-        "name with spaces or commas: '\" name\",x'",
+        help="key columns or expressions, comma separated (e.g. 'year(d) AS y,k'; a field of "
+        "a JSON object or Parquet struct: payload.geo.country); quote a name with spaces or "
+        "commas: '\" name\",x'",
     )  # fmt: skip
     p.add_argument(
         "--agg",
