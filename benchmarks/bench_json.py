@@ -17,7 +17,8 @@ Every run is a fresh process, the engines' runs interleaved; the child imports i
 the time, the peak RSS above that baseline and the process's peak, and a checksum of the
 answer (group count, column sums) that the parent compares with DuckDB's. extagg runs in a
 process set up as ``extagg aggregate`` sets up its own (Arrow on jemalloc, no pandas). One
-thread each by default (``--threads``). Usage::
+thread each by default (``--threads``: extagg's ``threads=``, DuckDB's ``threads``,
+``POLARS_MAX_THREADS``, and Arrow's CPU and I/O pools, which parse the JSON). Usage::
 
     python benchmarks/bench_json.py [--lines 2000000] [--threads 1] [--runs 3] [--quick]
         [--no-readme]
@@ -128,6 +129,10 @@ def child(case: dict[str, Any]) -> dict[str, Any]:
         import_arrow_without_pandas()
         return_freed_pages_sooner()
         keep_freed_heap_for_reuse()
+    import pyarrow as pa  # every engine's Arrow pools at the thread count (DuckDB's to_arrow too)
+
+    pa.set_cpu_count(threads)
+    pa.set_io_thread_count(max(1, threads))
     imported = time.perf_counter()
     if engine == "extagg":
         import extagg

@@ -173,6 +173,19 @@ class AggregateArguments:
             if name in parsed.columns:
                 self.parsed[text] = parse_expression(text, self.fields)
 
+    def struct_paths(
+        self, also: Sequence[ParsedExpression] = ()
+    ) -> dict[str, list[tuple[str, ...]]]:
+        """The struct columns the query reads only through fields (its own expressions and
+        ``also``'s: the filter), each with the fields' paths: a scan may parse those alone."""
+        paths: dict[str, set[tuple[str, ...]]] = {}
+        whole = set(self.columns)
+        for parsed in [*self.parsed.values(), *also]:
+            whole |= parsed.whole
+            for root, found in parsed.paths.items():
+                paths.setdefault(root, set()).update(found)
+        return {root: sorted(found) for root, found in paths.items() if root not in whole}
+
     def read_struct_fields(self, schema: pa.Schema) -> None:
         """Every dotted name read that ``schema`` lacks and that is a field of one of its
         struct columns: read as that field (see :meth:`read_struct_field`)."""

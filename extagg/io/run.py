@@ -763,6 +763,7 @@ def plan_query(
                 quote=quote, sample_bytes=sample, encoding=encoding,
                 decimal_comma=decimal_comma,
                 bind_filter=None if where_expr is None else where_expr.bind,
+                struct_paths=arguments.struct_paths([] if where_expr is None else [where_expr]),
             )  # fmt: skip
             break
         except QueryError as exc:

@@ -121,6 +121,9 @@ class ParsedExpression:
     #: dotted names read as fields of struct columns: ``"payload.user.id"`` ->
     #: ``("payload", ("user", "id"))`` (see :func:`parse_expression`)
     fields: Mapping[str, StructField] = field(default_factory=dict)
+    #: the struct fields the expression reads, by their column; the columns it reads whole
+    paths: dict[str, set[tuple[str, ...]]] = field(default_factory=dict)
+    whole: set[str] = field(default_factory=set)
 
     def bind(self, schema: pa.Schema) -> pc.Expression:
         """Fit the expression to the input's column types (``schema``: at least the columns it
@@ -217,6 +220,9 @@ class _Parser:
         self.i = 0
         self.columns: dict[str, int] = {}
         self.fields = fields or {}
+        #: the fields of struct columns read (by column) and the columns read whole
+        self.paths: dict[str, set[tuple[str, ...]]] = {}
+        self.whole: set[str] = set()
         #: each expression built (by ``id``; held in ``_made``) → its eager evaluation
         self._fns: dict[int, Callable[[pa.RecordBatch], Any]] = {}
         #: the expressions whose eager form may return DecimalInts (fn() converts them)
@@ -1589,10 +1595,12 @@ class _Parser:
         if not quoted and name in self.fields:  # a struct column's field (never when quoted)
             root, path = self.fields[name]
             self.columns.setdefault(root, pos)
+            self.paths.setdefault(root, set()).add(path)
             return self.made(
                 pc.field(root, *path), lambda b: pc.struct_field(b.column(root), list(path))
             )
         self.columns.setdefault(name, pos)
+        self.whole.add(name)
         schema = None if self._empty is None else self._empty.schema
         if (
             schema is not None
@@ -2278,6 +2286,7 @@ def parse_expression(
         expr, list(parser.columns), text, dict(parser.columns), parser.fn(expr)
     )
     parsed.fields = dict(fields or {})
+    parsed.paths, parsed.whole = parser.paths, parser.whole
     return parsed
 
 
