@@ -2114,6 +2114,11 @@ def _closest(name: str, choices: Sequence[str]) -> str:
     return f"; did you mean {best[0]!r}?" if best else ""
 
 
+def _in_struct(name: str, structs: Collection[str]) -> bool:
+    """Whether the dotted ``name`` starts with one of the struct columns ``structs``."""
+    return any(name.startswith(f"{root}.") for root in structs)
+
+
 def _not_a_struct_field(name: str, schema: pa.Schema, path: str) -> None:
     """Refuse ``--column-types`` for ``name`` when it is a field inside one of ``schema``'s
     struct columns: declared, it would be a top-level field of that name, never set (nulls);
@@ -2364,21 +2369,23 @@ def open_input(
                     structs[f.name] = _unify_column(f.name, per_file).type
                 except InputError:  # reported as such once the query's columns are known
                     structs[f.name] = f.type
-    for name in [*needed, *filter_columns]:
-        if name not in available:
-            error = unknown_column(name, available)
+    missing = [name for name in dict.fromkeys([*needed, *filter_columns]) if name not in available]
+    if missing:  # the first named; all of them kept for the caller (struct fields among them)
+        name = missing[0]
+        error = unknown_column(name, available)
+        error.struct_types = structs  # type: ignore[attr-defined]
+        error.missing = missing  # type: ignore[attr-defined]
+        if fmt == "json" and is_plain_name(name) and not _in_struct(name, structs):
+            # fields are those of the sample's objects
+            error = QueryError(
+                f"{error}; a JSON Lines field first set past the first block of a file "
+                f"(which the fields are read from) is not seen: declare it with "
+                f"--column-types {name}:TYPE"
+            )
+            error.column = name  # type: ignore[attr-defined]
             error.struct_types = structs  # type: ignore[attr-defined]
-            if any(name.startswith(f"{root}.") for root in structs):
-                raise error  # a field inside a struct, not a column the sample missed
-            if fmt == "json" and is_plain_name(name):  # fields are those of the sample's objects
-                error = QueryError(
-                    f"{error}; a JSON Lines field first set past the first block of a file "
-                    f"(which the fields are read from) is not seen: declare it with "
-                    f"--column-types {name}:TYPE"
-                )
-                error.column = name  # type: ignore[attr-defined]
-                error.struct_types = structs  # type: ignore[attr-defined]
-            raise error
+            error.missing = missing  # type: ignore[attr-defined]
+        raise error
     for name in column_types or {}:  # a typo would leave the type it meant unused
         if name not in available:
             raise unknown_column(name, available, "column in --column-types")

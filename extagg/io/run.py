@@ -768,12 +768,18 @@ def plan_query(
             break
         except QueryError as exc:
             missing = getattr(exc, "column", None)
-            field = None
-            if missing is not None and missing not in arguments.fields:
-                field = struct_field(missing, getattr(exc, "struct_types", {}))
-            if missing is not None and field is not None:  # ``payload.user``: a struct's field
-                arguments.read_struct_field(missing, field)
-                if where_expr is not None and missing in where_expr.columns:
+            # ``payload.user``: a struct's field; every one the input lacks at once (each
+            # open parses a text file's sample again)
+            fields = {}
+            for name in getattr(exc, "missing", [missing]):
+                if name is not None and name not in arguments.fields:
+                    field = struct_field(name, getattr(exc, "struct_types", {}))
+                    if field is not None:
+                        fields[name] = field
+            if fields:
+                for name, field in fields.items():
+                    arguments.read_struct_field(name, field)
+                if where_expr is not None and set(fields) & set(where_expr.columns):
                     where_expr = parse_expression(str(where), arguments.fields)
                 continue
             if missing in arguments.syntax:  # neither a column nor an expression
