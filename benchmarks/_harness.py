@@ -174,6 +174,49 @@ def child_result(payload: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+def setup_engine_process(engine: str, threads: int) -> None:
+    """A child's process before its engine is imported: extagg's as ``extagg aggregate`` sets
+    its own up (Arrow on jemalloc, no pandas, the C heap keeping freed memory for reuse), and
+    for every engine Arrow's CPU and I/O pools and Polars' at ``threads`` (Arrow decodes and
+    parses for extagg, and converts DuckDB's result)."""
+    if engine == "extagg":
+        from extagg._malloc import keep_freed_heap_for_reuse
+        from extagg.cli_aggregate import (
+            import_arrow_without_pandas,
+            return_freed_pages_sooner,
+            use_returning_memory_pool,
+        )
+
+        use_returning_memory_pool()
+        import_arrow_without_pandas()
+        return_freed_pages_sooner()
+        keep_freed_heap_for_reuse()
+    os.environ["POLARS_MAX_THREADS"] = str(threads)
+    import pyarrow as pa
+
+    pa.set_cpu_count(threads)
+    pa.set_io_thread_count(max(1, threads))
+
+
+def answer_checksum(batches: Iterable[Any]) -> dict[str, Any]:
+    """Group count and the float sum of every numeric column (answers compared across engines),
+    a batch at a time: extagg's result is streamed, never held whole (as a user writing it to a
+    file would), so its peak RSS is the engine's, not the result table's."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    groups = 0
+    sums: dict[str, float] = {}
+    for batch in batches:
+        groups += batch.num_rows
+        for name, col in zip(batch.schema.names, batch.columns, strict=True):
+            t = col.type
+            if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
+                total = pc.sum(col.cast(pa.float64())).as_py() or 0.0
+                sums[name] = sums.get(name, 0.0) + float(total)
+    return {"groups": groups, "sums": sums}
+
+
 # ---------------------------------------------------------------------------- running cases
 
 

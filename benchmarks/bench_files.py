@@ -52,6 +52,7 @@ from _harness import (
     DATA_DIR,
     MIB,
     add_common_arguments,
+    answer_checksum,
     checkpoint_file,
     current_rss,
     format_bytes,
@@ -63,6 +64,7 @@ from _harness import (
     run_case,
     run_cases_interleaved,
     run_guarded,
+    setup_engine_process,
     update_readme,
     write_results,
 )
@@ -147,49 +149,10 @@ def dataset(sf: float, fmt: str, quick: bool) -> Path:
 # ---------------------------------------------------------------------------- child
 
 
-def _checksum(batches: Any) -> dict[str, Any]:
-    """Group count and the float sum of every numeric column (answers compared across engines),
-    a batch at a time: extagg's result is streamed, never held whole (as a user writing it to a
-    file would), so its peak RSS is the engine's, not the result table's."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    groups = 0
-    sums: dict[str, float] = {}
-    for batch in batches:
-        groups += batch.num_rows
-        for name, col in zip(batch.schema.names, batch.columns):
-            t = col.type
-            if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
-                total = pc.sum(col.cast(pa.float64())).as_py() or 0.0
-                sums[name] = sums.get(name, 0.0) + float(total)
-    return {"groups": groups, "sums": sums}
-
-
-def _threads(n: int) -> None:
-    os.environ["POLARS_MAX_THREADS"] = str(n)
-    import pyarrow as pa
-
-    pa.set_cpu_count(n)
-    pa.set_io_thread_count(max(1, n))
-
-
 def child(case: dict[str, Any]) -> dict[str, Any]:
     q = QUERIES[case["query"]]
     path, fmt, engine, memory = case["path"], case["format"], case["engine"], case["memory"]
-    if engine == "extagg":  # the process as `extagg aggregate` sets it up (Arrow's pool, no pandas)
-        from extagg._malloc import keep_freed_heap_for_reuse
-        from extagg.cli_aggregate import (
-            import_arrow_without_pandas,
-            return_freed_pages_sooner,
-            use_returning_memory_pool,
-        )
-
-        use_returning_memory_pool()
-        import_arrow_without_pandas()
-        return_freed_pages_sooner()
-        keep_freed_heap_for_reuse()
-    _threads(case["threads"])
+    setup_engine_process(engine, case["threads"])
     imported = time.perf_counter()
     if engine == "extagg":
         # the engine whole, as `import duckdb` / `import polars` load theirs: `import extagg`
@@ -203,7 +166,7 @@ def child(case: dict[str, Any]) -> dict[str, Any]:
                 path, by=q["by"], aggs=q["aggs"], where=q["where"], memory=memory,
                 threads=case["threads"],
             )  # fmt: skip
-            answer = _checksum(reader)
+            answer = answer_checksum(reader)
             m = extagg.run_metrics(reader)
             return answer, {"spills": m.spill_count, "peak_granted": m.peak_granted_bytes,
                            "disk_spilled": m.disk_bytes_spilled,
@@ -268,7 +231,7 @@ def child(case: dict[str, Any]) -> dict[str, Any]:
         "cpu_seconds": (cpu_end.user - cpu_start.user) + (cpu_end.system - cpu_start.system),
         "peak_above_baseline": max(0, peak_rss() - baseline),
         "baseline_rss": baseline,
-        **(table if isinstance(table, dict) else _checksum(table.to_batches())),
+        **(table if isinstance(table, dict) else answer_checksum(table.to_batches())),
         **extra,
     }
 

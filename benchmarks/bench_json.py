@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import (
     DATA_DIR,
     add_common_arguments,
+    answer_checksum,
     current_rss,
     format_bytes,
     format_range,
@@ -49,6 +50,7 @@ from _harness import (
     reset_peak_rss,
     run_cases_interleaved,
     run_guarded,
+    setup_engine_process,
     update_readme,
     write_results,
 )
@@ -99,40 +101,9 @@ def dataset(lines: int) -> Path:
     return out
 
 
-def _checksum(batches: Any) -> dict[str, Any]:
-    """Group count and the float sum of every numeric column, a batch at a time."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    groups, sums = 0, {}
-    for batch in batches:
-        groups += batch.num_rows
-        for name, col in zip(batch.schema.names, batch.columns, strict=True):
-            if pa.types.is_integer(col.type) or pa.types.is_floating(col.type):
-                total = pc.sum(col.cast(pa.float64())).as_py() or 0.0
-                sums[name] = sums.get(name, 0.0) + float(total)
-    return {"groups": groups, "sums": sums}
-
-
 def child(case: dict[str, Any]) -> dict[str, Any]:
     q, path, engine, threads = QUERIES[case["query"]], case["path"], case["engine"], case["threads"]
-    os.environ["POLARS_MAX_THREADS"] = str(threads)
-    if engine == "extagg":  # the process as `extagg aggregate` sets it up
-        from extagg._malloc import keep_freed_heap_for_reuse
-        from extagg.cli_aggregate import (
-            import_arrow_without_pandas,
-            return_freed_pages_sooner,
-            use_returning_memory_pool,
-        )
-
-        use_returning_memory_pool()
-        import_arrow_without_pandas()
-        return_freed_pages_sooner()
-        keep_freed_heap_for_reuse()
-    import pyarrow as pa  # every engine's Arrow pools at the thread count (DuckDB's to_arrow too)
-
-    pa.set_cpu_count(threads)
-    pa.set_io_thread_count(max(1, threads))
+    setup_engine_process(engine, threads)
     imported = time.perf_counter()
     if engine == "extagg":
         import extagg
@@ -144,7 +115,7 @@ def child(case: dict[str, Any]) -> dict[str, Any]:
             reader = extagg.aggregate_files(
                 path, by=q["by"], aggs=aggs, where=q["where"], threads=threads
             )
-            return _checksum(reader)
+            return answer_checksum(reader)
     elif engine == "duckdb":
         import duckdb
 
@@ -159,7 +130,7 @@ def child(case: dict[str, Any]) -> dict[str, Any]:
         def run() -> dict[str, Any]:
             res = con.execute(sql)
             table = res.to_arrow_table() if hasattr(res, "to_arrow_table") else res.arrow()
-            return _checksum(table.to_batches())
+            return answer_checksum(table.to_batches())
     else:
         import polars as pl
 
@@ -179,7 +150,7 @@ def child(case: dict[str, Any]) -> dict[str, Any]:
                          payload.struct.field("amount").sum().alias("amount"))
                 )  # fmt: skip
             table = out.collect(engine="streaming").to_arrow()
-            return _checksum(table.to_batches())
+            return answer_checksum(table.to_batches())
 
     import_seconds = time.perf_counter() - imported
     reset_peak_rss()
