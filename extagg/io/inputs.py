@@ -729,7 +729,7 @@ def _parquet_batches(
                 pq.ParquetFile(path, metadata=reader.metadata, read_dictionary=coded, **options)
             )
         have = set(reader.schema_arrow.names)
-        read = [n for n in schema.names if n in have]
+        read = _parquet_columns(reader.schema_arrow, schema)
         as_is: bool | None = None  # decided on the first batch (a file's batches are alike)
         for batch in (
             batch
@@ -1364,6 +1364,46 @@ def _struct_of_fields(arrow_type: pa.DataType, paths: Sequence[tuple[str, ...]])
         else:
             fields.append(f.with_type(_struct_of_fields(f.type, rests)))
     return pa.struct(fields)
+
+
+def _leaves_named_plainly(paths: Sequence[tuple[str, ...]]) -> bool:
+    """Whether no field on ``paths`` has a dot in its name (Parquet's column paths are dotted:
+    such a field's leaves cannot be named alone)."""
+    return all("." not in step for path in paths for step in path)
+
+
+def _parquet_columns(file_schema: pa.Schema, schema: pa.Schema) -> list[str]:
+    """The column paths to read from a Parquet file of ``file_schema`` for the scan's
+    ``schema``: a column's name, or for a struct the scan holds fewer fields of (those the
+    query reads), the dotted paths of its leaves there, so the others are not decoded."""
+    read: list[str] = []
+    for f in schema:
+        if f.name not in file_schema.names:
+            continue
+        stored = file_schema.field(f.name).type
+        if pa.types.is_struct(f.type) and pa.types.is_struct(stored) and stored != f.type:
+            leaves = [p for p in _leaf_paths(f.name, f.type) if _has_path(stored, p[1:])]
+            read.extend(".".join(p) for p in leaves)
+            if leaves:
+                continue
+        read.append(f.name)
+    return read
+
+
+def _leaf_paths(name: str, arrow_type: pa.DataType) -> list[tuple[str, ...]]:
+    """The paths from column ``name`` down to each leaf (non-struct field) of ``arrow_type``."""
+    if not pa.types.is_struct(arrow_type):
+        return [(name,)]
+    return [(name, *path) for child in arrow_type for path in _leaf_paths(child.name, child.type)]
+
+
+def _has_path(arrow_type: pa.DataType, path: Sequence[str]) -> bool:
+    """Whether the struct ``arrow_type`` has the field at ``path``."""
+    for step in path:
+        if not pa.types.is_struct(arrow_type) or arrow_type.get_field_index(step) < 0:
+            return False
+        arrow_type = arrow_type.field(step).type
+    return True
 
 
 def _holds_struct(arrow_type: pa.DataType) -> bool:
@@ -2168,7 +2208,8 @@ def open_input(
     ``bind_filter(schema)``, given the types of the columns read (the filter's among them)
     before any row group is pruned, returns ``filter`` fitted to them, or raises.
     ``struct_paths``: struct columns the query reads only through these fields; JSON Lines
-    objects are then parsed into those fields alone (the others skipped: ~35 % of the parse).
+    objects are then parsed into those fields alone (the others skipped: ~35 % of the parse),
+    and a Parquet struct's other leaves are not read.
 
     Raises :class:`~extagg.errors.InputError` (missing files, schemas that cannot be unified,
     naming both files and the column) and :class:`~extagg.errors.QueryError` (a needed column
@@ -2421,7 +2462,11 @@ def open_input(
             # error that it is text)
             unified_field = unified_field.with_type(pa.string())
         fields_read = (struct_paths or {}).get(name)
-        if fmt == "json" and fields_read and pa.types.is_struct(unified_field.type):
+        if (
+            fields_read
+            and pa.types.is_struct(unified_field.type)
+            and (fmt == "json" or (fmt == "parquet" and _leaves_named_plainly(fields_read)))
+        ):
             unified_field = unified_field.with_type(
                 _struct_of_fields(unified_field.type, fields_read)
             )

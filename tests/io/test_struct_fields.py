@@ -283,3 +283,33 @@ def test_json_objects_are_parsed_into_the_fields_read_alone(jsonl_files):
         keep = (lambda r: r["payload"] is not None) if where else (lambda r: True)
         want = _reference(rows, ["payload.geo.country"], keep)
         assert got == {k[0]: v[2] for k, v in want.items()}
+
+
+def test_parquet_structs_are_read_by_the_leaves_the_query_needs(tmp_path):
+    """Only the leaves of the fields read are decoded (a wide ``big`` field is not); files
+    whose structs differ are unified (a field one file lacks is null there), as DuckDB's
+    ``union_by_name`` reads them."""
+    from extagg.io.inputs import _parquet_columns
+    from extagg.io.run import plan_query
+
+    folder = tmp_path / "p"
+    folder.mkdir()
+    pq.write_table(pa.table({"p": [{"id": i % 3, "big": "x" * 100} for i in range(90)]}),
+                   folder / "a.parquet")  # fmt: skip
+    pq.write_table(
+        pa.table({"p": [{"id": i % 3, "extra": {"n": i}, "big": "y"} for i in range(60)]}),
+        folder / "b.parquet",
+    )
+    query = plan_query(str(folder), by=["p.id"], aggs=["n=count(*)", "e=sum(p.extra.n)"])
+    try:
+        schema = query.scan.schema
+        assert schema.field("p").type == pa.struct(
+            [("id", pa.int64()), ("extra", pa.struct([("n", pa.int64())]))]
+        )
+        stored = pq.read_schema(folder / "b.parquet")
+        assert _parquet_columns(stored, schema) == ["p.id", "p.extra.n"]
+        got = {r["p.id"]: (r["n"], r["e"]) for r in query.run().read_all().to_pylist()}
+    finally:
+        query.close()
+    want = {k: (30 + 20, sum(i for i in range(60) if i % 3 == k)) for k in range(3)}
+    assert got == want
