@@ -217,6 +217,20 @@ def answer_checksum(batches: Iterable[Any]) -> dict[str, Any]:
     return {"groups": groups, "sums": sums}
 
 
+def same_answer(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two :func:`answer_checksum` summaries agree: the same group count; sums and
+    counts to 1e-9 relative, means (columns named ``avg...``) to 1e-5 (extagg's mean of a
+    decimal is a decimal rounded to scale + 4, as Spark's; DuckDB's is a double)."""
+    if a.get("groups") != b.get("groups"):
+        return False
+    for name, value in (b.get("sums") or {}).items():
+        other = (a.get("sums") or {}).get(name)
+        tol = 1e-5 if name.startswith("avg") else 1e-9
+        if other is None or abs(other - value) > tol * max(1.0, abs(value)):
+            return False
+    return True
+
+
 # ---------------------------------------------------------------------------- running cases
 
 

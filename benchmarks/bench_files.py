@@ -64,6 +64,7 @@ from _harness import (
     run_case,
     run_cases_interleaved,
     run_guarded,
+    same_answer,
     setup_engine_process,
     update_readme,
     write_results,
@@ -239,19 +240,6 @@ def child(case: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- parent
 
 
-def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Same group count; sums and counts to 1e-9 relative, means to 1e-5 (extagg's mean of a
-    decimal is a decimal rounded to scale + 4, as Spark's; DuckDB's is a double)."""
-    if a.get("groups") != b.get("groups"):
-        return False
-    for name, value in (b.get("sums") or {}).items():
-        other = (a.get("sums") or {}).get(name)
-        tol = 1e-5 if name.startswith("avg") else 1e-9
-        if other is None or abs(other - value) > tol * max(1.0, abs(value)):
-            return False
-    return True
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_arguments(parser)
@@ -330,7 +318,7 @@ def main() -> None:
                                          "", "", "", "", "", "", ""])  # fmt: skip
                             continue
                         same = "—" if duck is None or "error" in duck or engine == "duckdb" else (
-                            "yes" if _same(summ, duck) else "**no**"
+                            "yes" if same_answer(summ, duck) else "**no**"
                         )  # fmt: skip
                         ratio = (
                             f"{summ['seconds'][0] / duck['seconds'][0]:.2f}×"

@@ -50,6 +50,7 @@ from _harness import (
     reset_peak_rss,
     run_cases_interleaved,
     run_guarded,
+    same_answer,
     setup_engine_process,
     update_readme,
     write_results,
@@ -165,17 +166,6 @@ def child(case: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Same group count; every sum to 1e-9 relative."""
-    if a.get("groups") != b.get("groups"):
-        return False
-    for name, value in (b.get("sums") or {}).items():
-        other = (a.get("sums") or {}).get(name)
-        if other is None or abs(other - value) > 1e-9 * max(1.0, abs(value)):
-            return False
-    return True
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_arguments(parser)
@@ -213,7 +203,7 @@ def main() -> None:
                 f"{summ['import_seconds'][0]:.2f} s",
                 format_bytes(summ["peak_above_baseline"][0]),
                 format_bytes(summ["process_peak_rss"][0]),
-                "—" if not ok or engine == "duckdb" else ("yes" if _same(summ, duck) else "**no**"),
+                "—" if not ok or engine == "duckdb" else ("yes" if same_answer(summ, duck) else "**no**"),
             ])  # fmt: skip
     headers = ["query", "engine", "time (median, min–max)", "vs DuckDB", "engine import",
                "peak RSS above baseline", "process peak RSS", "same answer as DuckDB"]  # fmt: skip
