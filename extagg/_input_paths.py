@@ -83,7 +83,7 @@ def expand_input_paths(paths: Sequence[str]) -> list[tuple[str, str | None]]:
                 raise InputError(
                     f"{path} is not a regular file (a pipe or a device): the scan reads files "
                     "(their size, their Parquet footer, their blocks again); write the stream "
-                    "to a file first",
+                    "to a file first (`extagg aggregate` does so itself with a pipe or -)",
                     path=path,
                 )
             out.append((path, None))

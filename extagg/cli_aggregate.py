@@ -35,7 +35,11 @@ def add_aggregate_command(sub: Any) -> None:
         description="Group the rows of files by keys and compute aggregates, in bounded memory. "
         "Results come in hash order of the keys unless --sort or --order-by is given.",
     )
-    p.add_argument("paths", nargs="+", help="files, globs or directories (hive key=value dirs)")
+    p.add_argument(
+        "paths",
+        nargs="+",
+        help="files, globs or directories (hive key=value dirs); - for standard input",
+    )
     p.add_argument(
         "--by", action="append", default=[],
         help="key columns or expressions, comma separated (e.g. 'year(d) AS y,k'; a field of "
@@ -280,9 +284,11 @@ def _top_level_comma(text: str, start: int) -> int:
 
 
 def _run_aggregate(args: argparse.Namespace) -> int:
+    from extagg._spooled_input import SpooledInputs
     from extagg.errors import QueryError
 
     query = None
+    spooled = SpooledInputs(args.paths, args.format, args.spill_dirs)
     try:
         by = [name for group in args.by for name in split_names(group)]
         if not args.agg and not by:
@@ -309,8 +315,9 @@ def _run_aggregate(args: argparse.Namespace) -> int:
                 raise QueryError(problem)
         if args.json_summary:
             _check_summary_path(args, output)
+        spooled.copy_streams()  # standard input and pipes copied to files, after the checks
         query = plan_query(
-            args.paths, by=by, aggs=aggs, where=args.where, having=args.having,
+            spooled.paths, by=by, aggs=aggs, where=args.where, having=args.having,
             memory=args.memory, spill_dirs=args.spill_dirs, sort=args.sort,
             order_by=args.order_by, limit=args.limit, format=args.format,
             delimiter=args.delimiter, column_types=_column_types(args.column_types),
@@ -325,7 +332,7 @@ def _run_aggregate(args: argparse.Namespace) -> int:
         _execute(query, args, output, fmt)
     except QueryError as exc:
         _close(query)
-        print(f"extagg aggregate: error: {exc}", file=sys.stderr)
+        print(f"extagg aggregate: error: {spooled.described(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         _close(query)
@@ -339,8 +346,10 @@ def _run_aggregate(args: argparse.Namespace) -> int:
         _close(query)
         if _reader_of_stdout_left(exc):
             return 128 + 13  # as a command killed by SIGPIPE, without a word
-        print(f"extagg aggregate: error: {exc}", file=sys.stderr)
+        print(f"extagg aggregate: error: {spooled.described(str(exc))}", file=sys.stderr)
         return 1
+    finally:
+        spooled.remove()
     return 0
 
 
@@ -366,10 +375,13 @@ def _check_early(args: argparse.Namespace) -> None:
     are readable (usage errors: a bad ``EXTAGG_MAX_SPILL_BYTES`` failed at the first spill)."""
     from extagg._config import env_size
     from extagg._input_paths import expand_input_paths
+    from extagg._spooled_input import is_stream
     from extagg.errors import QueryError
     from extagg.memory.unified import resolve_wait_timeout
 
-    expand_input_paths(args.paths)
+    files = [p for p in args.paths if not is_stream(p)]
+    if files or not args.paths:
+        expand_input_paths(files)
     try:
         env_size("EXTAGG_MAX_SPILL_BYTES")
         resolve_wait_timeout(None)

@@ -1040,15 +1040,138 @@ def test_csv_nulls_are_empty_fields_only(tmp_path, capsys):
     ]
 
 
-def test_a_pipe_is_refused_and_no_path_is_an_input_error(tmp_path, capsys):
-    """``cat f.csv | extagg aggregate /dev/stdin`` (or a FIFO) read as an empty file: 0 rows,
-    exit 0, the data silently lost. ``aggregate_files([])`` failed with an IndexError."""
-    fifo = tmp_path / "pipe.csv"
+def _stdin_bytes(t: pa.Table, kind: str, tmp_path: Path) -> bytes:
+    """``t`` as the bytes of a file of ``kind`` (``csv.gz``: gzip'd CSV...)."""
+    path = tmp_path / f"src.{kind}"
+    fmt, _, compression = kind.partition(".")
+    if fmt == "parquet":
+        pq.write_table(t, path, row_group_size=5_000)
+        return path.read_bytes()
+    if fmt in ("arrow", "arrows"):
+        with pa.OSFile(str(path), "wb") as sink:
+            new = pa.ipc.new_file if fmt == "arrow" else pa.ipc.new_stream
+            with new(sink, t.schema) as writer:
+                writer.write_table(t, max_chunksize=5_000)
+        return path.read_bytes()
+    if fmt == "csv":
+        pacsv.write_csv(t, path)
+    else:
+        path.write_text("".join(json.dumps(r) + "\n" for r in t.to_pylist()))
+    raw = path.read_bytes()
+    import bz2
+    import gzip
+
+    compress = {"": bytes, "gz": gzip.compress, "bz2": bz2.compress,
+                "zst": lambda b: pa.compress(b, codec="zstd", asbytes=True)}  # fmt: skip
+    return compress[compression](raw)
+
+
+@pytest.mark.parametrize(
+    "kind", ["csv", "csv.gz", "csv.bz2", "csv.zst", "jsonl", "jsonl.gz", "parquet", "arrow",
+             "arrows"],
+)  # fmt: skip
+def test_standard_input_read_in_every_format(tmp_path, capsys, monkeypatch, kind):
+    """``-`` reads standard input: it was "no such file: -". Its format is told from its
+    first bytes (magic numbers, a JSON object, else CSV; compressed ones decompressed to tell),
+    it is copied to the spill folder to be read as a file, and the copy is gone after."""
+    t = table(20_000, keys=300, seed=5)
+    src = tmp_path / "stdin.bin"
+    src.write_bytes(_stdin_bytes(t, kind, tmp_path))
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    out = tmp_path / "out.parquet"
+    with open(src, "rb") as raw:
+        monkeypatch.setattr(sys, "stdin", __import__("io").TextIOWrapper(raw))
+        argv = ["aggregate", "-", *ARGS, "--spill-dir", str(spill), "-o", str(out), "-q"]
+        assert main(argv) == 0, capsys.readouterr().err
+    check(pq.read_table(out), t, ["k"])
+    assert not [p for p in spill.rglob("*") if p.is_file()]
+
+
+def test_standard_input_through_a_pipe_and_a_fifo(tmp_path, capsys):
+    """``cat f.csv.gz | extagg aggregate -`` as a shell runs it, and a FIFO (``<(zcat ...)``)
+    named as a path: both were refused or read as empty (0 rows, exit 0: the data silently
+    lost); they are copied and read whole."""
+    import gzip
+    import threading
+
+    t = table(30_000, keys=500, seed=6)
+    raw = tmp_path / "in.csv"
+    pacsv.write_csv(t, raw)
+    cmd = [sys.executable, "-m", "extagg", "aggregate", "-", *ARGS, "-o", "-", "-q"]
+    proc = subprocess.run(cmd, input=gzip.compress(raw.read_bytes()), capture_output=True,
+                          timeout=300, env=_env())  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    check(pacsv.read_csv(pa.py_buffer(proc.stdout)), t, ["k"])
+
+    fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
-    assert main(["aggregate", str(fifo), "--by", "k", "--agg", "n=count(*)", "-q"]) == 1
-    assert "is not a regular file" in capsys.readouterr().err
+    writer = threading.Thread(target=lambda: fifo.write_bytes(raw.read_bytes()))
+    writer.start()
+    out = tmp_path / "o.parquet"
+    assert main(["aggregate", str(fifo), *ARGS, "-o", str(out), "-q"]) == 0
+    writer.join()
+    check(pq.read_table(out), t, ["k"])
+    with pytest.raises(extagg.InputError, match="not a regular file"):  # the library: files
+        extagg.aggregate_files(str(fifo), by=["k"], aggs=["n=count(*)"])
     with pytest.raises(extagg.InputError, match="no input"):
         extagg.aggregate_files([], by=["k"], aggs=["n=count(*)"])
+
+
+def test_standard_input_errors_name_it(tmp_path, capsys, monkeypatch):
+    """An error in what came on standard input names "standard input", not its copy; the copy
+    is removed; a terminal as standard input and bytes whose format cannot be told are usage
+    errors that say what to do."""
+    import io
+
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    base = ["aggregate", "-", "--by", "k", "--agg", "s=sum(v)", "--spill-dir", str(spill), "-q"]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"k,v\na,1\nb,x\n")))
+    assert main([*base, "--column-types", "v:int"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot read standard input as csv" in err and "invalid value 'x'" in err, err
+    assert "input-" not in err and not [p for p in spill.rglob("*") if p.is_file()]
+
+    truncated = pa.compress(b"k,v\n" + b"a,1\n" * 100_000, codec="zstd", asbytes=True)[:40]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(truncated)))
+    assert main(base) == 1
+    assert "cannot read standard input as csv: Truncated" in capsys.readouterr().err
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\x1f\x8bnot gzip at all")))
+    assert main(base) == 2
+    err = capsys.readouterr().err
+    assert "cannot tell the format of standard input" in err and "give --format" in err
+
+    _, terminal = os.openpty()
+    with open(terminal, "rb") as tty:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(tty))
+        assert main(base) == 2
+    assert "it is a terminal: pipe the data in" in capsys.readouterr().err
+    assert not [p for p in spill.rglob("*") if p.is_file()]
+
+
+def test_ctrl_c_while_standard_input_is_copied(tmp_path):
+    """A Ctrl-C while standard input is still coming (its copy half written): exit 130 at
+    once, the copy removed."""
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    cmd = [sys.executable, "-m", "extagg", "aggregate", "-", "--agg", "n=count(*)",
+           "--spill-dir", str(spill), "-q"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
+                            preexec_fn=_sigint_as_at_a_shell)  # fmt: skip
+    assert proc.stdin is not None
+    proc.stdin.write(b"k,v\n" + b"a,1\n" * 400_000)  # more than one block: the copy starts
+    proc.stdin.flush()
+    deadline = time.monotonic() + 60
+    while not [p for p in spill.rglob("input-*") if p.stat().st_size] and proc.poll() is None:
+        assert time.monotonic() < deadline, "standard input was never copied"
+        time.sleep(0.02)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert time.monotonic() - sent < 5 and b"interrupted" in err and b"Traceback" not in err
+    assert not [p for p in spill.rglob("*") if p.is_file()]
 
 
 def test_csv_values_with_newlines_across_blocks(tmp_path, capsys):

@@ -323,7 +323,7 @@ class SpillDirs:
         self._lock = threading.Lock()
         self._files = {}
 
-    def new_path(self, prefix: str = "run") -> str:
+    def new_path(self, prefix: str = "run", suffix: str = ".run") -> str:
         """A fresh file path in the next directory; the file is tracked until removed."""
         with self._lock:
             base = self.dirs[self._next % len(self.dirs)]
@@ -333,7 +333,7 @@ class SpillDirs:
                     break
                 base = self.dirs[self._next % len(self.dirs)]
                 self._next += 1
-            path = os.path.join(_acquire_subdir(base), f"{prefix}-{secrets.token_hex(8)}.run")
+            path = os.path.join(_acquire_subdir(base), f"{prefix}-{secrets.token_hex(8)}{suffix}")
             self._files[path] = 0
             return path
 
