@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
@@ -72,7 +73,7 @@ _TOKEN = re.compile(
       | (?P<name>"""
     + PLAIN_NAME
     + r""")
-      | (?P<op>::|<=|>=|<>|!=|==|[=<>(),+\-*/%])
+      | (?P<op>::|<=|>=|<>|!=|==|[=<>(),+\-*/%\[\]])
     )""",
     re.VERBOSE,
 )
@@ -1102,10 +1103,24 @@ class _Parser:
         return self.postfix(self.atom())
 
     def postfix(self, expr: pc.Expression) -> pc.Expression:
-        """``x::type`` (DuckDB's and Postgres' cast), any number of times."""
-        while (at := self.tok) and self.take_op("::"):
-            expr = self._cast_to(expr, self._type_name(), at)
-        return expr
+        """``x::type`` (DuckDB's and Postgres' cast) and ``x[i]`` (a list's element, from 1;
+        from the end if negative), any number of times."""
+        while True:
+            at = self.tok
+            if self.take_op("::"):
+                expr = self._cast_to(expr, self._type_name(), at)
+            elif self.take_op("["):
+                tok = self.tok
+                index = self.literal_value() if tok.kind in ("number", "op") else None
+                if type(index) is not int:
+                    raise ExpressionError(
+                        "a list's index is a whole number: x[1] is the first element, x[-1] "
+                        "the last", self.text, tok.pos,
+                    )  # fmt: skip
+                self.expect_op("]")
+                expr = self._list_extract(expr, index, at)
+            else:
+                return expr
 
     def cast_call(self) -> pc.Expression:
         """``cast(x as type)`` at the cursor."""
@@ -1314,6 +1329,12 @@ class _Parser:
             return self._split_part(args[0], literals[0], literals[1], at)
         if kind == "extract":
             return self._regexp_extract(args[0], literals[0], literals[1:], at)
+        if kind == "length":
+            return self._length(args[0], name, at)
+        if kind == "list_contains":
+            return self._list_contains(args[0], args[1], name, at)
+        if kind == "list_extract":
+            return self._list_extract(args[0], literals[0], at)
         if kind == "trunc":
             unit = literals[0].lower()
             if unit not in _TRUNC_UNITS:
@@ -1340,6 +1361,66 @@ class _Parser:
             )
         func, options = _VALUE_FUNCTIONS[name]
         return self.call(func, args[0], at=at, **options)
+
+    def _list_type(self, expr: pc.Expression, name: str, at: _Tok) -> pa.DataType | None:
+        """The type of a list argument (``None`` without the input's types); another type is
+        an error at ``at``."""
+        if self._empty is None:
+            return None
+        typ = self.type_of(expr)
+        if not (pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_null(typ)):
+            raise ExpressionError(
+                f"{name} takes a list (a JSON array, a Parquet list), not {typ}",
+                self.text, at.pos,
+            )  # fmt: skip
+        return typ
+
+    def _length(self, value: pc.Expression, name: str, at: _Tok) -> pc.Expression:
+        """DuckDB's ``length``/``len``: a text's characters, a list's elements (int64)."""
+        typ = self.type_of(value) if self._empty is not None else None
+        if typ is not None and (pa.types.is_list(typ) or pa.types.is_large_list(typ)):
+            return self.cast(self.call(pc.list_value_length, value, at=at), pa.int64())
+        if typ is not None and pa.types.is_null(typ):
+            return self.constant(pa.scalar(None, pa.int64()))
+        return self.call(pc.utf8_length, value, at=at)
+
+    def _list_contains(
+        self, values: pc.Expression, value: pc.Expression, name: str, at: _Tok
+    ) -> pc.Expression:
+        """DuckDB's ``list_contains(list, value)``: whether an element equals ``value``;
+        null where the list is null or the value is (false for an empty list there); a null
+        element matches nothing."""
+        typ = self._list_type(values, f"{name}()", at)
+        if typ is None:  # parsed without the input's types: bound again with them
+            return self.call(_list_function("contains", None, None), values, value, at=at)
+        if pa.types.is_null(typ):  # a JSON field that is null wherever it is read
+            return self.constant(pa.scalar(None, pa.bool_()))
+        element = typ.value_type
+        value_type = self.type_of(value)
+        if value_type != element:
+            literal = self._quoted.get(id(value), (self._ints.get(id(value)),))[0]
+            try:  # a quoted '7' among numbers is read as one, as DuckDB does
+                if literal is not None:  # a literal's value checked now, not per batch
+                    scalar = literal if isinstance(literal, pa.Scalar) else pa.scalar(literal)
+                    scalar.cast(element)
+                value = self.cast(value, element)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                raise ExpressionError(
+                    f"{name}() looks for a {value_type} value in a list of {element}",
+                    self.text, at.pos,
+                ) from None  # fmt: skip
+        kernel = _list_function("contains", typ, element)
+        return self.call(kernel, values, value, at=at)
+
+    def _list_extract(self, values: pc.Expression, index: int, at: _Tok) -> pc.Expression:
+        """DuckDB's ``list[i]`` / ``list_extract(list, i)``: the ``i``-th element from 1, from
+        the end if ``i`` is negative; null past either end, for ``i = 0`` and a null list."""
+        typ = self._list_type(values, "[] (a list's element)", at)
+        if typ is None:
+            return self.call(_list_function("extract", None, None, index), values, at=at)
+        if pa.types.is_null(typ):
+            return self.constant(pa.scalar(None))
+        return self.call(_list_function("extract", typ, None, index), values, at=at)
 
     def _strptime(self, text: pc.Expression, format: str, at: _Tok, strict: bool) -> pc.Expression:
         """DuckDB's ``strptime(text, format)``: a timestamp (microseconds) read by the C
@@ -1860,8 +1941,14 @@ def _timestamp(when: dt.datetime, typ: pa.TimestampType) -> pa.Scalar:
 FUNCTIONS: dict[str, tuple[str, int, int]] = {
     **{name: ("value", 1, 1) for name in (
         "year", "quarter", "month", "day", "dayofweek", "dayofyear", "hour", "minute",
-        "second", "lower", "upper", "length", "trim", "ltrim", "rtrim", "abs", "floor", "ceil",
+        "second", "lower", "upper", "trim", "ltrim", "rtrim", "abs", "floor", "ceil",
     )},
+    # a text's characters, or a list's elements
+    "length": ("length", 1, 1), "len": ("length", 1, 1), "array_length": ("length", 1, 1),
+    **{name: ("list_contains", 2, 2)
+       for name in ("list_contains", "list_has", "array_contains", "array_has")},
+    **{name: ("list_extract", 2, 2)
+       for name in ("list_extract", "list_element", "array_extract")},
     "coalesce": ("coalesce", 1, 99),
     "if": ("if", 3, 3),
     "greatest": ("extreme", 1, 99), "least": ("extreme", 1, 99), "nullif": ("nullif", 2, 2),
@@ -1885,6 +1972,7 @@ _LITERAL_ARGS = (
     "replace",
     "split_part",
     "extract",
+    "list_extract",
 )
 #: ... of them, those that are texts (``split_part``'s and ``regexp_extract``'s first only)
 _TEXT_ARGS = ("pattern", "format", "parse", "replace")
@@ -1897,7 +1985,7 @@ _VALUE_FUNCTIONS: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
     "day": (pc.day, {}), "dayofweek": (pc.day_of_week, {"count_from_zero": True, "week_start": 7}),
     "dayofyear": (pc.day_of_year, {}), "hour": (pc.hour, {}), "minute": (pc.minute, {}),
     "second": (pc.second, {}), "lower": (pc.utf8_lower, {}), "upper": (pc.utf8_upper, {}),
-    "length": (pc.utf8_length, {}), "trim": (pc.utf8_trim_whitespace, {}),
+    "trim": (pc.utf8_trim_whitespace, {}),
     "ltrim": (pc.utf8_ltrim_whitespace, {}), "rtrim": (pc.utf8_rtrim_whitespace, {}),
     "abs": (pc.abs_checked, {}), "floor": (pc.floor, {}), "ceil": (pc.ceil, {}),
 }  # fmt: skip
@@ -1905,6 +1993,102 @@ _PATTERN_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "starts_with": pc.starts_with, "ends_with": pc.ends_with,
     "contains": pc.match_substring, "regexp_matches": pc.match_substring_regex,
 }  # fmt: skip
+
+
+class _ListFunction:
+    """A list function Arrow has no kernel for (``list_contains``, ``list[i]``): called with
+    expressions, a call of a scalar function registered with Arrow for these argument types
+    (so a Parquet scan may filter by it); called with values, computed at once. Both run
+    :meth:`compute`."""
+
+    def __init__(self, kind: str, list_type: Any, value_type: Any, index: int = 0) -> None:
+        self.kind, self.index = kind, index
+        self.name = f"extagg_list_{kind}_{index}_{list_type}_{value_type}"
+        if list_type is None:  # types unknown (parsed without the input): not callable yet
+            return
+        with _REGISTERING:
+            if self.name in _REGISTERED:
+                return
+            in_types = {"list": list_type}
+            if kind == "contains":
+                in_types["value"] = value_type
+                out = pa.bool_()
+            else:
+                out = list_type.value_type
+            pc.register_scalar_function(
+                lambda ctx, *args: self.compute(*args), self.name,
+                {"summary": f"list {kind}", "description": f"extagg's list {kind}"},
+                in_types, out,
+            )  # fmt: skip
+            _REGISTERED.add(self.name)
+
+    def __call__(self, *args: Any) -> Any:
+        if any(isinstance(a, pc.Expression) for a in args):
+            return pc.Expression._call(self.name, list(args))
+        return self.compute(*args)
+
+    def compute(self, lists: Any, value: Any = None) -> Any:
+        if isinstance(lists, pa.ChunkedArray):
+            lists = lists.combine_chunks()
+        if isinstance(lists, pa.Scalar):  # a whole list of nulls (the parser's typing row)
+            lists = pa.array([lists.as_py()], type=lists.type)
+        if self.kind == "contains":
+            return _list_contains(lists, value)
+        return _list_element(lists, self.index)
+
+
+_REGISTERED: set[str] = set()
+_REGISTERING = threading.Lock()
+
+
+def _list_function(kind: str, list_type: Any, value_type: Any, index: int = 0) -> _ListFunction:
+    """The :class:`_ListFunction` of ``kind`` for these types (one per process and types)."""
+    key = (kind, str(list_type), str(value_type), index)
+    fn = _LIST_FUNCTIONS.get(key)
+    if fn is None:
+        fn = _LIST_FUNCTIONS[key] = _ListFunction(kind, list_type, value_type, index)
+    return fn
+
+
+_LIST_FUNCTIONS: dict[tuple[str, str, str, int], _ListFunction] = {}
+
+
+def _list_contains(lists: pa.Array, value: Any) -> pa.Array:
+    """Per list: whether an element equals ``value`` (a scalar, or an array of one per list).
+    As DuckDB: null where the list is null, or the value is and the list not empty."""
+    n = len(lists)
+    if isinstance(value, pa.ChunkedArray):
+        value = value.combine_chunks()
+    if isinstance(value, pa.Scalar) and not value.is_valid:
+        value = pa.nulls(n, value.type)
+    flat = pc.list_flatten(lists)
+    parents = pc.list_parent_indices(lists).to_numpy()
+    each = value if isinstance(value, pa.Scalar) else value.take(pa.array(parents, pa.int64()))
+    hits = pc.fill_null(pc.equal(flat, each), False).to_numpy(zero_copy_only=False)
+    out = np.zeros(n, dtype=np.bool_)
+    out[parents[hits]] = True
+    null = lists.is_null()
+    if not isinstance(value, pa.Scalar) and value.null_count:
+        filled = pc.greater(pc.list_value_length(lists), 0)
+        null = pc.or_(null, pc.and_(pc.is_null(value), pc.fill_null(filled, False)))
+    if null.null_count == 0 and not pc.any(null).as_py():
+        return pa.array(out, type=pa.bool_())
+    return pa.array(out, type=pa.bool_(), mask=null.to_numpy(zero_copy_only=False))
+
+
+def _list_element(lists: pa.Array, index: int) -> pa.Array:
+    """Per list: its ``index``-th element from 1 (from the end if negative), null past it."""
+    n = len(lists)
+    if index == 0 or n == 0:
+        return pa.nulls(n, lists.type.value_type)
+    offsets = lists.offsets.to_numpy()
+    lengths = offsets[1:] - offsets[:-1]
+    pos = offsets[:-1] + (index - 1) if index > 0 else offsets[1:] + index
+    ok = lengths >= abs(index)
+    if lists.null_count:
+        ok &= ~lists.is_null().to_numpy(zero_copy_only=False)
+    picks = pa.array(np.where(ok, pos, 0), type=pa.int64(), mask=~ok)
+    return lists.values.take(picks)
 
 
 _SHARED = threading.local()
@@ -2065,8 +2249,6 @@ def _unscaled_test(
     (the literal times ``10**scale``, rounded up for ``<``/``>=``, down for ``<=``/``>``;
     ``=`` a value between two steps is false, ``!=`` true). Null values stay null."""
     import decimal
-
-    import numpy as np
 
     with decimal.localcontext() as ctx:
         ctx.prec = 100
