@@ -1,8 +1,9 @@
 """Keys and aggregate arguments that are expressions over the input's columns —
 ``--by 'year(l_shipdate)'``, ``sum(l_extendedprice * (1 - l_discount))``, as DuckDB's and
 Spark's ``GROUP BY expr`` and ``SUM(expr)`` — computed for each batch as columns the engine
-aggregates; and :func:`aggregate`, :func:`extagg.columnar.aggregate` with them, on Arrow data
-in memory (:func:`extagg.aggregate_files` plans its own for files).
+aggregates (a key ``unnest(list)`` makes a row of each element, as DuckDB's); and
+:func:`aggregate`, :func:`extagg.columnar.aggregate` with them, on Arrow data in memory
+(:func:`extagg.aggregate_files` plans its own for files).
 """
 
 from __future__ import annotations
@@ -42,17 +43,26 @@ class ComputedColumn:
     which the aggregates take; a value past 38 digits there is an error naming the aggregate."""
 
     def __init__(
-        self, text: str, name: str, parsed: ParsedExpression, typ: pa.DataType, key: bool = False
+        self,
+        text: str,
+        name: str,
+        parsed: ParsedExpression,
+        typ: pa.DataType,
+        key: bool = False,
+        unnest: bool = False,
     ) -> None:
         self.text = text
         #: a key (``--by 'year(d)'``): the result's column, named as given
         self.key = key
+        #: a key ``unnest(list)``: :attr:`parsed` gives lists, each row becomes one per element
+        #: (:func:`with_computed`), ``typ`` is the elements' type
+        self.unnest = unnest
         #: the column's name in the batches: its text in parentheses, which no input column
         #: read beside it has (the input may have one named as the text: ``a-b``)
         self.name = name
         self.parsed = parsed
         self.type = typ
-        wide = pa.types.is_decimal256(typ) and typ.scale <= 38
+        wide = pa.types.is_decimal256(typ) and typ.scale <= 38 and not unnest
         self.narrowed = pa.decimal128(38, typ.scale) if wide else None
 
     def values(self, batch: Any) -> Any:
@@ -119,8 +129,14 @@ class AggregateArguments:
             a for a in args
             if isinstance(a, str) and not isinstance(a, ColumnName) and not is_plain_name(a)
         }  # fmt: skip
+        #: a key ``unnest(list)`` → the list's expression (parsed as the key's)
+        self.unnested: dict[str, str] = {}
         for col in [*keys, *args]:
             if not isinstance(col, str):
+                continue
+            inner = None if isinstance(col, ColumnName) else unnest_argument(col)
+            if inner is not None:
+                self._unnest(col, inner, col in self.arguments)
                 continue
             if isinstance(col, ColumnName) or is_plain_name(col):
                 if col not in self.columns:
@@ -134,6 +150,22 @@ class AggregateArguments:
                 self.columns.append(col)
                 if isinstance(col, ExpressionText) or col in self.keys:
                     self.syntax[col] = exc
+
+    def _unnest(self, text: str, inner: str, argument: bool) -> None:
+        """The key ``text`` = ``unnest(inner)``: ``inner`` parsed as its expression."""
+        if argument:
+            raise QueryError(
+                f"{text!r}: unnest() makes a row of each element of a list, so it is a key "
+                f"(--by '{text} AS element'), not an aggregate's argument"
+            )
+        if self.unnested and text not in self.unnested:
+            raise QueryError(
+                f"one key may be unnest(...), not two ({next(iter(self.unnested))!r} and "
+                f"{text!r}): the rows of one list's elements"
+            )
+        if text not in self.unnested:
+            self.unnested[text] = inner
+            self.parsed[text] = parse_expression(inner)
 
     def needed(self) -> list[str]:
         """The input columns the aggregates read."""
@@ -171,7 +203,7 @@ class AggregateArguments:
                 self.arguments.add(name)
         for text, parsed in list(self.parsed.items()):
             if name in parsed.columns:
-                self.parsed[text] = parse_expression(text, self.fields)
+                self.parsed[text] = parse_expression(self.unnested.get(text, text), self.fields)
 
     def struct_paths(
         self, also: Sequence[ParsedExpression] = ()
@@ -206,6 +238,16 @@ class AggregateArguments:
         taken = set(schema.names)
         for text, parsed in self.parsed.items():
             typ = parsed.bind_value(schema)
+            if text in self.unnested:
+                if not (pa.types.is_list(typ) or pa.types.is_large_list(typ)):
+                    if not pa.types.is_null(typ):
+                        raise QueryError(
+                            f"{text!r}: unnest() takes a list (a JSON array, a Parquet list), "
+                            f"not {typ}"
+                        )
+                    typ = pa.list_(pa.null())  # null wherever read: no rows
+                out.append(ComputedColumn(text, text, parsed, typ.value_type, True, True))
+                continue
             if text in self.keys:  # the result's key column, named as the key was given
                 out.append(ComputedColumn(text, text, parsed, typ, key=True))
             if text in self.arguments:
@@ -219,12 +261,45 @@ class AggregateArguments:
 
 def with_computed(batch: Any, computed: Sequence[ComputedColumn]) -> Any:
     """``batch`` (a record batch or a table) with the computed keys and aggregate arguments
-    appended (see :class:`ComputedColumn`)."""
+    appended (see :class:`ComputedColumn`). With a key ``unnest(list)``, each row first
+    becomes one row per element of its list (none for an empty or null list), the element
+    the key's value, as DuckDB's ``unnest``; the rest is computed on those rows."""
+    unnest = next((column for column in computed if column.unnest), None)
+    if unnest is not None:
+        batch = _unnested(batch, unnest)
+        computed = [column for column in computed if column is not unnest]
     with shared_subexpressions():  # of one batch: appending makes another
         values = [column.values(batch) for column in computed]
     for column, array in zip(computed, values, strict=True):
         batch = batch.append_column(column.name, array)
     return batch
+
+
+def _unnested(batch: Any, unnest: ComputedColumn) -> Any:
+    """``batch``'s rows repeated once per element of ``unnest``'s list, the elements appended
+    as its column."""
+    import pyarrow.compute as pc
+
+    lists = unnest.values(batch)
+    if isinstance(lists, pa.ChunkedArray):
+        lists = lists.combine_chunks()
+    if pa.types.is_null(lists.type):
+        lists = pa.array([None] * len(lists), pa.list_(pa.null()))
+    parents = pc.list_parent_indices(lists)
+    return batch.take(parents).append_column(unnest.name, pc.list_flatten(lists))
+
+
+def unnest_argument(text: str) -> str | None:
+    """The list expression of a key ``unnest(...)`` (DuckDB's), or ``None`` for another."""
+    import re
+
+    head = re.match(r"\s*unnest\s*\(", text, re.IGNORECASE)
+    if head is None:
+        return None
+    close_at = _closing(text, head.end() - 1)
+    if close_at < 0 or text[close_at + 1 :].strip():
+        return None
+    return text[head.end() : close_at]
 
 
 def computed_aggs(

@@ -1258,6 +1258,11 @@ class _Parser:
         at = self.tok
         name = at.word
         self.i += 2  # the name and "("
+        if name == "unnest":
+            raise ExpressionError(
+                "unnest() is a whole key, not a part of an expression: --by 'unnest(tags) AS "
+                "tag' makes a row of each element", self.text, at.pos,
+            )  # fmt: skip
         if name not in FUNCTIONS:
             raise ExpressionError(
                 f"unknown function {at.text!r} (functions: {', '.join(sorted(FUNCTIONS))})",

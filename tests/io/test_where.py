@@ -1512,3 +1512,78 @@ def test_lists_of_a_json_log_and_a_parquet_file_filter_and_group(tmp_path, capsy
         assert main(argv) == 0, capsys.readouterr().err
         got = [tuple(r.values()) for r in pq.read_table(out).to_pylist()]
         assert sorted(got, key=repr) == sorted(want, key=repr), path
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_unnest_key_makes_a_row_of_each_element(tmp_path, capsys, threads):
+    """``--by 'unnest(tags) AS tag'`` (DuckDB's): a row per element of each row's list, none
+    for an empty or null list, the other keys and the aggregates over those rows, ``--where``
+    before (on the input's rows) and ``--having`` after; spilled at a small budget, the same
+    answers as DuckDB from a JSON log, a Parquet file and ``extagg.aggregate`` of a table."""
+    import json
+    import random
+
+    import pyarrow.parquet as pq
+
+    import extagg
+    from extagg.cli import main
+
+    rng = random.Random(9)
+    rows = [
+        {"g": i % 5, "v": i, "tags": None if i % 19 == 0 else
+         [rng.choice("abcdefgh") + str(rng.randint(0, 800)) for _ in range(rng.randint(0, 4))]}
+        for i in range(40_000)
+    ]  # fmt: skip
+    jsonl = tmp_path / "log.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    parquet = tmp_path / "log.parquet"
+    table = pa.Table.from_pylist(rows)
+    pq.write_table(table, parquet, row_group_size=4_000)
+    query = [
+        "--by", "unnest(tags) AS tag", "--by", "g", "--agg", "n=count(*)", "--agg", "s=sum(v)",
+        "--agg", "k=max(len(tags))", "--where", "v % 3 <> 0", "--having", "n > 1",
+    ]  # fmt: skip
+    duckdb = pytest.importorskip("duckdb")
+    want = duckdb.sql(
+        f"select unnest(tags) as tag, g, count(*) as n, sum(v) as s, max(len(tags)) as k "
+        f"from '{parquet}' where v % 3 <> 0 group by tag, g having n > 1 order by all"
+    ).fetchall()
+    assert len(want) > 5_000  # many groups: the 1 MiB budget spills
+    for path in (jsonl, parquet):
+        out = tmp_path / f"{path.suffix[1:]}-{threads}.parquet"
+        summary = tmp_path / f"{path.suffix[1:]}-{threads}.json"
+        argv = ["aggregate", str(path), *query, "--memory", "1m", "--threads", str(threads),
+                "--sort", "-o", str(out), "-q", "--json-summary", str(summary)]  # fmt: skip
+        assert main(argv) == 0, capsys.readouterr().err
+        assert [tuple(r.values()) for r in pq.read_table(out).to_pylist()] == want, path
+        assert json.loads(summary.read_text())["spill_count"] > 0
+    got = extagg.aggregate(
+        table, ["unnest(tags) AS tag", "g"], ["n=count(*)", "s=sum(v)", "k=max(len(tags))"]
+    )
+    all_rows = duckdb.sql(
+        f"select unnest(tags) as tag, g, count(*), sum(v), max(len(tags)) from '{parquet}' "
+        "group by tag, g order by all"
+    ).fetchall()
+    assert sorted(tuple(r.values()) for r in got.to_pylist()) == all_rows
+
+
+@pytest.mark.parametrize(
+    ("by", "agg", "words"),
+    [
+        ("unnest(s)", "n=count(*)", "unnest() takes a list (a JSON array, a Parquet list), not"),
+        ("unnest(tags)", "n=max(unnest(nums))", "unnest() makes a row of each element"),
+        ("upper(unnest(tags))", "n=count(*)", "unnest() is a whole key, not a part of"),
+    ],
+)
+def test_unnest_errors(tmp_path, capsys, by, agg, words):
+    import pyarrow.parquet as pq
+
+    from extagg.cli import main
+
+    path = tmp_path / "lists.parquet"
+    pq.write_table(LISTS, path)
+    assert main(["aggregate", str(path), "--by", by, "--agg", agg, "-q"]) == 2
+    assert words in capsys.readouterr().err
+    both = ["--by", "unnest(tags)", "--by", "unnest(nums)", "--agg", "n=count(*)"]
+    assert main(["aggregate", str(path), *both, "-q"]) == 2
+    assert "one key may be unnest(...), not two" in capsys.readouterr().err
