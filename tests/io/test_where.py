@@ -1063,17 +1063,24 @@ def _utc(values: list) -> list:
 def test_text_and_time_functions_agree_with_duckdb(text):
     """Unix times, text pieces and regex groups: the eager form, the Arrow expression (which
     a Parquet scan may filter by) and DuckDB give the same values, nulls included."""
-    table = TEXTS_AND_TIMES
+    eager, want = _eager_arrow_and_duckdb(TEXTS_AND_TIMES, text)
+    assert _utc(eager) == _utc(want)
+
+
+def _eager_arrow_and_duckdb(table: pa.Table, text: str) -> tuple[list, list]:
+    """The values of expression ``text`` on ``table`` eagerly (checked equal to the Arrow
+    expression's, which a scan evaluates), and DuckDB's."""
     parsed = parse_expression(text)
     parsed.bind_value(table.schema)
-    eager = parsed.evaluate(table).to_pylist()
+    eager = parsed.evaluate(table)
+    n = table.num_rows
+    eager = [eager.as_py()] * n if isinstance(eager, pa.Scalar) else eager.to_pylist()
     by_arrow = ds.dataset(table).to_table(columns={"v": parsed.expression})
     assert by_arrow.column("v").to_pylist() == eager
     duckdb = pytest.importorskip("duckdb")
     con = duckdb.connect()
     con.register("t", table)
-    want = [r[0] for r in con.execute(f"select {text} from t").fetchall()]
-    assert _utc(eager) == _utc(want)
+    return eager, [r[0] for r in con.execute(f"select {text} from t").fetchall()]
 
 
 @pytest.mark.parametrize(
@@ -1089,8 +1096,12 @@ def test_text_and_time_functions_agree_with_duckdb(text):
     ],
 )
 def test_text_and_time_function_errors(text, words):
+    _fails_with(TEXTS_AND_TIMES, text, words)
+
+
+def _fails_with(table: pa.Table, text: str, words: str) -> None:
     with pytest.raises(ExpressionError, match=re.escape(words)):
-        parse_expression(text).bind_value(TEXTS_AND_TIMES.schema)
+        parse_expression(text).bind_value(table.schema)
 
 
 def test_unix_times_bucket_a_json_log_by_day(tmp_path):
@@ -1440,18 +1451,7 @@ def test_list_functions_agree_with_duckdb(text):
     """JSON arrays and Parquet lists: the number of elements, whether one is there, the
     i-th — the eager form, the Arrow expression (a registered function where Arrow has no
     kernel) and DuckDB give the same values, nulls and out-of-range indexes included."""
-    parsed = parse_expression(text)
-    parsed.bind_value(LISTS.schema)
-    eager = parsed.evaluate(LISTS)
-    eager = (
-        eager.to_pylist() if not isinstance(eager, pa.Scalar) else [eager.as_py()] * LISTS.num_rows
-    )
-    by_arrow = ds.dataset(LISTS).to_table(columns={"v": parsed.expression})
-    assert by_arrow.column("v").to_pylist() == eager
-    duckdb = pytest.importorskip("duckdb")
-    con = duckdb.connect()
-    con.register("t", LISTS)
-    want = [r[0] for r in con.execute(f"select {text} from t").fetchall()]
+    eager, want = _eager_arrow_and_duckdb(LISTS, text)
     assert eager == want
 
 
@@ -1467,8 +1467,7 @@ def test_list_functions_agree_with_duckdb(text):
     ],
 )
 def test_list_function_errors(text, words):
-    with pytest.raises(ExpressionError, match=re.escape(words)):
-        parse_expression(text).bind_value(LISTS.schema)
+    _fails_with(LISTS, text, words)
 
 
 def test_lists_of_a_json_log_and_a_parquet_file_filter_and_group(tmp_path, capsys):
