@@ -69,11 +69,16 @@ class SpooledInputs:
         ``--format``, or ``None`` to tell each stream's format from its first bytes.
     spill_dirs
         The spill directories (the copies go to the first), or ``None`` for the default.
+    progress
+        Whether a bar on stderr counts the bytes copied (a long stream shows it is read).
     """
 
-    def __init__(self, paths: Sequence[str], fmt: str | None, spill_dirs: Any = None) -> None:
+    def __init__(
+        self, paths: Sequence[str], fmt: str | None, spill_dirs: Any = None, progress: bool = False
+    ) -> None:
         self.given = list(paths)
         self.fmt = fmt
+        self.progress = progress
         self._spill_dirs = spill_dirs
         self._owner: SpillDirs | None = None
         #: the copy of each stream, by its given name
@@ -139,12 +144,17 @@ class SpooledInputs:
                     f"cannot copy {name} to a file in {directory}: {exc.strerror or exc}",
                     path=name,
                 ) from exc
-            with out:
+            from extagg._progress import progress_bar
+
+            bar = progress_bar(enabled=self.progress, desc=f"copying {name}", unit="B",
+                               unit_scale=True, unit_divisor=1024, leave=False)  # fmt: skip
+            with out, bar:
                 written = 0
                 block = first
                 while block:
                     _write(out, block, copy, directory, name, written)
                     written += len(block)
+                    bar.update(len(block))
                     block = _read(source, name)
             log.info("%s copied to %s (%d bytes) to be read as a file", name, copy, written)
         finally:

@@ -284,11 +284,13 @@ def _top_level_comma(text: str, start: int) -> int:
 
 
 def _run_aggregate(args: argparse.Namespace) -> int:
+    from extagg._progress import progress_enabled
     from extagg._spooled_input import SpooledInputs
     from extagg.errors import QueryError
 
     query = None
-    spooled = SpooledInputs(args.paths, args.format, args.spill_dirs)
+    progress = not args.quiet and progress_enabled(True)
+    spooled = SpooledInputs(args.paths, args.format, args.spill_dirs, progress)
     try:
         by = [name for group in args.by for name in split_names(group)]
         if not args.agg and not by:
