@@ -3,14 +3,16 @@
 Input: ``events.jsonl``, generated once (seeded, written a chunk at a time) into
 ``$EXTAGG_BENCH_DATA`` (else ``benchmarks/data/``): ``--lines`` lines (2 M by default, ~230 MB;
 ``--quick`` 20 K) of ``{"ts": unix seconds, "kind": "click" | "view" | "buy", "payload":
-{"user": {"id": ...}, "geo": {"country": ...}, "amount": ...}}`` — the shape of a product's
-event log. Queries (keys and arguments are fields inside the objects, a time bucket computed
-from the Unix time):
+{"user": {"id": ...}, "geo": {"country": ...}, "amount": ...}, "tags": [0-3 of 6 words]}`` —
+the shape of a product's event log. Queries (keys and arguments are fields inside the objects,
+a time bucket computed from the Unix time, a row per element of a list):
 
 - ``country``: ``GROUP BY payload.geo.country`` with ``count(*)``;
 - ``hourly``: ``GROUP BY payload.geo.country, date_trunc('hour', to_timestamp(ts))`` with
   ``count(*)``, ``count(DISTINCT payload.user.id)`` and ``sum(payload.amount)``, ``WHERE kind =
-  'buy'``.
+  'buy'``;
+- ``tags``: ``GROUP BY unnest(tags)`` with ``count(*)`` and ``count(DISTINCT payload.user.id)``
+  (Polars: ``explode``, the nulls of empty lists left out).
 
 Every run is a fresh process, the engines' runs interleaved; the child imports its engine
 (timed on its own), then runs the query from the file to the last result batch and reports
@@ -72,16 +74,25 @@ QUERIES: dict[str, dict[str, Any]] = {
         },
         "where": "kind = 'buy'",
     },
+    "tags": {
+        "by": ["unnest(tags) AS tag"],
+        "aggs": {"n": "count(*)", "users": "count(DISTINCT payload.user.id)"},
+        "where": None,
+        "duckdb_group_by": "tag",  # DuckDB: "Cannot group on an UNNEST" with GROUP BY ALL
+    },
 }
+#: the words of the events' ``tags`` lists
+TAGS = ("new", "promo", "mobile", "retry", "vip", "beta")
 
 
 def dataset(lines: int) -> Path:
     """``lines`` seeded events as one JSON Lines file (written once, a chunk at a time)."""
-    out = DATA_DIR / f"events-{lines}.jsonl"
+    out = DATA_DIR / f"events-tags-{lines}.jsonl"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     rng = random.Random(20261129)
+    tag_rng = random.Random(20261130)  # its own: the other fields as in the log without tags
     tmp = out.with_suffix(".tmp")
     with tmp.open("w", encoding="utf-8") as f:
         for start in range(0, lines, 100_000):
@@ -95,6 +106,7 @@ def dataset(lines: int) -> Path:
                         "geo": {"country": rng.choice(("de", "fr", "us", "jp", "br"))},
                         "amount": round(rng.random() * 100, 2),
                     },
+                    "tags": tag_rng.sample(TAGS, tag_rng.randrange(4)),
                 }
                 chunk.append(json.dumps(event))
             f.write("\n".join(chunk) + "\n")
@@ -126,7 +138,7 @@ def child(case: dict[str, Any]) -> dict[str, Any]:
         cols = [f"{text} AS {name}" for name, text in q["aggs"].items()]
         where = f" WHERE {q['where']}" if q["where"] else ""
         sql = (f"SELECT {', '.join(keys)}, {', '.join(cols)} FROM read_json('{path}'){where} "
-               f"GROUP BY ALL")  # fmt: skip
+               f"GROUP BY {q.get('duckdb_group_by', 'ALL')}")  # fmt: skip
 
         def run() -> dict[str, Any]:
             res = con.execute(sql)
@@ -139,15 +151,23 @@ def child(case: dict[str, Any]) -> dict[str, Any]:
             payload = pl.col("payload")
             country = payload.struct.field("geo").struct.field("country").alias("country")
             lf = pl.scan_ndjson(path)
+            user = payload.struct.field("user").struct.field("id")
             if case["query"] == "country":
                 out = lf.group_by(country).agg(pl.len().alias("n"))
+            elif case["query"] == "tags":  # explode makes a null of an empty list: left out
+                out = (
+                    lf.select("tags", user.alias("user")).explode("tags")
+                    .filter(pl.col("tags").is_not_null())
+                    .group_by(pl.col("tags").alias("tag"))
+                    .agg(pl.len().alias("n"), pl.col("user").n_unique().alias("users"))
+                )  # fmt: skip
             else:
                 hour = pl.from_epoch("ts").dt.truncate("1h").alias("h")
                 out = (
                     lf.filter(pl.col("kind") == "buy")
                     .group_by(country, hour)
                     .agg(pl.len().alias("n"),
-                         payload.struct.field("user").struct.field("id").n_unique().alias("users"),
+                         user.n_unique().alias("users"),
                          payload.struct.field("amount").sum().alias("amount"))
                 )  # fmt: skip
             table = out.collect(engine="streaming").to_arrow()

@@ -179,7 +179,7 @@ def test_json_quick_runs_and_answers_match_duckdb(tmp_path: Path) -> None:
         (r["case"]["query"], r["case"]["engine"]): r["summary"] for r in payload["results"]
     }
     assert all("error" not in s for s in summaries.values()), summaries
-    for query in ("country", "hourly"):
+    for query in ("country", "hourly", "tags"):
         mine, duck = summaries[(query, "extagg")], summaries[(query, "duckdb")]
         assert mine["groups"] == duck["groups"] and duck["groups"][0] > 4
         assert set(mine["sums"]) == set(duck["sums"]) and duck["sums"]
