@@ -7,9 +7,9 @@ process substitution ``<(zcat x.gz)``) is therefore first copied, a block at a t
 bytes come (compressed input stays compressed), to a file in this process's spill folder, and
 that file is read instead. The copy is removed when the run ends, whether it succeeds, fails or
 is interrupted (with the spill folder, also when the command leaves at once, and by the next
-run if the process was killed). Its format is ``--format``'s, else told from its first bytes:
-Parquet's and Arrow's magic numbers, a JSON object, else CSV (the delimiter sniffed as for a
-file).
+run if the process was killed). Its format is ``--format``'s, else a named pipe's extension's,
+else told from its first bytes: Parquet's and Arrow's magic numbers, a JSON object, else CSV
+(the delimiter sniffed as for a file).
 """
 
 from __future__ import annotations
@@ -115,8 +115,9 @@ class SpooledInputs:
         name = _name(path)
         if path == STDIN:
             if sys.stdin is None or sys.stdin.isatty():
+                what = "there is none" if sys.stdin is None else "it is a terminal"
                 raise QueryError(
-                    "'-' reads standard input, but it is a terminal: pipe the data in "
+                    f"'-' reads standard input, but {what}: pipe the data in "
                     "(`zcat events.csv.gz | extagg aggregate - ...`) or name a file"
                 )
             source: BinaryIO = sys.stdin.buffer
@@ -128,7 +129,12 @@ class SpooledInputs:
                 raise InputError(f"cannot read {path}: {exc.strerror or exc}", path=path) from exc
         try:
             first = _read(source, name)
-            suffix = _suffix(first, self.fmt, name)
+            fmt = self.fmt
+            if fmt is None and path != STDIN:  # a FIFO named like a file: its extension
+                from extagg.io.inputs import detect_format
+
+                fmt = detect_format(path)
+            suffix = _suffix(first, fmt, name)
             if self._owner is None:
                 from extagg.spill.tempdir import SpillDirs
 

@@ -1114,6 +1114,16 @@ def test_standard_input_through_a_pipe_and_a_fifo(tmp_path, capsys):
     check(pq.read_table(out), t, ["k"])
     with pytest.raises(extagg.InputError, match="not a regular file"):  # the library: files
         extagg.aggregate_files(str(fifo), by=["k"], aggs=["n=count(*)"])
+    # a FIFO named like a file is read as its extension says: a .tsv whose header has a comma
+    # (read as CSV, its columns would be "k\tv" and "w")
+    tsv = tmp_path / "pipe.tsv"
+    os.mkfifo(tsv)
+    writer = threading.Thread(target=lambda: tsv.write_text("k\tv,w\na\t1\nb\t2\na\t3\n"))
+    writer.start()
+    argv = ["aggregate", str(tsv), "--by", "k", "--agg", 's=sum("v,w")', "--sort", "-o", "-"]
+    assert main([*argv, "-q"]) == 0
+    writer.join()
+    assert capsys.readouterr().out == "k,s\na,4\nb,2\n"
     with pytest.raises(extagg.InputError, match="no input"):
         extagg.aggregate_files([], by=["k"], aggs=["n=count(*)"])
 

@@ -259,28 +259,38 @@ class AggregateArguments:
         return out
 
 
-def with_computed(batch: Any, computed: Sequence[ComputedColumn]) -> Any:
+def with_computed(
+    batch: Any, computed: Sequence[ComputedColumn], keep: Iterable[str] | None = None
+) -> Any:
     """``batch`` (a record batch or a table) with the computed keys and aggregate arguments
-    appended (see :class:`ComputedColumn`). With a key ``unnest(list)``, each row first
-    becomes one row per element of its list (none for an empty or null list), the element
-    the key's value, as DuckDB's ``unnest``; the rest is computed on those rows."""
+    appended (see :class:`ComputedColumn`). With a key ``unnest(list)``, each row becomes one
+    row per element of its list (none for an empty or null list), the element the key's
+    value, as DuckDB's ``unnest``: the rest is computed on the rows as read (an expression of
+    a row is the same on each of its copies) and the rows are then repeated, of their columns
+    only ``keep`` (those the aggregation reads; ``None``: all) and the computed ones — not the
+    struct a field was computed from, nor the lists."""
     unnest = next((column for column in computed if column.unnest), None)
     if unnest is not None:
-        batch = _unnested(batch, unnest)
         computed = [column for column in computed if column is not unnest]
     with shared_subexpressions():  # of one batch: appending makes another
         values = [column.values(batch) for column in computed]
+        lists = None if unnest is None else unnest.values(batch)
     for column, array in zip(computed, values, strict=True):
         batch = batch.append_column(column.name, array)
-    return batch
+    if unnest is None:
+        return batch
+    assert lists is not None
+    if keep is not None:
+        kept = {*keep, *(column.name for column in computed)}
+        batch = batch.select([name for name in batch.schema.names if name in kept])
+    return _unnested(batch, unnest, lists)
 
 
-def _unnested(batch: Any, unnest: ComputedColumn) -> Any:
-    """``batch``'s rows repeated once per element of ``unnest``'s list, the elements appended
-    as its column."""
+def _unnested(batch: Any, unnest: ComputedColumn, lists: Any) -> Any:
+    """``batch``'s rows repeated once per element of its row's list in ``lists``, the
+    elements appended as ``unnest``'s column."""
     import pyarrow.compute as pc
 
-    lists = unnest.values(batch)
     if isinstance(lists, pa.ChunkedArray):
         lists = lists.combine_chunks()
     if pa.types.is_null(lists.type):

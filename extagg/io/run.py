@@ -258,7 +258,8 @@ class FileQuery:
     def _with_computed(self, batch: Any) -> Any:
         """``batch`` (or an empty table) with the computed keys and aggregate arguments
         appended (see :class:`~extagg.io.expressions.ComputedColumn`)."""
-        return with_computed(batch, self.computed)
+        read = [*self.by, *(s[0] for s in self.aggs.values() if isinstance(s, (tuple, list)))]
+        return with_computed(batch, self.computed, keep=read)
 
     def _sync(self, agg: Any, started: float, final: bool = False) -> None:
         m = self.metrics
