@@ -203,9 +203,9 @@ def parse_agg_texts(texts: Sequence[str]) -> dict[str, tuple[str, str]]:
                 )
             func, written = "count_distinct", written[distinct.end() :].strip()
         default_name = None
-        if func.lower() == "count_if":  # DuckDB's and Spark's: the rows the condition holds for
-            default_name = f"count_if_{written}"
-            func, written = count_if(written)
+        if func.lower() in REWRITTEN:  # count_if, bool_and ...: another aggregate of an expression
+            default_name = f"{func.lower()}_{written}"
+            func, written = REWRITTEN[func.lower()](written)
         col: str = unquote(written)
         if col != written:
             col = ColumnName(col)
@@ -228,6 +228,32 @@ def count_if(condition: str) -> tuple[str, str]:
     return "count", ExpressionText(f"case when {condition} then 1 end")
 
 
+def _bool_test(condition: str) -> str:
+    """``condition`` as a test that must be a boolean (``x = true``: Arrow refuses a number
+    compared with ``true``, so ``bool_and(amount)`` is a usage error at its operator)."""
+    return f"({condition}) = true"
+
+
+def bool_and(condition: str) -> tuple[str, str]:
+    """``bool_and(condition)`` (Spark's ``every``, DuckDB's and Postgres' ``bool_and``): true
+    where it holds for every row whose condition is not null, null where every one is null —
+    the ``min`` of the booleans."""
+    return "min", ExpressionText(_bool_test(condition))
+
+
+def bool_or(condition: str) -> tuple[str, str]:
+    """``bool_or(condition)`` (Spark's ``some``): true where it holds for at least one row, null
+    where every condition is null — the ``max`` of the booleans."""
+    return "max", ExpressionText(_bool_test(condition))
+
+
+#: aggregates that are another aggregate of an expression of their argument
+REWRITTEN = {
+    "count_if": count_if, "bool_and": bool_and, "every": bool_and, "bool_or": bool_or,
+    "some": bool_or,
+}  # fmt: skip
+
+
 def agg_mapping(aggs: Any) -> Any:
     """``aggs`` as ``{output: (column, function)}``: a text ``'n=count(*)'`` or a list of them
     is parsed (:func:`parse_agg_texts`), as is a mapping's text value (``{"n": "count(*)"}``);
@@ -245,7 +271,7 @@ def agg_mapping(aggs: Any) -> Any:
                         raise QueryError(f"two aggregates are named {name!r}")
                     out[name] = (output, func)
             elif not isinstance(spec, str):
-                out[output] = _with_count_if(spec)
+                out[output] = _rewritten(spec)
             elif "(" in spec:
                 match = _AGG_TEXT.match(spec)
                 if match is None or match.group("name") is not None:
@@ -262,21 +288,22 @@ def agg_mapping(aggs: Any) -> Any:
         return parse_agg_texts([aggs])
     if isinstance(aggs, Sequence) and aggs and all(isinstance(a, str) for a in aggs):
         return parse_agg_texts(aggs)
-    if isinstance(aggs, Mapping) and any(_with_count_if(s) is not s for s in aggs.values()):
-        return {output: _with_count_if(spec) for output, spec in aggs.items()}
+    if isinstance(aggs, Mapping) and any(_rewritten(s) is not s for s in aggs.values()):
+        return {output: _rewritten(spec) for output, spec in aggs.items()}
     return aggs
 
 
-def _with_count_if(spec: Any) -> Any:
-    """A ``(condition, "count_if")`` pair as :func:`count_if` gives it; any other as it is."""
+def _rewritten(spec: Any) -> Any:
+    """A ``(condition, "count_if")`` (``"bool_and"`` ...) pair as :data:`REWRITTEN` gives it;
+    any other as it is."""
     if (
         isinstance(spec, (tuple, list))
         and len(spec) == 2
         and isinstance(spec[1], str)
-        and spec[1].lower() == "count_if"
+        and spec[1].lower() in REWRITTEN
         and isinstance(spec[0], str)
     ):
-        func, condition = count_if(spec[0])
+        func, condition = REWRITTEN[spec[1].lower()](spec[0])
         return (condition, func)
     return spec
 
@@ -325,7 +352,7 @@ def parse_aggs(
             )
         known = name in FUNCTIONS or name in DISTINCT_FUNCTIONS
         if not known and not (states and name == VAR_STATE):
-            names = sorted((*FUNCTIONS, *DISTINCT_FUNCTIONS, *ALIASES))
+            names = sorted((*FUNCTIONS, *DISTINCT_FUNCTIONS, *ALIASES, *REWRITTEN))
             close = difflib.get_close_matches(func.lower(), names, n=1, cutoff=0.6)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ValueError(

@@ -587,9 +587,15 @@ def split_aggregate_expressions(
     expression is one more aggregate named by its text, equal calls computed once; the
     expressions to compute on the result, over those names; the output names in the order
     given)."""
-    from extagg.columnar.functions import ALIASES, DISTINCT_FUNCTIONS, FUNCTIONS, parse_agg_texts
+    from extagg.columnar.functions import (
+        ALIASES,
+        DISTINCT_FUNCTIONS,
+        FUNCTIONS,
+        REWRITTEN,
+        parse_agg_texts,
+    )
 
-    known = {f.lower() for f in (*FUNCTIONS, *DISTINCT_FUNCTIONS, *ALIASES, "size")}
+    known = {f.lower() for f in (*FUNCTIONS, *DISTINCT_FUNCTIONS, *ALIASES, *REWRITTEN, "size")}
     engine: dict[str, Any] = {}
     post: list[tuple[str, str]] = []
     outputs: list[str] = []

@@ -390,3 +390,33 @@ def test_count_if_counts_the_rows_a_condition_holds_for(lineitem, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"flag,count_if_{condition}"  # no comma or quote in it: not quoted
     assert lines[1:] == [f"{flag},{n}" for flag, n in sorted(want.items())]
+
+
+def test_bool_and_and_bool_or_are_spark_and_duckdbs(lineitem, capsys):
+    """``bool_and``/``every`` and ``bool_or``/``some`` of a condition: whether it holds for
+    every row (at least one) whose condition is not null, null where every one is null — the
+    text and the tuple forms, spilling under 1 MiB, against a reference and DuckDB; a
+    condition that is not a boolean is a usage error."""
+    path, rows = lineitem
+    conditions = {r["flag"]: [] for r in rows}
+    for r in rows:  # qty > 40 where the name is known, else null
+        conditions[r["flag"]].append(None if r["name"] is None else r["qty"] > 40)
+    want = {
+        flag: {"a": all(c for c in cs if c is not None), "o": any(c for c in cs if c is not None)}
+        for flag, cs in conditions.items()
+    }
+    test = "case when name is not null then qty > 40 end"
+    texts = [f"a=bool_and({test})", f"o=bool_or({test})"]
+    pairs = {"a": (test, "every"), "o": (test, "SOME")}
+    for aggs in (texts, pairs):
+        for memory in (None, "1m"):
+            got = extagg.aggregate_files(path, by="flag", aggs=aggs, memory=memory).read_all()
+            assert _by_flag(got) == want
+    none = extagg.aggregate_files(path, aggs=["a=bool_and(qty > 0)", "o=bool_or(qty > 0)"],
+                                  where="name is null and qty < 0")  # fmt: skip
+    assert none.read_all().to_pylist() == [{"a": None, "o": None}]
+    duckdb = pytest.importorskip("duckdb")
+    sql = f"select flag, bool_and({test}), bool_or({test}) from '{path}' group by flag"
+    assert {f: {"a": a, "o": o} for f, a, o in duckdb.sql(sql).fetchall()} == want
+    assert main(["aggregate", path, "--agg", "a=bool_and(qty)", "-q"]) == 2
+    assert "'=' does not apply to int64 and bool" in capsys.readouterr().err
