@@ -229,9 +229,10 @@ def count_if(condition: str) -> tuple[str, str]:
 
 
 def _bool_test(condition: str) -> str:
-    """``condition`` as a test that must be a boolean (``x = true``: Arrow refuses a number
-    compared with ``true``, so ``bool_and(amount)`` is a usage error at its operator)."""
-    return f"({condition}) = true"
+    """``condition`` as a test that must be a boolean, its nulls kept (a number is a usage
+    error: "a condition of 'case' is a value of type int64, not a test"); the condition is
+    computed once a batch (equal parts of an expression are shared)."""
+    return f"case when {condition} then true when ({condition}) is null then null else false end"
 
 
 def bool_and(condition: str) -> tuple[str, str]:
