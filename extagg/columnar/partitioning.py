@@ -231,10 +231,8 @@ def set_aside(
     on disk and others not: the caller must give up (close)."""
     var_bytes = sum(c.data.nbytes for c in cols.values() if c.data is not None)
     if var_bytes and not st.budget.hold_more(2 * var_bytes):
-        raise MemoryLimitError(
-            f"{st.name} needs {format_size(2 * var_bytes)} more to set aside a chunk's "
-            f"{format_size(var_bytes)} of strings ({st.budget.describe()})"
-        )
+        _set_aside_in_pieces(st, writer, cols, hashes, rows)
+        return
     started = time.perf_counter()
     try:
         writer.write(cols, hashes, rows)
@@ -245,3 +243,44 @@ def set_aside(
     n = len(hashes) if rows is None else len(rows)
     st.metrics.records_read += n
     st.rows_since_spill += n
+
+
+def _set_aside_in_pieces(
+    st: TableState,
+    writer: PartitionWriter,
+    cols: dict[str, Column],
+    hashes: np.ndarray,
+    rows: np.ndarray | None,
+) -> None:
+    """:func:`set_aside` of a chunk whose strings' copies are not granted at once (a budget of
+    a few MiB, most of it the partition buffers and the input): its rows a piece at a time,
+    each piece half the last one that was not granted; a single row not granted is a
+    :class:`MemoryLimitError`."""
+    chosen = np.arange(len(hashes), dtype=np.int64) if rows is None else rows
+    # the bytes of strings before each chosen row, over every variable-length column
+    before = np.zeros(len(chosen) + 1, dtype=np.int64)
+    for col in cols.values():
+        if col.offsets is not None:
+            lengths = np.diff(col.offsets.astype(np.int64, copy=False))
+            before[1:] += np.cumsum(lengths[chosen])
+    start, size = 0, max(1, len(chosen) // 2)
+    while start < len(chosen):
+        stop = min(len(chosen), start + size)
+        need = 2 * int(before[stop] - before[start])
+        if need and not st.budget.hold_more(need):
+            if size == 1:
+                raise MemoryLimitError(
+                    f"{st.name} needs {format_size(need)} more to set aside a row's "
+                    f"{format_size(need // 2)} of strings ({st.budget.describe()})"
+                )
+            size = max(1, size // 2)
+            continue
+        started = time.perf_counter()
+        try:
+            writer.write(cols, hashes, chosen[start:stop])
+        finally:
+            st.metrics.spill_time_s += time.perf_counter() - started
+            st.budget.trim()
+        st.metrics.records_read += stop - start
+        st.rows_since_spill += stop - start
+        start = stop

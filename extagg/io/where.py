@@ -7,9 +7,10 @@ Grammar (keywords are case-insensitive)::
     or        := and ("or" and)*
     and       := not ("and" not)*
     not       := "not" not | predicate
-    predicate := sum [cmp sum | ["not"] "in" "(" literal ("," literal)* ")"
-                      | "is" ["not"] "null" | ["not"] "between" sum "and" sum
+    predicate := concat [cmp concat | ["not"] "in" "(" literal ("," literal)* ")"
+                      | "is" ["not"] "null" | ["not"] "between" concat "and" concat
                       | ["not"] ("like" | "ilike") 'pattern']
+    concat    := sum ("||" sum)*
     sum       := product (("+" | "-") product)*
     product   := unary (("*" | "/") unary)*
     unary     := "-" unary | atom
@@ -73,7 +74,7 @@ _TOKEN = re.compile(
       | (?P<name>"""
     + PLAIN_NAME
     + r""")
-      | (?P<op>::|<=|>=|<>|!=|==|[=<>(),+\-*/%\[\]])
+      | (?P<op>::|\|\||<=|>=|<>|!=|==|[=<>(),+\-*/%\[\]])
     )""",
     re.VERBOSE,
 )
@@ -987,11 +988,11 @@ class _Parser:
         return self.predicate()
 
     def predicate(self) -> pc.Expression:
-        left = self.sum_()
+        left = self.concat_()
         at = self.tok
         op = self.take_op(*_CMP)
         if op is not None:
-            left, right = self.fit_quoted(left, self.sum_())
+            left, right = self.fit_quoted(left, self.concat_())
             return self.binary(_CMP[op], left, right, at)
         if self.take_word("is"):
             negate = self.take_word("not")
@@ -1062,10 +1063,10 @@ class _Parser:
                                  at=at)  # fmt: skip
             return self.call(pc.invert, test) if negate else test
         if self.take_word("between"):
-            low = self.sum_()
+            low = self.concat_()
             if not self.take_word("and"):
                 raise self.error("expected 'and' in 'between ... and ...'")
-            high = self.sum_()
+            high = self.concat_()
             left, low = self.fit_quoted(left, low)
             left, high = self.fit_quoted(left, high)
             test = self.call(
@@ -1077,6 +1078,14 @@ class _Parser:
         if negate:
             self.i = start
             raise self.error("expected 'in', 'between' or 'like' after 'not'", self.toks[start + 1])
+        return left
+
+    def concat_(self) -> pc.Expression:
+        """SQL's ``a || b``: the two as text, one after the other (a number or a date as
+        :func:`concat` writes it), null where either is (``concat`` skips nulls)."""
+        left = self.sum_()
+        while (at := self.tok) and self.take_op("||") is not None:
+            left = self._joined_texts([left, self.sum_()], at, skip_nulls=False)
         return left
 
     def sum_(self) -> pc.Expression:
@@ -1503,13 +1512,26 @@ class _Parser:
     def _concat(self, args: list[pc.Expression], at: _Tok) -> pc.Expression:
         """DuckDB's ``concat(a, ...)``: the values as text, one after the other, a null as
         nothing (all null: an empty text)."""
+        return self._joined_texts(args, at, skip_nulls=True)
+
+    def _joined_texts(
+        self, args: list[pc.Expression], at: _Tok, *, skip_nulls: bool
+    ) -> pc.Expression:
+        """The values of ``args`` as text, one after the other; a null is nothing
+        (``skip_nulls``) or makes the result null."""
         texts = []
         for arg in args:
-            typ = self.type_of(arg) if self._empty is not None else pa.string()
+            if self._empty is None:  # types not known: each cast (a text's cast is a no-op)
+                texts.append(self.cast(arg, pa.string()))
+                continue
+            typ = self.type_of(arg)
             if pa.types.is_dictionary(typ) or pa.types.is_large_string(typ):
                 arg = self.decoded(arg)
                 typ = self.type_of(arg)
             texts.append(arg if pa.types.is_string(typ) else self.cast(arg, pa.string()))
+        if not skip_nulls:
+            return self.call(pc.binary_join_element_wise, *texts, self.constant(pa.scalar("")),
+                             at=at)  # fmt: skip
         return self.call(
             pc.binary_join_element_wise, *texts, self.constant(pa.scalar("")),
             at=at, null_handling="replace", null_replacement="",

@@ -24,7 +24,7 @@ from extagg.columnar.partition_files import (
     rotate_left,
     rotate_right,
 )
-from extagg.errors import CorruptFileError, SpillError
+from extagg.errors import CorruptFileError, MemoryLimitError, SpillError
 from tests.columnar.reference import assert_same_groups, reference_groupby, result_dict
 from tests.conftest import files_under
 from tests.spill.test_runfile import FullDisk
@@ -383,4 +383,53 @@ def test_a_split_table_folds_and_feeds_its_partitions_in_large_pieces(
     assert len(feeds) * 2 <= len(reads) + 16, (len(feeds), len(reads))
     assert sorted(feeds)[len(feeds) // 2] >= 4096, feeds
     _check(table, ["k"], AGGS, got)
+    assert files_under(spill_dir) == []
+
+
+def test_a_chunks_strings_not_granted_at_once_are_set_aside_in_pieces(
+    spill_dir, monkeypatch
+) -> None:
+    # at a budget of a few MiB the partition buffers and the input's batches can hold nearly
+    # all of it (a file's query at 1 MiB): a chunk's string copies not granted at once are
+    # set aside a piece at a time (a MemoryLimitError before)
+    rng = np.random.default_rng(12)
+    ids = rng.integers(0, 60_000, 100_000)
+    table = pa.table({
+        "k": pa.array([f"user-{i:06d}" for i in ids.tolist()]),
+        "v": rng.normal(0, 1, len(ids)),
+    })  # fmt: skip
+    aggs = {"n": ("*", "count"), "s": ("v", "sum")}
+    module = importlib.import_module("extagg.columnar.hash_aggregator")
+    module_set_aside = module.set_aside
+    asked: dict[str, list[int]] = {"granted": [], "refused": []}
+    most = {"bytes": 4096}
+
+    class Tight:  # the budget as set_aside sees it: at most most["bytes"] more at once
+        def __init__(self, budget) -> None:
+            self.budget = budget
+
+        def hold_more(self, nbytes: int) -> bool:
+            fits = nbytes <= most["bytes"]
+            asked["granted" if fits else "refused"].append(nbytes)
+            return fits and self.budget.hold_more(nbytes)
+
+        def __getattr__(self, name: str):
+            return getattr(self.budget, name)
+
+    def tight_set_aside(st, *args, **kwargs) -> None:
+        budget, st.budget = st.budget, Tight(st.budget)
+        try:
+            module_set_aside(st, *args, **kwargs)
+        finally:
+            st.budget = budget
+
+    monkeypatch.setattr(module, "set_aside", tight_set_aside)
+    got, partitioned, metrics = _run(table, ["k"], aggs, "2m", spill_dir, batch=50_000)
+    assert partitioned and asked["refused"] and asked["granted"]
+    assert metrics.records_read == table.num_rows
+    _check(table, ["k"], aggs, got)
+    assert files_under(spill_dir) == []
+    most["bytes"] = 8  # not even a row's copies
+    with pytest.raises(MemoryLimitError, match="to set aside a row's"):
+        _run(table, ["k"], aggs, "2m", spill_dir, batch=50_000)
     assert files_under(spill_dir) == []

@@ -920,7 +920,8 @@ FUNCTION_CASES = [
     ("starts_with(s, 'it') or ends_with(s, 'b')", [2, None]),
     ("contains(s, '''') or regexp_matches(s, '^[ab]$') and i > 1", [2, None]),
     ("substr(s, 2) = 't''s' or substring(s, 1, 1) = 'a'", [1, None]),
-    ("trim(' ' || s) = s", None),  # '||' is no operator: a syntax error (below)
+    ("trim(' ' || s) = s", [1, 2, None]),  # SQL's '||': the texts joined, null with a null
+    ("s || '!' = 'a!' or i || s = '2it''s'", [1]),
     ("round(f) = 2 and abs(-i) = 2", [2]),  # 1.5 rounds half away from zero
     ("round(m, 1) = 0.1 and floor(f) = 3 and ceil(f) = 4", [None]),
     ("coalesce(f, 0.0) = 0.0", [3]),
@@ -959,7 +960,7 @@ def test_functions_agree_with_duckdb(text, expected):
         ("starts_with(s, s)", 15, "starts_with() takes a quoted text here"),
         ("substr(s, 0) = 'a'", 0, "substr() counts from 1, got start 0"),
         ("round(f, 'x') = 1", 9, "round() takes a whole number here"),
-        ("trim(' ' || s) = s", 9, "unexpected character '|'"),
+        ("trim(s) | 'a' = s", 8, "unexpected character '|'"),
         ("date_trunc('fortnight', d) = d", 0, "date_trunc() takes a unit of year, quarter"),
         ("date_trunc(d, 'month') = d", 11, "date_trunc() takes a quoted text here"),
         ("strftime(d, 5) = 'x'", 12, "strftime() takes a quoted text here"),
@@ -1058,6 +1059,9 @@ def _utc(values: list) -> list:
         "regexp_extract(s, '([a-z]+)_([0-9]+)', 2)", "regexp_extract(s, '[0-9]+')",
         "regexp_extract(s, 'b|(x)', 1)", "regexp_extract(s, '(?P<w>[a-z]+)', 1)",
         "regexp_extract(s, '[^,]+$')", "regexp_extract(s, '[(]|(l+)', 1)",
+        "s || '-'", "s || i", "i || s || 'x'", "d || '|' || s", "1 + i || 'k'",
+        "s || NULL", "upper(s || 'a')", "s || 'x' = 'ax'", "s || i between 'a' and 'b'",
+        "(s || '') is null",
     ],
 )  # fmt: skip
 def test_text_and_time_functions_agree_with_duckdb(text):
