@@ -187,6 +187,26 @@ def test_json_quick_runs_and_answers_match_duckdb(tmp_path: Path) -> None:
             assert mine["sums"][name] == pytest.approx(value, rel=1e-9), (query, name)
 
 
+def test_quantiles_quick_runs_and_answers_match_duckdb(tmp_path: Path) -> None:
+    pytest.importorskip("duckdb")
+    payload = _run("bench_quantiles.py", tmp_path, "--engines", "extagg", "duckdb",
+                   "--limits", "4m")  # fmt: skip
+    summaries = {
+        (r["case"]["query"], r["case"]["limit"], r["case"]["engine"]): r["summary"]
+        for r in payload["results"]
+    }
+    assert all("error" not in s for s in summaries.values()), summaries
+    for query in ("median", "quantiles"):
+        duck = summaries[(query, None, "duckdb")]
+        assert duck["groups"][0] == 500 and duck["sums"]
+        for limit in (None, "4m"):
+            mine = summaries[(query, limit, "extagg")]
+            assert mine["groups"] == duck["groups"]
+            assert set(mine["sums"]) == set(duck["sums"])
+            for name, value in duck["sums"].items():
+                assert mine["sums"][name] == pytest.approx(value, rel=1e-9), (query, name)
+
+
 def test_threads_quick_runs_and_every_thread_count_agrees(tmp_path: Path) -> None:
     payload = _run("bench_threads.py", tmp_path, "--threads", "1", "2", "--workloads", "str-quick")
     results = payload["results"]

@@ -1702,8 +1702,8 @@ def test_disk_full_writing_a_sort_run(tiny_fs):
     the bytes (it was Arrow's bare ``[Errno 28] Error writing bytes to file``), no run left."""
     import numpy as np
 
+    from extagg.columnar.sort import external_sort
     from extagg.errors import SpillError
-    from extagg.io.sort import external_sort
     from extagg.memory import UnifiedMemoryManager, task_memory_manager
 
     n = 400_000  # 6.4 MB of results against a 1 MiB file system

@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow as pa
 
 from extagg.columnar.columns import arrow_stream, dataset_batches, is_batch, is_dataset
-from extagg.columnar.distinct import DistinctAggregator, has_distinct
+from extagg.columnar.distinct import DistinctAggregator, needs_levels
 from extagg.columnar.functions import agg_mapping, parse_aggs
 from extagg.columnar.hash_aggregator import HashAggregator
 from extagg.columnar.objects import ObjectAggregator, untyped_columns
@@ -41,7 +41,7 @@ def make_aggregator(
     HashAggregator | DistinctAggregator
         The aggregator; close it when done.
     """
-    if has_distinct(aggs):
+    if needs_levels(aggs):
         return DistinctAggregator(keys, aggs, **options)
     return HashAggregator(keys, aggs, **options)
 

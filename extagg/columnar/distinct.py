@@ -15,6 +15,10 @@ a time (:class:`DistinctLevel`).
 Every aggregator's results come in the hash order of ``K`` and hold the same groups, so their
 outputs are joined as they stream, batch by batch, on the key hashes (rows of colliding hashes
 are matched by key). The result is the same, in the same order, as one aggregator would give.
+
+Quantiles (``median``, ``quantile_cont``, ``quantile_disc``) ride along the same way: each
+quantile column's values are sorted beside the group-by and read back beside the plain
+aggregator's results (:mod:`extagg.columnar.quantiles`).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from extagg.columnar.partition_files import (
     held_bytes,
     rotate_left,
 )
+from extagg.columnar.quantiles import QuantileColumn
 from extagg.errors import ExtaggError, MemoryLimitError, UsageError
 from extagg.memory import MemoryConsumer, describe_holders, resolve_task_memory_manager
 from extagg.metrics import SpillMetrics
@@ -52,7 +57,14 @@ from extagg.spill.blocks import ColumnBlock
 from extagg.spill.runfile import RunReader
 from extagg.spillable import RunSet
 
-__all__ = ["DistinctAggregator", "DistinctLevel", "HeldBuffers", "JoinBuffers", "has_distinct"]
+__all__ = [
+    "DistinctAggregator",
+    "DistinctLevel",
+    "HeldBuffers",
+    "JoinBuffers",
+    "has_distinct",
+    "needs_levels",
+]
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +76,15 @@ def has_distinct(aggs: Mapping[str, Any]) -> bool:
     return any(r.func in F.DISTINCT_FUNCTIONS for r in F.parse_aggs(aggs, distinct=True))
 
 
+def needs_levels(aggs: Mapping[str, Any]) -> bool:
+    """Whether ``aggs`` needs a :class:`DistinctAggregator`: a distinct aggregate or a
+    quantile (``median``...), computed beside the plain group-by."""
+    beside = (*F.DISTINCT_FUNCTIONS, *F.QUANTILE_FUNCTIONS)
+    return any(r.func in beside for r in F.parse_aggs(aggs, distinct=True))
+
+
 class DistinctAggregator:
-    """GROUP BY with ``count_distinct`` beside any other aggregate; the interface of
+    """GROUP BY with ``count_distinct`` or quantiles beside any other aggregate; the interface of
     :class:`~extagg.columnar.HashAggregator` (``update``, ``results``, ``hashed_results``,
     ``close``, ``schema``, ``metrics``, ``input_columns``) and the same options (``memory``,
     ``memory_manager``, ``spill_dirs``, ``force_spill_rows``, ...), shared by its aggregators.
@@ -107,7 +126,32 @@ class DistinctAggregator:
         base = name or "DistinctAggregator"
         self._name = base
         shared = dict(options, memory_manager=tmm)
-        plain = {o: spec for o, spec in aggs.items() if not _is_distinct(spec)}
+        mapping = F.agg_mapping(aggs)
+        by_output = {r.output: r for r in requests}
+        plain = {
+            o: spec for o, spec in mapping.items()
+            if by_output[o].func not in (*F.DISTINCT_FUNCTIONS, *F.QUANTILE_FUNCTIONS)
+        }  # fmt: skip
+        #: the quantiles, by column: sorted beside the group-by; the plain aggregator counts
+        #: each column's values (a hidden output) for them
+        self._quantiles: list[QuantileColumn] = []
+        quantile_columns: dict[str, list[F.AggregateRequest]] = {}
+        for r in requests:
+            if r.func in F.QUANTILE_FUNCTIONS:
+                assert r.column is not None
+                quantile_columns.setdefault(r.column, []).append(r)
+        # each sort's buffer a share of the budget (a sort copies what it holds): the
+        # aggregators need the rest, their partitions' tables while the sorts are read
+        sort_buffer = tmm.memory_manager.max_memory // (4 * max(1, len(quantile_columns)))
+        for i, (column, asked) in enumerate(quantile_columns.items()):
+            count = f"__quantile_count_{i}"
+            plain[count] = (column, "count")
+            self._quantiles.append(
+                QuantileColumn(
+                    self.keys, column, asked, count, tmm, options.get("spill_dirs"),
+                    max_buffer_bytes=sort_buffer, name=f"{base}/{column}",
+                )
+            )  # fmt: skip
         self._plain = HashAggregator(self.keys, plain, name=base, **shared) if plain else None
         #: per distinct aggregate: (output, column, first level, second level)
         self._levels: list[DistinctLevel] = []
@@ -117,13 +161,15 @@ class DistinctAggregator:
             assert r.column is not None  # parse_aggs allows '*' for count only
             level = DistinctLevel(self.keys, r.output, r.column, shared, f"{base}/{r.output}")
             self._levels.append(level)
-        streams = len(self._levels) + (self._plain is not None)
+        streams = len(self._levels) + (self._plain is not None) + len(self._quantiles)
         if streams > 1:  # merged side by side by the join: a share each, and one for the join
             share = tmm.memory_manager.max_memory // (streams + 1)
             if self._plain is not None:
                 self._plain.limit_merge_memory(share)
             for level in self._levels:
                 level.limit_merge_memory(share)
+            for quantile in self._quantiles:
+                quantile.limit_merge_memory(share)
         self._state = "open"
         self._groups = 0
 
@@ -137,6 +183,8 @@ class DistinctAggregator:
             names.update(dict.fromkeys(self._plain.input_columns))
         for level in self._levels:
             names.update(dict.fromkeys(level.columns))
+        for quantile in self._quantiles:
+            names.update(dict.fromkeys(quantile.columns))
         return list(names)
 
     @property
@@ -150,6 +198,11 @@ class DistinctAggregator:
                 return None
             for f in schema:
                 fields.setdefault(f.name, f)
+        for quantile in self._quantiles:
+            quantile_fields = quantile.fields()
+            if quantile_fields is None:
+                return None
+            fields.update((f.name, f) for f in quantile_fields)
         return pa.schema([fields[n] for n in [*self.keys, *self._outputs]])
 
     @property
@@ -157,6 +210,7 @@ class DistinctAggregator:
         """The counters of all its aggregators added up (peaks: the largest)."""
         parts = [self._plain.metrics] if self._plain is not None else []
         parts += [level.metrics for level in self._levels]
+        parts += [quantile.metrics() for quantile in self._quantiles]
         total = _sum_metrics(parts)
         total.records_read = parts[0].records_read
         total.groups = self._groups
@@ -170,6 +224,11 @@ class DistinctAggregator:
             self._plain.update(batch)
         for level in self._levels:
             level.update(batch)
+        if self._quantiles:
+            schema = self._plain.schema if self._plain is not None else None
+            key_types = None if schema is None else [schema.field(k).type for k in self.keys]
+            for quantile in self._quantiles:
+                quantile.update(batch, key_types)
 
     def update_plain(self, batch: Any) -> None:
         """Fold a batch into the plain aggregates only; with :meth:`update_distinct`, two
@@ -209,6 +268,8 @@ class DistinctAggregator:
             for level in sorted(self._levels, key=lambda level: not level.partitioned):
                 level.finish_input()
             streams = [a.hashed_results() for a in [self._plain] if a is not None]
+            for quantile in self._quantiles:  # each adds its columns to the plain results
+                streams[0] = quantile.attach(streams[0])
             streams += [level.hashed_results() for level in self._levels]
             buffers = JoinBuffers(self._tmm, f"{self._name}/join")
             for hashes, batch in join_hashed(streams, self.keys, self._outputs, buffers):
@@ -230,17 +291,14 @@ class DistinctAggregator:
             self._plain.close()
         for level in self._levels:
             level.close()
+        for quantile in self._quantiles:
+            quantile.close()
 
     def __enter__(self) -> DistinctAggregator:
         return self
 
     def __exit__(self, *_: Any) -> None:
         self.close()
-
-
-def _is_distinct(spec: Any) -> bool:
-    func = str(spec[1]).lower() if isinstance(spec, (tuple, list)) and len(spec) == 2 else ""
-    return F.ALIASES.get(func, func) in F.DISTINCT_FUNCTIONS
 
 
 class JoinError(ExtaggError, RuntimeError):

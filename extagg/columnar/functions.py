@@ -25,6 +25,7 @@ when a group's mean is large against its spread.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import weakref
 from collections.abc import Mapping, Sequence
@@ -45,6 +46,9 @@ __all__ = [
     "FUNCTIONS",
     "ALIASES",
     "DISTINCT_FUNCTIONS",
+    "QUANTILE_FUNCTIONS",
+    "QUANTILE_ALIASES",
+    "quantile_function",
     "AggregateRequest",
     "AggregateSpec",
     "StateField",
@@ -79,6 +83,25 @@ FUNCTIONS = (
 DISTINCT_FUNCTIONS = ("count_distinct",)
 """Functions that need a :class:`~extagg.columnar.distinct.DistinctAggregator` (a second,
 external group-by over the distinct values)."""
+#: quantiles, computed by an external sort of each group's values beside the group-by
+#: (:mod:`extagg.columnar.quantiles`); each takes a fraction, ``quantile_cont(0.9)``
+QUANTILE_FUNCTIONS = ("quantile_cont", "quantile_disc")
+"""Quantile functions (DuckDB's): ``quantile_cont`` interpolates between the two values around
+the fraction, ``quantile_disc`` is the first value at or past it."""
+#: other names of the quantiles → (canonical name, the fraction when the name implies it):
+#: DuckDB's ``median``, ``quantile``; Spark's ``percentile``, ``percentile_approx`` (exact here)
+QUANTILE_ALIASES: Mapping[str, tuple[str, float | None]] = MappingProxyType({
+    "median": ("quantile_cont", 0.5),
+    "percentile": ("quantile_cont", None),
+    "percentile_cont": ("quantile_cont", None),
+    "quantile": ("quantile_disc", None),
+    "percentile_disc": ("quantile_disc", None),
+    "percentile_approx": ("quantile_disc", None),
+    "approx_percentile": ("quantile_disc", None),
+    "approx_quantile": ("quantile_disc", None),
+})  # fmt: skip
+#: the quantiles that may take an accuracy after the fraction (Spark's; ignored: exact here)
+_ACCURACY_TAKEN = ("percentile_approx", "approx_percentile")
 ALIASES = {
     "nunique": "count_distinct",
     "avg": "mean",
@@ -121,11 +144,13 @@ MAX_PRECISION = 38
 
 @dataclass(frozen=True)
 class AggregateRequest:
-    """One output column as asked for: ``output = func(column)`` (``column`` None for ``*``)."""
+    """One output column as asked for: ``output = func(column)`` (``column`` None for ``*``);
+    ``fraction``: a quantile's."""
 
     output: str
     column: str | None
     func: str
+    fraction: float | None = None
 
 
 @dataclass(frozen=True)
@@ -202,6 +227,8 @@ def parse_agg_texts(texts: Sequence[str]) -> dict[str, tuple[str, str]]:
                     "count(distinct x) (count_distinct(x)) is"
                 )
             func, written = "count_distinct", written[distinct.end() :].strip()
+        if _quantile_name(func) is not None:  # quantile_cont(x, 0.9): the fraction apart
+            written, func = _quantile_call(func, written)
         default_name = None
         if func.lower() in REWRITTEN:  # count_if, bool_and ...: another aggregate of an expression
             default_name = f"{func.lower()}_{written}"
@@ -212,13 +239,76 @@ def parse_agg_texts(texts: Sequence[str]) -> dict[str, tuple[str, str]]:
         elif not is_plain_name(col):
             col = ExpressionText(col)
         name = m.group("name") or default_name
-        name = (name or (f"{func}" if col == "*" else f"{func}_{col}")).strip()
+        base = func.split("(")[0]  # a quantile's name without its fraction
+        name = (name or (f"{base}" if col == "*" else f"{base}_{col}")).strip()
         if not col:
             raise QueryError(f"aggregate {text!r} names no column (use count(*) to count rows)")
         if name in out:
             raise QueryError(f"two aggregates are named {name!r}")
         out[name] = (col, func)
     return out
+
+
+def _quantile_name(func: str) -> str | None:
+    """The canonical quantile function ``func`` names (``median`` → ``quantile_cont``), or
+    None."""
+    name = func.strip().lower()
+    if name in QUANTILE_FUNCTIONS:
+        return name
+    return QUANTILE_ALIASES[name][0] if name in QUANTILE_ALIASES else None
+
+
+def _quantile_call(func: str, written: str) -> tuple[str, str]:
+    """The arguments of a quantile's call ``written`` (``x, 0.9``) as (its column or
+    expression, the function with its fraction: ``quantile_cont(0.9)``)."""
+    commas = [i for i, c, depth in outside_quotes(written) if c == "," and depth == 0]
+    if not commas:
+        return written, func
+    column = written[: commas[0]].strip()
+    return column, f"{func}({written[commas[0] + 1 :].strip()})"
+
+
+def quantile_function(output: str, func: str) -> tuple[str, float] | None:
+    """A quantile's function text (``quantile_cont(0.9)``, ``median``, ``percentile_approx(0.5,
+    100)``) as (canonical name, fraction); None for a function that is not a quantile. A
+    missing or bad fraction is a :class:`~extagg.errors.QueryError` naming ``output``."""
+    match = re.fullmatch(r"\s*([A-Za-z_]\w*)\s*(?:\((.*)\))?\s*", func, re.DOTALL)
+    name = _quantile_name(match.group(1)) if match else None
+    if match is None or name is None:
+        return None
+    written = match.group(1).lower()
+    implied = QUANTILE_ALIASES.get(written, (name, None))[1]
+    args = [] if match.group(2) is None else [a.strip() for a in match.group(2).split(",")]
+    usage = (
+        f"{written}(x)" if implied is not None
+        else f"{written}(x, fraction{', accuracy' if written in _ACCURACY_TAKEN else ''}), "
+        f"e.g. {written}(x, 0.9)"
+    )  # fmt: skip
+    most = 0 if implied is not None else 2 if written in _ACCURACY_TAKEN else 1
+    if len(args) > most or (implied is None and not args):
+        takes = (
+            "one argument, the column" if most == 0
+            else "a column and a fraction from 0 to 1" if most == 1
+            else "a column, a fraction from 0 to 1 and optionally an accuracy"
+        )  # fmt: skip
+        raise QueryError(f"aggregate {output!r}: {written}() takes {takes}; write {usage}")
+    if implied is not None:
+        return name, implied
+    try:
+        fraction = float(args[0])
+    except ValueError:
+        fraction = math.nan
+    if not 0.0 <= fraction <= 1.0:
+        raise QueryError(
+            f"aggregate {output!r}: the fraction of {written}() is a number from 0 to 1, not "
+            f"{args[0]!r} (0.5 is the median); write {usage}"
+        )
+    if len(args) == 2 and not args[1].isdigit():
+        raise QueryError(
+            f"aggregate {output!r}: the accuracy of {written}() is a whole number, not "
+            f"{args[1]!r} (the quantile is exact here: it changes nothing)"
+        )
+    return name, fraction
 
 
 def count_if(condition: str) -> tuple[str, str]:
@@ -312,7 +402,7 @@ def _rewritten(spec: Any) -> Any:
 def _function_list(spec: Any) -> bool:
     """Whether ``spec`` is pandas' list of functions for one column (``["sum", "mean"]``),
     not a ``[column, function]`` pair: a list whose every item is a function name."""
-    known = (*FUNCTIONS, *DISTINCT_FUNCTIONS, *ALIASES, "size")
+    known = (*FUNCTIONS, *DISTINCT_FUNCTIONS, *ALIASES, "size", "median")
     return (
         isinstance(spec, list)
         and bool(spec)
@@ -343,6 +433,18 @@ def parse_aggs(
         column, func = spec
         if not isinstance(column, str) or not isinstance(func, str):
             raise TypeError(f"aggregate {output!r}: column and function must be strings: {spec!r}")
+        quantile = quantile_function(output, func)
+        if quantile is not None:
+            if not distinct:
+                raise ValueError(
+                    f"aggregate {output!r}: {func} sorts each group's values beside the "
+                    "group-by, which HashAggregator does not do alone; use extagg.aggregate() "
+                    "or extagg.columnar.DistinctAggregator"
+                )
+            if column == "*":
+                raise ValueError(f"aggregate {output!r}: only count accepts '*', not {func!r}")
+            out.append(AggregateRequest(output, column, quantile[0], quantile[1]))
+            continue
         name = ALIASES.get(func.lower(), func.lower())
         if func.lower() == "size":  # pandas' size counts every row, nulls too: count(*)
             column = "*"
@@ -353,7 +455,10 @@ def parse_aggs(
             )
         known = name in FUNCTIONS or name in DISTINCT_FUNCTIONS
         if not known and not (states and name == VAR_STATE):
-            names = sorted((*FUNCTIONS, *DISTINCT_FUNCTIONS, *ALIASES, *REWRITTEN))
+            names = sorted(
+                (*FUNCTIONS, *DISTINCT_FUNCTIONS, *ALIASES, *REWRITTEN, *QUANTILE_FUNCTIONS,
+                 *QUANTILE_ALIASES)
+            )  # fmt: skip
             close = difflib.get_close_matches(func.lower(), names, n=1, cutoff=0.6)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ValueError(

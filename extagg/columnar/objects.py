@@ -41,7 +41,7 @@ from extagg.columnar.columns import (
     key_names,
     to_column,
 )
-from extagg.errors import SumOverflowError, UsageError
+from extagg.errors import QueryError, SumOverflowError, UsageError
 from extagg.generic import Aggregator, ExternalAppendOnlyMap
 from extagg.memory import resolve_task_memory_manager
 from extagg.metrics import SpillMetrics
@@ -467,6 +467,14 @@ class ObjectAggregator:
         if not all(isinstance(k, str) for k in self.keys):
             raise TypeError(f"keys must be column names (strings), got {keys!r}")
         self._requests = F.parse_aggs(aggs, distinct=True)
+        quantiles = [r for r in self._requests if r.func in F.QUANTILE_FUNCTIONS]
+        if quantiles:  # they sort each group's values, a columnar engine's external sort
+            raise QueryError(
+                f"aggregate {quantiles[0].output!r}: {quantiles[0].func} is computed by the "
+                "columnar engine only, and this query goes to the generic one (a key or "
+                "column of nested or mixed values); group by typed columns, or compute "
+                "the quantile apart"
+            )
         clash = {r.output for r in self._requests} & set(self.keys)
         if clash:
             raise ValueError(f"aggregate outputs {sorted(clash)} have the names of key columns")

@@ -591,11 +591,17 @@ def split_aggregate_expressions(
         ALIASES,
         DISTINCT_FUNCTIONS,
         FUNCTIONS,
+        QUANTILE_ALIASES,
+        QUANTILE_FUNCTIONS,
         REWRITTEN,
         parse_agg_texts,
     )
 
-    known = {f.lower() for f in (*FUNCTIONS, *DISTINCT_FUNCTIONS, *ALIASES, *REWRITTEN, "size")}
+    known = {
+        f.lower()
+        for f in (*FUNCTIONS, *DISTINCT_FUNCTIONS, *ALIASES, *REWRITTEN, *QUANTILE_FUNCTIONS,
+                  *QUANTILE_ALIASES, "size")
+    }  # fmt: skip
     engine: dict[str, Any] = {}
     post: list[tuple[str, str]] = []
     outputs: list[str] = []

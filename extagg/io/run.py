@@ -62,7 +62,7 @@ from extagg.metrics import RunMetrics, register_metrics
 from extagg.spillable import Spillable
 
 if TYPE_CHECKING:
-    from extagg.io.sort import SortKey
+    from extagg.columnar.sort import SortKey
 
 __all__ = ["FileQuery", "aggregate_files", "parse_order_by", "plan_query"]
 
@@ -157,7 +157,7 @@ class FileQuery:
     def run(self, progress: Callable[[RunMetrics], None] | None = None) -> pa.RecordBatchReader:
         """Read and fold the whole input now; return a reader over the merged result."""
         from extagg.columnar import HashAggregator
-        from extagg.columnar.distinct import DistinctAggregator, has_distinct
+        from extagg.columnar.distinct import DistinctAggregator, needs_levels
         from extagg.columnar.objects import ObjectAggregator, untyped_columns
         from extagg.memory import resolve_task_memory_manager
 
@@ -165,7 +165,7 @@ class FileQuery:
         started = time.perf_counter()
         m.rss_import_bytes = current_rss()
         tmm = resolve_task_memory_manager(self.memory, self.memory_manager)
-        factory: Any = DistinctAggregator if has_distinct(self.aggs) else HashAggregator
+        factory: Any = DistinctAggregator if needs_levels(self.aggs) else HashAggregator
         options: dict[str, Any] = {"threads": self.threads}
         # the columns the aggregation reads: not a struct read only for its fields (computed)
         empty = self._with_computed(self.scan.schema.empty_table())
@@ -239,7 +239,7 @@ class FileQuery:
         batches = self._results(agg, started, progress, finish)
         self._streams.append(weakref.ref(batches))
         if self.order:
-            from extagg.io.sort import external_sort
+            from extagg.columnar.sort import external_sort
 
             batches = external_sort(
                 batches, schema, self.order, tmm, self.spill_dirs, m, limit=self.limit

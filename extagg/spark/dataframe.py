@@ -42,6 +42,7 @@ from extagg.columnar.columns import column_kind, to_column
 from extagg.columnar.distinct import DistinctAggregator
 from extagg.columnar.functions import (
     NO_AGGREGATES,
+    QUANTILE_FUNCTIONS,
     VAR_STATE,
     agg_mapping,
     divide_decimal,
@@ -172,6 +173,14 @@ class AggregationPlan:
         fields = {f.name: f for f in schema.fields}
         missing = [c for c in self.by if c not in fields]
         requests = parse_aggs(agg_mapping(aggs), distinct=True)
+        quantiles = [r.output for r in requests if r.func in QUANTILE_FUNCTIONS]
+        if quantiles:
+            raise ValueError(
+                f"quantiles ({', '.join(map(repr, quantiles))}) have no partial state that the "
+                "partitions could fold and merge: compute them with Spark's own "
+                "df.groupBy(...).agg(F.median(...)) / F.percentile_approx(...), or with "
+                "extagg.aggregate on the partitions' Arrow batches"
+            )
         clash = sorted({r.output for r in requests} & set(self.by))
         if clash:
             raise ValueError(

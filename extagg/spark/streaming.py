@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from extagg._config import parse_size
-from extagg.columnar.distinct import has_distinct
+from extagg.columnar.distinct import has_distinct, needs_levels
 from extagg.columnar.functions import VAR_STATE
 from extagg.errors import SumOverflowError
 from extagg.generic.aggregator import Aggregator
@@ -187,6 +187,12 @@ class StatefulAggregate:
                 f"count_distinct ({', '.join(map(repr, distinct))}) has no mergeable state to "
                 "keep between batches (it would be the set of its values): compute it with "
                 "extagg.spark.aggregate"
+            )
+        held = [o for o, spec in self.aggs.items() if needs_levels({o: spec})]
+        if held:
+            raise ValueError(
+                f"quantiles ({', '.join(map(repr, held))}) have no mergeable state to keep "
+                "between batches (it would be every value): compute them on a batch DataFrame"
             )
         self.checkpoint = Checkpoint(checkpoint)
         self.memory = None if memory is None else parse_size(memory, name="memory")

@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import extagg
+from extagg.columnar.sort import external_sort
 from extagg.errors import QueryError
-from extagg.io.sort import external_sort
 from extagg.memory import UnifiedMemoryManager, task_memory_manager
 from extagg.metrics import RunMetrics, SpillMetrics
 from tests.io.conftest import AGGS, as_dict, assert_same, reference, sample_table
@@ -177,7 +177,7 @@ def test_external_sort_merges_many_runs_within_its_grant(tmp_path):
     ``MAX_FAN_IN`` runs are merged at a time, within the memory granted, in passes."""
     import numpy as np
 
-    from extagg.io import sort
+    from extagg.columnar import sort
 
     n = 300_000
     keys = np.random.default_rng(8).permutation(n)
@@ -207,8 +207,8 @@ def test_a_damaged_sort_run_is_an_error_naming_it(tmp_path, damage):
     byte gave wrong rows with no error, a truncated run an error naming no file."""
     import numpy as np
 
+    from extagg.columnar import sort
     from extagg.errors import CorruptFileError
-    from extagg.io import sort
 
     n = 50_000
     keys = np.random.default_rng(3).permutation(n)

@@ -39,7 +39,7 @@ from extagg.memory.task import Consumer
 from extagg.metrics import RunMetrics
 from extagg.spill.tempdir import SpillDirs
 
-__all__ = ["SortKey", "external_sort"]
+__all__ = ["ExternalSort", "SortKey", "external_sort", "sort_indices"]
 
 #: a column to sort by and its direction: ``("n", "descending")``
 SortKey = tuple[str, str]
@@ -88,14 +88,20 @@ class _SortBuffer(MemoryConsumer):
         dirs: SpillDirs,
         metrics: RunMetrics | None,
         limit: int | None = None,
+        name: str | None = None,
     ) -> None:
-        super().__init__(tmm, None)
+        super().__init__(tmm, name)
         #: the rows wanted at most (a run keeps its first ``limit``)
         self.limit = limit
         self.batches: list[pa.RecordBatch] = []
         #: the memory granted for :attr:`batches` (a batch's grant may be short of its size)
         self.batches_granted = 0
         self.runs: list[_Run] = []
+        #: sorted runs written from the buffer, their bytes on disk and in memory (merged runs
+        #: not counted)
+        self.runs_written = 0
+        self.bytes_written = 0
+        self.memory_written = 0
         self.schema, self.keys, self.dirs, self.metrics = schema, keys, dirs, metrics
         #: while batches are taken (not in the merge): another consumer may have them written
         self.taking = True
@@ -113,9 +119,11 @@ class _SortBuffer(MemoryConsumer):
         with self.lock:
             if not self.batches:
                 return 0
-            self.runs.append(
-                _write_run(self.batches, self.schema, self.keys, self.dirs, self.limit)
-            )
+            run = _write_run(self.batches, self.schema, self.keys, self.dirs, self.limit)
+            self.runs.append(run)
+            self.runs_written += 1
+            self.bytes_written += sum(length for _, length, _ in run.batches)
+            self.memory_written += sum(b.nbytes for b in self.batches)
             self.batches.clear()
             freed, self.batches_granted = self.batches_granted, 0
             self.free_memory(freed)
@@ -129,7 +137,7 @@ class _SortBuffer(MemoryConsumer):
         return self.write_run()
 
 
-def _sort_indices(table: pa.Table, keys: Sequence[SortKey]) -> pa.Array:
+def sort_indices(table: pa.Table, keys: Sequence[SortKey]) -> pa.Array:
     """The row order of ``table`` by ``keys`` (nulls last); half floats are compared as
     ``float32``, 32- and 64-bit decimals as ``decimal128``, extension types (``arrow.uuid``)
     by their storage (the same orders; Arrow's sort has no kernel for them: a ``--sort`` by
@@ -146,7 +154,10 @@ def _sort_indices(table: pa.Table, keys: Sequence[SortKey]) -> pa.Array:
         else:
             columns[str(i)] = _sortable(column)
             sort_keys.append((str(i), direction))
-    return pc.sort_indices(pa.table(columns), sort_keys=sort_keys)  # nulls last
+    by = pa.table(columns)
+    if by.num_rows and any(c.num_chunks > 1 for c in by.columns):
+        by = by.combine_chunks()  # Arrow sorts one chunk much faster than it merges many
+    return pc.sort_indices(by, sort_keys=sort_keys)  # nulls last
 
 
 #: nanoseconds in a day
@@ -188,8 +199,109 @@ def _sortable(column: pa.ChunkedArray) -> pa.ChunkedArray:
 
 
 def _sorted(table: pa.Table, keys: Sequence[SortKey], limit: int | None = None) -> pa.Table:
-    order = _sort_indices(table, keys)
+    order = sort_indices(table, keys)
     return table.take(order if limit is None else order[:limit])
+
+
+class ExternalSort:
+    """Batches sorted by ``keys`` (a name: ascending; or ``(name, "descending")``), nulls last,
+    in bounded memory: :meth:`add` each batch, then read :meth:`sorted` once (its run files
+    are removed when it ends, or by :meth:`close`). ``limit``: only the first rows;
+    ``max_buffer_bytes``: the batches buffered at most before they are written as a run;
+    ``name``: its memory consumer's (in a :class:`~extagg.errors.MemoryLimitError`)."""
+
+    def __init__(
+        self,
+        schema: pa.Schema,
+        keys: Sequence[str | SortKey],
+        tmm: TaskMemoryManager,
+        spill_dirs: Sequence[str] | str | SpillDirs | None,
+        metrics: RunMetrics | None = None,
+        limit: int | None = None,
+        max_buffer_bytes: int | None = None,
+        name: str | None = None,
+    ) -> None:
+        self.schema = schema
+        #: a run is written before the buffer holds more (its sort copies what it holds)
+        self.max_buffer_bytes = max_buffer_bytes
+        #: the merge's read buffers at most (None: what the memory manager grants)
+        self.max_merge_bytes: int | None = None
+        self.order: list[SortKey] = [(k, "ascending") if isinstance(k, str) else k for k in keys]
+        self.metrics, self.limit = metrics, limit
+        if isinstance(spill_dirs, SpillDirs):
+            self.dirs, self._own_dirs = spill_dirs, False
+        else:
+            folders = (
+                spill_dirs
+                if spill_dirs is None or isinstance(spill_dirs, str)
+                else list(spill_dirs)
+            )
+            self.dirs, self._own_dirs = SpillDirs(folders), True
+        self.buffer = _SortBuffer(tmm, schema, self.order, self.dirs, metrics, limit, name)
+        self._state = "adding"
+
+    @property
+    def runs(self) -> int:
+        """The sorted runs written so far."""
+        return len(self.buffer.runs)
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        """Buffer a batch; the buffer is written as a sorted run when its memory is not
+        granted (one batch is always let through)."""
+        if self._state != "adding":
+            raise RuntimeError("ExternalSort.add() after sorted() or close()")
+        buf = self.buffer
+        need = batch.nbytes
+        if self.max_buffer_bytes is not None and buf.batches_granted + need > self.max_buffer_bytes:
+            buf.write_run()
+        got = buf.acquire_memory(need)
+        if got < need:
+            if got:
+                buf.free_memory(got)
+            buf.write_run()
+            got = buf.acquire_memory(need)  # one batch is always let through
+        buf.add(batch, got)
+        _note_granted(buf, self.metrics)
+
+    def sorted(self) -> Iterator[pa.RecordBatch]:
+        """Every row added, in order; call once."""
+        if self._state != "adding":
+            raise RuntimeError("ExternalSort.sorted() can be read once, before close()")
+        self._state = "sorting"
+        buf, order, metrics = self.buffer, self.order, self.metrics
+        try:
+            with buf.lock:
+                buf.taking = False
+            if not buf.runs:
+                table = pa.Table.from_batches(buf.batches, schema=self.schema)
+                table = _sorted(table, order, self.limit)
+                buf.batches.clear()
+                yield from table.to_batches(max_chunksize=RUN_BATCH_ROWS)
+                return
+            buf.write_run()
+            started = time.perf_counter()
+            yield from _merge_runs(
+                buf.runs, self.schema, order, buf, self.dirs, metrics, self.max_merge_bytes
+            )
+            if metrics is not None:  # the merge comes after the run's last measure
+                metrics.peak_rss_bytes = max(metrics.peak_rss_bytes, peak_rss())
+                metrics.wall_time_s += time.perf_counter() - started
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Release its memory and remove its run files. Idempotent."""
+        self._state = "closed"
+        self.buffer.batches.clear()
+        self.buffer.close_memory()
+        for run in self.buffer.runs:
+            try:
+                os.unlink(run.path)
+            except FileNotFoundError:
+                pass
+        self.buffer.runs.clear()
+        if self._own_dirs:
+            self.dirs.cleanup()
 
 
 def external_sort(
@@ -201,43 +313,15 @@ def external_sort(
     metrics: RunMetrics | None = None,
     limit: int | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """``batches`` sorted by ``keys`` (a name: ascending; or ``(name, "descending")``), nulls
-    last, in bounded memory; only the first ``limit`` rows if given."""
-    order: list[SortKey] = [(k, "ascending") if isinstance(k, str) else k for k in keys]
-    dirs = SpillDirs(
-        list(spill_dirs) if spill_dirs is not None and not isinstance(spill_dirs, str)
-        else spill_dirs
-    )  # fmt: skip
-    buf = _SortBuffer(tmm, schema, order, dirs, metrics, limit)
-    runs = buf.runs
+    """``batches`` sorted by ``keys`` (see :class:`ExternalSort`), in bounded memory; only
+    the first ``limit`` rows if given."""
+    sort = ExternalSort(schema, keys, tmm, spill_dirs, metrics, limit)
     try:
         for batch in batches:
-            need = batch.nbytes
-            got = buf.acquire_memory(need)
-            if got < need:
-                if got:
-                    buf.free_memory(got)
-                buf.write_run()
-                got = buf.acquire_memory(need)  # one batch is always let through
-            buf.add(batch, got)
-            _note_granted(buf, metrics)
-        with buf.lock:
-            buf.taking = False
-        if not runs:
-            table = _sorted(pa.Table.from_batches(buf.batches, schema=schema), order, limit)
-            buf.batches.clear()
-            yield from table.to_batches(max_chunksize=RUN_BATCH_ROWS)
-            return
-        buf.write_run()
-        started = time.perf_counter()
-        yield from _merge_runs(runs, schema, order, buf, dirs, metrics)
-        if metrics is not None:  # the merge comes after the run's last measure
-            metrics.peak_rss_bytes = max(metrics.peak_rss_bytes, peak_rss())
-            metrics.wall_time_s += time.perf_counter() - started
+            sort.add(batch)
+        yield from sort.sorted()
     finally:
-        buf.batches.clear()
-        buf.close_memory()
-        dirs.cleanup()
+        sort.close()
 
 
 def _note_granted(buf: _SortBuffer, metrics: RunMetrics | None) -> None:
@@ -347,22 +431,28 @@ def _merge_runs(
     buf: _SortBuffer,
     dirs: SpillDirs,
     metrics: RunMetrics | None,
+    max_bytes: int | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """Every run's rows in order: merged as many at a time as the memory granted covers."""
+    """Every run's rows in order: merged as many at a time as the memory granted (at most
+    ``max_bytes``, but two runs' batches always) covers."""
     while True:
         per_run = MERGE_COPIES * max(1, max(r.max_batch_bytes for r in runs))
-        granted = buf.acquire_memory(per_run * min(len(runs), MAX_FAN_IN))
+        want = per_run * min(len(runs), MAX_FAN_IN)
+        if max_bytes is not None:
+            want = min(want, max(2 * per_run, max_bytes))
+        granted = buf.acquire_memory(want)
         _note_granted(buf, metrics)
         fan_in = max(2, min(len(runs), MAX_FAN_IN, granted // per_run))
         try:
             if fan_in >= len(runs):
                 yield from _merge(runs, schema, keys, RUN_BATCH_ROWS)
                 return
-            group, runs = runs[:fan_in], runs[fan_in:]
-            log.info("merging %d of %d sort runs into one", fan_in, fan_in + len(runs))
+            group = runs[:fan_in]  # ``runs`` (the buffer's) changed in place: what close() removes
+            log.info("merging %d of %d sort runs into one", fan_in, len(runs))
             rows = max(r.rows for r in group)
             merged = _merge(group, schema, keys, rows)
             runs.append(_write_batches(merged, schema, dirs, rows, None))
+            del runs[:fan_in]
             for run in group:
                 os.unlink(run.path)
         finally:
@@ -410,12 +500,12 @@ def _merge_files(
             yield from _sorted(carry, keys).to_batches(max_chunksize=rows)
             return
         bounds = pa.concat_tables([last_row[i] for i in live])
-        first = _sort_indices(bounds, keys)
+        first = sort_indices(bounds, keys)
         owner = live[first[0].as_py()]
         bound = last_row[owner]
         assert bound is not None
         combined = pa.concat_tables([carry, bound]).combine_chunks()
-        order = _sort_indices(combined, keys)
+        order = sort_indices(combined, keys)
         order_np = order.to_numpy()
         sentinel = combined.num_rows - 1  # stable sort: the real row comes before its copy
         cut = int((order_np == sentinel).nonzero()[0][0])
