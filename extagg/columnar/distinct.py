@@ -140,9 +140,9 @@ class DistinctAggregator:
             if r.func in F.QUANTILE_FUNCTIONS:
                 assert r.column is not None
                 quantile_columns.setdefault(r.column, []).append(r)
-        # each sort's buffer a share of the budget (a sort copies what it holds): the
+        # the sorts' buffers (their sort's copies counted) half of the budget at most: the
         # aggregators need the rest, their partitions' tables while the sorts are read
-        sort_buffer = tmm.memory_manager.max_memory // (4 * max(1, len(quantile_columns)))
+        sort_buffer = tmm.memory_manager.max_memory // (2 * max(1, len(quantile_columns)))
         for i, (column, asked) in enumerate(quantile_columns.items()):
             count = f"__quantile_count_{i}"
             plain[count] = (column, "count")

@@ -48,6 +48,9 @@ HASH = "__quantile_hash"
 VALUE = "__quantile_value"
 #: rows of the batches added to the sort at most
 SORT_BATCH_ROWS = 65_536
+#: a sort buffer's batches, their sort columns combined into one chunk, the sorted copy: what
+#: writing a run holds at its peak, in the batches' size (every column is sorted by)
+SORT_COPIES = 3
 
 
 class QuantileJoinError(ExtaggError, RuntimeError):
@@ -181,14 +184,18 @@ class QuantileColumn:
             if key_types is not None
             else [rb.schema.field(k).type for k in self.keys]
         )
+        key_cols = to_columns(rb, self.keys)
+        cols = [key_cols[k] for k in self.keys]
+        self._layout = KeyLayout(self.keys, [c.kind for c in cols], [c.arrow_type for c in cols])
         fields = [pa.field(HASH, pa.uint64())]
-        fields += [pa.field(f"k{i}", _value_type(t)) for i, t in enumerate(types)]
+        if not self._layout.hash_is_key:  # else equal hashes are equal keys: no ties to order
+            fields += [pa.field(f"k{i}", _value_type(t)) for i, t in enumerate(types)]
         fields.append(pa.field(VALUE, typ))
         self._schema = pa.schema(fields)
         order = [f.name for f in fields]
         self._sort = ExternalSort(
             self._schema, order, self._tmm, self._spill_dirs,
-            max_buffer_bytes=self._max_buffer, name=f"{self.name} sort",
+            max_buffer_bytes=self._max_buffer, name=f"{self.name} sort", copies=SORT_COPIES,
         )  # fmt: skip
         self._sort.max_merge_bytes = self._merge_limit
 
@@ -196,16 +203,12 @@ class QuantileColumn:
         if self._schema is None:
             self._start(rb, key_types)
         assert self._schema is not None and self._sort is not None
+        assert self._layout is not None
         n = rb.num_rows
         key_cols = to_columns(rb, self.keys)
-        cols = [key_cols[k] for k in self.keys]
-        if self._layout is None:
-            self._layout = KeyLayout(
-                self.keys, [c.kind for c in cols], [c.arrow_type for c in cols]
-            )
-        hashes = self._layout.encode(cols, n).hashes
+        hashes = self._layout.encode([key_cols[k] for k in self.keys], n).hashes
         arrays: list[pa.Array] = [pa.array(hashes, pa.uint64())]
-        for name, field in zip(self.keys, self._key_fields(), strict=True):
+        for name, field in zip(self.keys, self._key_fields(), strict=False):
             arrays.append(_as_type(rb.column(name), field.type, name))
         values = _as_type(rb.column(self.column), self._schema.field(VALUE).type, self.column)
         arrays.append(values)
@@ -217,7 +220,8 @@ class QuantileColumn:
         if not rows:
             return
         # pieces of at most a quarter of the sort's buffer: a piece is always let through
-        step = max(1, min(rows, self._max_buffer // 4 // max(1, sorted_rows.nbytes // rows)))
+        piece = self._max_buffer // 4 // SORT_COPIES
+        step = max(1, min(rows, piece // max(1, sorted_rows.nbytes // rows)))
         for at in range(0, rows, step):
             self._sort.add(sorted_rows.slice(at, step))
 
@@ -280,6 +284,8 @@ class QuantileColumn:
         if len(hashes) < 2 or not np.any(hashes[1:] == hashes[:-1]):
             return None
         assert self._schema is not None
+        if not self._key_fields():  # keys whose hash is the key: no two groups share one
+            raise QuantileJoinError("two groups share a key hash that is their key")
         table = pa.table(
             [pa.array(hashes, pa.uint64())]
             + [

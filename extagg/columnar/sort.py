@@ -208,7 +208,8 @@ class ExternalSort:
     in bounded memory: :meth:`add` each batch, then read :meth:`sorted` once (its run files
     are removed when it ends, or by :meth:`close`). ``limit``: only the first rows;
     ``max_buffer_bytes``: the batches buffered at most before they are written as a run;
-    ``name``: its memory consumer's (in a :class:`~extagg.errors.MemoryLimitError`)."""
+    ``name``: its memory consumer's (in a :class:`~extagg.errors.MemoryLimitError`);
+    ``copies``: a batch is granted this many times its size (its sort's copies counted)."""
 
     def __init__(
         self,
@@ -220,8 +221,12 @@ class ExternalSort:
         limit: int | None = None,
         max_buffer_bytes: int | None = None,
         name: str | None = None,
+        copies: int = 1,
     ) -> None:
         self.schema = schema
+        #: the memory a batch is granted, in its sizes: the buffer's sort copies what it holds
+        #: (the columns sorted by, then every column in order), and those copies may be counted
+        self.copies = copies
         #: a run is written before the buffer holds more (its sort copies what it holds)
         self.max_buffer_bytes = max_buffer_bytes
         #: the merge's read buffers at most (None: what the memory manager grants)
@@ -251,7 +256,7 @@ class ExternalSort:
         if self._state != "adding":
             raise RuntimeError("ExternalSort.add() after sorted() or close()")
         buf = self.buffer
-        need = batch.nbytes
+        need = batch.nbytes * self.copies
         if self.max_buffer_bytes is not None and buf.batches_granted + need > self.max_buffer_bytes:
             buf.write_run()
         got = buf.acquire_memory(need)
