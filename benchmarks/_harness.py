@@ -198,6 +198,23 @@ def setup_engine_process(engine: str, threads: int) -> None:
     pa.set_io_thread_count(max(1, threads))
 
 
+def measured_run(run: Callable[[], dict[str, Any]], imported: float) -> dict[str, Any]:
+    """A child's figures for one query: ``run``'s seconds and what it returns, the engine's
+    import (the seconds since ``imported``, before the query) and the peak RSS above the
+    baseline taken just before the query."""
+    import_seconds = time.perf_counter() - imported
+    reset_peak_rss()
+    baseline = current_rss()
+    started = time.perf_counter()
+    answer = run()
+    return {
+        "seconds": time.perf_counter() - started,
+        "import_seconds": import_seconds,
+        "peak_above_baseline": max(0, peak_rss() - baseline),
+        **answer,
+    }
+
+
 def answer_checksum(batches: Iterable[Any]) -> dict[str, Any]:
     """Group count and the float sum of every numeric column (answers compared across engines),
     a batch at a time: extagg's result is streamed, never held whole (as a user writing it to a

@@ -40,13 +40,11 @@ from _harness import (
     DATA_DIR,
     add_common_arguments,
     answer_checksum,
-    current_rss,
     format_bytes,
     format_range,
     machine_info,
     markdown_table,
-    peak_rss,
-    reset_peak_rss,
+    measured_run,
     run_cases_interleaved,
     run_guarded,
     same_answer,
@@ -135,17 +133,7 @@ def child(case: dict[str, Any]) -> dict[str, Any]:
             table = out.collect(engine="streaming").to_arrow()
             return answer_checksum(table.to_batches())
 
-    import_seconds = time.perf_counter() - imported
-    reset_peak_rss()
-    baseline = current_rss()
-    started = time.perf_counter()
-    answer = run()
-    return {
-        "seconds": time.perf_counter() - started,
-        "import_seconds": import_seconds,
-        "peak_above_baseline": max(0, peak_rss() - baseline),
-        **answer,
-    }
+    return measured_run(run, imported)
 
 
 def main() -> None:
