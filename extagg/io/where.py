@@ -1411,6 +1411,15 @@ class _Parser:
             return self.constant(pa.scalar(None, pa.bool_()))
         element = typ.value_type
         value_type = self.type_of(value)
+        fractional = pa.types.is_floating(value_type) or pa.types.is_decimal(value_type)
+        if pa.types.is_integer(element) and fractional:  # 1.5 among integers: compared as
+            typ = (
+                pa.large_list(pa.float64())
+                if pa.types.is_large_list(typ)
+                else pa.list_(pa.float64())
+            )  # doubles, as DuckDB does (false, not an error)
+            values, value = self.cast(values, typ), self.cast(value, pa.float64())
+            element = value_type = pa.float64()
         if value_type != element:
             literal = self._quoted.get(id(value), (self._ints.get(id(value)),))[0]
             try:  # a quoted '7' among numbers is read as one, as DuckDB does

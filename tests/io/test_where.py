@@ -1449,6 +1449,7 @@ LISTS = pa.table(
         "list_extract(nums, -1)", "list_element(tags, 1)", "array_extract(nums, 2) + 1",
         "case when list_contains(tags, 'y') then tags[-1] else s end",
         "len(none)", "list_contains(none, 'x')", "none[1]",
+        "list_contains(nums, 1.5)", "list_contains(nums, 7.0)", "list_contains(nums, i / 2)",
     ],
 )  # fmt: skip
 def test_list_functions_agree_with_duckdb(text):
