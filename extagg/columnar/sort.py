@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -167,8 +168,6 @@ _DAY_NS = 86_400 * 10**9
 def _interval_order(column: pa.ChunkedArray) -> tuple[pa.ChunkedArray, pa.ChunkedArray]:
     """Two columns whose order is that of the month-day-nano intervals ``column``: whole
     days (a month as 30) and the nanoseconds past them; nulls in both where it is null."""
-    import numpy as np
-
     layout = np.dtype([("months", "<i4"), ("days", "<i4"), ("nanos", "<i8")])
     days, rest = [], []
     for chunk in column.chunks:
@@ -475,7 +474,10 @@ def _merge(
                 files.append(open(r.path, "rb"))  # noqa: SIM115 (closed below)
             except FileNotFoundError as exc:
                 raise CorruptFileError(r.path, None, "the sort run is gone") from exc
-        yield from _merge_files(files, runs, schema, keys, rows)
+        if _leads_by_integers(schema, keys):
+            yield from _merge_files_by_lead(files, runs, schema, keys, rows)
+        else:
+            yield from _merge_files(files, runs, schema, keys, rows)
     finally:
         for f in files:
             f.close()
@@ -520,3 +522,88 @@ def _merge_files(
         nxt = load(owner)
         if nxt is not None:
             carry = pa.concat_tables([carry, nxt])
+
+
+def _leads_by_integers(schema: pa.Schema, keys: Sequence[SortKey]) -> bool:
+    """Whether the first sort key is an ascending 64-bit integer column (the quantiles' key
+    hash, a ``--sort`` by an id): its runs can be cut by binary search."""
+    name, direction = keys[0]
+    typ = schema.field(name).type
+    return direction == "ascending" and (pa.types.is_int64(typ) or pa.types.is_uint64(typ))
+
+
+def _lead_values(column: pa.ChunkedArray) -> np.ndarray:
+    """A 64-bit integer column as NumPy values, nulls (sorted last) as the largest value."""
+    largest = np.iinfo(np.uint64 if pa.types.is_uint64(column.type) else np.int64).max
+    filled = pc.fill_null(column, pa.scalar(largest, column.type)) if column.null_count else column
+    return filled.to_numpy()
+
+
+def _merge_files_by_lead(
+    files: list[Any], runs: list[_Run], schema: pa.Schema, keys: Sequence[SortKey], rows: int
+) -> Iterator[pa.RecordBatch]:
+    """:func:`_merge_files` for runs whose first key is a 64-bit integer: each round, every
+    run's loaded rows whose first key is below the smallest "last loaded first key" of the
+    runs still being read are cut off by binary search and only they are sorted (the plain
+    merge sorts all it holds each round: ~the fan-in times the rows). Where no row is below
+    it (one first key over many batches: a large group's values, a global quantile), a round
+    of the plain merge by every key makes progress; what it holds back is a sorted carry."""
+    lead_name = keys[0][0]
+    count = len(runs)
+    next_batch = [0] * count
+    held: list[pa.Table] = [schema.empty_table() for _ in runs]  # loaded, not emitted
+    leads: list[np.ndarray] = [np.zeros(0, np.uint64) for _ in runs]
+    carry, carry_lead = schema.empty_table(), np.zeros(0, np.uint64)
+
+    def more(i: int) -> bool:
+        return next_batch[i] < len(runs[i].batches)
+
+    def load(i: int) -> None:
+        batch = _read_batch(files[i], runs[i], next_batch[i])
+        next_batch[i] += 1
+        table = pa.Table.from_batches([batch])
+        held[i] = pa.concat_tables([held[i], table]) if held[i].num_rows else table
+        leads[i] = _lead_values(held[i].column(lead_name))
+
+    while True:
+        for i in range(count):
+            while not held[i].num_rows and more(i):
+                load(i)
+        feeding = [i for i in range(count) if more(i)]
+        if not feeding:  # every run read: what is held, in order
+            rest = [t for t in (*held, carry) if t.num_rows]
+            if rest:
+                yield from _sorted(pa.concat_tables(rest), keys).to_batches(max_chunksize=rows)
+            return
+        bound = min(leads[i][-1] for i in feeding)
+        pieces, emitted = [], set()
+        for i in range(count):
+            cut = int(np.searchsorted(leads[i], bound, side="left"))
+            if cut:
+                pieces.append(held[i].slice(0, cut))
+                held[i], leads[i] = held[i].slice(cut), leads[i][cut:]
+                emitted.add(i)
+        cut = int(np.searchsorted(carry_lead, bound, side="left"))
+        if cut:
+            pieces.append(carry.slice(0, cut))
+            carry, carry_lead = carry.slice(cut), carry_lead[cut:]
+        if pieces:
+            yield from _sorted(pa.concat_tables(pieces), keys).to_batches(max_chunksize=rows)
+            for i in feeding:  # what it holds is the bound's rows: read on past them
+                if i in emitted and leads[i][-1] == bound:
+                    load(i)
+            continue
+        # a round by every key: up to the smallest last loaded row of the runs being read
+        lasts = pa.concat_tables([held[i].slice(held[i].num_rows - 1, 1) for i in feeding])
+        owner = feeding[sort_indices(lasts, keys)[0].as_py()]
+        sentinel = held[owner].slice(held[owner].num_rows - 1, 1)
+        combined = pa.concat_tables([*(t for t in (*held, carry) if t.num_rows), sentinel])
+        combined = combined.combine_chunks()
+        order = sort_indices(combined, keys).to_numpy()
+        at = int((order == combined.num_rows - 1).nonzero()[0][0])  # stable: after its equals
+        yield from combined.take(order[:at]).to_batches(max_chunksize=rows)
+        carry = combined.take(order[at + 1 :])
+        carry_lead = _lead_values(carry.column(lead_name))
+        held = [schema.empty_table() for _ in runs]
+        leads = [np.zeros(0, np.uint64) for _ in runs]
+        load(owner)
