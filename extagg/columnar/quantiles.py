@@ -306,51 +306,43 @@ class QuantileColumn:
     ) -> list[pa.Array]:
         """Each request's values for groups of ``counts`` values from ``starts`` (sorted
         positions)."""
-        has = counts > 0
-        wanted: list[np.ndarray] = []
-        plans: list[tuple[np.ndarray, np.ndarray | None, np.ndarray | None]] = []
-        for r in self.requests:
-            q = float(r.fraction if r.fraction is not None else 0.5)
-            n = counts[has]
-            interpolate = (
-                r.func == "quantile_cont" and value_type is not None and _interpolates(value_type)
-            )
-            if interpolate:
-                position = q * (n - 1).astype(np.float64)
-                lo = np.floor(position).astype(np.int64)
-                hi = np.minimum(lo + 1, n - 1)
-                fraction = position - lo
-                plans.append((lo, hi, fraction))
-                wanted += [starts[has] + lo, starts[has] + hi]
-            else:
-                index = np.maximum(np.ceil(q * n).astype(np.int64) - 1, 0)
-                plans.append((index, None, None))
-                wanted.append(starts[has] + index)
         if value_type is None:  # no batch at all: no group has a value
             return [pa.nulls(len(counts), pa.null()) for _ in self.requests]
-        everything = np.concatenate(wanted) if wanted else np.zeros(0, np.int64)
+        has = counts > 0
+        n, first = counts[has], starts[has]
+        wanted: list[np.ndarray] = []  # sorted positions: each request's low, then its high
+        parts: list[np.ndarray | None] = []  # each request's fractions between them, or None
+        for r in self.requests:
+            q = float(r.fraction if r.fraction is not None else 0.5)
+            if r.func == "quantile_cont" and _interpolates(value_type):
+                position = q * (n - 1).astype(np.float64)
+                lo = np.floor(position).astype(np.int64)
+                wanted += [first + lo, first + np.minimum(lo + 1, n - 1)]
+                parts.append(position - lo)
+            else:
+                wanted.append(first + np.maximum(np.ceil(q * n).astype(np.int64) - 1, 0))
+                parts.append(None)
+        everything = np.concatenate(wanted)
         order = np.argsort(everything, kind="stable")
         values, value_hashes = cursor.take(everything[order])
         back = np.empty_like(order)
         back[order] = np.arange(len(order))
         values = values.take(pa.array(back))
         value_hashes = value_hashes[back]
-        groups = int(has.sum())
+        groups = len(n)
         out, at = [], 0
-        for r, (_low_at, high_at, part) in zip(self.requests, plans, strict=True):
+        for r, part in zip(self.requests, parts, strict=True):
             low = values.slice(at, groups)
             if not np.array_equal(value_hashes[at : at + groups], hashes[has]):
                 raise QuantileJoinError(
                     f"the sorted values of {self.column!r} do not line up with the groups"
                 )
             at += groups
-            if high_at is None:
+            if part is None:
                 picked = low
             else:
-                high = values.slice(at, groups)
+                picked = _interpolated(low, values.slice(at, groups), part, value_type)
                 at += groups
-                assert part is not None
-                picked = _interpolated(low, high, part, value_type)
             out.append(_spread(picked, has, quantile_output_type(r.func, value_type)))
         return out
 
