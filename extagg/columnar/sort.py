@@ -57,6 +57,8 @@ RUN_BATCH_SHARE = 16
 #: its work grows with the fan-in, against a pass more for fewer (643 runs of 5 M rows at
 #: 8 MiB: 24 s with 8, 22 s with 16, 19-20 s with 32 or 64, 28 s with 128)
 MAX_FAN_IN = 32
+#: the column that tags each row with its run in a merge round by every key
+_RUN = "__extagg_run"
 #: copies of a loaded batch the merge holds at once (the pending rows, their concatenation
 #: with the bound, the sorted output)
 MERGE_COPIES = 3
@@ -547,13 +549,14 @@ def _merge_files_by_lead(
     runs still being read are cut off by binary search and only they are sorted (the plain
     merge sorts all it holds each round: ~the fan-in times the rows). Where no row is below
     it (one first key over many batches: a large group's values, a global quantile), a round
-    of the plain merge by every key makes progress; what it holds back is a sorted carry."""
+    of the plain merge by every key makes progress: the rows up to the smallest last loaded
+    row are emitted, the others go back to their runs' loaded rows (only that run reads on,
+    so what is held stays a batch or so per run)."""
     lead_name = keys[0][0]
     count = len(runs)
     next_batch = [0] * count
     held: list[pa.Table] = [schema.empty_table() for _ in runs]  # loaded, not emitted
     leads: list[np.ndarray] = [np.zeros(0, np.uint64) for _ in runs]
-    carry, carry_lead = schema.empty_table(), np.zeros(0, np.uint64)
 
     def more(i: int) -> bool:
         return next_batch[i] < len(runs[i].batches)
@@ -571,7 +574,7 @@ def _merge_files_by_lead(
                 load(i)
         feeding = [i for i in range(count) if more(i)]
         if not feeding:  # every run read: what is held, in order
-            rest = [t for t in (*held, carry) if t.num_rows]
+            rest = [t for t in held if t.num_rows]
             if rest:
                 yield from _sorted(pa.concat_tables(rest), keys).to_batches(max_chunksize=rows)
             return
@@ -583,10 +586,6 @@ def _merge_files_by_lead(
                 pieces.append(held[i].slice(0, cut))
                 held[i], leads[i] = held[i].slice(cut), leads[i][cut:]
                 emitted.add(i)
-        cut = int(np.searchsorted(carry_lead, bound, side="left"))
-        if cut:
-            pieces.append(carry.slice(0, cut))
-            carry, carry_lead = carry.slice(cut), carry_lead[cut:]
         if pieces:
             yield from _sorted(pa.concat_tables(pieces), keys).to_batches(max_chunksize=rows)
             for i in feeding:  # what it holds is the bound's rows: read on past them
@@ -597,13 +596,18 @@ def _merge_files_by_lead(
         lasts = pa.concat_tables([held[i].slice(held[i].num_rows - 1, 1) for i in feeding])
         owner = feeding[sort_indices(lasts, keys)[0].as_py()]
         sentinel = held[owner].slice(held[owner].num_rows - 1, 1)
-        combined = pa.concat_tables([*(t for t in (*held, carry) if t.num_rows), sentinel])
-        combined = combined.combine_chunks()
+        tagged = [
+            t.append_column(_RUN, pa.array(np.full(t.num_rows, i, np.int32)))
+            for i, t in enumerate([*held, sentinel]) if t.num_rows
+        ]  # fmt: skip
+        combined = pa.concat_tables(tagged).combine_chunks()
         order = sort_indices(combined, keys).to_numpy()
         at = int((order == combined.num_rows - 1).nonzero()[0][0])  # stable: after its equals
-        yield from combined.take(order[:at]).to_batches(max_chunksize=rows)
-        carry = combined.take(order[at + 1 :])
-        carry_lead = _lead_values(carry.column(lead_name))
-        held = [schema.empty_table() for _ in runs]
-        leads = [np.zeros(0, np.uint64) for _ in runs]
-        load(owner)
+        yield from combined.take(order[:at]).drop_columns([_RUN]).to_batches(max_chunksize=rows)
+        rest = combined.take(order[at + 1 :])
+        source = rest.column(_RUN).to_numpy()
+        rest = rest.drop_columns([_RUN])
+        for i in range(count):  # each run's rows back, in order (a stable sort's subsequence)
+            mine = source == i
+            held[i] = rest.filter(pa.array(mine)) if mine.any() else schema.empty_table()
+            leads[i] = _lead_values(held[i].column(lead_name))

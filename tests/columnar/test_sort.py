@@ -84,3 +84,30 @@ def test_one_lead_over_many_batches_and_many_leads_merge_alike(tmp_path, leads) 
     plain, _ = _sorted_externally(table, KEYS, 24 << 10, tmp_path / "b", by_lead=False)
     assert metrics.sort_runs > sort.MAX_FAN_IN  # a pass of merges before the last
     assert _rows(cut) == _rows(plain)
+
+
+@pytest.mark.parametrize("values", ["ascending", "descending", "random"])
+def test_a_round_by_every_key_holds_about_a_batch_per_run(tmp_path, values) -> None:
+    # one lead value (a global quantile's hash) and runs of disjoint value ranges: every
+    # round goes by every key, with one run owning the smallest rows round after round; the
+    # others' rows wait in their runs' loaded rows (not in a pile that grows each round)
+    n = 200_000
+    v = {"ascending": np.arange(n), "descending": np.arange(n)[::-1],
+         "random": np.random.default_rng(3).permutation(n)}[values]  # fmt: skip
+    table = pa.table({"lead": pa.array(np.full(n, 7), pa.int64()), "v": v.astype(np.float64),
+                      "s": pa.array(["w"] * n)})  # fmt: skip
+    tmm = task_memory_manager(UnifiedMemoryManager(max_memory=128 << 10))
+    metrics = RunMetrics()
+    batches = sort.external_sort(
+        iter(table.to_batches(max_chunksize=2_000)), table.schema, KEYS, tmm, str(tmp_path),
+        metrics,
+    )  # fmt: skip
+    base = pa.total_allocated_bytes()
+    peak, got = 0, []
+    for batch in batches:
+        got.append(batch.column("v").to_numpy().copy())
+        peak = max(peak, pa.total_allocated_bytes() - base)
+    assert metrics.sort_runs > sort.MAX_FAN_IN
+    assert np.array_equal(np.concatenate(got), np.arange(n, dtype=np.float64))
+    assert peak < 2 << 20, peak
+    assert tmm.memory_used == 0 and not list(tmp_path.rglob("*.run"))
