@@ -534,6 +534,32 @@ def _leads_by_integers(schema: pa.Schema, keys: Sequence[SortKey]) -> bool:
     return direction == "ascending" and (pa.types.is_int64(typ) or pa.types.is_uint64(typ))
 
 
+def _rows_up_to(table: pa.Table, row: list[Any], keys: Sequence[SortKey]) -> int | None:
+    """How many first rows of ``table`` (sorted by ``keys``, ascending) sort at or before
+    ``row`` (its values of ``keys``): a binary search on each key within the rows equal on
+    the keys before it. None where NumPy cannot search a key as Arrow sorts it (a null, a
+    descending key, a type whose values do not compare with NumPy's)."""
+    lo, hi = 0, table.num_rows
+    for (name, direction), value in zip(keys, row, strict=True):
+        if lo == hi:
+            break
+        column = table.column(name).slice(lo, hi - lo)
+        if direction != "ascending" or value is None or column.null_count:
+            return None
+        typ = column.type
+        if not (pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_string(typ)
+                or pa.types.is_large_string(typ)):  # fmt: skip
+            return None
+        values = column.to_numpy()
+        try:
+            left = int(np.searchsorted(values, value, side="left"))
+            right = int(np.searchsorted(values, value, side="right"))
+        except TypeError:
+            return None
+        lo, hi = lo + left, lo + right
+    return hi
+
+
 def _lead_values(column: pa.ChunkedArray) -> np.ndarray:
     """A 64-bit integer column as NumPy values, nulls (sorted last) as the largest value."""
     largest = np.iinfo(np.uint64 if pa.types.is_uint64(column.type) else np.int64).max
@@ -596,6 +622,15 @@ def _merge_files_by_lead(
         lasts = pa.concat_tables([held[i].slice(held[i].num_rows - 1, 1) for i in feeding])
         owner = feeding[sort_indices(lasts, keys)[0].as_py()]
         sentinel = held[owner].slice(held[owner].num_rows - 1, 1)
+        bound_row = [sentinel.column(name)[0].as_py() for name, _ in keys]
+        upto = [_rows_up_to(held[i], bound_row, keys) for i in range(count)]
+        if all(n is not None for n in upto):  # each run cut by binary search on every key
+            pieces = [held[i].slice(0, n) for i, n in enumerate(upto) if n]
+            for i, n in enumerate(upto):
+                if n:
+                    held[i], leads[i] = held[i].slice(n), leads[i][n:]
+            yield from _sorted(pa.concat_tables(pieces), keys).to_batches(max_chunksize=rows)
+            continue
         tagged = [
             t.append_column(_RUN, pa.array(np.full(t.num_rows, i, np.int32)))
             for i, t in enumerate([*held, sentinel]) if t.num_rows
