@@ -591,12 +591,14 @@ def test_the_scan_finishes_batches_on_the_side_that_waits():
     """A slow caller leaves the finishing step (the filter) to the reader thread; a slow
     reader hands it to the caller, whose core would otherwise idle. Same items, same order."""
     items = list(range(40))
-    slow_caller = _finished_by(items, consume_sleep=0.004)
+    # waits of 15 ms: longer than a busy machine's scheduling delays (with 4 ms, CI's load
+    # once had the caller finish 3 of 40 items of a slow caller; the test allows 2)
+    slow_caller = _finished_by(items, consume_sleep=0.015)
     assert [v for v, _ in slow_caller] == [i * 10 for i in items]
     on_reader = sum(t == "extagg-scan" for _, t in slow_caller)
     assert on_reader >= len(items) - 2, slow_caller
 
-    slow_reader = _finished_by(items, read_sleep=0.004)
+    slow_reader = _finished_by(items, read_sleep=0.015)
     assert [v for v, _ in slow_reader] == [i * 10 for i in items]
     on_caller = sum(t != "extagg-scan" for _, t in slow_reader)
     assert on_caller >= len(items) // 2, slow_reader
