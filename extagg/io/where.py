@@ -502,6 +502,9 @@ class _Parser:
             return months
         if self._empty is None:
             return self.call(func, left, right, at=at)
+        days = self._date_days(func, left, right, at)
+        if days is not None:
+            return days
         left_type, right_type = self.type_of(left), self.type_of(right)
         if pa.types.is_decimal(left_type) and pa.types.is_integer(right_type):
             right = self._as_decimal(right, right_type)
@@ -724,6 +727,30 @@ class _Parser:
         if not isinstance(value, (int, Decimal)):
             return None  # a null literal: Arrow's null answer
         return _unscaled_test(column, typ, func, Decimal(value))
+
+    def _date_days(
+        self, func: Callable[..., Any], left: pc.Expression, right: pc.Expression, at: _Tok
+    ) -> pc.Expression | None:
+        """DuckDB's day arithmetic on dates: ``d + 3``, ``3 + d`` and ``d - 3`` are dates,
+        ``d - e`` the days between them as a ``bigint`` (Arrow has no date-and-integer
+        kernel, and its ``d - e`` is a duration in seconds); ``None`` for anything else."""
+        if func not in (pc.add_checked, pc.subtract_checked):
+            return None
+        left_type, right_type = self.type_of(left), self.type_of(right)
+        is_date = pa.types.is_date32
+        if is_date(left_type) and is_date(right_type) and func is pc.subtract_checked:
+            return self.call(func, self._day_number(left), self._day_number(right), at=at)
+        if is_date(right_type) and pa.types.is_integer(left_type) and func is pc.add_checked:
+            left, right, left_type, right_type = right, left, right_type, left_type
+        if not (is_date(left_type) and pa.types.is_integer(right_type)):
+            return None
+        moved = self.call(func, self._day_number(left), self.cast(right, pa.int64()), at=at)
+        # int64 -> date32 has no cast: through int32 (a day past its range is an error)
+        return self.cast(self.cast(moved, pa.int32()), pa.date32())
+
+    def _day_number(self, date: pc.Expression) -> pc.Expression:
+        """A date's days since 1970-01-01 as an ``int64`` (Arrow casts a date only to int32)."""
+        return self.cast(self.cast(date, pa.int32()), pa.int64())
 
     def _calendar_interval(
         self, func: Callable[..., Any], left: pc.Expression, right: pc.Expression, at: _Tok

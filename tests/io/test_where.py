@@ -1061,7 +1061,8 @@ def _utc(values: list) -> list:
         "regexp_extract(s, '[^,]+$')", "regexp_extract(s, '[(]|(l+)', 1)",
         "s || '-'", "s || i", "i || s || 'x'", "d || '|' || s", "1 + i || 'k'",
         "s || NULL", "upper(s || 'a')", "s || 'x' = 'ax'", "s || i between 'a' and 'b'",
-        "(s || '') is null",
+        "(s || '') is null", "d + 1", "2 + d", "d - 30", "d - d", "d - date '2000-01-01'",
+        "d + 1 > date '2024-01-02'", "date '2000-03-01' - d", "d - 1 + 1 = d",
     ],
 )  # fmt: skip
 def test_text_and_time_functions_agree_with_duckdb(text):
@@ -1097,6 +1098,9 @@ def _eager_arrow_and_duckdb(table: pa.Table, text: str) -> tuple[list, list]:
         ("split_part(s, ',', 'x')", "split_part() takes a whole number here"),
         ("regexp_extract(s, 'a(b', 0)", "regexp_extract() pattern 'a(b' is not a regular"),
         ("regexp_extract(s, 'a(b)', 2)", "regexp_extract() group 2: the pattern has 1 group"),
+        ("d * 2", "'*' does not apply to date32[day] and int64"),
+        ("d + 1.5", "'+' does not apply to date32[day] and decimal128(2, 1)"),
+        ("1 - d", "'-' does not apply to int64 and date32[day]"),
     ],
 )
 def test_text_and_time_function_errors(text, words):
