@@ -105,7 +105,7 @@ from extagg.memory import (
 from extagg.merge.heap import BlockSource, merge_in_passes
 from extagg.spill.blocks import ColumnBlock
 from extagg.spill.runfile import RunReader
-from extagg.spillable import OPEN, Spillable
+from extagg.spillable import OPEN, READING, Spillable
 
 __all__ = ["HashAggregator"]
 
@@ -1304,7 +1304,12 @@ class HashAggregator(Spillable[ColumnBlock]):
         before = self.used
         if self._source is not None:
             self._source.spill_rest()
-        elif self.phase == OPEN and not self.collection_is_empty():
+        elif (
+            self.phase == OPEN
+            or (self.phase == READING and self._threaded is None and self._partitions is None)
+        ) and not self.collection_is_empty():
+            # READING: results asked for but not begun (a stream joined beside others, read
+            # after them: count_distinct's levels), its table not yet handed to a source
             spill_table(
                 self.table_state,
                 f"requested by {getattr(trigger, 'name', trigger)}",

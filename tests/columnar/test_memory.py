@@ -145,6 +145,32 @@ def test_spill_requested_while_results_are_read(spill_dir) -> None:
     assert files_under(spill_dir) == []
 
 
+@pytest.mark.parametrize("ordered", [True, False])
+def test_spill_requested_after_results_are_asked_for_before_they_are_read(
+    spill_dir, ordered
+) -> None:
+    """Results asked for but not begun (a stream joined beside others and read after them,
+    as count_distinct's levels are) still give their table up to another consumer: it held
+    the table while a count_distinct partition beside it failed with MemoryLimitError."""
+    mm = UnifiedMemoryManager("32m")
+    data = _data(60_000, 30_000, seed=12)
+    with HashAggregator("k", AGGS, memory_manager=mm, spill_dirs=[str(spill_dir)],
+                        batch_size=1000, threads=1) as agg:  # fmt: skip
+        agg.update(data)
+        it = agg.results(ordered=ordered)
+        held = agg.used
+        assert held > 1024 * 1024 and agg.metrics.spill_count == 0
+        hog = Hog(task_memory_manager(mm))
+        granted = hog.acquire_memory(mm.max_memory - 1024 * 1024)
+        assert granted == mm.max_memory - 1024 * 1024
+        assert agg.used < 1024 * 1024 and agg.metrics.spill_count == 1
+        hog.free_memory(granted)
+        got = list(it)
+        hog.close_memory()
+    _assert_close(_collect(got), _expected(data))
+    assert files_under(spill_dir) == []
+
+
 def test_unordered_results_read_the_table_as_it_was_made() -> None:
     data = {"k": np.array([50, 7, 50, 3, 9, 7, 1000, 3]), "v": np.arange(8.0)}
     with HashAggregator("k", AGGS, memory="16m", threads=1) as agg:
