@@ -1864,6 +1864,26 @@ def test_uuid_and_narrow_decimal_keys_sort_and_write_as_text(tmp_path, capsys):
     assert [str(x) for x in got.column("d").to_pylist()] == ["-1.0", "0.5", "2.5"]
 
 
+def test_sums_of_decimal32_and_decimal64_columns_of_a_parquet_file(tmp_path, capsys):
+    """pyarrow (18+) writes decimal32/64 columns to Parquet and reads them back so: their
+    sums, means and extremes were refused ("sum needs numbers"); now as decimal128's."""
+    src = tmp_path / "d.parquet"
+    dec = [decimal.Decimal(x) for x in ("2.50", "-1.25", "0.75")]
+    pq.write_table(pa.table({
+        "k": ["a", "a", "b", "b", "b"],
+        "p": pa.array([*dec, None, decimal.Decimal("1.00")], pa.decimal64(15, 2)),
+        "q": pa.array([decimal.Decimal(i) if i else None for i in (1, 2, 3, 4, 0)],
+                      pa.decimal32(5, 0)),
+    }), src)  # fmt: skip
+    argv = ["aggregate", str(src), "--by", "k", "--agg", "s=sum(p)", "--agg", "a=avg(q)",
+            "--agg", "hi=max(p * q)", "--where", "p > 0 or q > 3", "--sort", "-q",
+            "-o", "-"]  # fmt: skip
+    assert main(argv) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "k,s,a,hi", "a,2.50,1.0000,2.50", "b,1.75,3.5000,2.25",
+    ]  # fmt: skip
+
+
 def test_interval_keys_sort_by_length_and_write_as_duckdb_text(tmp_path, capsys):
     """A month-day-nano interval key (an Arrow file's): ``--sort`` failed ("Sorting not
     supported for type month_day_nano_interval"), CSV output failed ("Unsupported cast ...

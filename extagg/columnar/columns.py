@@ -51,6 +51,8 @@ KINDS = ("int", "uint", "float", "bool", "temporal", "decimal", "string", "binar
 #: decimals of at most this many digits are held as their unscaled ``int64`` value; wider ones
 #: as ``(n, 2)`` ``int64`` words (low word as unsigned, high word signed: Arrow's decimal128)
 DECIMAL64_DIGITS = 18
+#: the most digits of a decimal the engine takes (decimal128's; Spark's, DuckDB's)
+MAX_DECIMAL_DIGITS = 38
 
 
 def is_decimal64(arrow_type: pa.DataType) -> bool:
@@ -241,8 +243,8 @@ def column_kind(arrow_type: pa.DataType) -> str | None:
         return "float"
     if t.is_temporal(arrow_type) and not t.is_interval(arrow_type):
         return "temporal"
-    if t.is_decimal128(arrow_type):
-        return "decimal"
+    if t.is_decimal(arrow_type) and arrow_type.precision <= MAX_DECIMAL_DIGITS:
+        return "decimal"  # decimal32/64/256 are read as the decimal128 of their precision
     if t.is_string(arrow_type) or t.is_large_string(arrow_type) or _is_view(arrow_type, "string"):
         return "string"
     if t.is_binary(arrow_type) or t.is_large_binary(arrow_type) or _is_view(arrow_type, "binary"):
@@ -538,6 +540,20 @@ def _decimal_values(arr: pa.Array) -> np.ndarray:
     return words
 
 
+def _as_decimal128(arr: pa.Array) -> tuple[pa.DataType, np.ndarray]:
+    """A decimal32, decimal64 or decimal256 (of up to 38 digits) array's type as the
+    decimal128 of its precision and scale, and its unscaled values as
+    :func:`_decimal_values` gives them: the engine has one decimal type (Arrow's other widths
+    went to the generic engine, which refused their sums). decimal64's values are its own
+    buffer, decimal32's widened."""
+    typ = arr.type
+    as128 = pa.decimal128(typ.precision, typ.scale)
+    if typ.bit_width <= 64:  # decimal32, decimal64 (pyarrow >= 18)
+        storage = np.dtype(np.int64 if typ.bit_width == 64 else np.int32)
+        return as128, _fixed_values(arr, storage).astype(np.int64, copy=False)
+    return as128, _decimal_values(arr.cast(as128))
+
+
 def _arrow_pool_copy(values: np.ndarray) -> np.ndarray:
     """A contiguous copy of ``values`` in memory from Arrow's pool, not the C heap: a scan
     makes one such copy per decimal column and batch, and glibc handed each freed copy's pages
@@ -599,6 +615,8 @@ def to_column(name: str, arr: pa.Array) -> Column:
         storage, dtype = _TEMPORAL_STORAGE[arrow_type.bit_width]
         return Column(name, kind, arrow_type, _fixed_values(arr.view(storage), dtype), valid)
     if kind == "decimal":
+        if not pa.types.is_decimal128(arrow_type):
+            return Column(name, kind, *_as_decimal128(arr), valid)
         return Column(name, kind, arrow_type, _decimal_values(arr), valid)
     # variable length: 64-bit offsets; 32-bit ones are widened in NumPy (a pyarrow cast costs
     # ~0.3 ms a call, more than the chunk's hashing at the small chunks of a small budget)

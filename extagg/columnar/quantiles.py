@@ -59,12 +59,13 @@ class QuantileJoinError(ExtaggError, RuntimeError):
 
 def _value_type(typ: pa.DataType) -> pa.DataType:
     """The type a quantile's values are sorted as: a dictionary's values, a half float as a
-    ``float32``, a narrow decimal as ``decimal128``."""
+    ``float32``, another width of decimal of up to 38 digits as ``decimal128`` (the type the
+    other aggregates read it as)."""
     if pa.types.is_dictionary(typ):
         typ = typ.value_type
     if pa.types.is_float16(typ):
         return pa.float32()
-    if pa.types.is_decimal(typ) and typ.bit_width < 128:
+    if pa.types.is_decimal(typ) and typ.bit_width != 128 and typ.precision <= 38:
         return pa.decimal128(typ.precision, typ.scale)
     return typ
 
@@ -325,6 +326,8 @@ class QuantileColumn:
         everything = np.concatenate(wanted)
         order = np.argsort(everything, kind="stable")
         values, value_hashes = cursor.take(everything[order])
+        if not len(values):  # no group of these has a value: typed, as the interpolation reads
+            values = pa.array([], value_type)
         back = np.empty_like(order)
         back[order] = np.arange(len(order))
         values = values.take(pa.array(back))

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from extagg import SumOverflowError
+from extagg import SumOverflowError, run_metrics
 from extagg.columnar import _kernels as K
 from extagg.columnar import _reference as R
 from extagg.columnar import aggregate
@@ -366,3 +366,34 @@ def test_sum_of_a_decimal256_column_says_decimals_of_up_to_38_digits() -> None:
     for func in ("sum", "mean"):
         with pytest.raises(TypeError, match=r"\(48, 10\): \w+ takes decimals of up to 38"):
             aggregate(table, keys="k", aggs={"s": ("d", func)}, memory="8m")
+
+
+@pytest.mark.skipif(not hasattr(pa, "decimal64"), reason="Arrow's decimal32/64 (pyarrow >= 18)")
+@pytest.mark.parametrize("width", ["decimal32", "decimal64", "decimal256"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_other_decimal_widths_are_read_as_decimal128(width, threads) -> None:
+    """Arrow's decimal32, decimal64 (pyarrow writes them to Parquet and reads them back so) and
+    decimal256 of up to 38 digits aggregate as the decimal128 of their precision and scale:
+    keys, sums, means, extremes, distinct counts and quantiles, with spills and partitions.
+    Their sums went to the generic engine, which refused them ("sum needs numbers"; a
+    decimal256(20, 2): "takes decimals of up to 38 digits")."""
+    precision, scale = {"decimal32": (9, 2), "decimal64": (15, 2), "decimal256": (30, 3)}[width]
+    rng = np.random.default_rng(7)
+    n = 60_000
+    keys = pa.array(rng.integers(0, 20_000, n)).cast(pa.decimal128(38, 0))
+    values = pa.array(rng.integers(-(10**6), 10**6, n)).cast(pa.decimal128(38, scale))
+    values = pa.array(values.to_pylist()[:-500] + [None] * 500, pa.decimal128(precision, scale))
+    as128 = pa.table({"k": keys.cast(pa.decimal128(9, 0)), "v": values})
+    table = pa.table({
+        "k": as128["k"].cast(getattr(pa, width)(9, 0)),
+        "v": as128["v"].cast(getattr(pa, width)(precision, scale)),
+    })  # fmt: skip
+    aggs = {"s": ("v", "sum"), "a": ("v", "mean"), "lo": ("v", "min"), "n": ("v", "count"),
+            "d": ("v", "count_distinct"), "m": ("v", "median")}  # fmt: skip
+    want = aggregate(as128, keys="k", aggs=aggs, threads=1).sort_by("k")
+    got = aggregate(table.to_batches(max_chunksize=5_000), keys="k", aggs=aggs, memory="2m",
+                    threads=threads).sort_by("k")  # fmt: skip
+    assert got.equals(want)
+    assert got.schema.field("k").type == pa.decimal128(9, 0)
+    assert got.schema.field("s").type == pa.decimal128(min(38, precision + 10), scale)
+    assert run_metrics(got).spill_count > 0

@@ -203,6 +203,18 @@ def test_a_global_median_and_empty_groups() -> None:
     assert got.schema.field("m").type == pa.float64()
 
 
+@pytest.mark.parametrize("typ", [pa.decimal128(15, 2), pa.decimal128(30, 2), pa.float64(),
+                                 pa.date32(), pa.int32()])  # fmt: skip
+def test_groups_of_only_nulls_have_null_quantiles(typ) -> None:
+    """No group of a batch of results with a value: the median of a decimal of up to 18
+    digits failed (IndexError) reading the unscaled values of no values."""
+    table = pa.table({"k": [1, 1, 2], "v": pa.array([None, None, None], typ)})
+    got = extagg.aggregate(table, "k", ["m=median(v)", "q=quantile_disc(v, 0.5)"], threads=1)
+    assert sorted(got.to_pylist(), key=lambda r: r["k"]) == [
+        {"k": 1, "m": None, "q": None}, {"k": 2, "m": None, "q": None},
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("agg", "words"),
     [
