@@ -60,14 +60,21 @@ class QuantileJoinError(ExtaggError, RuntimeError):
 def _value_type(typ: pa.DataType) -> pa.DataType:
     """The type a quantile's values are sorted as: a dictionary's values, a half float as a
     ``float32``, another width of decimal of up to 38 digits as ``decimal128`` (the type the
-    other aggregates read it as)."""
+    other aggregates read it as), a string or binary view as a large string or binary (Arrow
+    sorts no views)."""
     if pa.types.is_dictionary(typ):
         typ = typ.value_type
+    if _is_view(typ):
+        return pa.large_string() if pa.types.is_string_view(typ) else pa.large_binary()
     if pa.types.is_float16(typ):
         return pa.float32()
     if pa.types.is_decimal(typ) and typ.bit_width != 128 and typ.precision <= 38:
         return pa.decimal128(typ.precision, typ.scale)
     return typ
+
+
+def _is_view(typ: pa.DataType) -> bool:
+    return pa.types.is_string_view(typ) or pa.types.is_binary_view(typ)
 
 
 def _sortable(typ: pa.DataType) -> bool:
@@ -144,6 +151,8 @@ class QuantileColumn:
         self._merge_limit: int | None = None
         self._layout: KeyLayout | None = None
         self._schema: pa.Schema | None = None  # of the sorted rows
+        #: the input's string or binary view type (its values are sorted as large ones)
+        self._view_type: pa.DataType | None = None
         self.records_read = 0
 
     # -- input --------------------------------------------------------------------------------
@@ -158,7 +167,11 @@ class QuantileColumn:
         typ = self.value_type
         if typ is None:
             return None
-        return [pa.field(r.output, quantile_output_type(r.func, typ)) for r in self.requests]
+        return [pa.field(r.output, self._output_type(r.func, typ)) for r in self.requests]
+
+    def _output_type(self, func: str, value_type: pa.DataType) -> pa.DataType:
+        """A request's result type (a view's quantile is one of its values, as a view)."""
+        return self._view_type or quantile_output_type(func, value_type)
 
     def update(self, batch: Any, key_types: Sequence[pa.DataType] | None) -> None:
         """Add one input batch's non-null values with their keys' hashes. ``key_types``: the
@@ -173,6 +186,8 @@ class QuantileColumn:
     def _start(self, rb: pa.RecordBatch, key_types: Sequence[pa.DataType] | None) -> None:
         written = rb.schema.field(self.column).type
         typ = _value_type(written)
+        plain = written.value_type if pa.types.is_dictionary(written) else written
+        self._view_type = plain if _is_view(plain) else None
         if not _sortable(typ):
             func = self.requests[0].func
             raise TypeError(
@@ -346,7 +361,7 @@ class QuantileColumn:
             else:
                 picked = _interpolated(low, values.slice(at, groups), part, value_type)
                 at += groups
-            out.append(_spread(picked, has, quantile_output_type(r.func, value_type)))
+            out.append(_spread(picked, has, self._output_type(r.func, value_type)))
         return out
 
 
@@ -396,8 +411,8 @@ def _interpolated(
     if pa.types.is_integer(typ) or pa.types.is_floating(typ):
         lo = low.to_numpy(zero_copy_only=False).astype(np.float64)
         hi = high.to_numpy(zero_copy_only=False).astype(np.float64)
-        with np.errstate(invalid="ignore"):
-            value = lo + (hi - lo) * fraction
+        with np.errstate(invalid="ignore"):  # DuckDB's form: [-inf, 2] at 0.5 is -inf, not NaN
+            value = lo * (1.0 - fraction) + hi * fraction
         value = np.where(fraction == 0.0, lo, value)  # inf and NaN stay themselves
         return pa.array(value, pa.float32() if typ == pa.float32() else pa.float64())
     if pa.types.is_decimal(typ):
