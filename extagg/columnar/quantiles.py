@@ -66,6 +66,8 @@ def _value_type(typ: pa.DataType) -> pa.DataType:
         typ = typ.value_type
     if _is_view(typ):
         return pa.large_string() if pa.types.is_string_view(typ) else pa.large_binary()
+    if pa.types.is_fixed_size_binary(typ):  # as its bytes (a uuid's are its order)
+        return pa.binary()
     if pa.types.is_float16(typ):
         return pa.float32()
     if pa.types.is_decimal(typ) and typ.bit_width != 128 and typ.precision <= 38:
@@ -151,8 +153,9 @@ class QuantileColumn:
         self._merge_limit: int | None = None
         self._layout: KeyLayout | None = None
         self._schema: pa.Schema | None = None  # of the sorted rows
-        #: the input's string or binary view type (its values are sorted as large ones)
-        self._view_type: pa.DataType | None = None
+        #: the input's type where its values are sorted as another that is not a result's
+        #: (a string or binary view, a fixed-size binary): a quantile is one of its values
+        self._shown_type: pa.DataType | None = None
         self.records_read = 0
 
     # -- input --------------------------------------------------------------------------------
@@ -171,7 +174,7 @@ class QuantileColumn:
 
     def _output_type(self, func: str, value_type: pa.DataType) -> pa.DataType:
         """A request's result type (a view's quantile is one of its values, as a view)."""
-        return self._view_type or quantile_output_type(func, value_type)
+        return self._shown_type or quantile_output_type(func, value_type)
 
     def update(self, batch: Any, key_types: Sequence[pa.DataType] | None) -> None:
         """Add one input batch's non-null values with their keys' hashes. ``key_types``: the
@@ -187,7 +190,8 @@ class QuantileColumn:
         written = rb.schema.field(self.column).type
         typ = _value_type(written)
         plain = written.value_type if pa.types.is_dictionary(written) else written
-        self._view_type = plain if _is_view(plain) else None
+        shown = _is_view(plain) or pa.types.is_fixed_size_binary(plain)
+        self._shown_type = plain if shown else None
         if not _sortable(typ):
             func = self.requests[0].func
             raise TypeError(
@@ -469,15 +473,12 @@ def _unscaled(values: pa.Array) -> np.ndarray:
 
 def _spread(values: pa.Array, has: np.ndarray, typ: pa.DataType) -> pa.Array:
     """``values`` (one per group that has values) placed at the groups of ``has``, null at
-    the others."""
-    if values.type != typ:
-        values = values.cast(typ)
-    if bool(has.all()):
-        return values
-    index = np.full(len(has), -1, dtype=np.int64)
-    index[has] = np.arange(int(has.sum()))
-    mask = ~has
-    return values.take(pa.array(index, mask=mask))
+    the others (placed before the cast to ``typ``: Arrow takes no views)."""
+    if not bool(has.all()):
+        index = np.full(len(has), -1, dtype=np.int64)
+        index[has] = np.arange(int(has.sum()))
+        values = values.take(pa.array(index, mask=~has))
+    return values if values.type == typ else values.cast(typ)
 
 
 class _Cursor:

@@ -224,6 +224,24 @@ def test_string_and_binary_views_as_keys_and_values(threads, memory) -> None:
     assert by_key == sorted(want.to_pylist(), key=lambda r: r["k"])
 
 
+@pytest.mark.parametrize("typ", [pa.binary(3), pa.binary_view(), pa.string_view()])
+def test_a_group_without_values_beside_views_and_fixed_size_binaries(typ) -> None:
+    """A group with no value placed its null by a take on the result type: Arrow takes no
+    views ("array_take has no kernel"); a fixed-size binary had no quantile at all."""
+    raw = [b"abc", b"abd", b"aaa", None]
+    values = pa.array(raw, pa.binary(3)).cast(typ)
+    table = pa.table({"k": [1, 1, 1, 2], "b": values})
+    got = extagg.aggregate(table, "k", ["m=median(b)", "q=quantile_disc(b, 0.9)"], threads=1)
+    assert got.schema.field("m").type == typ
+    rows = sorted(
+        got.cast(
+            pa.schema([("k", pa.int64()), ("m", pa.binary()), ("q", pa.binary())])
+        ).to_pylist(),
+        key=lambda r: r["k"],
+    )
+    assert rows == [{"k": 1, "m": b"abc", "q": b"abd"}, {"k": 2, "m": None, "q": None}]
+
+
 INF, NAN = float("inf"), float("nan")
 
 
