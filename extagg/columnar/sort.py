@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 #: least ``MIN_RUN_BATCH_ROWS``: each batch costs a footer entry and a read)
 RUN_BATCH_ROWS = 16_384
 MIN_RUN_BATCH_ROWS = 1_024
+#: ... or fewer, down to this, for a merge capped below two runs' batches of the least
+CAPPED_RUN_BATCH_ROWS = 128
 #: a run's batch is at most this part of the buffer that was sorted into it
 RUN_BATCH_SHARE = 16
 #: runs merged at once at most: each round of a merge sorts what is loaded of every run, so
@@ -100,6 +102,8 @@ class _SortBuffer(MemoryConsumer):
         #: the memory granted for :attr:`batches` (a batch's grant may be short of its size)
         self.batches_granted = 0
         self.runs: list[_Run] = []
+        #: the merge's read buffers at most (see :attr:`ExternalSort.max_merge_bytes`)
+        self.max_merge_bytes: int | None = None
         #: sorted runs written from the buffer, their bytes on disk and in memory (merged runs
         #: not counted)
         self.runs_written = 0
@@ -122,7 +126,11 @@ class _SortBuffer(MemoryConsumer):
         with self.lock:
             if not self.batches:
                 return 0
-            run = _write_run(self.batches, self.schema, self.keys, self.dirs, self.limit)
+            # two runs' loaded batches within the cap, a seventh of it left for batches of
+            # longer rows than the average
+            cap = self.max_merge_bytes
+            batch_cap = None if cap is None else cap // (2 * MERGE_COPIES + 1)
+            run = _write_run(self.batches, self.schema, self.keys, self.dirs, self.limit, batch_cap)
             self.runs.append(run)
             self.runs_written += 1
             self.bytes_written += sum(length for _, length, _ in run.batches)
@@ -230,8 +238,6 @@ class ExternalSort:
         self.copies = copies
         #: a run is written before the buffer holds more (its sort copies what it holds)
         self.max_buffer_bytes = max_buffer_bytes
-        #: the merge's read buffers at most (None: what the memory manager grants)
-        self.max_merge_bytes: int | None = None
         self.order: list[SortKey] = [(k, "ascending") if isinstance(k, str) else k for k in keys]
         self.metrics, self.limit = metrics, limit
         if isinstance(spill_dirs, SpillDirs):
@@ -245,6 +251,18 @@ class ExternalSort:
             self.dirs, self._own_dirs = SpillDirs(folders), True
         self.buffer = _SortBuffer(tmm, schema, self.order, self.dirs, metrics, limit, name)
         self._state = "adding"
+
+    @property
+    def max_merge_bytes(self) -> int | None:
+        """The merge's read buffers at most (None: what the memory manager grants). Set
+        before the runs are written, it also caps their batches, so that two runs' loaded
+        batches fit it (the merge takes two always: a quantile's sort held 372 KiB of a
+        256 KiB share at 1 MiB, and a count_distinct beside it could not merge)."""
+        return self.buffer.max_merge_bytes
+
+    @max_merge_bytes.setter
+    def max_merge_bytes(self, nbytes: int | None) -> None:
+        self.buffer.max_merge_bytes = nbytes
 
     @property
     def runs(self) -> int:
@@ -278,7 +296,8 @@ class ExternalSort:
         try:
             with buf.lock:
                 buf.taking = False
-            if not buf.runs:
+            held = buf.batches_granted
+            if not buf.runs and (self.max_merge_bytes is None or held <= self.max_merge_bytes):
                 table = pa.Table.from_batches(buf.batches, schema=self.schema)
                 table = _sorted(table, order, self.limit)
                 buf.batches.clear()
@@ -341,12 +360,17 @@ def _write_run(
     keys: Sequence[SortKey],
     dirs: SpillDirs,
     limit: int | None = None,
+    batch_cap: int | None = None,
 ) -> _Run:
-    """``batches`` sorted into a run file (its first ``limit`` rows)."""
+    """``batches`` sorted into a run file (its first ``limit`` rows), in batches of at most
+    ``batch_cap`` bytes if given (but :data:`CAPPED_RUN_BATCH_ROWS` rows)."""
     table = _sorted(pa.Table.from_batches(batches, schema=schema), keys, limit)
     row_bytes = max(1, table.nbytes // max(1, table.num_rows))
-    share = table.nbytes // RUN_BATCH_SHARE // row_bytes
-    rows = max(MIN_RUN_BATCH_ROWS, min(RUN_BATCH_ROWS, share))
+    rows = max(
+        MIN_RUN_BATCH_ROWS, min(RUN_BATCH_ROWS, table.nbytes // RUN_BATCH_SHARE // row_bytes)
+    )
+    if batch_cap is not None:
+        rows = min(rows, max(CAPPED_RUN_BATCH_ROWS, batch_cap // row_bytes))
     return _write_batches(table.to_batches(max_chunksize=rows), schema, dirs, rows, table.nbytes)
 
 

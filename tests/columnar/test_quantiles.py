@@ -242,6 +242,37 @@ def test_a_group_without_values_beside_views_and_fixed_size_binaries(typ) -> Non
     assert rows == [{"k": 1, "m": b"abc", "q": b"abd"}, {"k": 2, "m": None, "q": None}]
 
 
+def test_a_quantile_beside_count_distinct_partitions_at_the_smallest_budget() -> None:
+    """The join reads a quantile's sorted runs beside a count_distinct's partitions: the
+    sort's merge took two runs' batches of 1 024 rows whatever its share (367 KiB of a
+    256 KiB share at 1 MiB) and the join, or a partition's merge, was refused memory
+    (MemoryLimitError). A capped merge's runs are written in batches that fit it."""
+    rng = np.random.default_rng(103)
+    n = 20_000
+
+    def dec(values, precision, scale):
+        wide = pa.array(values).cast(pa.decimal128(38, scale))
+        return wide.cast(pa.decimal128(precision, scale))
+
+    table = pa.table({
+        "a": dec(rng.integers(-(10**6), 10**6, 100)[rng.integers(0, 100, n)], 18, 4),
+        "b": dec(rng.integers(-(10**6), 10**6, n // 2)[rng.integers(0, n // 2, n)], 30, 3),
+        "c": pa.array([bytes([x % 256, x // 256 % 256, 0]) for x in rng.integers(0, n // 2, n)],
+                      pa.large_binary()),
+        "v": dec(rng.integers(-(10**6), 10**6, n), 18, 4),
+        "s": pa.array([f"v{x}" * (1 + x % 3) for x in rng.integers(0, 100, n)]),
+    })  # fmt: skip
+    aggs = {"var": ("v", "var"), "cd": ("c", "count_distinct"), "m": ("s", "median")}
+    want = extagg.aggregate(table, ["a", "b", "c"], aggs, threads=1)
+    got = extagg.aggregate(table.to_batches(max_chunksize=1000), ["a", "b", "c"], aggs,
+                           memory="1m", threads=1)  # fmt: skip
+    keys = [("a", "ascending"), ("b", "ascending"), ("c", "ascending")]
+    got, want = got.sort_by(keys), want.sort_by(keys)
+    assert got.drop_columns(["var"]).equals(want.drop_columns(["var"]))
+    assert np.allclose(got["var"].to_numpy(zero_copy_only=False),
+                       want["var"].to_numpy(zero_copy_only=False), equal_nan=True)  # fmt: skip
+
+
 INF, NAN = float("inf"), float("nan")
 
 

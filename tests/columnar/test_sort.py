@@ -111,3 +111,30 @@ def test_a_round_by_every_key_holds_about_a_batch_per_run(tmp_path, values) -> N
     assert np.array_equal(np.concatenate(got), np.arange(n, dtype=np.float64))
     assert peak < 2 << 20, peak
     assert tmm.memory_used == 0 and not list(tmp_path.rglob("*.run"))
+
+
+def test_a_capped_merge_holds_its_cap_while_read(tmp_path) -> None:
+    """A sort read beside others (a quantile's, joined with count_distinct's results) has a
+    cap on its merge: its runs are written in batches two of which fit it, and a buffer
+    larger than the cap that never spilled is written as a run rather than held whole while
+    it is read. Every row once, in order."""
+    rng = np.random.default_rng(4)
+    n = 40_000
+    table = pa.table({"lead": rng.integers(0, 1000, n), "v": rng.random(n),
+                      "s": pa.array([f"s{x}" for x in rng.integers(0, 500, n)])})  # fmt: skip
+    want = table.sort_by(KEYS)
+    cap = 96 << 10
+    for budget, buffer in ((8 << 20, None), (2 << 20, 256 << 10)):
+        tmm = task_memory_manager(UnifiedMemoryManager(max_memory=budget))
+        ext = sort.ExternalSort(table.schema, KEYS, tmm, str(tmp_path), max_buffer_bytes=buffer)
+        ext.max_merge_bytes = cap
+        for batch in table.to_batches(max_chunksize=2_000):
+            ext.add(batch)
+        held, out = [], []
+        for batch in ext.sorted():
+            held.append(ext.buffer.used)
+            out.append(batch)
+        assert ext.runs == 0 and tmm.memory_used == 0  # all read: closed, files removed
+        assert max(held) <= cap, (budget, max(held))
+        assert pa.Table.from_batches(out).equals(want)
+        assert not list(tmp_path.rglob("*.run"))
