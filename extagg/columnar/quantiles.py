@@ -415,8 +415,11 @@ def _interpolated(
     if pa.types.is_integer(typ) or pa.types.is_floating(typ):
         lo = low.to_numpy(zero_copy_only=False).astype(np.float64)
         hi = high.to_numpy(zero_copy_only=False).astype(np.float64)
-        with np.errstate(invalid="ignore"):  # DuckDB's form: [-inf, 2] at 0.5 is -inf, not NaN
-            value = lo * (1.0 - fraction) + hi * fraction
+        with np.errstate(invalid="ignore"):
+            if typ == pa.float32():  # DuckDB's in doubles: [-inf, 2] at 0.5 is NaN
+                value = lo + (hi - lo) * fraction
+            else:  # DuckDB's form for doubles (integers too): [-inf, 2] at 0.5 is -inf
+                value = lo * (1.0 - fraction) + hi * fraction
         value = np.where(fraction == 0.0, lo, value)  # inf and NaN stay themselves
         return pa.array(value, pa.float32() if typ == pa.float32() else pa.float64())
     if pa.types.is_decimal(typ):

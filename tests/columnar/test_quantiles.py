@@ -286,12 +286,23 @@ INF, NAN = float("inf"), float("nan")
 )  # fmt: skip
 def test_infinities_and_nans_interpolate_as_duckdb(values, want) -> None:
     """DuckDB interpolates doubles as ``lo * (1 - d) + hi * d`` (NaN sorted last): between
-    -inf and 2 that is -inf, where ``lo + (hi - lo) * d`` gave NaN (answers checked against
-    DuckDB 2.0)."""
-    got = extagg.aggregate(pa.table({"x": values}), [], [
-        "m=median(x)", "a=quantile_cont(x, 0.25)", "b=quantile_cont(x, 0.75)",
-    ]).to_pylist()[0]  # fmt: skip
+    -inf and 2 that is -inf, where ``lo + (hi - lo) * d`` gave NaN; float32 values it
+    interpolates the other way, in doubles (-inf and 2: NaN). Answers checked against
+    DuckDB 2.0."""
+    aggs = ["m=median(x)", "a=quantile_cont(x, 0.25)", "b=quantile_cont(x, 0.75)"]
+    got = extagg.aggregate(pa.table({"x": values}), [], aggs).to_pylist()[0]
     assert str(tuple(got.values())) == str(want)
+    narrow = pa.table({"x": pa.array(values, pa.float32())})
+    got = extagg.aggregate(narrow, [], aggs).to_pylist()[0]
+    assert str(tuple(got.values())) == str(FLOAT32_WANT[str(values)])
+
+
+#: DuckDB 2.0's answers for the same values as float32
+FLOAT32_WANT = {
+    "[-inf, nan]": (NAN, NAN, NAN), "[-inf, inf]": (NAN, NAN, NAN),
+    "[1.0, inf]": (INF, INF, INF), "[-inf, 2.0, nan]": (2.0, NAN, NAN),
+    "[1.0, 2.0, nan, nan]": (NAN, 1.75, NAN), "[-inf, -inf, 3.0, nan]": (NAN, NAN, NAN),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("typ", [pa.decimal128(15, 2), pa.decimal128(30, 2), pa.float64(),
