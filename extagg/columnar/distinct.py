@@ -104,6 +104,13 @@ class DistinctAggregator:
         A memory manager to take that memory from instead.
     name
         Name of the consumers in logs and errors.
+    quantile_counts
+        Quantile column -> the plain aggregate that counts its values per group, where that
+        is not ``(column, "count")``: ``extagg.spark.aggregate``'s final stage sums the
+        partitions' counts (its values come apart, :meth:`update_quantiles`).
+    spark_percentile
+        Interpolate the quantiles of numbers as Spark's ``percentile`` does (see
+        :class:`~extagg.columnar.quantiles.QuantileColumn`).
     **options
         Other options of :class:`~extagg.columnar.HashAggregator`.
     """
@@ -116,6 +123,8 @@ class DistinctAggregator:
         memory: int | str | None = None,
         memory_manager: Any = None,
         name: str | None = None,
+        quantile_counts: Mapping[str, tuple[str, str]] | None = None,
+        spark_percentile: bool = False,
         **options: Any,
     ) -> None:
         self.keys = key_names(keys)
@@ -151,11 +160,12 @@ class DistinctAggregator:
         sort_buffer = min(SORT_BUFFER_CAP, share)
         for i, (column, asked) in enumerate(quantile_columns.items()):
             count = f"__quantile_count_{i}"
-            plain[count] = (column, "count")
+            plain[count] = (quantile_counts or {}).get(column, (column, "count"))
             self._quantiles.append(
                 QuantileColumn(
                     self.keys, column, asked, count, tmm, options.get("spill_dirs"),
                     max_buffer_bytes=sort_buffer, name=f"{base}/{column}",
+                    spark_percentile=spark_percentile,
                 )
             )  # fmt: skip
         self._plain = HashAggregator(self.keys, plain, name=base, **shared) if plain else None
@@ -230,6 +240,9 @@ class DistinctAggregator:
             self._plain.update(batch)
         for level in self._levels:
             level.update(batch)
+        self._update_quantiles(batch)
+
+    def _update_quantiles(self, batch: Any) -> None:
         if self._quantiles:
             schema = self._plain.schema if self._plain is not None else None
             key_types = None if schema is None else [schema.field(k).type for k in self.keys]
@@ -251,6 +264,13 @@ class DistinctAggregator:
             raise UsageError("update_distinct() after results() or close()")
         for level in self._levels:
             level.update(batch)
+
+    def update_quantiles(self, batch: Any) -> None:
+        """Add a batch's values to the quantiles only (see :meth:`update_plain`; their counts
+        come with the plain aggregates, as ``quantile_counts`` says)."""
+        if self._state != "open":
+            raise UsageError("update_quantiles() after results() or close()")
+        self._update_quantiles(batch)
 
     def results(self, *, ordered: bool = True) -> Iterator[pa.RecordBatch]:
         """Every group once, in hash order of the keys. Destructive; call once.

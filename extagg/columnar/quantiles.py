@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from extagg.columnar.columns import iter_record_batches, to_columns
 from extagg.columnar.functions import AggregateRequest
@@ -128,6 +129,9 @@ class QuantileColumn:
         The sort's buffer at most (its sort copies it; a share of the budget).
     name
         Its name in logs and errors.
+    spark_percentile
+        Interpolate numbers as Spark's ``percentile`` does (in doubles, ``lo + (hi - lo) d``,
+        equal neighbours, also two NaNs, as they are) instead of as DuckDB does per type.
     """
 
     def __init__(
@@ -140,8 +144,10 @@ class QuantileColumn:
         spill_dirs: Any,
         max_buffer_bytes: int,
         name: str,
+        spark_percentile: bool = False,
     ) -> None:
         self.name = name
+        self.spark_percentile = spark_percentile
         self.keys = list(keys)
         self.column = column
         self.requests = list(requests)
@@ -278,7 +284,9 @@ class QuantileColumn:
         value_type = self.value_type
         start = 0  # the sorted position of the next group's first value
         for hashes, batch in _whole_hash_runs(results):
-            counts = batch.column(self.count_output).to_numpy(zero_copy_only=False)
+            # a count summed from no partial count (a global aggregate of nothing) is null
+            counts = pc.fill_null(batch.column(self.count_output), 0)
+            counts = counts.to_numpy(zero_copy_only=False)
             counts = counts.astype(np.int64, copy=False)
             order = self._group_order(hashes, batch)
             in_order = counts if order is None else counts[order]
@@ -363,7 +371,8 @@ class QuantileColumn:
             if part is None:
                 picked = low
             else:
-                picked = _interpolated(low, values.slice(at, groups), part, value_type)
+                high = values.slice(at, groups)
+                picked = _interpolated(low, high, part, value_type, self.spark_percentile)
                 at += groups
             out.append(_spread(picked, has, self._output_type(r.func, value_type)))
         return out
@@ -409,13 +418,22 @@ def _whole_hash_runs(
 
 
 def _interpolated(
-    low: pa.Array, high: pa.Array, fraction: np.ndarray, typ: pa.DataType
+    low: pa.Array,
+    high: pa.Array,
+    fraction: np.ndarray,
+    typ: pa.DataType,
+    spark_percentile: bool = False,
 ) -> pa.Array:
-    """``low + (high - low) * fraction`` of each pair, as DuckDB computes it for the type."""
+    """``low + (high - low) * fraction`` of each pair, as DuckDB computes it for the type (as
+    Spark's ``percentile`` does with ``spark_percentile``)."""
     if pa.types.is_integer(typ) or pa.types.is_floating(typ):
         lo = low.to_numpy(zero_copy_only=False).astype(np.float64)
         hi = high.to_numpy(zero_copy_only=False).astype(np.float64)
-        with np.errstate(invalid="ignore"):
+        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf, 1.7e308 + 1e308
+            if spark_percentile:  # [-inf, 2] is NaN, [2, inf] inf, [inf, inf] and [NaN, NaN]
+                same = (lo == hi) | (np.isnan(lo) & np.isnan(hi))  # themselves
+                value = np.where(same, lo, lo + (hi - lo) * fraction)
+                return pa.array(np.where(fraction == 0.0, lo, value), pa.float64())
             if typ == pa.float32():  # DuckDB's in doubles: [-inf, 2] at 0.5 is NaN
                 value = lo + (hi - lo) * fraction
             else:  # DuckDB's form for doubles (integers too): [-inf, 2] at 0.5 is -inf

@@ -17,7 +17,11 @@ Function names are those of :mod:`extagg.columnar.functions` (``count``, ``sum``
 ``var_pop``, ``std``, ``std_pop`` and aliases), and ``count_distinct``: each partition's
 distinct (keys, value) pairs are partial rows of their own kind (:data:`ROW_KIND_COLUMN`), which
 the final stage counts with a :class:`~extagg.columnar.distinct.DistinctAggregator` beside the
-merged states. Result types follow Spark SQL: decimals are
+merged states. Quantiles (``median``, ``percentile``/``quantile_cont``,
+``percentile_approx``/``quantile_disc``) have no partial state smaller than their values:
+each partition sends its (keys, value, how many times) rows, and the final stage sorts each
+group's values (each as many times as it came) beside the merged states, in the same budget.
+Result types follow Spark SQL: decimals are
 keys and values as they are, ``sum`` of ``decimal(p, s)`` an exact ``decimal(p + 10, s)`` and
 ``avg`` an exact ``decimal(p + 4, s + 4)`` rounded half up (each capped at 38). Float keys are
 normalised as Spark's ``groupBy`` does (``-0.0`` is ``0.0``, every NaN one group).
@@ -66,9 +70,12 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 PARTITION_COLUMN = "__extagg_partition"
-#: with ``count_distinct``: 0 for a row of partial states, ``k`` for a distinct (keys, value)
-#: pair of the ``k``-th ``count_distinct``
+#: with ``count_distinct`` or quantiles: 0 for a row of partial states, ``k`` for a distinct
+#: (keys, value) pair of the ``k``-th ``count_distinct``, then ``len(distinct) + j`` for a (keys,
+#: value, weight) row of the ``j``-th quantile column
 ROW_KIND_COLUMN = "__extagg_row"
+#: the rows of a quantile's values a final stage expands a weighted row to at a time
+EXPAND_ROWS = 1 << 16
 _ORDERED_FUNCS = ("first", "last", "first_non_null", "last_non_null")
 _VAR_FUNCS = ("var", "var_pop", "std", "std_pop")
 
@@ -94,6 +101,20 @@ class _Distinct:
     column: str
     state: str
     source: str
+
+
+@dataclass
+class _QuantileColumn:
+    """A column whose quantiles are asked for: each partition's (keys, value, weight) rows carry
+    its value as ``value`` and how many rows held it as ``weight``; ``count`` is the partial
+    state counting its non-null values (summed in the final stage: the sorted values per
+    group). ``outputs``: the quantile outputs of the column."""
+
+    column: str
+    value: str
+    weight: str
+    count: str
+    outputs: list[str] = field(default_factory=list)
 
 
 def _spark_types() -> Any:
@@ -122,7 +143,11 @@ def _result_type(func: str, input_type: Any) -> Any:
         return T.DoubleType()
     if func == "mean" or func in _VAR_FUNCS:
         return T.DoubleType()
-    return input_type  # min, max, first, last keep the input type
+    if func == "quantile_cont":  # Spark's percentile / median
+        if isinstance(input_type, (T.DayTimeIntervalType, T.YearMonthIntervalType)):
+            return input_type
+        return T.DoubleType()
+    return input_type  # min, max, first, last, quantile_disc keep the input type
 
 
 class AggregationPlan:
@@ -173,14 +198,6 @@ class AggregationPlan:
         fields = {f.name: f for f in schema.fields}
         missing = [c for c in self.by if c not in fields]
         requests = parse_aggs(agg_mapping(aggs), distinct=True)
-        quantiles = [r.output for r in requests if r.func in QUANTILE_FUNCTIONS]
-        if quantiles:
-            raise ValueError(
-                f"quantiles ({', '.join(map(repr, quantiles))}) have no partial state that the "
-                "partitions could fold and merge: compute them with Spark's own "
-                "df.groupBy(...).agg(F.median(...)) / F.percentile_approx(...), or with "
-                "extagg.aggregate on the partitions' Arrow batches"
-            )
         clash = sorted({r.output for r in requests} & set(self.by))
         if clash:
             raise ValueError(
@@ -210,6 +227,10 @@ class AggregationPlan:
         self.float_inputs: dict[str, str] = {}
         #: the count_distinct outputs, in order (their pairs' row kind is the index + 1)
         self.distinct: list[_Distinct] = []
+        #: the columns with quantiles, in order (row kind ``len(distinct)`` + the index + 1)
+        self.quantiles: dict[str, _QuantileColumn] = {}
+        #: quantile output -> its final aggregate (value state, ``quantile_cont(0.5)``)
+        self._quantile_aggs: dict[str, tuple[str, str]] = {}
         partial_fields = [fields[c] for c in self.by]
         final_fields = [fields[c] for c in self.by]
         for r in requests:
@@ -223,6 +244,27 @@ class AggregationPlan:
                 source = f"{p}_d" if floating else r.column  # floats: -0.0 is 0.0 (_prepare)
                 self.distinct.append(_Distinct(r.output, r.column, f"{p}_d", source))
                 partial_fields.append(T.StructField(f"{p}_d", in_type))
+            elif r.func in QUANTILE_FUNCTIONS:
+                assert r.column is not None
+                # Spark's percentile sorts and interpolates decimals and floats as doubles
+                doubles = r.func == "quantile_cont" and isinstance(
+                    in_type, (T.DecimalType, T.FloatType)
+                )
+                source = f"__extagg_x_{r.column}" if doubles else r.column
+                if source not in self.quantiles:
+                    q = f"__extagg_q{len(self.quantiles)}"
+                    column = _QuantileColumn(source, f"{q}_v", f"{q}_w", f"{q}_n")
+                    self.quantiles[source] = column
+                    if doubles:
+                        self.float_inputs[source] = r.column
+                    partial_fields += [
+                        T.StructField(column.value, T.DoubleType() if doubles else in_type),
+                        T.StructField(column.weight, T.LongType()),
+                        T.StructField(column.count, T.LongType()),
+                    ]
+                column = self.quantiles[source]
+                column.outputs.append(r.output)
+                self._quantile_aggs[r.output] = (column.value, f"{r.func}({r.fraction!r})")
             elif r.func == "count":
                 o.partial = {f"{p}_n": (col, "count")}
                 o.final = {f"{p}_n": (f"{p}_n", "sum")}
@@ -257,10 +299,11 @@ class AggregationPlan:
         self.ordered = any(o.func in _ORDERED_FUNCS for o in self.outputs)
         if self.ordered:
             partial_fields.append(T.StructField(PARTITION_COLUMN, T.IntegerType()))
-        if self.distinct:
+        if self.distinct or self.quantiles:
             partial_fields.append(T.StructField(ROW_KIND_COLUMN, T.IntegerType(), False))
         self.partial_schema = T.StructType(partial_fields)
         extra = {PARTITION_COLUMN, ROW_KIND_COLUMN, *(d.state for d in self.distinct)}
+        extra |= {c for q in self.quantiles.values() for c in (q.value, q.weight, q.count)}
         self.state_schema = T.StructType([f for f in partial_fields if f.name not in extra])
         self.final_schema = T.StructType(final_fields)
         self.float_keys = [
@@ -288,7 +331,13 @@ class AggregationPlan:
                     f"aggregate {r.output!r}: {r.func}({r.column!r}) is not supported for column "
                     f"{r.column!r} of type {fields[r.column].dataType.simpleString()}"
                 )
-            if r.func != "count_distinct":  # its values are keys: any kind above
+            if r.func == "quantile_cont" and not _interpolable(fields[r.column].dataType):
+                raise TypeError(
+                    f"aggregate {r.output!r}: {r.func}({r.column!r}) (Spark's percentile/median) "
+                    f"needs numbers or intervals, not {fields[r.column].dataType.simpleString()}; "
+                    "quantile_disc (percentile_approx) takes any sortable column"
+                )
+            if r.func not in ("count_distinct", *QUANTILE_FUNCTIONS):  # keys there: any kind
                 resolve(r, to_column(r.column, pa.array([], arrow_type)))  # TypeError if refused
 
     def _arrow_type(self, name: str, data_type: Any) -> pa.DataType:
@@ -318,7 +367,9 @@ class AggregationPlan:
         partition = _partition_id() if self.ordered else None
         if self.float_inputs:
             batches = map(self._with_float_inputs, batches)
-        if not self.distinct:
+        for q in self.quantiles.values():  # the values each group's quantiles sort
+            aggs[q.count] = (q.column, "count")
+        if not (self.distinct or self.quantiles):
             agg = self._aggregator(aggs)
             finish = functools.partial(self._with_partition, partition=partition)
             yield from self._run(agg, batches, target, finish)
@@ -337,8 +388,13 @@ class AggregationPlan:
         memory = None if memory_manager is not None else self.memory
         options = {"memory": memory, "memory_manager": memory_manager, "threads": 1,
                    "force_spill_rows": self.force_spill_rows}  # fmt: skip
-        if any(spec[1] == "count_distinct" for spec in aggs.values()):
-            return DistinctAggregator(self.by, aggs, **options)
+        levels = [spec[1] == "count_distinct" or out in self._quantile_aggs
+                  for out, spec in aggs.items()]  # fmt: skip
+        if any(levels):
+            counts = {q.value: (q.count, "sum") for q in self.quantiles.values()}
+            return DistinctAggregator(
+                self.by, aggs, quantile_counts=counts, spark_percentile=True, **options
+            )
         return HashAggregator(keys or self.by, aggs, **options)
 
     def _partial_with_pairs(
@@ -349,8 +405,9 @@ class AggregationPlan:
         partition: int | None,
     ) -> Iterator[pa.RecordBatch]:
         """The partial states (row kind 0), then each ``count_distinct``'s distinct (keys,
-        value) pairs of the partition (row kind ``k``): one budget shared by their
-        aggregators, read one after the other."""
+        value) pairs of the partition (row kind ``k``), then each quantile column's (keys,
+        value, weight) rows: one budget shared by their aggregators, read one after the
+        other."""
         tmm = resolve_task_memory_manager(self.memory, None)
         plain = None
         pairs: list[Any] = []
@@ -359,15 +416,28 @@ class AggregationPlan:
             for d in self.distinct:
                 keys = self.by if d.source in self.by else [*self.by, d.source]
                 pairs.append(self._aggregator(NO_AGGREGATES, keys=keys, memory_manager=tmm))
+            for q in self.quantiles.values():
+                keys = self.by if q.column in self.by else [*self.by, q.column]
+                weights = {q.weight: ("*", "count")}
+                pairs.append(self._aggregator(weights, keys=keys, memory_manager=tmm))
+            values = [q.column for q in self.quantiles.values()]
             for batch in batches:
-                if batch.num_rows:
-                    for agg in [plain, *pairs]:
-                        if agg is not None:
-                            agg.update(batch)
+                if not batch.num_rows:
+                    continue
+                if plain is not None:
+                    plain.update(batch)
+                for agg in pairs[: len(self.distinct)]:
+                    agg.update(batch)
+                for column, agg in zip(values, pairs[len(self.distinct) :], strict=True):
+                    present = batch.filter(pc.is_valid(batch.column(column)))
+                    if present.num_rows:  # a quantile leaves nulls out
+                        agg.update(present)
             if plain is not None:
                 yield from self._run(plain, (), target, self._rows_of_kind(0, partition))
-            for kind, (d, agg) in enumerate(zip(self.distinct, pairs, strict=True), 1):
-                rows = self._rows_of_kind(kind, partition, {d.state: d.source})
+            renamed = [{d.state: d.source} for d in self.distinct]
+            renamed += [{q.value: q.column} for q in self.quantiles.values()]
+            for kind, (names, agg) in enumerate(zip(renamed, pairs, strict=True), 1):
+                rows = self._rows_of_kind(kind, partition, names)
                 yield from self._run(agg, (), target, rows)
         finally:
             for agg in [plain, *pairs]:
@@ -378,7 +448,8 @@ class AggregationPlan:
         self, kind: int, partition: int | None, renamed: Mapping[str, str] | None = None
     ) -> Callable[[pa.RecordBatch], dict[str, pa.Array]]:
         """The partial rows of ``kind`` from an aggregator's output batch: its columns (a
-        ``count_distinct``'s value under its partial name), the row kind, nulls for the rest."""
+        ``count_distinct``'s or a quantile's value under its partial name), the row kind,
+        nulls for the rest."""
 
         def finish(batch: pa.RecordBatch) -> dict[str, pa.Array]:
             columns = self._with_partition(batch, partition)
@@ -401,9 +472,12 @@ class AggregationPlan:
         """Merge shuffled partial states into the results."""
         aggs: dict[str, tuple[str, str]] = {k: v for o in self.outputs for k, v in o.final.items()}
         aggs |= {d.output: (d.state, "count_distinct") for d in self.distinct}
+        aggs |= self._quantile_aggs
         target = self._arrow(self.final_schema)
         agg = self._aggregator(aggs)
-        feed = functools.partial(_route, agg) if self.distinct else None
+        feed = None
+        if self.distinct or self.quantiles:
+            feed = functools.partial(_route, agg, len(self.distinct), list(self.quantiles.values()))
         if not self.by:  # a global aggregate's one row, typed, also when no partial row came
             empty = pa.RecordBatch.from_pylist([], schema=self._arrow(self.partial_schema))
             batches = itertools.chain([empty], batches)
@@ -422,8 +496,15 @@ class AggregationPlan:
         )
 
     def check_states_kept(self) -> None:
-        """Refuse to keep merged states of a ``count_distinct``: its state is the set of its
-        values, which a running aggregate cannot keep between batches."""
+        """Refuse to keep merged states of a ``count_distinct`` or a quantile: its state is the
+        set of its values (every value), which a running aggregate cannot keep between
+        batches."""
+        if self.quantiles:
+            names = ", ".join(repr(o) for q in self.quantiles.values() for o in q.outputs)
+            raise ValueError(
+                f"quantiles ({names}) have no mergeable state to keep between batches (it "
+                "would be every value): compute them with extagg.spark.aggregate"
+            )
         if self.distinct:
             names = ", ".join(repr(d.output) for d in self.distinct)
             raise ValueError(
@@ -508,7 +589,7 @@ class AggregationPlan:
             p = f"__{o.output}"
             if o.func == "count":
                 columns[o.output] = pc.fill_null(batch.column(f"{p}_n"), 0)
-            elif o.func == "count_distinct":
+            elif o.func in ("count_distinct", *QUANTILE_FUNCTIONS):
                 columns[o.output] = batch.column(o.output)
             elif o.func == "sum":
                 columns[o.output] = batch.column(f"{p}_s")
@@ -530,14 +611,38 @@ class AggregationPlan:
         return columns
 
 
-def _route(agg: Any, batch: pa.RecordBatch) -> None:
+def _route(
+    agg: Any, distinct: int, quantiles: Sequence[_QuantileColumn], batch: pa.RecordBatch
+) -> None:
     """Feed partial rows to ``agg`` (a ``DistinctAggregator``): the states to its plain
-    aggregates, the distinct pairs to its ``count_distinct`` levels."""
-    states = pc.equal(batch.column(ROW_KIND_COLUMN), 0)
+    aggregates, the distinct pairs (row kinds 1 to ``distinct``) to its ``count_distinct``
+    levels, each quantile column's weighted values to its quantiles, each value as many times
+    as its weight."""
+    kinds = batch.column(ROW_KIND_COLUMN)
+    states = pc.equal(kinds, 0)
     if pc.any(states).as_py() or not batch.num_rows:  # none: the states' types, for one row
         agg.update_plain(batch.filter(states))
-    if not pc.all(states).as_py():
-        agg.update_distinct(batch.filter(pc.invert(states)))
+    if distinct:
+        pairs = pc.and_(pc.greater(kinds, 0), pc.less_equal(kinds, distinct))
+        if pc.any(pairs).as_py():
+            agg.update_distinct(batch.filter(pairs))
+    for kind, q in enumerate(quantiles, distinct + 1):
+        weighted = batch.filter(pc.equal(kinds, kind))
+        for values in _expanded(weighted, q.weight):
+            agg.update_quantiles(values)
+
+
+def _expanded(batch: pa.RecordBatch, weight: str) -> Iterator[pa.RecordBatch]:
+    """``batch``'s rows, each as many times as its ``weight`` says, in batches of at most
+    :data:`EXPAND_ROWS` rows (a value a partition held a million times is not a million rows
+    at once)."""
+    if not batch.num_rows:
+        return
+    ends = np.cumsum(pc.fill_null(batch.column(weight), 0).to_numpy(zero_copy_only=False))
+    total = int(ends[-1])
+    for start in range(0, total, EXPAND_ROWS):
+        positions = np.arange(start, min(total, start + EXPAND_ROWS), dtype=np.int64)
+        yield batch.take(pa.array(np.searchsorted(ends, positions, side="right")))
 
 
 def _duration_mean(total: pa.Array, count: pa.Array) -> pa.Array:
@@ -547,6 +652,13 @@ def _duration_mean(total: pa.Array, count: pa.Array) -> pa.Array:
     n = pc.fill_null(count, 0).to_numpy(zero_copy_only=False)
     means = mean_half_up(sums.view(np.uint64), sums >> np.int64(63), n)
     return pa.array(means, type=pa.int64(), mask=n == 0).cast(total.type)
+
+
+def _interpolable(data_type: Any) -> bool:
+    """Whether Spark's ``percentile`` takes a column of ``data_type``: numbers and intervals."""
+    T = _spark_types()
+    numbers = (T.NumericType, T.DayTimeIntervalType, T.YearMonthIntervalType)
+    return isinstance(data_type, numbers)
 
 
 def _partition_id() -> int:

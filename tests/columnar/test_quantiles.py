@@ -305,6 +305,42 @@ FLOAT32_WANT = {
 }  # fmt: skip
 
 
+#: Spark 4.3's ``median``, ``percentile(x, 0.25)``, ``percentile(x, 0.9)`` of the values
+SPARK_WANT = {
+    (-INF, 2.0): (NAN, NAN, NAN), (2.0, INF): (INF, INF, INF), (-INF, INF): (NAN, NAN, NAN),
+    (-INF, -INF): (-INF, -INF, -INF), (INF, INF): (INF, INF, INF), (1.0, NAN): (NAN, NAN, NAN),
+    (NAN, NAN): (NAN, NAN, NAN), (0.1, 0.7): (0.4, 0.25, 0.64),
+    (1e308, 1.7e308): (1.35e308, 1.175e308, 1.63e308), (-1e308, 1.7e308): (INF, INF, INF),
+}  # fmt: skip
+
+
+def test_spark_percentile_interpolates_as_spark() -> None:
+    """``extagg.spark.aggregate``'s quantiles interpolate as Spark's ``percentile``: in
+    doubles, ``lo + (hi - lo) d`` (-inf and 2: NaN; -1e308 and 1.7e308 overflow to inf),
+    equal neighbours as they are (inf and inf: inf). Answers from Spark 4.3."""
+    aggs = {"m": ("x", "quantile_cont(0.5)"), "a": ("x", "quantile_cont(0.25)"),
+            "b": ("x", "quantile_cont(0.9)")}  # fmt: skip
+    rows = [(i, x) for i, values in enumerate(SPARK_WANT) for x in values]
+    table = pa.table({"g": [g for g, _ in rows], "x": [x for _, x in rows]})
+    with DistinctAggregator("g", aggs, memory="4m", spark_percentile=True) as agg:
+        agg.update(table)
+        got = pa.Table.from_batches(list(agg.results())).sort_by("g").to_pylist()
+    assert len(got) == len(SPARK_WANT)
+    for row, (values, want) in zip(got, SPARK_WANT.items(), strict=True):
+        assert str((row["m"], row["a"], row["b"])) == str(want), values
+
+
+def test_counts_summed_from_no_rows_are_no_values() -> None:
+    """The final stage of ``extagg.spark.aggregate`` counts a quantile's values as the sum of
+    the partitions' counts: a global aggregate that no partition reached sums none (null),
+    which read as 2^63 values ("9223372036854775808 sorted values ... belong to no group")."""
+    schema = pa.schema([("v", pa.float64()), ("n", pa.int64())])
+    aggs = {"m": ("v", "quantile_cont(0.5)")}
+    with DistinctAggregator([], aggs, quantile_counts={"v": ("n", "sum")}, memory="4m") as agg:
+        agg.update_plain(pa.RecordBatch.from_pylist([], schema=schema))
+        assert [b.to_pylist() for b in agg.results()] == [[{"m": None}]]
+
+
 @pytest.mark.parametrize("typ", [pa.decimal128(15, 2), pa.decimal128(30, 2), pa.float64(),
                                  pa.date32(), pa.int32()])  # fmt: skip
 def test_groups_of_only_nulls_have_null_quantiles(typ) -> None:

@@ -504,3 +504,107 @@ def test_a_budget_below_the_engines_minimum_is_refused_at_the_call(spark):
     df = spark.range(10).selectExpr("id % 2 k", "id v")
     with pytest.raises(BudgetError, match="below the engines' working minimum"):
         es.aggregate(df, ["k"], ["s=sum(v)"], memory="256k")
+
+
+@pytest.mark.parametrize("engine", ["arrow", "pandas"])
+def test_quantiles_beside_other_aggregates_equal_spark(spark, engine):
+    """Quantiles were refused ("no partial state"): each partition sends its (keys, value,
+    weight) rows and the final stage sorts each group's values, as many times each as they
+    came, beside the merged states: Spark's ``median``, ``percentile`` (doubles, interpolated)
+    and ``percentile_approx`` (exact here: one of the values, of the input's type), also with
+    spills forced on both stages and a 1 MiB budget."""
+    from pyspark.sql import functions as F
+
+    rng = random.Random(21)
+    nan = float("nan") if engine == "arrow" else 3.5  # pandas: NaN is null
+    data = [
+        (
+            None if i % 29 == 0 else f"k{rng.randrange(12)}",
+            None if i % 7 == 0 else rng.randrange(-40, 40),  # many repeats per group
+            rng.choice([None, nan, 0.5, -2.25, rng.uniform(-100, 100)]),
+            None if i % 9 == 0 else Decimal(rng.randrange(-(10**6), 10**6)) / 100,
+            dt.date(2024, 1, 1) + dt.timedelta(days=rng.randrange(40)),
+        )
+        for i in range(3000)
+    ]
+    df = spark.createDataFrame(data, "k string, x int, y double, d decimal(10,2), day date")
+    df = df.repartition(3)
+    aggs = ["mx=median(x)", "p90=percentile(y, 0.9)", "q25=percentile_approx(x, 0.25)",
+            "md=median(d)", "q0=percentile(x, 0)", "q1=quantile_disc(day, 1.0)", "n=count(*)",
+            "ux=count_distinct(x)", "sy=sum(y)"]  # fmt: skip
+    ours = es.aggregate(df, ["k"], aggs, engine=engine, force_spill_rows=200, memory="1m")
+    theirs = df.groupBy("k").agg(
+        F.median("x").alias("mx"), F.percentile("y", 0.9).alias("p90"),
+        F.percentile_approx("x", 0.25, 1_000_000).alias("q25"), F.median("d").alias("md"),
+        F.percentile("x", 0.0).alias("q0"), F.percentile_approx("day", 1.0, 1_000_000).alias("q1"),
+        F.count("*").alias("n"), F.countDistinct("x").alias("ux"), F.sum("y").alias("sy"),
+    )  # fmt: skip
+    assert ours.schema == theirs.schema
+    assert [f.dataType.simpleString() for f in ours.schema][1:7] == [
+        "double", "double", "int", "double", "double", "date"
+    ]  # fmt: skip
+    got, expected = as_dict(ours, ["k"]), as_dict(theirs, ["k"])
+    assert len(got) == 13
+    assert_same(got, expected)
+    assert got[("k3",)]["mx"] is not None
+
+
+def test_a_value_repeated_past_a_batch_and_a_global_quantile_equal_spark(spark):
+    """A value a partition holds 150 000 times comes as one weighted row, expanded in
+    batches of ``EXPAND_ROWS`` in the final stage; without keys the quantiles are one row,
+    null for an empty DataFrame as Spark's."""
+    from pyspark.sql import functions as F
+
+    from extagg.spark.dataframe import EXPAND_ROWS
+
+    assert EXPAND_ROWS < 150_000
+    df = spark.range(200_000).selectExpr(
+        "id % 2 AS g", "CASE WHEN id < 150000 THEN 7 ELSE id END AS v"
+    )
+    aggs = ["m=median(v)", "p=percentile(v, 0.99)", "a=percentile_approx(v, 0.8)"]
+    theirs = [
+        F.median("v").alias("m"),
+        F.percentile("v", 0.99).alias("p"),
+        F.percentile_approx("v", 0.8, 1_000_000).alias("a"),
+    ]
+    ours = es.aggregate(df, ["g"], aggs, memory="4m")
+    assert_same(as_dict(ours, ["g"]), as_dict(df.groupBy("g").agg(*theirs), ["g"]))
+    whole = es.aggregate(df, [], aggs, memory="4m").collect()
+    assert whole == df.agg(*theirs).collect()
+    empty = df.filter("v < 0")
+    assert es.aggregate(empty, [], aggs).collect() == empty.agg(*theirs).collect()
+
+
+def test_quantile_refusals_name_the_output(spark):
+    """``percentile`` of text is refused at the call, as Spark refuses it (``quantile_disc``
+    takes it); merged states kept between batches cannot hold every value."""
+    df = spark.createDataFrame([("a", 1)], "s string, v int")
+    with pytest.raises(TypeError, match=r"aggregate 'm': quantile_cont\('s'\).*needs numbers"):
+        es.aggregate(df, [], ["m=median(s)"])
+    assert es.aggregate(df, [], ["m=quantile_disc(s, 0.5)"]).collect()[0]["m"] == "a"
+    partial, plan = es.partial_aggregate(df, ["s"], ["m=median(v)"])
+    with pytest.raises(ValueError, match=r"quantiles \('m'\) have no mergeable state"):
+        es.final_aggregate(partial, plan, keep_states=True)
+
+
+@pytest.mark.parametrize("typ", ["double", "float"])
+def test_quantiles_of_infinities_and_nans_interpolate_as_spark(spark, typ):
+    """Spark's ``percentile`` interpolates in doubles as ``lo + (hi - lo) d`` (floats cast
+    first): -inf and 2 give NaN, where the DuckDB form of the command gives -inf (and a float
+    column's DuckDB form gave NaN between -inf and -inf)."""
+    from pyspark.sql import functions as F
+
+    inf, nan = float("inf"), float("nan")
+    groups = [(-inf, 2.0), (2.0, inf), (-inf, inf), (-inf, -inf), (inf, inf), (1.0, nan),
+              (nan, nan), (0.1, 0.7), (-inf, -inf, 3.0, nan), (1.0, 2.0, nan, nan)]  # fmt: skip
+    data = [(g, x) for g, values in enumerate(groups) for x in values]
+    df = spark.createDataFrame(data, f"g int, x {typ}").repartition(2)
+    aggs = ["m=median(x)", "a=percentile(x, 0.25)", "b=percentile(x, 0.9)"]
+    ours = es.aggregate(df, ["g"], aggs)
+    theirs = df.groupBy("g").agg(
+        F.median("x").alias("m"), F.percentile("x", 0.25).alias("a"),
+        F.percentile("x", 0.9).alias("b"),
+    )  # fmt: skip
+    assert ours.schema == theirs.schema
+    got, expected = as_dict(ours, ["g"]), as_dict(theirs, ["g"])
+    assert str(sorted(got.items())) == str(sorted(expected.items()))
