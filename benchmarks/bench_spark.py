@@ -244,7 +244,8 @@ def print_table(rows: list[dict[str, Any]], fixed: dict[str, int], budget_mib: f
 
 def dataframe_part(spark: Any, n: int, keys: int, partitions: int) -> list[dict[str, Any]]:
     """``extagg.spark.aggregate`` against ``df.groupBy().agg()``: the common functions, then
-    var/std of values with a large mean, exact decimal sum/avg and ``count_distinct``."""
+    var/std of values with a large mean, exact decimal sum/avg, ``count_distinct`` and the exact
+    quantiles (``median``, ``percentile``)."""
     from pyspark.sql import functions as F
 
     import extagg.spark as es
@@ -280,6 +281,11 @@ def dataframe_part(spark: Any, n: int, keys: int, partitions: int) -> list[dict[
             {"u": ("u", "count_distinct"), "n": ("*", "count")},
             [F.countDistinct("u").alias("u"), F.count(F.lit(1)).alias("n")],
             ["u", "n"],
+        ),
+        "median, percentile": (
+            {"md": ("v", "median"), "p9": ("x", "percentile(0.9)")},
+            [F.median("v").alias("md"), F.percentile("x", 0.9).alias("p9")],
+            [],
         ),
     }  # fmt: skip
     rows = []
