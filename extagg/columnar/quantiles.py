@@ -429,7 +429,7 @@ def _interpolated(
     if pa.types.is_integer(typ) or pa.types.is_floating(typ):
         lo = low.to_numpy(zero_copy_only=False).astype(np.float64)
         hi = high.to_numpy(zero_copy_only=False).astype(np.float64)
-        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf, 1.7e308 + 1e308
+        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf, 1.7e308 - -1e308
             if spark_percentile:  # [-inf, 2] is NaN, [2, inf] inf, [inf, inf] and [NaN, NaN]
                 same = (lo == hi) | (np.isnan(lo) & np.isnan(hi))  # themselves
                 value = np.where(same, lo, lo + (hi - lo) * fraction)
