@@ -855,19 +855,26 @@ def _map(
         return df.mapInArrow(fn, schema)
     if engine == "pandas":
         timezone = df.sparkSession.conf.get("spark.sql.session.timeZone", None) or "UTC"
-        stage = _pandas_stage(fn, _decimal_types(df.schema), _timestamps(df.schema), timezone)
+        stage = _pandas_stage(fn, _declared_types(df.schema, timezone), _timestamps(df.schema),
+                              timezone)  # fmt: skip
         return df.mapInPandas(stage, schema)
     raise ValueError(f"engine must be 'arrow' or 'pandas', got {engine!r}")
 
 
-def _decimal_types(schema: Any) -> dict[str, pa.DataType]:
-    """The Arrow types of the decimal columns of a Spark ``schema``."""
+def _declared_types(schema: Any, timezone: str) -> dict[str, pa.DataType]:
+    """The Arrow types of a Spark ``schema``'s columns (those PySpark converts)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
     T = _spark_types()
-    return {
-        f.name: pa.decimal128(f.dataType.precision, f.dataType.scale)
-        for f in schema.fields
-        if isinstance(f.dataType, T.DecimalType)
-    }
+    out = {}
+    for f in schema.fields:
+        try:  # PySpark 4 asserts a zone is given for a timestamp column
+            out[f.name] = to_arrow_schema(T.StructType([f]), timezone=timezone).field(0).type
+        except TypeError:  # pragma: no cover - PySpark 3: timestamps in UTC, no argument
+            out[f.name] = to_arrow_schema(T.StructType([f])).field(0).type
+        except Exception:  # a type PySpark does not convert: the stages do not read it
+            continue
+    return out
 
 
 def _timestamps(schema: Any) -> list[str]:
@@ -878,13 +885,15 @@ def _timestamps(schema: Any) -> list[str]:
 
 def _pandas_stage(
     fn: Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]],
-    decimals: Mapping[str, pa.DataType],
+    declared: Mapping[str, pa.DataType],
     timestamps: Sequence[str] = (),
     timezone: str = "UTC",
 ) -> Callable[[Iterable[Any]], Iterator[Any]]:
     """The ``mapInPandas`` form of a stage: pandas frames ↔ Arrow batches around ``fn``.
-    ``decimals``: the declared types of the decimal columns (pandas holds ``Decimal``
-    objects, from which Arrow would infer each frame's own precision and scale).
+    ``declared``: the columns' Arrow types; a decimal column is cast to its own (pandas holds
+    ``Decimal`` objects, from which Arrow would infer each frame's own precision and scale),
+    and so is a column a frame holds only nulls of (pandas' ``None`` objects: Arrow's type
+    ``null``, which no aggregate takes: a boolean column null in a whole partition failed).
     ``timestamps``: the ``timestamp`` columns, which pandas holds as wall times of the
     session's ``timezone`` without a zone: made instants again (read as UTC, every stage
     moved them by the zone's offset: 8 hours in New York's summer after two stages), an
@@ -892,9 +901,12 @@ def _pandas_stage(
 
     def to_batch(frame: Any) -> pa.RecordBatch:
         batch = pa.RecordBatch.from_pandas(frame, preserve_index=False)
-        for name, arrow_type in decimals.items():
+        for name, arrow_type in declared.items():
             i = batch.schema.get_field_index(name)
-            if i >= 0 and batch.schema.field(i).type != arrow_type:
+            if i < 0 or batch.schema.field(i).type == arrow_type:
+                continue
+            typ = batch.schema.field(i).type
+            if pa.types.is_null(typ) or pa.types.is_decimal(arrow_type):
                 batch = batch.set_column(i, name, batch.column(i).cast(arrow_type))
         for name in timestamps:
             i = batch.schema.get_field_index(name)

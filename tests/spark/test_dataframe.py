@@ -608,3 +608,23 @@ def test_quantiles_of_infinities_and_nans_interpolate_as_spark(spark, typ):
     assert ours.schema == theirs.schema
     got, expected = as_dict(ours, ["g"]), as_dict(theirs, ["g"])
     assert str(sorted(got.items())) == str(sorted(expected.items()))
+
+
+def test_pandas_engine_a_column_of_nulls_in_a_partition(spark):
+    """``engine="pandas"``: a boolean (string, date) column null throughout a partition is a
+    column of ``None`` objects in pandas, which Arrow typed ``null``: "column 'b' holds only
+    nulls (Arrow type null)" failed the job. Each frame's columns get their declared types."""
+    from pyspark.sql import functions as F
+
+    data = [(1, None, None, None), (1, None, None, None), (2, True, "x", dt.date(2024, 1, 2))]
+    df = spark.createDataFrame(data, "k int, b boolean, s string, d date").repartition(3, "k")
+    aggs = {"b": ("b", "min"), "s": ("s", "max"), "d": ("d", "min"), "n": ("b", "count")}
+    ours = es.aggregate(df, ["k"], aggs, engine="pandas")
+    theirs = df.groupBy("k").agg(
+        F.min("b").alias("b"), F.max("s").alias("s"), F.min("d").alias("d"),
+        F.count("b").alias("n"),
+    )  # fmt: skip
+    assert ours.schema == theirs.schema
+    assert as_dict(ours, ["k"]) == as_dict(theirs, ["k"])
+    by_bool = es.aggregate(df, ["b"], {"n": ("*", "count")}, engine="pandas")
+    assert as_dict(by_bool, ["b"]) == {(None,): {"n": 2}, (True,): {"n": 1}}
