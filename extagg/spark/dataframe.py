@@ -917,7 +917,10 @@ def _pandas_stage(
                 local = pc.assume_timezone(
                     column, timezone, ambiguous="latest", nonexistent="latest"
                 )
-                batch = batch.set_column(i, name, local.cast(pa.timestamp(column.type.unit, "UTC")))
+                # as declared (microseconds; pandas' are nanoseconds): a global aggregate's
+                # final stage starts from a typed empty batch, which they must match
+                instant = declared.get(name, pa.timestamp(column.type.unit, "UTC"))
+                batch = batch.set_column(i, name, local.cast(instant))
         return batch
 
     def run(frames: Iterable[Any]) -> Iterator[Any]:

@@ -628,3 +628,21 @@ def test_pandas_engine_a_column_of_nulls_in_a_partition(spark):
     assert as_dict(ours, ["k"]) == as_dict(theirs, ["k"])
     by_bool = es.aggregate(df, ["b"], {"n": ("*", "count")}, engine="pandas")
     assert as_dict(by_bool, ["b"]) == {(None,): {"n": 2}, (True,): {"n": 1}}
+
+
+def test_pandas_engine_global_timestamp_min_as_spark(spark):
+    """``engine="pandas"``, no key: the final stage starts from a typed empty batch
+    (microseconds, the session's zone), then pandas' frames came as nanoseconds: "column
+    '__lo_v' changed type between update() calls". Frames take the declared type."""
+    from pyspark.sql import functions as F
+
+    base = dt.datetime(2024, 3, 1, 12, 30, 15, 123456)
+    data = [(base + dt.timedelta(hours=i), float(i)) for i in range(40)]
+    df = spark.createDataFrame(data, "t timestamp, x double").repartition(3)
+    aggs = {"lo": ("t", "min"), "hi": ("t", "max"), "sd": ("x", "std_pop")}
+    ours = es.aggregate(df, [], aggs, engine="pandas", num_partitions=3).collect()
+    theirs = df.agg(F.min("t").alias("lo"), F.max("t").alias("hi"),
+                    F.stddev_pop("x").alias("sd")).collect()  # fmt: skip
+    assert ours[0]["lo"] == theirs[0]["lo"] == base
+    assert ours[0]["hi"] == theirs[0]["hi"]
+    assert math.isclose(ours[0]["sd"], theirs[0]["sd"])
