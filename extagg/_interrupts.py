@@ -28,7 +28,10 @@ process). A process that is the command line's own calls :func:`stop_process_on_
 a thread of its own wakes at once on SIGINT/SIGTERM/SIGHUP (``signal.set_wakeup_fd``), and if
 a thread is compiling then (:func:`compiling`) it calls ``stop``, which removes the run's files
 and leaves with ``os._exit`` — the compiler is not interrupted, nothing is freed twice. A
-library caller's process is never left so: its Ctrl-C waits for the compile.
+library caller's process is never left so: its Ctrl-C waits for the compile. The same thread
+is the command's backstop: a run still alive ``deadline`` seconds after the first stopping
+signal (its own stop waits on something that does not come: a thread that does not end, a
+lock) is stopped by ``stop`` all the same, so that a Ctrl-C always ends the command.
 """
 
 from __future__ import annotations
@@ -86,12 +89,15 @@ def interrupt_once(grace: float = 10.0) -> None:
     _signal.signal(_SIGINT, handler)
 
 
-def stop_process_on_interrupt(stop: Callable[[int], None]) -> None:
+def stop_process_on_interrupt(stop: Callable[[int], None], deadline: float | None = None) -> None:
     """Call ``stop(signal number)`` from a thread of its own, at once, when SIGINT, SIGTERM or
     SIGHUP arrives while a thread compiles kernels (see the module's docstring); otherwise
-    the signal takes its usual way. ``stop`` must not return: it removes the run's files and
-    leaves with ``os._exit``. For a process that is the command line's own (it takes the
-    process's one wakeup file descriptor); call it from the main thread."""
+    the signal takes its usual way, and if the process is still running ``deadline`` seconds
+    after the first such signal, ``stop`` is called then. ``stop`` must not return: it
+    removes the run's files and leaves with ``os._exit``. For a process that is the command
+    line's own (it takes the process's one wakeup file descriptor); call it from the main
+    thread."""
+    backstop: list[threading.Timer] = []
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
     _signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
@@ -104,10 +110,13 @@ def stop_process_on_interrupt(stop: Callable[[int], None]) -> None:
                 return
             if not signals:  # pragma: no cover
                 return
-            if _compiling:
-                for signum in signals:
-                    if signum in _STOPPING:
-                        stop(signum)
+            stopping = [signum for signum in signals if signum in _STOPPING]
+            if stopping and _compiling:
+                stop(stopping[0])
+            if stopping and deadline is not None and not backstop:
+                backstop.append(threading.Timer(deadline, stop, (stopping[0],)))
+                backstop[0].daemon = True
+                backstop[0].start()
 
     threading.Thread(target=watch, name="extagg-interrupts", daemon=True).start()
 

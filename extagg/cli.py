@@ -206,12 +206,19 @@ def run() -> None:
     os._exit(code)
 
 
+#: seconds after a Ctrl-C (SIGTERM, SIGHUP) in which the run must have stopped on its own (it
+#: takes 0.03-0.2 s, a few seconds on a loaded machine); then its files are removed and the
+#: process leaves all the same
+STOP_DEADLINE = 15.0
+
+
 def _leave_at_once_while_compiling() -> None:
     """A Ctrl-C (or SIGTERM/SIGHUP) while kernels compile on a cold cache — the first run
     after an install compiles the query's kernels for 6-30 s, out of an interrupt's reach —
     stops the command at once all the same: the spill folders and the partial output are
     removed and the process leaves with ``os._exit`` (``_interrupts.compiling``). Elsewhere
-    the interrupt takes its usual way (the run stops at the next batch and cleans up)."""
+    the interrupt takes its usual way (the run stops at the next batch and cleans up), and
+    a run not stopped :data:`STOP_DEADLINE` seconds later is left the same way."""
     import os
 
     from extagg._interrupts import stop_process_on_interrupt
@@ -230,7 +237,7 @@ def _leave_at_once_while_compiling() -> None:
             pass
         os._exit(128 + signum)
 
-    stop_process_on_interrupt(leave)
+    stop_process_on_interrupt(leave, deadline=STOP_DEADLINE)
 
 
 def _stop_on_termination() -> list[int]:

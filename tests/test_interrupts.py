@@ -150,3 +150,41 @@ def test_a_signal_while_compiling_reaches_the_command_lines_stop_at_once():
     assert f"stopped by {int(signal.SIGTERM)}" in proc.stdout.splitlines()
     assert "not stopped" not in proc.stdout
     assert time.monotonic() - started < 20
+
+
+_STOP_AT_THE_DEADLINE = """
+import os, signal, time
+from extagg._interrupts import stop_process_on_interrupt
+
+def stop(signum):
+    os.write(1, b"stopped by %d\\n" % signum)
+    os._exit(128 + signum)
+
+signal.signal(signal.SIGINT, lambda signum, frame: os.write(1, b"noted\\n"))  # never stops
+stop_process_on_interrupt(stop, deadline=1.0)
+os.kill(os.getpid(), signal.SIGINT)
+for _ in range(20):  # more Ctrl-C while waiting: the deadline counts from the first
+    time.sleep(0.1)
+    os.kill(os.getpid(), signal.SIGINT)
+time.sleep(30)
+print("not stopped", flush=True)
+"""
+
+
+def test_a_run_that_does_not_stop_after_a_ctrl_c_is_stopped_at_the_deadline():
+    """The command line's backstop: a run whose own stop waits for something that does not
+    come (here a handler that only notes the signal) is stopped ``deadline`` seconds after
+    the first Ctrl-C, by the same stop that removes its files (a CI run once waited 120 s
+    for a command pressed with Ctrl-C 1 000 times)."""
+    import subprocess
+    import time
+
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", _STOP_AT_THE_DEADLINE], capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    took = time.monotonic() - started
+    assert proc.returncode == 128 + signal.SIGINT, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "noted" and lines[-1] == f"stopped by {int(signal.SIGINT)}", lines
+    assert "not stopped" not in proc.stdout
+    assert 1.0 <= took < 20, took
