@@ -194,10 +194,22 @@ class latched_interrupts:
         previous = self._previous
         if previous is None:
             return
+        # ``signal.signal`` first runs a pending SIGINT by the handler it replaces, this
+        # block's ``_latch``, which needs ``_previous`` (cleared first, a Ctrl-C pressed again
+        # and again once raised "'NoneType' object is not callable" there and left ``_latch``
+        # installed); one that raises is raised after the handler is put back
+        raised: KeyboardInterrupt | None = None
+        while True:
+            try:
+                _signal.signal(_SIGINT, previous)
+                break
+            except KeyboardInterrupt as interrupt:
+                raised = interrupt
         self._previous = None
-        _signal.signal(_SIGINT, previous)
         _interrupted = False
         sys.unraisablehook, self._previous_hook = self._previous_hook, None
+        if raised is not None:
+            raise raised
 
 
 class deferred_interrupts:
