@@ -868,12 +868,15 @@ def _declared_types(schema: Any, timezone: str) -> dict[str, pa.DataType]:
     T = _spark_types()
     out = {}
     for f in schema.fields:
-        try:  # PySpark 4 asserts a zone is given for a timestamp column
-            out[f.name] = to_arrow_schema(T.StructType([f]), timezone=timezone).field(0).type
-        except TypeError:  # pragma: no cover - PySpark 3: timestamps in UTC, no argument
-            out[f.name] = to_arrow_schema(T.StructType([f])).field(0).type
+        one = T.StructType([f])
+        try:
+            try:  # PySpark 4 asserts a zone is given for a timestamp column
+                arrow = to_arrow_schema(one, timezone=timezone)
+            except TypeError:  # pragma: no cover - PySpark 3: timestamps in UTC, no argument
+                arrow = to_arrow_schema(one)
         except Exception:  # a type PySpark does not convert: the stages do not read it
             continue
+        out[f.name] = arrow.field(0).type
     return out
 
 
