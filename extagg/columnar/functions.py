@@ -1061,14 +1061,19 @@ def _fsum(s: np.ndarray, c: np.ndarray) -> np.ndarray:
 
 
 def decimal_floats(column: Column) -> np.ndarray:
-    """A decimal column's values as ``float64`` (for variance, as Spark casts to double)."""
+    """A decimal column's values as ``float64`` (for variance, as Spark casts to double).
+
+    Two-word values that fit 64 bits are converted from their signed low word: ``hi * 2**64 +
+    lo`` in doubles cancels for small negative values (-6 is ``-2**64 + (2**64 - 6)``, which
+    is 0.0 in doubles); only larger magnitudes, whose rounding that sum keeps within an ulp,
+    take it."""
     values = column.values
     assert values is not None
     scale = 10.0**column.arrow_type.scale
     if values.ndim == 1:
         return values.astype(np.float64) / scale
-    big = values[:, 1].astype(np.float64) * 18446744073709551616.0
-    return (big + values[:, 0].view(np.uint64).astype(np.float64)) / scale
+    low = np.ascontiguousarray(values[:, 0]).view(np.uint64)
+    return _sum128_float(low, values[:, 1], False) / scale
 
 
 def _words_to_ints(words: Sequence[np.ndarray], rows: np.ndarray) -> list[int]:

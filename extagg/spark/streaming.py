@@ -13,18 +13,21 @@ The state rows are ``key → tuple of state columns``; :meth:`StatefulAggregate.
 :func:`finish_states`) turns them into the requested outputs. Keys and state values must be
 types the state codec stores (None, bool, int, float, str, bytes, Decimal, date, datetime,
 timedelta, tuples of these): decimal columns stay exact, as keys and as sums, as in Spark, and
-date and timestamp columns are keys and min/max/first/last values.
+date and timestamp columns are keys and min/max/first/last values. A ``timestamp`` is kept as
+its instant in UTC (PySpark hands it over as a naive local wall time, which repeats in a
+fall-back hour); :meth:`StatefulAggregate.results` gives it back as PySpark does.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import decimal
 import functools
 import logging
 import math
 import struct
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from extagg._config import parse_size
@@ -42,6 +45,9 @@ log = logging.getLogger(__name__)
 
 OPERATOR_NAME = "extagg.spark.stateful_aggregate"
 
+
+_EPOCH_UTC = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_MICROSECOND = dt.timedelta(microseconds=1)
 
 #: decimal sums of running totals: exact (the default context keeps 28 digits; Spark's
 #: sums have up to 38)
@@ -144,7 +150,11 @@ _MERGE: dict[str, Callable[[Any, Any], Any]] = {
 
 
 def _nan_aware(op: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
-    # Spark's min/max order NaN above every number
+    # Spark's min/max order NaN above every number; None is no value (a group's nulls)
+    if a is None:
+        return b
+    if b is None:
+        return a
     if isinstance(a, float) and math.isnan(a):
         return a if op is _max else b
     if isinstance(b, float) and math.isnan(b):
@@ -214,11 +224,22 @@ class StatefulAggregate:
                 f"has committed only up to batch {last}: the Spark checkpoint and the state "
                 "checkpoint do not belong together"
             )
+        if last is not None and batch_id < last:
+            # Spark replays only its last batch (``last``: state written, its own commit
+            # not); an older one would rewrite versions under the batches committed after it
+            raise RuntimeError(
+                f"batch {batch_id} arrived but the state checkpoint {self.checkpoint.path} "
+                f"has already committed batch {last}: the Spark checkpoint and the state "
+                "checkpoint do not belong together"
+            )
         partial_df, plan = partial_aggregate(batch_df, self.by, self.aggs, memory=self.memory)
         self._plan = plan
         states_df = final_aggregate(partial_df, plan, keep_states=True)
         names = [c for c in states_df.columns if c not in self.by]
         merges = [_state_merge(plan, name) for name in names]
+        instants = _local_timestamps(states_df.schema)
+        # an older extagg kept them as naive wall times: read as instants when merged
+        held_instants = {i - len(self.by) for i in instants if i >= len(self.by)}
         operator = self.checkpoint.operator(self.operator_id, name=OPERATOR_NAME, num_partitions=1)
         provider = operator.provider(0)
         aggregator: Aggregator[Any, Any] = Aggregator(
@@ -227,13 +248,20 @@ class StatefulAggregate:
         emap = ExternalAppendOnlyMap(aggregator, memory=self.memory or "64m", name="stream-batch")
         try:
             width = len(self.by)
-            for row in states_df.toLocalIterator():
+            # a global aggregate has its one row also for an empty batch, with null first
+            # and last: merged, they would replace the running ones
+            rows = iter(()) if not self.by and batch_df.isEmpty() else states_df.toLocalIterator()
+            for row in rows:
                 # a binary state (variance moments) comes as a bytearray: stored as bytes
                 values = tuple(bytes(v) if isinstance(v, bytearray) else v for v in row)
+                if instants:
+                    values = tuple(
+                        _as_instant(v) if i in instants else v for i, v in enumerate(values)
+                    )
                 key = values[0] if width == 1 else values[:width]
                 emap.insert(key, values[width:])
             version = provider.merge_update(
-                batch_id, emap.iterator(ordered=True), _merge_states(merges)
+                batch_id, emap.iterator(ordered=True), _merge_states(merges, held_instants)
             )
         finally:
             emap.close()
@@ -248,12 +276,44 @@ class StatefulAggregate:
         return [name for o in plan.outputs for name in o.final]
 
     def results(self, schema: Any, batch_id: int | None = None) -> dict[Any, dict[str, Any]]:
-        """``key → {output: value}`` of the committed state (default: the last batch)."""
+        """``key → {output: value}`` of the committed state (default: the last batch).
+
+        Timestamps come back as PySpark gives them (naive local wall times, ``fold`` set in
+        a fall-back hour): two key instants sharing a wall time are one key of this dict;
+        :func:`extagg.state.read_state` gives the state's UTC instants."""
         plan = AggregationPlan(schema, self.by, self.aggs, 1)
         return finish_states(plan, read_state(self.checkpoint.path, batch_id=batch_id))
 
 
 def _identity(value: Any) -> Any:
+    return value
+
+
+def _local_timestamps(schema: Any) -> set[int]:
+    """Positions of ``schema``'s ``timestamp`` (local time zone) fields."""
+    from pyspark.sql import types as T
+
+    return {i for i, f in enumerate(schema.fields) if isinstance(f.dataType, T.TimestampType)}
+
+
+def _as_instant(value: Any) -> Any:
+    """A Spark ``timestamp`` as PySpark hands it over (a naive wall time of the local zone, its
+    ``fold`` telling the two 01:30 of a fall-back hour apart) as an instant in UTC: naive wall
+    times compare and hash equal across that hour, so two instants would be one key, and a
+    later one the smaller."""
+    if isinstance(value, dt.datetime) and value.tzinfo is None:
+        return value.astimezone(dt.timezone.utc)
+    return value
+
+
+def _local_time(value: Any) -> Any:
+    """An instant kept by :func:`_as_instant` as PySpark gives a ``timestamp``: the local
+    zone's naive wall time (``datetime.fromtimestamp``, which sets ``fold``)."""
+    if isinstance(value, dt.datetime) and value.tzinfo is not None:
+        micros = (value - _EPOCH_UTC) // _MICROSECOND
+        return dt.datetime.fromtimestamp(micros // 1_000_000).replace(
+            microsecond=micros % 1_000_000
+        )
     return value
 
 
@@ -263,8 +323,12 @@ def _state_merge(plan: AggregationPlan, name: str) -> Callable[[Any, Any], Any]:
             op = _MERGE[o.final[name][1]]
             if op in (_min, _max):
                 return functools.partial(_nan_aware, op)
-            if op is _add and o.func == "sum":  # a mean's sum is Spark's double: no limit
+            if op is _add and o.func == "sum":
                 return functools.partial(_add_in_int64, o.output, _decimal_limit(plan, name))
+            if op is _add and o.func == "mean":  # a double (no limit) or Spark's decimal
+                limit = _decimal_limit(plan, name)
+                if limit is not None:
+                    return functools.partial(_add_in_int64, o.output, limit)
             return op
     raise KeyError(name)
 
@@ -279,8 +343,15 @@ def _decimal_limit(plan: AggregationPlan, name: str) -> decimal.Decimal | None:
     return decimal.Decimal(10) ** (typ.precision - typ.scale)
 
 
-def _merge_states(merges: list[Callable[[Any, Any], Any]]) -> Callable[[Any, Any], Any]:
+def _merge_states(
+    merges: list[Callable[[Any, Any], Any]], instants: Collection[int] = ()
+) -> Callable[[Any, Any], Any]:
+    """The merge of two state tuples, column by column; ``instants``: the positions of
+    timestamps, whose old values are read as instants (:func:`_as_instant`)."""
+
     def merge(old: Any, new: Any) -> Any:
+        if instants:
+            old = tuple(_as_instant(v) if i in instants else v for i, v in enumerate(old))
         return tuple(m(a, b) for m, a, b in zip(merges, old, new, strict=True))
 
     return merge
@@ -302,9 +373,20 @@ def finish_states(plan: AggregationPlan, rows: Any) -> dict[Any, dict[str, Any]]
         ``key → {output name: finished value}``.
     """
     names = [name for o in plan.outputs for name in o.final]
+    timestamps = _local_timestamps(plan.state_schema)
+    key_times = [i for i in range(len(plan.by)) if i in timestamps]
+    state_times = {plan.state_schema.fields[i].name for i in timestamps} - set(plan.by)
     out: dict[Any, dict[str, Any]] = {}
     for row in rows:
         key, state = row[0], dict(zip(names, row[1], strict=True))
+        if key_times:
+            key = (
+                _local_time(key)
+                if len(plan.by) == 1
+                else tuple(_local_time(k) if i in key_times else k for i, k in enumerate(key))
+            )
+        for name in state_times & state.keys():
+            state[name] = _local_time(state[name])
         values: dict[str, Any] = {}
         for o in plan.outputs:
             p = f"__{o.output}"
@@ -315,10 +397,22 @@ def finish_states(plan: AggregationPlan, rows: Any) -> dict[Any, dict[str, Any]]
             elif o.func == "mean":
                 n, s = state[f"{p}_n"] or 0, state[f"{p}_s"]
                 if isinstance(s, decimal.Decimal) and n:  # Spark's avg: s + 4 digits, half up
-                    scale = plan.final_schema[o.output].dataType.scale
+                    out_type = plan.final_schema[o.output].dataType
                     exact = _EXACT.divide(s, decimal.Decimal(n))
-                    quantum = decimal.Decimal(1).scaleb(-scale)
-                    values[o.output] = exact.quantize(quantum, decimal.ROUND_HALF_UP, _EXACT)
+                    quantum = decimal.Decimal(1).scaleb(-out_type.scale)
+                    mean = exact.quantize(quantum, decimal.ROUND_HALF_UP, _EXACT)
+                    if abs(mean) >= decimal.Decimal(10) ** (out_type.precision - out_type.scale):
+                        raise SumOverflowError(
+                            f"aggregate {o.output!r}: the mean {mean} of column {o.column!r} "
+                            f"has more digits than its type {out_type.simpleString()} holds "
+                            "([NUMERIC_VALUE_OUT_OF_RANGE] in Spark)"
+                        )
+                    values[o.output] = mean
+                elif isinstance(s, dt.timedelta) and n:  # exact, half up (Spark's interval avg)
+                    micros = s // _MICROSECOND
+                    q, r = divmod(abs(micros), n)
+                    q += 2 * r >= n
+                    values[o.output] = dt.timedelta(microseconds=-q if micros < 0 else q)
                 else:
                     values[o.output] = s / n if n else None
             elif o.func.startswith(("var", "std")):

@@ -231,6 +231,26 @@ def test_decimal_variance_is_float() -> None:
     assert out.to_pylist() == [{"sd": 0.5, "w": 0.25}]
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(_unscaled(38), min_size=2, max_size=40),
+    st.sampled_from([(20, 0), (38, 2), (38, 10)]),
+)
+def test_wide_decimal_variance_equals_the_doubles_of_its_values(values, precision_scale) -> None:
+    """Two-word decimals become doubles value by value, as Spark casts them: small negative
+    values were 0.0 (``-2**64 + (2**64 - 6)`` in doubles), so std of [400667, -6, -12] was
+    231325.2 instead of 231330.4."""
+    precision, scale = precision_scale
+    limit = 10**precision
+    values = [v for v in values if abs(v) < limit] + [400_667, -6, -12]
+    decimals = [decimal.Decimal(v).scaleb(-scale, CTX) for v in values]
+    table = pa.table({"v": pa.array(decimals, pa.decimal128(precision, scale))})
+    out = aggregate(table, keys=[], aggs={"w": ("v", "var_pop")}).to_pylist()[0]["w"]
+    doubles = np.array([float(d) for d in decimals])
+    want = float(np.var(doubles))
+    assert out == pytest.approx(want, rel=1e-9, abs=1e-300)
+
+
 @settings(max_examples=50, deadline=None)
 @given(
     st.lists(st.tuples(st.integers(0, 3), st.one_of(st.none(), _unscaled(38))), max_size=60),

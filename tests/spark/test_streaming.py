@@ -168,3 +168,132 @@ def test_a_stream_keyed_by_a_date_keeps_timestamps(tmp_path, spark):
         other: {"n": 1, "last_t": dt.datetime(2024, 1, 3, 9),
                 "first_t": dt.datetime(2024, 1, 3, 9)},
     }  # fmt: skip
+
+
+def test_a_running_min_keeps_a_nan_beside_a_batch_of_nulls(tmp_path, spark):
+    """A group whose min/max is NaN in one batch and null (no value) in the other: the merge
+    ordered NaN against None and kept None (Spark: NaN)."""
+    from extagg.spark import StatefulAggregate
+
+    schema = "k string, v double"
+    for order in ([float("nan")], [None]), ([None], [float("nan")]):
+        state = str(tmp_path / ("nan-first" if order[0][0] is not None else "null-first"))
+        running = StatefulAggregate(["k"], {"lo": ("v", "min"), "hi": ("v", "max")}, state)
+        for batch_id, values in enumerate(order):
+            running(spark.createDataFrame([("a", v) for v in values], schema), batch_id)
+        got = running.results(spark.createDataFrame([], schema).schema)["a"]
+        assert math.isnan(got["lo"]) and math.isnan(got["hi"]), (order, got)
+
+
+def test_a_running_global_first_and_last_survive_an_empty_batch(tmp_path, spark):
+    """A global aggregate's batch with no rows still has its one state row, with null
+    first/last: merged, it replaced the running last (and an empty first batch the first)."""
+    from extagg.spark import StatefulAggregate
+
+    schema = "k string, v long"
+    full = spark.createDataFrame([("a", 1), ("b", 2)], schema)
+    empty = full.where("v < 0")
+    aggs = {"f": ("v", "first"), "l": ("v", "last"), "n": ("*", "count")}
+    for name, batches in {"full-empty": [full, empty], "empty-full": [empty, full]}.items():
+        running = StatefulAggregate([], aggs, str(tmp_path / name))
+        for batch_id, batch in enumerate(batches):
+            running(batch.coalesce(1), batch_id)
+        assert running.results(full.schema) == {(): {"f": 1, "l": 2, "n": 2}}, name
+
+
+def test_a_running_decimal_mean_past_its_type_is_an_overflow_error(tmp_path, spark):
+    """``avg`` of a ``decimal(38, 10)`` is a ``decimal(38, 14)``: a mean of 10^26 does not fit
+    (Spark: NUMERIC_VALUE_OUT_OF_RANGE); the state's finish returned a 41-digit value."""
+    import decimal
+
+    from extagg.errors import SumOverflowError
+    from extagg.spark import StatefulAggregate
+
+    batch = spark.createDataFrame([("a", decimal.Decimal(10**26))], "k string, m decimal(38,10)")
+    running = StatefulAggregate(["k"], {"am": ("m", "mean")}, str(tmp_path / "state"))
+    running(batch, 0)
+    with pytest.raises(SumOverflowError, match=r"'am'.*decimal\(38,14\)"):
+        running.results(batch.schema)
+
+
+def test_a_running_interval_mean_rounds_half_up(tmp_path, spark):
+    """Spark's ``avg`` of a day-time interval rounds half up (away from zero): 1 µs and 4 µs
+    average 3 µs, -1 µs and -4 µs -3 µs; the state's finish divided a ``timedelta``, which
+    rounds half to even (2 µs)."""
+    import datetime as dt
+
+    from pyspark.sql import functions as F
+
+    from extagg.spark import StatefulAggregate
+
+    def batch(micros):
+        rows = spark.createDataFrame([("a", m) for m in micros], "k string, us long")
+        return rows.select("k", F.expr("make_dt_interval(0, 0, 0, us / 1000000)").alias("iv"))
+
+    for sign in (1, -1):
+        running = StatefulAggregate(["k"], {"m": ("iv", "mean")}, str(tmp_path / f"s{sign}"))
+        running(batch([sign * 1]), 0)
+        running(batch([sign * 4]), 1)
+        got = running.results(batch([1]).schema)["a"]["m"]
+        assert got == dt.timedelta(microseconds=sign * 3)
+
+
+def test_a_batch_older_than_the_last_committed_one_is_refused(tmp_path, spark):
+    """Spark replays only its last batch; an older batch id rewrote the state's versions
+    under the batches committed after it."""
+    from extagg.spark import StatefulAggregate
+    from extagg.state import Checkpoint
+
+    batch = spark.createDataFrame([("a", 1)], "k string, v long")
+    state = str(tmp_path / "state")
+    running = StatefulAggregate(["k"], {"n": ("*", "count")}, state)
+    for batch_id in range(3):
+        running(batch, batch_id)
+    running(batch, 2)  # the last batch replayed: the same version again
+    with pytest.raises(RuntimeError, match="has already committed batch 2"):
+        running(batch, 0)
+    assert Checkpoint(state).last_committed_batch() == 2
+    assert running.results(batch.schema) == {"a": {"n": 3}}
+
+
+def test_timestamps_of_a_fall_back_hour_are_kept_as_instants(tmp_path, spark, monkeypatch):
+    """PySpark hands a ``timestamp`` over as a naive local wall time: in a zone's fall-back
+    hour 01:10 EST is after 01:30 EDT, and two instants share each wall time. The state
+    compared and keyed wall times (max 01:30, one key for two instants); it keeps UTC
+    instants now, and gives results back as PySpark does (naive, with ``fold``)."""
+    import datetime as dt
+    import time
+
+    from pyspark.sql import functions as F
+
+    from extagg.spark import StatefulAggregate
+    from extagg.state import read_state
+
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "America/New_York")
+    try:
+
+        def batch(*epochs):
+            rows = spark.createDataFrame([(1, e) for e in epochs], "k int, e long")
+            return rows.select("k", F.col("e").cast("timestamp").alias("t"))
+
+        edt_0130, est_0110, est_0130 = 1730611800, 1730614200, 1730615400
+        running = StatefulAggregate(["k"], {"hi": ("t", "max"), "lo": ("t", "min")},
+                                    str(tmp_path / "minmax"))  # fmt: skip
+        running(batch(edt_0130), 0)
+        running(batch(est_0110), 1)
+        got = running.results(batch(edt_0130).schema)[1]
+        assert got["hi"] == dt.datetime(2024, 11, 3, 1, 10) and got["hi"].fold == 1
+        assert got["lo"] == dt.datetime(2024, 11, 3, 1, 30) and got["lo"].fold == 0
+
+        keyed = StatefulAggregate(["t"], {"n": ("*", "count")}, str(tmp_path / "keys"))
+        keyed(batch(edt_0130, est_0130).select("t"), 0)
+        instants = sorted(row[0] for row in read_state(str(tmp_path / "keys")))
+        utc = dt.timezone.utc
+        assert instants == [dt.datetime.fromtimestamp(e, utc) for e in (edt_0130, est_0130)]
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", zone)
+        monkeypatch.delenv("TZ")
+        time.tzset()

@@ -181,3 +181,47 @@ def test_a_damaged_end_of_a_state_file_is_a_corrupt_file_error(tmp_path, damage)
     with pytest.raises(CorruptFileError) as info:
         read_state(str(ckpt)).to_list()
     assert info.value.path in {str(p) for p in files}
+
+
+@pytest.mark.parametrize("case", ["after batch 3", "global aggregation"])
+def test_a_query_resumes_after_a_later_batch_and_on_a_global_aggregation(spark, tmp_path, case):
+    """Two bootstraps Spark could not resume or read back: state written after batch 3 (a
+    resumed query also reads the offsets of batch 2: "batch 2 doesn't exist"), and a global
+    aggregation written with partition folders besides 0 (the resumed query writes only
+    partition 0's next version; both readers then missed ``state/0/1/2.delta``)."""
+    from pyspark.sql import functions as F
+
+    value = {"type": "struct", "fields": VALUE_SCHEMA["fields"]}
+    incoming = str(tmp_path / "incoming")
+    os.makedirs(incoming)
+    pq.write_table(
+        pa.table({"k": ["a", "b"], "v": pa.array([5, 7], pa.int64())}),
+        os.path.join(incoming, "n0.parquet"),
+    )
+    checkpoint = str(tmp_path / "checkpoint")
+    stream = spark.readStream.schema("k string, v long").parquet(incoming)
+    if case == "global aggregation":
+        key = {"type": "struct", "fields": []}
+        write_state(checkpoint, 0, key, value, [((), (1, 10))], batch_id=0, num_partitions=2)
+        assert sorted(os.listdir(os.path.join(checkpoint, "state", "0"))) == ["0", "_metadata"]
+        agg = stream.groupBy().agg(F.count("*").alias("c"), F.sum("v").alias("t"))
+        first_batch, want = 1, {(): (3, 22)}
+    else:
+        write_state(checkpoint, 0, KEY_SCHEMA, value, [(("a",), (1, 10))], batch_id=3,
+                    num_partitions=2)  # fmt: skip
+        agg = stream.groupBy("k").agg(F.count("*").alias("c"), F.sum("v").alias("t"))
+        first_batch, want = 4, {("a",): (2, 15), ("b",): (1, 7)}
+    query = (
+        agg.writeStream.format("noop")
+        .outputMode("update")
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    assert query.exception() is None
+    assert os.path.isfile(os.path.join(checkpoint, "commits", str(first_batch)))
+    ours = {tuple(k): tuple(v) for k, v, _ in read_state(checkpoint).to_list()}
+    assert ours == want
+    theirs = spark.read.format("statestore").load(checkpoint).collect()
+    assert {tuple(r.key): tuple(r.value) for r in theirs} == want

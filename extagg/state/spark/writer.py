@@ -239,11 +239,14 @@ def write_state(
             )
     key_encoder, value_encoder = RowEncoder(key_type), RowEncoder(value_type)
     version = batch_id + 1
-    _ensure_open_files(2 * num_partitions, operator_dir)
+    # a global aggregation (no key) runs in one partition: Spark writes partition 0 only, and
+    # a resumed query would leave any other partition's folder without its next versions
+    folders = num_partitions if key_type.fields else 1
+    _ensure_open_files(2 * folders, operator_dir)
     made = _missing_parents(operator_dir)
     partitions: list[_PartitionFiles] = []
     try:
-        for p in range(num_partitions):
+        for p in range(folders):
             partitions.append(_PartitionFiles(os.path.join(operator_dir, str(p)), version))
         for index, (key, value) in enumerate(rows):
             if value is None:
@@ -300,6 +303,11 @@ def write_state(
         "conf": confs,
     }
     _write_log(os.path.join(path, "offsets", str(batch_id)), [batch_metadata, *source_offsets])
+    before = os.path.join(path, "offsets", str(batch_id - 1))
+    if batch_id > 0 and not os.path.exists(before):
+        # a resumed query reads the offsets of the batch before the last one too ("batch N-1
+        # doesn't exist" otherwise); batch_id is committed, so they only have to be there
+        _write_log(before, [batch_metadata, *source_offsets])
     _write_log(
         os.path.join(path, "commits", str(batch_id)), [{"nextBatchWatermarkMs": watermark_ms}]
     )
