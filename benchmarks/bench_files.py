@@ -207,8 +207,11 @@ def child(case: dict[str, Any]) -> dict[str, Any]:
                 lf = lf.filter(POLARS_FILTERS[case["query"]](pl))
             exprs = []
             for n, (c, f) in q["aggs"].items():
+                if c == "*":  # count(*)
+                    exprs.append(pl.len().alias(n))
+                    continue
                 col = pl.col(c) if c.isidentifier() else pl.sql_expr(c)  # q1full's products
-                e = {"sum": col.sum, "mean": col.mean, "count": pl.len,
+                e = {"sum": col.sum, "mean": col.mean, "count": col.count,
                      "count_distinct": col.n_unique}[f]()  # fmt: skip
                 exprs.append(e.alias(n))
             grouped = lf.group_by(q["by"]).agg(exprs) if q["by"] else lf.select(exprs)

@@ -57,6 +57,19 @@ def _aggregate_history(directory):
         return dict(emap.iterator())
 
 
+def _resume(writer, checkpoint):
+    """Run a streaming query (``writer``: its ``writeStream``, sink chosen) on the checkpoint
+    until the input is read, and check it did not fail."""
+    query = (
+        writer.outputMode("update")
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    assert query.exception() is None
+
+
 @pytest.fixture(scope="module")
 def bootstrapped(spark, tmp_path_factory):
     root = tmp_path_factory.mktemp("bootstrap")
@@ -108,15 +121,10 @@ def test_resumed_query_continues_the_totals(spark, bootstrapped):
     stream = spark.readStream.schema("k string, v long").parquet(incoming)
     agg = stream.groupBy("k").agg(F.count("*").alias("cnt"), F.sum("v").alias("total"))
     collected = []
-    query = (
-        agg.writeStream.foreachBatch(lambda df, batch: collected.append((batch, df.collect())))
-        .outputMode("update")
-        .option("checkpointLocation", checkpoint)
-        .trigger(availableNow=True)
-        .start()
+    _resume(
+        agg.writeStream.foreachBatch(lambda df, batch: collected.append((batch, df.collect()))),
+        checkpoint,
     )
-    query.awaitTermination()
-    assert query.exception() is None
     assert [batch for batch, _ in collected] == [1]  # the first batch after the bootstrap
     output = {r.k: (r.cnt, r.total) for r in collected[0][1]}
     expected = dict(totals)
@@ -202,7 +210,8 @@ def test_a_query_resumes_after_a_later_batch_and_on_a_global_aggregation(spark, 
     stream = spark.readStream.schema("k string, v long").parquet(incoming)
     if case == "global aggregation":
         key = {"type": "struct", "fields": []}
-        write_state(checkpoint, 0, key, value, [((), (1, 10))], batch_id=0, num_partitions=2)
+        # 4 partitions: the empty key's hash is not 0 modulo 4 (it is modulo 2)
+        write_state(checkpoint, 0, key, value, [((), (1, 10))], batch_id=0, num_partitions=4)
         assert sorted(os.listdir(os.path.join(checkpoint, "state", "0"))) == ["0", "_metadata"]
         agg = stream.groupBy().agg(F.count("*").alias("c"), F.sum("v").alias("t"))
         first_batch, want = 1, {(): (3, 22)}
@@ -211,15 +220,7 @@ def test_a_query_resumes_after_a_later_batch_and_on_a_global_aggregation(spark, 
                     num_partitions=2)  # fmt: skip
         agg = stream.groupBy("k").agg(F.count("*").alias("c"), F.sum("v").alias("t"))
         first_batch, want = 4, {("a",): (2, 15), ("b",): (1, 7)}
-    query = (
-        agg.writeStream.format("noop")
-        .outputMode("update")
-        .option("checkpointLocation", checkpoint)
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
-    assert query.exception() is None
+    _resume(agg.writeStream.format("noop"), checkpoint)
     assert os.path.isfile(os.path.join(checkpoint, "commits", str(first_batch)))
     ours = {tuple(k): tuple(v) for k, v, _ in read_state(checkpoint).to_list()}
     assert ours == want

@@ -255,7 +255,7 @@ def write_state(
                 )
             try:
                 key = _normalized_floats(key)
-                partition = partition_for(key, key_type, num_partitions)
+                partition = partition_for(key, key_type, num_partitions) if key_type.fields else 0
                 encoded_key = key_encoder.encode(key)
             except (struct.error, TypeError, ValueError, OverflowError, AttributeError) as exc:
                 raise ValueError(
