@@ -35,6 +35,7 @@ import pyarrow as pa
 
 from extagg._config import format_size
 from extagg._interrupts import deferred_interrupts
+from extagg._malloc import release_free_memory
 from extagg.columnar import functions as F
 from extagg.columnar.buffers import IO_COPIES
 from extagg.columnar.columns import Column, iter_record_batches, key_names, to_columns
@@ -717,6 +718,7 @@ class DistinctLevel:
         aside closed in their files."""
         if self._aside is not None:
             self._aside.finish()
+            release_free_memory()
             return
         self._limit_first_merge()
         for batch in self.first.results(ordered=False):  # level two folds level one
@@ -756,6 +758,7 @@ class DistinctLevel:
                 finally:
                     rows.close()  # the file closed and deleted now, even after an error
                     child.close()
+                    release_free_memory()
                     done = child.metrics
                     self._children.absorb(done)
                     self._children.peak_memory_bytes = max(
